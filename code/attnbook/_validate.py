@@ -1,0 +1,72 @@
+"""Shape and dtype checks shared by the package's public functions.
+
+Every public function validates its inputs here, so that a wrong shape raises a
+``ValueError`` that names the shapes at fault instead of broadcasting silently
+into a wrong answer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def require_rank(name: str, x, min_rank: int, layout: str) -> None:
+    """Raise unless ``x`` has at least ``min_rank`` dimensions."""
+    if x.ndim < min_rank:
+        raise ValueError(
+            f"{name} must have at least {min_rank} dimensions {layout}; got shape {tuple(x.shape)}"
+        )
+
+
+def attention_shapes(q, k, v) -> tuple[tuple[int, ...], int, int, int, int]:
+    """Check ``q (..., n_q, d_k)``, ``k (..., n_k, d_k)``, ``v (..., n_k, d_v)``.
+
+    Returns ``(batch, n_q, n_k, d_k, d_v)`` where ``batch`` is the broadcast of
+    the three leading shapes. Works for numpy arrays and torch tensors alike.
+    """
+    require_rank("q", q, 2, "(..., n_q, d_k)")
+    require_rank("k", k, 2, "(..., n_k, d_k)")
+    require_rank("v", v, 2, "(..., n_k, d_v)")
+    qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+    if qs[-1] != ks[-1]:
+        raise ValueError(
+            f"q and k must share d_k (their last dimension); got q {qs} and k {ks}"
+        )
+    if ks[-2] != vs[-2]:
+        raise ValueError(
+            f"k and v must have the same number of positions n_k (second-to-last dimension); "
+            f"got k {ks} and v {vs}"
+        )
+    try:
+        batch = np.broadcast_shapes(qs[:-2], ks[:-2], vs[:-2])
+    except ValueError:
+        raise ValueError(
+            f"the leading (batch) dimensions of q {qs}, k {ks} and v {vs} do not broadcast"
+        ) from None
+    return tuple(batch), qs[-2], ks[-2], qs[-1], vs[-1]
+
+
+def mask_shape(mask, scores_shape: tuple[int, ...]) -> None:
+    """Check that a boolean mask broadcasts to ``scores_shape`` without enlarging it."""
+    dtype = getattr(mask, "dtype", None)
+    if dtype is None or str(dtype) not in ("bool", "torch.bool"):
+        raise ValueError(
+            f"mask must be boolean (True = may attend); got dtype {dtype}. "
+            "For an additive bias, add it to the scores instead."
+        )
+    ms = tuple(mask.shape)
+    try:
+        out = np.broadcast_shapes(ms, scores_shape)
+    except ValueError:
+        out = None
+    if out != tuple(scores_shape):
+        raise ValueError(
+            f"mask of shape {ms} does not broadcast to the scores' shape {tuple(scores_shape)} "
+            "(..., n_q, n_k)"
+        )
+
+
+def positive_int(name: str, value) -> int:
+    """Return ``value`` as an int, or raise if it is not a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    return int(value)

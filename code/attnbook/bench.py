@@ -1,0 +1,107 @@
+"""Measuring time and memory the same way in every chapter.
+
+Timings are noisy, so chapters compare *ratios* measured in the same run, and
+report the machine they ran on (:func:`machine`).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import timeit
+import tracemalloc
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and spread of repeated runs of one call, in seconds."""
+
+    median: float
+    low: float
+    high: float
+    repeats: int
+    loops: int
+
+    def __str__(self) -> str:
+        return f"{_fmt_seconds(self.median)} (range {_fmt_seconds(self.low)}-{_fmt_seconds(self.high)})"
+
+
+def _fmt_seconds(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns"
+
+
+def time_call(fn, *args, repeats: int = 5, min_time: float = 0.05, **kwargs) -> Timing:
+    """Time ``fn(*args, **kwargs)``: loops per repeat chosen so a repeat lasts ``min_time``.
+
+    Returns the median, fastest and slowest per-call time over ``repeats`` repeats.
+    """
+    timer = timeit.Timer(lambda: fn(*args, **kwargs))
+    loops = _loops_for(timer, min_time)
+    per_call = [t / loops for t in timer.repeat(repeat=repeats, number=loops)]
+    return Timing(statistics.median(per_call), min(per_call), max(per_call), repeats, loops)
+
+
+def _loops_for(timer: timeit.Timer, min_time: float) -> int:
+    """Smallest power of two of loops whose total time reaches ``min_time``."""
+    loops = 1
+    while timer.timeit(loops) < min_time and loops < 1_000_000:
+        loops *= 2
+    return loops
+
+
+def peak_memory(fn, *args, **kwargs) -> tuple[object, int]:
+    """Run ``fn`` once; return ``(result, peak bytes allocated during the call)``.
+
+    Measured with :mod:`tracemalloc`, which sees numpy's array buffers. The peak
+    is relative to what was allocated before the call.
+    """
+    gc.collect()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        result = fn(*args, **kwargs)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, peak - base
+
+
+def machine() -> str:
+    """One line naming the machine and the versions a measurement depends on."""
+    import numpy
+
+    cpu = _cpu_name() or platform.machine()
+    parts = [f"{cpu}, {os.cpu_count()} logical cores", f"Python {platform.python_version()}",
+             f"numpy {numpy.__version__}"]
+    try:
+        import torch
+
+        parts.append(f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    except ImportError:
+        pass
+    return "; ".join(parts)
+
+
+def _cpu_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in binary units: ``format_bytes(3 * 2**20) == '3.0 MiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024

@@ -1,0 +1,11 @@
+"""Exercise checkers: ``check_<name>(fn)`` runs the reader's ``fn`` and names the mistake it sees.
+
+On success a checker prints one line; on failure it raises :class:`ExerciseError`
+(an ``AssertionError``) whose message names the failing case, the diagnosed
+classic mistake, and a hint.
+"""
+from ._framework import Case, ExerciseError, Mistake, NotAttemptedError, run_checks
+from .attention import check_attention, check_causal_mask, check_softmax
+
+__all__ = ["Case", "ExerciseError", "Mistake", "NotAttemptedError", "run_checks",
+           "check_attention", "check_causal_mask", "check_softmax"]

@@ -1,0 +1,121 @@
+"""The machinery every exercise checker shares.
+
+A checker runs the reader's function on a list of :class:`Case` s and compares
+each result with a reference solution. When they differ it also runs a list of
+:class:`Mistake` s (each a deliberately wrong implementation of a classic
+error) on the same inputs: if the reader's output matches one of them, the
+verdict names that mistake and gives its hint. Diagnosing by *behaviour* means a
+checker recognises a mistake however the reader happened to write it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Case:
+    """One set of inputs for the reader's function, with a name the verdict can cite."""
+
+    name: str
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A classic error: a key, what it is, a hint, and a function that commits it."""
+
+    key: str
+    description: str
+    hint: str
+    commit: Callable
+
+
+class ExerciseError(AssertionError):
+    """The reader's function failed a case. ``mistake`` is the key of the diagnosed mistake, if any."""
+
+    def __init__(self, exercise: str, case: str, problem: str,
+                 mistake: Mistake | None = None, hint: str | None = None):
+        self.exercise, self.case, self.problem = exercise, case, problem
+        self.mistake = mistake.key if mistake else None
+        lines = [f"{exercise}: case '{case}': {problem}"]
+        if mistake is not None:
+            lines.append(f"Diagnosis: {mistake.description}")
+            hint = mistake.hint
+        if hint:
+            lines.append(f"Hint: {hint}")
+        super().__init__("\n".join(lines))
+
+
+class NotAttemptedError(ExerciseError):
+    """The reader's function is still the stub that raises ``NotImplementedError``."""
+
+
+def _as_array(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def same(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
+    """True when ``a`` and ``b`` have one shape and agree, NaN counting as equal to NaN."""
+    a, b = _as_array(a), _as_array(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype == bool or b.dtype == bool:
+        return bool(np.array_equal(a, b))
+    return bool(np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol,
+                            equal_nan=True))
+
+
+def _diagnose(got, case: Case, mistakes: Sequence[Mistake], compare) -> Mistake | None:
+    for mistake in mistakes:
+        try:
+            with np.errstate(all="ignore"):
+                wrong = mistake.commit(*case.args, **case.kwargs)
+        except Exception:  # this mistake cannot even run on this case, so it is not the one
+            continue
+        if compare(got, wrong):
+            return mistake
+    return None
+
+
+def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Callable,
+               mistakes: Sequence[Mistake] = (), compare: Callable = same,
+               postprocess: Callable = lambda out: out) -> None:
+    """Run ``fn`` on every case; raise :class:`ExerciseError` at the first wrong one.
+
+    ``postprocess`` adapts the reader's return value (e.g. keeps the output of an
+    ``(output, weights)`` pair). On success prints one line.
+    """
+    for case in cases:
+        try:
+            with np.errstate(all="ignore"):  # overflow is diagnosed below, not warned about
+                got = postprocess(fn(*case.args, **case.kwargs))
+        except NotImplementedError:
+            raise NotAttemptedError(exercise, case.name, "the function is still the stub",
+                                    hint="replace `raise NotImplementedError` with your code") from None
+        except Exception as err:
+            raise ExerciseError(exercise, case.name,
+                                f"your function raised {type(err).__name__}: {err}") from err
+        expected = reference(*case.args, **case.kwargs)
+        if compare(got, expected):
+            continue
+        mistake = _diagnose(got, case, mistakes, compare)
+        got_a, expected_a = _as_array(got), _as_array(expected)
+        if got_a.shape != expected_a.shape:
+            problem = f"expected shape {expected_a.shape}, got {got_a.shape}"
+        elif got_a.dtype != bool and not np.all(np.isfinite(got_a.astype(float))) \
+                and np.all(np.isfinite(expected_a.astype(float))):
+            problem = "your output contains NaN or inf where the answer is finite"
+        else:
+            problem = "values differ from the reference"
+            if got_a.dtype != bool:
+                err = np.max(np.abs(got_a.astype(float) - expected_a.astype(float)))
+                problem += f" (largest difference {err:.3g})"
+        raise ExerciseError(exercise, case.name, problem, mistake=mistake,
+                            hint=None if mistake else "compare your steps with the chapter's derivation")
+    print(f"Correct: {exercise} passes all {len(cases)} cases.")

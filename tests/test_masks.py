@@ -1,0 +1,51 @@
+"""causal_mask and sliding_window_mask, including the alignment against PyTorch's is_causal."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnbook
+
+
+@pytest.mark.parametrize("n_q, n_k", [(1, 1), (4, 4), (1, 6), (3, 7), (7, 7)])
+def test_causal_mask_by_positions(n_q, n_k):
+    mask = attnbook.causal_mask(n_q, n_k)
+    assert mask.dtype == bool and mask.shape == (n_q, n_k)
+    for i in range(n_q):
+        position = n_k - n_q + i  # the queries are the last n_q positions
+        for j in range(n_k):
+            assert mask[i, j] == (j <= position)
+
+
+def test_square_causal_mask_equals_torch_is_causal(rng):
+    q, k, v = (torch.from_numpy(rng.normal(size=(2, 6, 4))) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    got = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(attnbook.causal_mask(6)))
+    torch.testing.assert_close(got, expected)
+
+
+def test_rectangular_alignment_differs_from_torch_is_causal():
+    """torch's is_causal aligns queries with the first keys; KV-cache decoding needs the last."""
+    n_q, n_k = 2, 5
+    torch_alignment = torch.ones(n_q, n_k, dtype=torch.bool).tril(0).numpy()
+    np.testing.assert_array_equal(attnbook.causal_mask(n_q, n_k), np.tril(np.ones((n_q, n_k), bool), n_k - n_q))
+    assert not np.array_equal(attnbook.causal_mask(n_q, n_k), torch_alignment)
+
+
+def test_decoding_one_token_sees_everything():
+    assert attnbook.causal_mask(1, 9).all()
+
+
+@pytest.mark.parametrize("bad", [(0,), (-1,), (2.5,), (True,), (5, 3)])
+def test_causal_mask_rejects_bad_sizes(bad):
+    with pytest.raises(ValueError):
+        attnbook.causal_mask(*bad)
+
+
+@pytest.mark.parametrize("n, window", [(1, 1), (6, 1), (6, 3), (5, 5), (4, 10)])
+def test_sliding_window(n, window):
+    mask = attnbook.sliding_window_mask(n, window)
+    for i in range(n):
+        assert set(np.flatnonzero(mask[i])) == set(range(max(0, i - window + 1), i + 1))
+    if window >= n:
+        np.testing.assert_array_equal(mask, attnbook.causal_mask(n))
