@@ -83,7 +83,7 @@ def attention_cases() -> list[Case]:
         Case("self-attention, n = 4, d_k = d_v = 16", (n(4, 16), n(4, 16), n(4, 16))),
         Case("cross-attention, n_q = 3, n_k = 5, d_k = 8, d_v = 6", (n(3, 8), n(5, 8), n(5, 6))),
         Case("a single query and key (n = 1)", (n(1, 8), n(1, 8), n(1, 4))),
-        Case("large inputs whose scores reach the thousands", (n(4, 64, scale=12), n(4, 64, scale=12), n(4, 8))),
+        Case("large inputs whose scores reach the thousands", (n(4, 64, scale=40), n(4, 64, scale=40), n(4, 8))),
     ]
 
 
@@ -120,6 +120,6 @@ def _as_bool_mask(out):
 
 def check_causal_mask(fn) -> None:
     """Check ``fn(n)`` returns the (n, n) boolean causal mask, True = may attend."""
-    cases = [Case(f"n = {n}", (n,)) for n in (1, 2, 5, 8)]
+    cases = [Case(f"n = {n}", (n,)) for n in (5, 8, 2, 1)]  # informative sizes first
     run_checks("causal mask", fn, cases, lambda n: causal_mask(n), CAUSAL_MISTAKES,
                postprocess=_as_bool_mask)

@@ -1,0 +1,154 @@
+"""The softmax, attention and causal-mask checkers reject each classic mistake and pass the reference.
+
+The wrong implementations here are written independently of the checkers' own
+Mistake functions, the way a reader might write them.
+"""
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import (ExerciseError, NotAttemptedError, check_attention, check_causal_mask,
+                                check_softmax)
+
+
+# --- softmax -----------------------------------------------------------------
+
+def good_softmax(x):
+    z = x - np.max(x, axis=-1, keepdims=True)
+    z = np.where(np.isnan(z), -np.inf, z)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def overflowing_softmax(x):
+    return np.exp(x) / np.exp(x).sum(axis=-1, keepdims=True)
+
+
+def column_softmax(x):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+
+
+def unnormalised_softmax(x):
+    return np.exp(x - x.max(axis=-1, keepdims=True))
+
+
+def whole_matrix_softmax(x):
+    e = np.exp(x - np.max(x))
+    return e / np.sum(e)
+
+
+def test_softmax_reference_passes(capsys):
+    check_softmax(good_softmax)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_softmax_torch_passes():
+    check_softmax(lambda x: torch.softmax(torch.from_numpy(x), dim=-1))
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (overflowing_softmax, "unstable"),
+    (column_softmax, "wrong_axis"),
+    (unnormalised_softmax, "not_normalised"),
+    (whole_matrix_softmax, "global_sum"),
+])
+def test_softmax_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_unknown_softmax_error_is_still_rejected():
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(lambda x: good_softmax(2 * x))
+    assert err.value.mistake is None
+    assert "case" in str(err.value)
+
+
+def test_stub_is_reported_as_not_attempted():
+    def stub(x):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_softmax(stub)
+
+
+def test_crashing_function_reports_its_exception():
+    with pytest.raises(ExerciseError, match="ZeroDivisionError"):
+        check_softmax(lambda x: 1 / 0)
+
+
+# --- attention ---------------------------------------------------------------
+
+def good_attention(q, k, v):
+    d_k = q.shape[-1]
+    s = q @ k.T / np.sqrt(d_k)
+    return good_softmax(s) @ v
+
+
+def attention_without_scale(q, k, v):
+    return good_softmax(q @ k.T) @ v
+
+
+def attention_divided_by_dk(q, k, v):
+    return good_softmax(q @ k.T / q.shape[-1]) @ v
+
+
+def attention_with_swapped_qk(q, k, v):
+    return good_softmax(k @ q.T / np.sqrt(q.shape[-1])) @ v
+
+
+def attention_softmax_over_queries(q, k, v):
+    return column_softmax(q @ k.T / np.sqrt(k.shape[-1])) @ v
+
+
+def attention_overflowing(q, k, v):
+    return overflowing_softmax(q @ k.T / np.sqrt(q.shape[-1])) @ v
+
+
+def test_attention_reference_passes():
+    check_attention(good_attention)
+
+
+def test_attention_returning_pair_passes():
+    check_attention(lambda q, k, v: (good_attention(q, k, v), None))
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (attention_without_scale, "no_scale"),
+    (attention_divided_by_dk, "scale_by_dk"),
+    (attention_with_swapped_qk, "swapped_qk"),
+    (attention_softmax_over_queries, "wrong_axis"),
+    (attention_overflowing, "unstable"),
+])
+def test_attention_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_attention(wrong)
+    assert err.value.mistake == key
+
+
+# --- causal mask -------------------------------------------------------------
+
+def good_mask(n):
+    i, j = np.indices((n, n))
+    return j <= i
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (lambda n: np.indices((n, n))[1] < np.indices((n, n))[0], "diagonal_hidden"),
+    (lambda n: np.indices((n, n))[1] > np.indices((n, n))[0], "inverted"),
+    (lambda n: np.indices((n, n))[1] >= np.indices((n, n))[0], "transposed"),
+    (lambda n: np.indices((n, n))[1] <= np.indices((n, n))[0] + 1, "one_ahead"),
+])
+def test_causal_mask_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(wrong)
+    assert err.value.mistake == key
+
+
+def test_causal_mask_reference_and_integer_masks_pass():
+    check_causal_mask(good_mask)
+    check_causal_mask(lambda n: np.tril(np.ones((n, n), dtype=int)))
+    check_causal_mask(lambda n: torch.ones(n, n).tril().bool())
