@@ -1,0 +1,82 @@
+"""A chapter copied out of the repository installs attnbook by itself, as on a fresh Colab runtime.
+
+The test builds a wheel of the package, makes a virtual environment that has the
+book's dependencies but not attnbook, copies chapter 1 to a folder outside the
+repository, and runs it there with ATTNBOOK_SOURCE pointing at the wheel (the
+notebook's default source is the GitHub repository, which CI cannot reach).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTER = ROOT / "book" / "01-token-embeddings.ipynb"
+
+
+def run(*args, **kwargs):
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, args))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "code", source / "code",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    out = tmp_path_factory.mktemp("wheel")
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+        "--wheel-dir", out, source)
+    (built,) = out.glob("attnbook-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    """A venv without attnbook that sees this environment's other packages (numpy, torch, ipykernel).
+
+    The packages come in through a .pth line naming our site-packages; .pth files
+    *inside* that folder (such as attnbook's editable install) are not processed
+    for a folder added that way, so attnbook stays invisible.
+    """
+    env_dir = tmp_path_factory.mktemp("bare") / "venv"
+    run(sys.executable, "-m", "venv", "--without-pip", env_dir)  # pip too comes from our environment
+    python = env_dir / "bin" / "python"
+    purelib = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    Path(purelib, "book_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def test_copied_chapter_installs_attnbook_and_runs(wheel, bare_python, tmp_path):
+    probe = subprocess.run([str(bare_python), "-c", "import attnbook"], capture_output=True)
+    assert probe.returncode != 0, "the bare environment must start without attnbook"
+
+    notebook = tmp_path / CHAPTER.name
+    shutil.copy(CHAPTER, notebook)
+    script = textwrap.dedent(f"""
+        import nbformat
+        from nbclient import NotebookClient
+        nb = nbformat.read({str(notebook)!r}, as_version=4)
+        NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=False,
+                       resources={{"metadata": {{"path": {str(tmp_path)!r}}}}}).execute()
+        print("executed", len(nb.cells), "cells")
+    """)
+    env = {**os.environ, "ATTNBOOK_SOURCE": str(wheel), "PYTHONNOUSERSITE": "1",
+           "MPLBACKEND": "Agg", "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("PYTHONPATH", None)
+    run(bare_python, "-c", script, cwd=tmp_path, env=env, timeout=600)
+
+    located = run(bare_python, "-c", "import attnbook; print(attnbook.__file__)").stdout
+    assert str(bare_python.parents[1]) in located, f"attnbook was not installed into the bare venv: {located}"
