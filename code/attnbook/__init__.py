@@ -5,12 +5,14 @@ derive, and the ones the tests check against independent references.
 """
 from .attention import attention_scores, scaled_dot_product_attention
 from .masks import causal_mask, sliding_window_mask
+from .projections import project_qkv, single_head_attention
 from .softmax import log_softmax, logsumexp, softmax, softmax_jacobian
 from .source import show_source
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "attention_scores", "causal_mask", "log_softmax", "logsumexp", "scaled_dot_product_attention",
-    "show_source", "sliding_window_mask", "softmax", "softmax_jacobian",
+    "attention_scores", "causal_mask", "log_softmax", "logsumexp", "project_qkv",
+    "scaled_dot_product_attention", "show_source", "single_head_attention", "sliding_window_mask",
+    "softmax", "softmax_jacobian",
 ]

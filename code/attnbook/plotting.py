@@ -61,10 +61,10 @@ def heatmap(ax, matrix, row_labels=None, col_labels=None, title=None, annotate=N
     if annotate is None:
         annotate = max(matrix.shape) <= 12
     if annotate:
-        lo, hi = np.nanmin(matrix), np.nanmax(matrix)
-        mid = (lo + hi) / 2
         for (i, j), value in np.ndenumerate(matrix):
-            colour = "white" if value < mid else "black"
+            r, g, b, _ = im.cmap(im.norm(value))
+            # dark text on light cells and vice versa, for any colour map (diverging ones too)
+            colour = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
             ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=8, color=colour)
     if colorbar:
         ax.figure.colorbar(im, ax=ax, shrink=0.8)

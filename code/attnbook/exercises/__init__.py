@@ -6,6 +6,8 @@ classic mistake, and a hint.
 """
 from ._framework import Case, ExerciseError, Mistake, NotAttemptedError, run_checks
 from .attention import check_attention, check_causal_mask, check_softmax
+from .qkv import check_attention_scores, check_cross_attention
 
 __all__ = ["Case", "ExerciseError", "Mistake", "NotAttemptedError", "run_checks",
-           "check_attention", "check_causal_mask", "check_softmax"]
+           "check_attention", "check_attention_scores", "check_causal_mask", "check_cross_attention",
+           "check_softmax"]

@@ -1,0 +1,133 @@
+"""Checkers for chapter 2: attention scores and cross-attention from token vectors."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..projections import single_head_attention
+from ..softmax import softmax
+from ._framework import Case, Mistake, run_checks
+
+
+def _first(out):
+    """Accept either the output alone or an ``(output, weights)`` pair."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _t(a):
+    return np.swapaxes(a, -1, -2)
+
+
+# --- scores S = (x W_q)(x W_k)^T -------------------------------------------
+
+def _scores(x, w_q, w_k):
+    return (x @ w_q) @ _t(x @ w_k)
+
+
+SCORES_MISTAKES = [
+    Mistake("swapped_qk", "queries and keys are swapped: your matrix is S transposed",
+            "row i must hold query i against every key: (x @ w_q) @ (x @ w_k).T, not (x @ w_k) @ (x @ w_q).T",
+            lambda x, w_q, w_k: (x @ w_k) @ _t(x @ w_q)),
+    Mistake("w_q_for_both", "w_q is used for the keys too, so your scores are symmetric",
+            "the keys are x @ w_k; tying the two matrices makes S = S^T (see the chapter's theorem)",
+            lambda x, w_q, w_k: (x @ w_q) @ _t(x @ w_q)),
+    Mistake("w_k_for_both", "w_k is used for the queries too, so your scores are symmetric",
+            "the queries are x @ w_q; tying the two matrices makes S = S^T (see the chapter's theorem)",
+            lambda x, w_q, w_k: (x @ w_k) @ _t(x @ w_k)),
+    Mistake("scaled", "your scores are already divided by sqrt(d_k)",
+            "this exercise asks for the raw dot products q_i . k_j; the 1/sqrt(d_k) comes later (chapter 3)",
+            lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(w_q.shape[-1])),
+    Mistake("transposed_weights", "the weight matrices are applied transposed (x @ w.T)",
+            "the book's weights are (d_model, d_k) and project as x @ w; torch.nn.Linear stores the transpose",
+            lambda x, w_q, w_k: (x @ _t(w_q)) @ _t(x @ _t(w_k))),
+    Mistake("features_contracted", "you contracted over the tokens (Q^T K, shape (d_k, d_k)) instead of the features",
+            "S_ij = q_i . k_j sums over the d_k features of one query and one key: Q @ K.T is (n, n)",
+            lambda x, w_q, w_k: _t(x @ w_q) @ (x @ w_k)),
+    Mistake("softmax_applied", "you returned attention weights (softmax of the scores), not the scores",
+            "stop before the softmax: the exercise asks for S itself",
+            lambda x, w_q, w_k: softmax(_scores(x, w_q, w_k), axis=-1)),
+]
+
+
+def scores_cases() -> list[Case]:
+    rng = np.random.default_rng(2)
+    r = lambda *shape: rng.normal(size=shape)  # noqa: E731
+    # The first case has square weights, so that every mistake runs and can be recognised.
+    return [
+        Case("n = 4 tokens, d_model = d_k = 5", (r(4, 5), r(5, 5), r(5, 5))),
+        Case("n = 6 tokens, d_model = 8, d_k = 3", (r(6, 8), r(8, 3), r(8, 3))),
+        Case("a single token (n = 1), d_model = 4, d_k = 2", (r(1, 4), r(4, 2), r(4, 2))),
+        Case("n = 3 tokens, d_model = 2, d_k = 6 (wider than the tokens)", (r(3, 2), r(2, 6), r(2, 6))),
+    ]
+
+
+def check_attention_scores(fn) -> None:
+    """Check ``fn(x, w_q, w_k)`` returns the raw scores ``S = (x w_q)(x w_k)^T``, shape ``(n, n)``.
+
+    x: (n, d_model); w_q, w_k: (d_model, d_k). No scaling, no softmax.
+    """
+    run_checks("attention scores", fn, scores_cases(), _scores, SCORES_MISTAKES)
+
+
+# --- cross-attention output --------------------------------------------------
+
+def _cross(x, context, w_q, w_k, w_v):
+    return single_head_attention(x, w_q, w_k, w_v, context=context)[0]
+
+
+def _attend(q, k, v, scale=True, axis=-1):
+    s = q @ _t(k)
+    if scale:
+        s = s / np.sqrt(q.shape[-1])
+    return softmax(s, axis=axis) @ v
+
+
+CROSS_MISTAKES = [
+    Mistake("swapped_sources", "the queries come from the context and the keys and values from x",
+            "queries ask, so they come from x (the sequence being updated); keys and values come from the context",
+            lambda x, c, w_q, w_k, w_v: _attend(c @ w_q, x @ w_k, x @ w_v)),
+    Mistake("self_attention", "the keys and values come from x: that is self-attention, not cross-attention",
+            "project the context with w_k and w_v: k = context @ w_k, v = context @ w_v",
+            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, x @ w_k, x @ w_v)),
+    Mistake("values_from_x", "the values come from x instead of the context",
+            "each weight row has one entry per context token, so the values must be context @ w_v",
+            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, c @ w_k, x @ w_v)),
+    Mistake("swapped_qk", "queries and keys are swapped: the score matrix is transposed",
+            "scores = q @ k.T with q = x @ w_q and k = context @ w_k; k @ q.T is the transpose",
+            lambda x, c, w_q, w_k, w_v: softmax(_t((x @ w_q) @ _t(c @ w_k)) / np.sqrt(w_q.shape[-1])) @ (c @ w_v)),
+    Mistake("no_scale", "the scores are not divided by sqrt(d_k)",
+            "use softmax(q @ k.T / np.sqrt(d_k)) @ v; chapter 3 explains the factor",
+            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, c @ w_k, c @ w_v, scale=False)),
+    Mistake("wrong_axis", "the softmax normalises over the queries (axis 0) instead of the keys",
+            "each query's weights over the context tokens must sum to 1: softmax along the last axis",
+            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, c @ w_k, c @ w_v, axis=-2)),
+    Mistake("no_softmax", "the scores multiply the values directly, without a softmax",
+            "turn each row of scores into weights that are positive and sum to 1 before multiplying by v",
+            lambda x, c, w_q, w_k, w_v: (x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]) @ (c @ w_v)),
+]
+
+
+def cross_cases() -> list[Case]:
+    rng = np.random.default_rng(3)
+    r = lambda *shape: rng.normal(size=shape)  # noqa: E731
+    # The first case has n_q = n_k and equal widths, so that every mistake runs and can be recognised.
+    return [
+        Case("n_q = n_k = 4, d_model = d_context = 6, d_k = 3, d_v = 2",
+             (r(4, 6), r(4, 6), r(6, 3), r(6, 3), r(6, 2))),
+        Case("n_q = 3 queries over n_k = 5 context tokens, d_model = d_context = 6, d_k = 4, d_v = 3",
+             (r(3, 6), r(5, 6), r(6, 4), r(6, 4), r(6, 3))),
+        Case("d_model = 6 but d_context = 8, n_q = 2, n_k = 7, d_k = 4, d_v = 5",
+             (r(2, 6), r(7, 8), r(6, 4), r(8, 4), r(8, 5))),
+        Case("a single query (n_q = 1) over n_k = 3, d_k = 2, d_v = 4",
+             (r(1, 5), r(3, 5), r(5, 2), r(5, 2), r(5, 4))),
+    ]
+
+
+def check_cross_attention(fn) -> None:
+    """Check ``fn(x, context, w_q, w_k, w_v)`` returns cross-attention's output, shape ``(n_q, d_v)``.
+
+    x: (n_q, d_model), context: (n_k, d_context), w_q: (d_model, d_k),
+    w_k: (d_context, d_k), w_v: (d_context, d_v). The output is
+    ``softmax(q k^T / sqrt(d_k)) v`` with ``q = x w_q``, ``k = context w_k``,
+    ``v = context w_v``; an ``(output, weights)`` pair is accepted too.
+    """
+    run_checks("cross-attention", fn, cross_cases(), _cross, CROSS_MISTAKES, postprocess=_first)

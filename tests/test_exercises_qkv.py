@@ -1,0 +1,155 @@
+"""The chapter-2 checkers must pass the reference and reject each classic mistake by name.
+
+The wrong implementations below are written independently of the checkers' own
+``Mistake`` functions (loops, einsum, torch), so a checker that only recognises
+its own code would fail these tests.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises._framework import ExerciseError, NotAttemptedError
+from attnbook.exercises.qkv import check_attention_scores, check_cross_attention
+
+
+def _softmax_rows(s):
+    return torch.softmax(torch.from_numpy(np.ascontiguousarray(s)), dim=-1).numpy()
+
+
+# --- attention scores ---------------------------------------------------------
+
+def scores_right(x, w_q, w_k):
+    return np.einsum("ia,ac,jb,bc->ij", x, w_q, x, w_k)
+
+
+def scores_loop(x, w_q, w_k):
+    q, k = x @ w_q, x @ w_k
+    return np.array([[float(q[i] @ k[j]) for j in range(len(k))] for i in range(len(q))])
+
+
+SCORES_WRONG = {
+    "swapped_qk": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ji", x, w_q, x, w_k),
+    "w_q_for_both": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", x, w_q, x, w_q),
+    "w_k_for_both": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", x, w_k, x, w_k),
+    "scaled": lambda x, w_q, w_k: scores_loop(x, w_q, w_k) * w_q.shape[1] ** -0.5,
+    "transposed_weights": lambda x, w_q, w_k: np.einsum("ia,ca,jb,cb->ij", x, w_q, x, w_k),
+    "features_contracted": lambda x, w_q, w_k: np.einsum("ia,ac,ib,bd->cd", x, w_q, x, w_k),
+    "softmax_applied": lambda x, w_q, w_k: _softmax_rows(scores_loop(x, w_q, w_k)),
+}
+
+
+@pytest.mark.parametrize("fn", [scores_right, scores_loop])
+def test_scores_checker_passes_correct_solutions(fn, capsys):
+    check_attention_scores(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_scores_checker_accepts_torch_tensors():
+    def with_torch(x, w_q, w_k):
+        x, w_q, w_k = (torch.from_numpy(a) for a in (x, w_q, w_k))
+        return (x @ w_q) @ (x @ w_k).T
+    check_attention_scores(with_torch)
+
+
+@pytest.mark.parametrize("key", sorted(SCORES_WRONG))
+def test_scores_checker_names_each_mistake(key):
+    with pytest.raises(ExerciseError) as info:
+        check_attention_scores(SCORES_WRONG[key])
+    assert info.value.mistake == key
+    assert "Diagnosis" in str(info.value) and "Hint" in str(info.value)
+
+
+def test_scores_checker_reports_an_unknown_error_without_a_diagnosis():
+    with pytest.raises(ExerciseError) as info:
+        check_attention_scores(lambda x, w_q, w_k: scores_right(x, w_q, w_k) + 0.01)
+    assert info.value.mistake is None
+    assert "largest difference" in str(info.value)
+
+
+def test_scores_checker_reports_the_stub():
+    def stub(x, w_q, w_k):
+        raise NotImplementedError
+    with pytest.raises(NotAttemptedError):
+        check_attention_scores(stub)
+
+
+# --- cross-attention ------------------------------------------------------------
+
+def cross_right(x, context, w_q, w_k, w_v):
+    q = torch.from_numpy(x @ w_q)
+    k, v = torch.from_numpy(context @ w_k), torch.from_numpy(context @ w_v)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v).numpy()
+
+
+def cross_loop(x, context, w_q, w_k, w_v):
+    q, k, v = x @ w_q, context @ w_k, context @ w_v
+    out = []
+    for qi in q:
+        s = np.array([qi @ kj for kj in k]) / np.sqrt(len(qi))
+        w = np.exp(s - s.max())
+        out.append((w / w.sum()) @ v)
+    return np.array(out), None  # an (output, weights) pair is accepted
+
+
+def _sdpa(q, k, v, scale=None):
+    return torch.nn.functional.scaled_dot_product_attention(
+        torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(np.ascontiguousarray(k)),
+        torch.from_numpy(np.ascontiguousarray(v)), scale=scale).numpy()
+
+
+def _cross_no_softmax(x, context, w_q, w_k, w_v):
+    q, k, v = x @ w_q, context @ w_k, context @ w_v
+    return np.einsum("ic,jc,jd->id", q, k, v) / np.sqrt(q.shape[1])
+
+
+def _cross_wrong_axis(x, context, w_q, w_k, w_v):
+    s = (x @ w_q) @ (context @ w_k).T / np.sqrt(w_q.shape[1])
+    weights = _softmax_rows(s.T).T  # normalise each column (over queries)
+    return weights @ (context @ w_v)
+
+
+CROSS_WRONG = {
+    "swapped_sources": lambda x, c, w_q, w_k, w_v: _sdpa(c @ w_q, x @ w_k, x @ w_v),
+    "self_attention": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, x @ w_k, x @ w_v),
+    "values_from_x": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, x @ w_v),
+    "no_scale": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=1.0),
+    "wrong_axis": _cross_wrong_axis,
+    "no_softmax": _cross_no_softmax,
+}
+
+
+def _cross_swapped_qk_plain(x, context, w_q, w_k, w_v):
+    # k @ q.T: row j is key j against every query.
+    q, k = x @ w_q, context @ w_k
+    s = np.array([[k[a] @ q[b] for b in range(len(q))] for a in range(len(k))]) / np.sqrt(q.shape[1])
+    return _softmax_rows(s) @ (context @ w_v)
+
+
+CROSS_WRONG["swapped_qk"] = _cross_swapped_qk_plain
+
+
+@pytest.mark.parametrize("fn", [cross_right, cross_loop])
+def test_cross_checker_passes_correct_solutions(fn, capsys):
+    check_cross_attention(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", sorted(CROSS_WRONG))
+def test_cross_checker_names_each_mistake(key):
+    with pytest.raises(ExerciseError) as info:
+        check_cross_attention(CROSS_WRONG[key])
+    assert info.value.mistake == key
+
+
+def test_cross_checker_reports_a_crash_as_an_error():
+    with pytest.raises(ExerciseError, match="raised ValueError"):
+        check_cross_attention(lambda *args: (_ for _ in ()).throw(ValueError("bad")))
+
+
+def test_cross_checker_reports_the_stub():
+    def stub(x, context, w_q, w_k, w_v):
+        raise NotImplementedError
+    with pytest.raises(NotAttemptedError):
+        check_cross_attention(stub)
