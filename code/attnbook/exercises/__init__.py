@@ -6,8 +6,9 @@ classic mistake, and a hint.
 """
 from ._framework import Case, ExerciseError, Mistake, NotAttemptedError, run_checks
 from .attention import check_attention, check_causal_mask, check_softmax
+from .embeddings import check_cosine_similarity, check_ppmi
 from .qkv import check_attention_scores, check_cross_attention
 
 __all__ = ["Case", "ExerciseError", "Mistake", "NotAttemptedError", "run_checks",
-           "check_attention", "check_attention_scores", "check_causal_mask", "check_cross_attention",
-           "check_softmax"]
+           "check_attention", "check_attention_scores", "check_causal_mask", "check_cosine_similarity",
+           "check_cross_attention", "check_ppmi", "check_softmax"]

@@ -1,0 +1,182 @@
+"""The chapter-1 checkers reject each classic mistake (written here independently) and pass the solutions."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnbook.exercises._framework import ExerciseError, NotAttemptedError
+from attnbook.exercises.embeddings import COSINE_MISTAKES, PPMI_MISTAKES, check_cosine_similarity, check_ppmi
+
+# --- cosine similarity: a reference written with loops, and wrong versions ---
+
+
+def loop_cosine(a, b, zero_guard=True, transpose=False):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    out = np.zeros((len(a), len(b)))
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            nx, ny = math.sqrt(sum(t * t for t in x)), math.sqrt(sum(t * t for t in y))
+            dot = float(np.dot(x, y))
+            if nx == 0 or ny == 0:
+                out[i, j] = 0.0 if zero_guard else math.nan
+            else:
+                out[i, j] = dot / (nx * ny)
+    return out.T if transpose else out
+
+
+def cos_raw_dot(a, b):
+    return np.einsum("id,jd->ij", a, b)
+
+
+def cos_only_a(a, b):
+    return (a / np.sqrt((a ** 2).sum(axis=1))[:, None]) @ b.T
+
+
+def cos_only_b(a, b):
+    return np.einsum("id,jd->ij", a, b / np.sqrt((b ** 2).sum(axis=1, keepdims=True)))
+
+
+def cos_columns(a, b):
+    return (a / np.sqrt((a ** 2).sum(axis=0))) @ (b / np.sqrt((b ** 2).sum(axis=0))).T
+
+
+def cos_no_keepdims(a, b):
+    return (a / np.linalg.norm(a, axis=1)) @ (b / np.linalg.norm(b, axis=1)).T
+
+
+def cos_squared(a, b):
+    out = a @ b.T
+    for i in range(len(a)):
+        for j in range(len(b)):
+            out[i, j] /= np.dot(a[i], a[i]) * np.dot(b[j], b[j])
+    return out
+
+
+def cos_distance(a, b):
+    return 1.0 - loop_cosine(a, b)
+
+
+def cos_transposed(a, b):
+    return loop_cosine(a, b, transpose=True)
+
+
+def cos_unguarded(a, b):
+    with np.errstate(invalid="ignore"):
+        return loop_cosine(a, b, zero_guard=False)
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (cos_raw_dot, "raw_dot"), (cos_only_a, "only_a"), (cos_only_b, "only_b"),
+    (cos_columns, "wrong_axis"), (cos_no_keepdims, "no_keepdims"), (cos_squared, "squared_norms"),
+    (cos_distance, "distance"), (cos_transposed, "transposed"), (cos_unguarded, "zero_row_nan"),
+])
+def test_cosine_checker_names_each_mistake(wrong, key):
+    with pytest.raises(ExerciseError) as info:
+        check_cosine_similarity(wrong)
+    assert info.value.mistake == key, str(info.value)
+    assert "Hint:" in str(info.value)
+
+
+def test_every_cosine_mistake_is_tested():
+    tested = {"raw_dot", "only_a", "only_b", "wrong_axis", "no_keepdims", "squared_norms", "distance",
+              "transposed", "zero_row_nan"}
+    assert {m.key for m in COSINE_MISTAKES} == tested
+
+
+def test_cosine_checker_passes_correct_solutions(capsys):
+    check_cosine_similarity(loop_cosine)
+
+    def vectorised(a, b):
+        an = np.linalg.norm(a, axis=1, keepdims=True)
+        bn = np.linalg.norm(b, axis=1, keepdims=True)
+        a_hat = np.divide(a, an, out=np.zeros_like(a), where=an > 0)
+        b_hat = np.divide(b, bn, out=np.zeros_like(b), where=bn > 0)
+        return a_hat @ b_hat.T
+
+    check_cosine_similarity(vectorised)
+    assert capsys.readouterr().out.count("Correct: cosine similarity") == 2
+
+
+def test_cosine_checker_stub_and_unknown_errors():
+    def stub(a, b):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_cosine_similarity(stub)
+    with pytest.raises(ExerciseError) as info:
+        check_cosine_similarity(lambda a, b: loop_cosine(a, b) + 0.01)
+    assert info.value.mistake is None and "largest difference" in str(info.value)
+
+
+# --- PPMI: a reference written with loops, and wrong versions ---------------
+
+
+def loop_ppmi(counts, log=math.log, clip=True, guard=True, with_total=True, swap=False):
+    counts = np.asarray(counts, float)
+    total = counts.sum()
+    rows, cols = counts.sum(axis=1), counts.sum(axis=0)
+    if swap:
+        rows, cols = cols, rows
+    out = np.zeros_like(counts)
+    for w in range(counts.shape[0]):
+        for c in range(counts.shape[1]):
+            n = counts[w, c]
+            expected = rows[w] * cols[c] / (total if with_total else 1.0)
+            if expected == 0:
+                out[w, c] = 0.0 if guard else math.nan
+            elif n == 0:
+                out[w, c] = 0.0 if clip else -math.inf
+            else:
+                value = log(n / expected)
+                out[w, c] = max(value, 0.0) if clip else value
+    return out
+
+
+def ppmi_unclipped(counts):
+    return loop_ppmi(counts, clip=False)
+
+
+def ppmi_nan_rows(counts):
+    return loop_ppmi(counts, guard=False)
+
+
+def ppmi_no_total(counts):
+    return loop_ppmi(counts, with_total=False)
+
+
+def ppmi_log2(counts):
+    return loop_ppmi(counts, log=math.log2)
+
+
+def ppmi_swapped(counts):
+    return loop_ppmi(counts, swap=True)
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (ppmi_unclipped, "no_clip"), (ppmi_nan_rows, "zero_row_nan"), (ppmi_no_total, "missing_total"),
+    (ppmi_log2, "log2"), (ppmi_swapped, "swapped_marginals"),
+])
+def test_ppmi_checker_names_each_mistake(wrong, key):
+    with pytest.raises(ExerciseError) as info:
+        check_ppmi(wrong)
+    assert info.value.mistake == key, str(info.value)
+
+
+def test_every_ppmi_mistake_is_tested():
+    assert {m.key for m in PPMI_MISTAKES} == {"no_clip", "zero_row_nan", "missing_total", "log2",
+                                              "swapped_marginals"}
+
+
+def test_ppmi_checker_passes_the_loop_reference(capsys):
+    check_ppmi(loop_ppmi)
+    assert "Correct: PPMI passes all" in capsys.readouterr().out
+
+
+def test_ppmi_checker_stub():
+    def stub(counts):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_ppmi(stub)
