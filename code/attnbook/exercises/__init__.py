@@ -11,4 +11,17 @@ from .qkv import check_attention_scores, check_cross_attention
 
 __all__ = ["Case", "ExerciseError", "Mistake", "NotAttemptedError", "run_checks",
            "check_attention", "check_attention_scores", "check_causal_mask", "check_cosine_similarity",
-           "check_cross_attention", "check_ppmi", "check_softmax"]
+           "check_cross_attention", "check_dot_variance", "check_ppmi", "check_scaled_scores",
+           "check_softmax"]
+
+# Checkers whose modules import torch load on first use, so that `import attnbook.exercises`
+# stays fast in the numpy-only chapters.
+_LAZY = {"check_dot_variance": "scaling", "check_scaled_scores": "scaling"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

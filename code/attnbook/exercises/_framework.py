@@ -91,6 +91,7 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
     ``postprocess`` adapts the reader's return value (e.g. keeps the output of an
     ``(output, weights)`` pair). On success prints one line.
     """
+    __tracebackhide__ = True  # IPython and pytest show the verdict, not the checker's internals
     for case in cases:
         try:
             with np.errstate(all="ignore"):  # overflow is diagnosed below, not warned about

@@ -1,0 +1,126 @@
+"""Chapter 3's checkers: the reference passes, every classic mistake is rejected and named.
+
+The wrong implementations here are written independently of the checkers' ``Mistake``
+functions (as a reader would write them), so a test fails if a diagnosis stops matching.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import ExerciseError, NotAttemptedError
+from attnbook.exercises.scaling import (DOT_VARIANCE_MISTAKES, SCALED_SCORES_MISTAKES,
+                                        check_dot_variance, check_scaled_scores)
+
+
+# --- check_scaled_scores ------------------------------------------------------
+
+def scores_reference(q, k):
+    return np.einsum("...id,...jd->...ij", q, k) / math.sqrt(q.shape[-1])
+
+
+def scores_in_torch(q, k):
+    q, k = torch.from_numpy(q), torch.from_numpy(k)
+    return q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # returns a tensor: accepted too
+
+
+def scores_scaling_q_first(q, k):
+    return (q / np.sqrt(q.shape[-1])) @ np.swapaxes(k, -1, -2)  # equivalent, so correct
+
+
+WRONG_SCORES = {
+    "no_scale": lambda q, k: np.einsum("...id,...jd->...ij", q, k),
+    "scale_by_dk": lambda q, k: (q / math.sqrt(q.shape[-1])) @ np.swapaxes(k / math.sqrt(k.shape[-1]), -1, -2),
+    "times_sqrt_dk": lambda q, k: np.einsum("...id,...jd->...ij", q, k) * q.shape[-1] ** 0.5,
+    "precedence": lambda q, k: q @ np.swapaxes(k, -1, -2) / q.shape[-1] ** 1 / 2,
+    "sqrt_n_k": lambda q, k: q @ np.swapaxes(k, -1, -2) / math.sqrt(len(k)),
+    "sqrt_n_q": lambda q, k: q @ k.T / math.sqrt(len(q)),
+    "transposed": lambda q, k: np.swapaxes(np.einsum("...id,...jd->...ij", q, k), -1, -2) / math.sqrt(q.shape[-1]),
+    "cosine": lambda q, k: np.einsum("...id,...jd->...ij", q, k)
+    / np.outer(np.sqrt((q**2).sum(-1)), np.sqrt((k**2).sum(-1))),
+}
+
+
+@pytest.mark.parametrize("fn", [scores_reference, scores_in_torch, scores_scaling_q_first])
+def test_correct_scaled_scores_pass(fn, capsys):
+    check_scaled_scores(fn)
+    assert "Correct: scaled scores passes all 5 cases." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", sorted(WRONG_SCORES))
+def test_each_scores_mistake_is_rejected_and_named(key):
+    with pytest.raises(ExerciseError) as err:
+        check_scaled_scores(WRONG_SCORES[key])
+    assert err.value.mistake == key, str(err.value)
+    assert "Hint:" in str(err.value)
+
+
+def test_every_scores_mistake_is_covered():
+    assert {m.key for m in SCALED_SCORES_MISTAKES} == set(WRONG_SCORES)
+
+
+def test_scores_stub_and_unrecognised_errors():
+    def stub(q, k):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError, match="still the stub"):
+        check_scaled_scores(stub)
+    with pytest.raises(ExerciseError) as err:  # wrong in a way no Mistake describes
+        check_scaled_scores(lambda q, k: scores_reference(q, k) + 1.0)
+    assert err.value.mistake is None and "values differ" in str(err.value)
+    with pytest.raises(ExerciseError, match="expected shape"):  # q^T k on matrices: (d_k, d_k)
+        check_scaled_scores(lambda q, k: q.T @ k[: len(q)] / math.sqrt(q.shape[-1]))
+
+
+def test_k_dot_T_on_a_batch_is_reported_not_crashed():
+    # k.T reverses every axis of a 3-d array; the matmul then fails on the batch case
+    with pytest.raises(ExerciseError, match="a batch of 2.*your function raised"):
+        check_scaled_scores(lambda q, k: q @ k.T / math.sqrt(q.shape[-1]))
+
+
+# --- check_dot_variance -------------------------------------------------------
+
+def variance_by_loops(cq, ck):
+    d = len(cq)
+    return sum(cq[i][j] * ck[j][i] for i in range(d) for j in range(d))
+
+
+WRONG_VARIANCES = {
+    "diagonal_only": lambda cq, ck: sum(cq[i, i] * ck[i, i] for i in range(len(cq))),
+    "trace_product": lambda cq, ck: np.diag(cq).sum() * np.diag(ck).sum(),
+    "average_variances": lambda cq, ck: np.mean(np.diag(cq)) * np.mean(np.diag(ck)) * len(cq),
+    "std": lambda cq, ck: math.sqrt(np.einsum("ij,ji->", cq, ck)),
+    "sum_of_product": lambda cq, ck: (cq @ ck).sum(),
+    "d_k_only": lambda cq, ck: len(cq),
+}
+
+
+@pytest.mark.parametrize("fn", [
+    variance_by_loops,
+    lambda cq, ck: np.trace(cq @ ck),
+    lambda cq, ck: torch.trace(torch.from_numpy(cq) @ torch.from_numpy(ck)),  # a 0-d tensor
+    lambda cq, ck: np.array([np.sum(cq * ck)]),  # a one-element array
+])
+def test_correct_variances_pass(fn, capsys):
+    check_dot_variance(fn)
+    assert "Correct: variance of q . k passes all 5 cases." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", sorted(WRONG_VARIANCES))
+def test_each_variance_mistake_is_rejected_and_named(key):
+    with pytest.raises(ExerciseError) as err:
+        check_dot_variance(WRONG_VARIANCES[key])
+    assert err.value.mistake == key, str(err.value)
+
+
+def test_every_variance_mistake_is_covered():
+    assert {m.key for m in DOT_VARIANCE_MISTAKES} == set(WRONG_VARIANCES)
+
+
+def test_variance_stub():
+    def stub(cq, ck):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_dot_variance(stub)
