@@ -1,40 +1,10 @@
-"""Shared fixtures, and a per-notebook timing report for the nbval run."""
+"""Shared fixtures for the package tests."""
 from __future__ import annotations
-
-import collections
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK_BUDGET_S = 60.0  # design section 4: every notebook finishes in under a minute on 2 cores
-
-_notebook_seconds: dict[str, float] = collections.defaultdict(float)
 
 
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
-
-
-def pytest_runtest_logreport(report):
-    path = report.nodeid.split("::")[0]
-    if path.endswith(".ipynb") and report.when == "call":
-        _notebook_seconds[path] += report.duration
-
-
-def pytest_terminal_summary(terminalreporter):
-    if not _notebook_seconds:
-        return
-    terminalreporter.section("notebook execution times (nbval)")
-    for path, seconds in sorted(_notebook_seconds.items()):
-        flag = "  OVER BUDGET" if seconds > NOTEBOOK_BUDGET_S else ""
-        terminalreporter.write_line(f"{seconds:6.1f} s  {path}{flag}")
-
-
-def pytest_sessionfinish(session, exitstatus):
-    over = {p: s for p, s in _notebook_seconds.items() if s > NOTEBOOK_BUDGET_S}
-    if over and exitstatus == 0:
-        session.exitstatus = 1
-        print(f"\nnotebooks over the {NOTEBOOK_BUDGET_S:.0f} s budget: {over}")
