@@ -4,6 +4,7 @@ Every chapter imports this package; the functions here are the ones the chapters
 derive, and the ones the tests check against independent references.
 """
 from .attention import attention_scores, scaled_dot_product_attention
+from .flash import flash_attention_numpy
 from .masks import causal_mask, sliding_window_mask
 from .projections import project_qkv, single_head_attention
 from .softmax import log_softmax, logsumexp, softmax, softmax_jacobian
@@ -12,7 +13,7 @@ from .source import show_source
 __version__ = "0.1.0"
 
 __all__ = [
-    "attention_scores", "causal_mask", "log_softmax", "logsumexp", "project_qkv",
+    "attention_scores", "causal_mask", "flash_attention_numpy", "log_softmax", "logsumexp", "project_qkv",
     "scaled_dot_product_attention", "show_source", "single_head_attention", "sliding_window_mask",
     "softmax", "softmax_jacobian",
 ]

@@ -7,11 +7,13 @@ classic mistake, and a hint.
 from ._framework import Case, ExerciseError, Mistake, NotAttemptedError, run_checks
 from .attention import check_attention, check_causal_mask, check_softmax
 from .embeddings import check_cosine_similarity, check_ppmi
+from .flash import check_merge_softmax_states, check_online_softmax
 from .qkv import check_attention_scores, check_cross_attention
 
 __all__ = ["Case", "ExerciseError", "Mistake", "NotAttemptedError", "run_checks",
            "check_attention", "check_attention_scores", "check_causal_mask", "check_cosine_similarity",
-           "check_cross_attention", "check_dot_variance", "check_ppmi", "check_scaled_scores",
+           "check_cross_attention", "check_dot_variance", "check_merge_softmax_states",
+           "check_online_softmax", "check_ppmi", "check_scaled_scores",
            "check_softmax"]
 
 # Checkers whose modules import torch load on first use, so that `import attnbook.exercises`

@@ -115,7 +115,8 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
         else:
             problem = "values differ from the reference"
             if got_a.dtype != bool:
-                err = np.max(np.abs(got_a.astype(float) - expected_a.astype(float)))
+                with np.errstate(invalid="ignore"):  # inf - inf where both overflow
+                    err = np.max(np.abs(got_a.astype(float) - expected_a.astype(float)))
                 problem += f" (largest difference {err:.3g})"
         raise ExerciseError(exercise, case.name, problem, mistake=mistake,
                             hint=None if mistake else "compare your steps with the chapter's derivation")

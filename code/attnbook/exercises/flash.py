@@ -1,0 +1,144 @@
+"""Checkers for the online softmax (chapter 9): merging two partial states, and the one-pass recurrence."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..online_softmax import SoftmaxState, merge_softmax_states, online_softmax
+from ._framework import Case, Mistake, run_checks, same
+
+_inf = np.inf
+
+
+# --- merging two softmax states --------------------------------------------
+
+def _merge_reference(m_a, l_a, m_b, l_b):
+    return merge_softmax_states(SoftmaxState(np.asarray(m_a, float), np.asarray(l_a, float)),
+                                SoftmaxState(np.asarray(m_b, float), np.asarray(l_b, float)))
+
+
+def _as_state(out) -> np.ndarray:
+    """The reader's ``(m, l)`` as one float array of shape (2, ...)."""
+    if isinstance(out, np.ndarray) and out.ndim >= 1 and len(out) == 2:
+        out = tuple(out)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"return the merged state as a pair (m, l); got {type(out).__name__}")
+    m, l = np.broadcast_arrays(np.asarray(out[0], float), np.asarray(out[1], float))
+    return np.stack([m, l])
+
+
+def _same_state(got, expected) -> bool:
+    """Sums agree everywhere; maxima agree wherever the sum is positive (an empty state's max is moot)."""
+    got, expected = _as_state(got), _as_state(expected)
+    if got.shape != expected.shape or np.isnan(got[0]).any():
+        return False
+    seen = ~(expected[1] == 0)  # NaN sums count as seen, so NaN is compared (and equal only to NaN)
+    return same(got[1], expected[1]) and same(got[0][seen], expected[0][seen])
+
+
+def _merge_with(rule):
+    """A merge whose new max is ``max(m_a, m_b)`` and whose sum is ``rule(m_a, l_a, m_b, l_b, m)``."""
+    def merge(m_a, l_a, m_b, l_b):
+        m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+        m = np.maximum(m_a, m_b)
+        return m, rule(m_a, l_a, m_b, l_b, m)
+    return merge
+
+
+# Mistakes that are right except on an edge case come first: on a case where they are wrong,
+# other mistakes can produce the same NaN.
+MERGE_MISTAKES = [
+    Mistake("nan_on_empty", "merging two empty states gives NaN: exp(-inf - (-inf)) is exp(NaN)",
+            "an empty state (a fully masked block) is (m=-inf, l=0); subtract a finite stand-in for m, "
+            "e.g. np.where(np.isneginf(m), 0, m), so that exp(-inf - 0) = 0",
+            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m))),
+    Mistake("no_rescale", "the two sums are added as they are: each was computed relative to its own maximum",
+            "move both sums to the new maximum m first: l = l_a * exp(m_a - m) + l_b * exp(m_b - m)",
+            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a + l_b)),
+    Mistake("only_a_rescaled", "only the first sum is rescaled; the second is wrong whenever b's maximum is not the larger",
+            "both states must be moved to the new maximum; the factor is 1 only for the state that holds it",
+            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a - m) + l_b)),
+    Mistake("only_b_rescaled", "only the second sum is rescaled; the first is wrong whenever a's maximum is not the larger",
+            "both states must be moved to the new maximum; the factor is 1 only for the state that holds it",
+            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a + l_b * np.exp(m_b - m))),
+    Mistake("inverted_factor", "the rescaling factor is upside down: exp(m - m_old) instead of exp(m_old - m)",
+            "a sum relative to m_old becomes relative to a larger m by multiplying by exp(m_old - m) <= 1",
+            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m - m_a) + l_b * np.exp(m - m_b))),
+    Mistake("max_not_updated", "the merged maximum stays at the first state's maximum",
+            "the new state's maximum is max(m_a, m_b); keeping m_a lets exp(m_b - m_a) overflow",
+            lambda m_a, l_a, m_b, l_b: (np.asarray(m_a, float),
+                                        np.asarray(l_a, float) + np.asarray(l_b, float) * np.exp(np.subtract(m_b, m_a)))),
+    Mistake("unshifted", "the sums are multiplied by exp(m_old) instead of exp(m_old - m): the maximum was never subtracted",
+            "rescale relative to the new maximum, exp(m_a - m) and exp(m_b - m), so that nothing overflows",
+            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a) + l_b * np.exp(m_b))),
+]
+
+
+def merge_cases() -> list[Case]:
+    rng = np.random.default_rng(9)
+    m_a, m_b = rng.normal(scale=3, size=5), rng.normal(scale=3, size=5)
+    l_a, l_b = rng.uniform(1, 4, size=5), rng.uniform(1, 4, size=5)
+    return [
+        Case("5 queries; the larger maximum is sometimes in a, sometimes in b", (m_a, l_a, m_b, l_b)),
+        Case("scalar states (m_a=1.0, l_a=2.0) and (m_b=3.0, l_b=1.5)", (1.0, 2.0, 3.0, 1.5)),
+        Case("maxima 1000 apart: exp(1000) overflows", (np.array([0.0, 1000.0]), np.array([2.0, 1.0]),
+                                                        np.array([1000.0, 0.0]), np.array([1.0, 3.0]))),
+        Case("one state empty (a fully masked block: m=-inf, l=0)", (np.array([-_inf, 1.0]), np.array([0.0, 2.0]),
+                                                                   np.array([0.5, -_inf]), np.array([1.0, 0.0]))),
+        Case("both states empty", (np.array([-_inf]), np.array([0.0]), np.array([-_inf]), np.array([0.0]))),
+    ]
+
+
+def check_merge_softmax_states(fn) -> None:
+    """Check ``fn(m_a, l_a, m_b, l_b) -> (m, l)`` merges two softmax states (arrays of shape (n,))."""
+    run_checks("merge softmax states", fn, merge_cases(), _merge_reference, MERGE_MISTAKES,
+               compare=_same_state, postprocess=_as_state)
+
+
+# --- the one-pass online softmax -------------------------------------------
+
+def _online_with(update, guard=True):
+    """A one-pass softmax over a row whose running sum follows ``update(l, m_old, m_new, x_j)``."""
+    def online(x):
+        x = np.asarray(x, float)
+        m, l = -np.inf, 0.0
+        for xj in x:
+            m_new = max(m, xj)
+            base = 0.0 if (guard and m_new == -np.inf) else m_new
+            l, m = update(l, m, base, xj), m_new
+        base = 0.0 if (guard and m == -np.inf) else m
+        return np.exp(x - base) / l
+    return online
+
+
+ONLINE_MISTAKES = [
+    Mistake("nan_on_masked_start", "a row that starts with -inf gives NaN: exp(-inf - (-inf)) is exp(NaN)",
+            "while the maximum is still -inf, rescale with a finite stand-in (e.g. 0) instead of m",
+            _online_with(lambda l, m, m_new, xj: l * np.exp(m - m_new) + np.exp(xj - m_new), guard=False)),
+    Mistake("no_rescale", "the running sum is never rescaled when the maximum grows",
+            "before adding exp(x_j - m_new), multiply the old sum by exp(m_old - m_new)",
+            _online_with(lambda l, m, m_new, xj: l + np.exp(xj - m_new))),
+    Mistake("inverted_factor", "the running sum is rescaled by exp(m_new - m_old) instead of exp(m_old - m_new)",
+            "the old sum is relative to m_old; relative to a larger m_new it shrinks by exp(m_old - m_new)",
+            _online_with(lambda l, m, m_new, xj: l * np.exp(m_new - m if np.isfinite(m) else 0.0)
+                         + np.exp(xj - m_new))),
+    Mistake("max_not_updated", "the maximum is never updated, so exp(x_j - m) overflows once x_j exceeds it by ~710",
+            "update m_new = max(m_old, x_j) at every step, and rescale the sum to it",
+            lambda x: (lambda x, m: np.exp(x - m) / np.sum(np.exp(x - m)))(np.asarray(x, float), float(np.asarray(x)[0]))),
+    Mistake("not_normalised", "the outputs are exp(x - m) without the division by the sum l",
+            "the probabilities are exp(x_j - m) / l", lambda x: np.exp(np.asarray(x, float) - np.max(x))),
+]
+
+
+def online_cases() -> list[Case]:
+    rng = np.random.default_rng(10)
+    return [
+        Case("a row of 8 scores", (rng.normal(scale=2, size=8),)),
+        Case("a single score", (np.array([0.7]),)),
+        Case("scores growing to 3000 (exp overflows past ~710)", (np.array([0.0, 800.0, 1600.0, 2400.0, 3000.0]),)),
+        Case("a row that starts with masked scores (-inf)", (np.array([-_inf, -_inf, 0.3, 1.2, -_inf, 0.8]),)),
+    ]
+
+
+def check_online_softmax(fn) -> None:
+    """Check ``fn(x)`` returns the softmax of the 1-D row ``x`` (to be computed with the online recurrence)."""
+    run_checks("online softmax", fn, online_cases(), lambda x: online_softmax(x), ONLINE_MISTAKES)

@@ -1,0 +1,184 @@
+"""The online-softmax checkers reject each classic mistake and pass correct solutions.
+
+The wrong solutions are written here independently of the checkers' Mistake functions,
+the way a reader might write them (loops, Python floats, math.exp where it is safe).
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import ExerciseError, NotAttemptedError
+from attnbook.exercises.flash import check_merge_softmax_states, check_online_softmax
+
+
+# --- merging two states --------------------------------------------------------
+
+def merge_good(m_a, l_a, m_b, l_b):
+    m = np.maximum(m_a, m_b)
+    ref = np.where(m == -np.inf, 0.0, m)
+    return m, l_a * np.exp(m_a - ref) + l_b * np.exp(m_b - ref)
+
+
+def merge_via_logaddexp(m_a, l_a, m_b, l_b):
+    """A different correct route: log-sum-exps add with logaddexp; empty states map to l = 0."""
+    with np.errstate(divide="ignore"):
+        lse = np.logaddexp(m_a + np.log(l_a), m_b + np.log(l_b))
+    m = np.maximum(m_a, m_b)
+    return m, np.where(np.isneginf(lse), 0.0, np.exp(lse - np.where(np.isneginf(m), 0.0, m)))
+
+
+def merge_adds_sums(m_a, l_a, m_b, l_b):
+    return np.maximum(m_a, m_b), np.add(l_a, l_b)
+
+
+def merge_rescales_old_only(m_a, l_a, m_b, l_b):
+    m = np.maximum(m_a, m_b)
+    return m, l_a * np.exp(m_a - m) + l_b
+
+
+def merge_rescales_new_only(m_a, l_a, m_b, l_b):
+    m = np.maximum(m_a, m_b)
+    return m, l_a + l_b * np.exp(m_b - m)
+
+
+def merge_upside_down(m_a, l_a, m_b, l_b):
+    m = np.maximum(m_a, m_b)
+    return m, l_a / np.exp(m_a - m) + l_b / np.exp(m_b - m)
+
+
+def merge_keeps_first_max(m_a, l_a, m_b, l_b):
+    return m_a, l_a + l_b * np.exp(np.subtract(m_b, m_a))
+
+
+def merge_without_shift(m_a, l_a, m_b, l_b):
+    return np.maximum(m_a, m_b), l_a * np.exp(m_a) + l_b * np.exp(m_b)
+
+
+def merge_unguarded(m_a, l_a, m_b, l_b):
+    m = np.maximum(m_a, m_b)
+    return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
+
+
+def test_merge_correct_solutions_pass(capsys):
+    check_merge_softmax_states(merge_good)
+    check_merge_softmax_states(merge_via_logaddexp)
+    assert capsys.readouterr().out.count("Correct") == 2
+
+
+def test_merge_accepts_zero_as_the_max_of_an_empty_state():
+    def merge_zero_for_empty(m_a, l_a, m_b, l_b):
+        m, l = merge_good(m_a, l_a, m_b, l_b)
+        return np.where(l == 0, 0.0, m), l
+    check_merge_softmax_states(merge_zero_for_empty)
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (merge_adds_sums, "no_rescale"),
+    (merge_rescales_old_only, "only_a_rescaled"),
+    (merge_rescales_new_only, "only_b_rescaled"),
+    (merge_upside_down, "inverted_factor"),
+    (merge_keeps_first_max, "max_not_updated"),
+    (merge_without_shift, "unshifted"),
+    (merge_unguarded, "nan_on_empty"),
+])
+def test_merge_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check_merge_softmax_states(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_merge_returning_something_else_is_rejected():
+    with pytest.raises(ExerciseError, match="pair"):
+        check_merge_softmax_states(lambda m_a, l_a, m_b, l_b: l_a + l_b)
+
+
+def test_merge_stub_is_not_attempted():
+    def stub(m_a, l_a, m_b, l_b):
+        raise NotImplementedError
+    with pytest.raises(NotAttemptedError):
+        check_merge_softmax_states(stub)
+
+
+# --- the one-pass online softmax ------------------------------------------------
+
+def online_good(x):
+    m, l = -math.inf, 0.0
+    for xj in x:
+        m_new = max(m, xj)
+        if m_new == -math.inf:      # nothing visible yet
+            continue
+        l = l * math.exp(m - m_new) + math.exp(xj - m_new)
+        m = m_new
+    return np.exp(np.asarray(x) - m) / l
+
+
+def online_torch(x):
+    return torch.softmax(torch.as_tensor(x), dim=-1)
+
+
+def online_forgets_rescale(x):
+    m, l = -math.inf, 0.0
+    for xj in x:
+        m = max(m, xj)
+        if m > -math.inf:
+            l += math.exp(xj - m)
+    return np.exp(np.asarray(x) - m) / l
+
+
+def online_upside_down(x):
+    m, l = x[0], 1.0
+    for xj in x[1:]:
+        m_new = max(m, xj)
+        l = l * np.exp(m_new - m) + np.exp(xj - m_new)
+        m = m_new
+    return np.exp(np.asarray(x) - m) / l
+
+
+def online_fixed_max(x):
+    m, l = x[0], 0.0
+    for xj in x:
+        l += np.exp(xj - m)
+    return np.exp(np.asarray(x) - m) / l
+
+
+def online_no_division(x):
+    m = -np.inf
+    for xj in x:
+        m = max(m, xj)
+    return np.exp(np.asarray(x) - m)
+
+
+def online_unguarded(x):
+    m, l = -np.inf, 0.0
+    for xj in x:
+        m_new = max(m, xj)
+        l = l * np.exp(m - m_new) + np.exp(xj - m_new)
+        m = m_new
+    return np.exp(np.asarray(x) - m) / l
+
+
+def test_online_correct_solutions_pass():
+    check_online_softmax(online_good)
+    check_online_softmax(online_torch)
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (online_forgets_rescale, "no_rescale"),
+    (online_upside_down, "inverted_factor"),
+    (online_fixed_max, "max_not_updated"),
+    (online_no_division, "not_normalised"),
+    (online_unguarded, "nan_on_masked_start"),
+])
+def test_online_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check_online_softmax(wrong)
+    assert err.value.mistake == key
+
+
+def test_online_unknown_error_is_still_rejected():
+    with pytest.raises(ExerciseError) as err:
+        check_online_softmax(lambda x: online_good(np.asarray(x) / 2))
+    assert err.value.mistake is None
