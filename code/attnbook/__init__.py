@@ -12,8 +12,18 @@ from .source import show_source
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # Loaded on first use: importing Triton is slow, and without a GPU it must first be told to
+    # interpret (attnbook.triton_flash does that), so `import attnbook` never imports it.
+    if name == "triton_flash_attention":
+        from .triton_flash import triton_flash_attention
+
+        return triton_flash_attention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "attention_scores", "causal_mask", "flash_attention_numpy", "log_softmax", "logsumexp", "project_qkv",
     "scaled_dot_product_attention", "show_source", "single_head_attention", "sliding_window_mask",
-    "softmax", "softmax_jacobian",
+    "softmax", "softmax_jacobian", "triton_flash_attention",
 ]

@@ -1,0 +1,139 @@
+"""Checkers for chapter 10 (FlashAttention on a GPU): causal block counts and FLOP counts."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..gpu_bench import benchmark_flops
+from ..triton_flash import key_block_bounds
+from ._framework import Case, Mistake, run_checks, same
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --- how many key blocks does each causal query block visit? -----------------
+
+def key_blocks_visited(n_q: int, n_k: int, block_q: int, block_k: int) -> np.ndarray:
+    """Reference: per query block, the number of key blocks the causal kernels load."""
+    counts = []
+    for q_block in range(_cdiv(n_q, block_q)):
+        _, end = key_block_bounds(q_block, n_q, n_k, block_q, block_k, causal=True)
+        counts.append(_cdiv(end, block_k))
+    return np.array(counts)
+
+
+def _per_block(fn):
+    """Build a wrong answer from a formula for one query block (first absolute query position a0)."""
+    def counts(n_q, n_k, block_q, block_k):
+        offset = n_k - n_q
+        return np.array([fn(q_block * block_q + offset, q_block, n_q, n_k, block_q, block_k)
+                         for q_block in range(_cdiv(n_q, block_q))])
+    return counts
+
+
+BLOCK_COUNT_MISTAKES = [
+    Mistake("no_skipping", "every query block visits every key block: causal blocks are masked but not skipped",
+            "key blocks that start after the block's last query are hidden from all its rows: never load them",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(n_k, bk))),
+    Mistake("diagonal_missed", "the block on the diagonal is missing: only blocks fully visible to every row count",
+            "a block that the diagonal crosses is visited too (with a mask): count up to the LAST row's "
+            "last visible key, rounded up to a whole block",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + 1, n_k) // bk)),
+    Mistake("first_row", "the count follows the block's FIRST query row, which sees the fewest keys",
+            "the rows below it see further: use the last row of the block, at position a0 + block_q - 1",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + 1, n_k), bk))),
+    Mistake("top_left", "the queries are aligned with the FIRST n_q keys (PyTorch's is_causal), not the last",
+            "in the book's convention query i sits at position i + n_k - n_q and sees every key up to it",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min((qb + 1) * bq, n_k), bk))),
+    Mistake("equal_blocks", "query block b visits b + 1 key blocks: right only when block_q == block_k and n_q == n_k",
+            "convert positions, not block numbers: the block's last query is at q_block * block_q + block_q - 1 "
+            "(plus n_k - n_q), and the key blocks it needs are cdiv(last + 1, block_k)",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: qb + 1)),
+    Mistake("one_past", "one key block too many where the last visible key ends a block",
+            "the last visible key of the block is at a0 + block_q - 1; the keys to cover are "
+            "0 .. a0 + block_q - 1, that is a0 + block_q of them, not one more",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq + 1, n_k), bk))),
+]
+
+
+def block_count_cases() -> list[Case]:
+    return [
+        Case("n_q = n_k = 256, block_q = block_k = 64", (256, 256, 64, 64)),
+        Case("n_q = n_k = 256, block_q = 128, block_k = 64", (256, 256, 128, 64)),
+        Case("n_q = n_k = 256, block_q = 64, block_k = 128", (256, 256, 64, 128)),
+        Case("n_q = n_k = 200 (a ragged last block), block_q = block_k = 64", (200, 200, 64, 64)),
+        Case("64 new queries after 192 cached keys: n_q = 64, n_k = 256, block_q = 32, block_k = 64",
+             (64, 256, 32, 64)),
+        Case("one query, n_k = 300, block_q = 16, block_k = 64", (1, 300, 16, 64)),
+    ]
+
+
+def _as_counts(out):
+    out = np.asarray(out)
+    if out.dtype.kind == "f" and np.all(out == np.round(out)):
+        out = out.astype(int)
+    return out
+
+
+def check_key_blocks(fn) -> None:
+    """Check ``fn(n_q, n_k, block_q, block_k)``: the number of key blocks each causal query block visits.
+
+    Returns a sequence of ``cdiv(n_q, block_q)`` integers. The queries are the
+    last ``n_q`` of the ``n_k`` positions (the book's causal convention).
+    """
+    run_checks("causal key blocks", fn, block_count_cases(), key_blocks_visited, BLOCK_COUNT_MISTAKES,
+               postprocess=_as_counts)
+
+
+# --- FLOPs of attention ---------------------------------------------------------
+
+_MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+
+
+def _flops_with(forward, factors=_MODE_FACTOR, halve=True):
+    def flops(batch, heads, n, d, causal=False, mode="fwd"):
+        f = forward(batch, heads, n, d)
+        if causal and halve:
+            f /= 2
+        return f * factors[mode]
+    return flops
+
+
+FLOPS_MISTAKES = [
+    Mistake("causal_not_halved", "causal attention is counted as the full n x n product",
+            "a causal kernel computes only the scores on and below the diagonal: about half of them",
+            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, halve=False)),
+    Mistake("half_forward", "the forward is half of 4 B H n^2 d: a multiply-add counted as one FLOP, "
+            "or only one of the two matrix products",
+            "S = Q K^T and O = P V each cost n^2 d multiply-adds per head, and a multiply-add is 2 FLOPs",
+            _flops_with(lambda b, h, n, d: 2.0 * b * h * n * n * d)),
+    Mistake("backward_two", "the backward is counted as 2 times the forward, like an ordinary matrix product",
+            "attention's backward does five n x n x d products (S recomputed, dV, dP, dQ, dK) to the "
+            "forward's two: 2.5 times",
+            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0})),
+    Mistake("fwd_bwd_without_fwd", "forward + backward is counted as the backward alone",
+            "a training step runs both passes: 1 + 2.5 = 3.5 times the forward",
+            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 2.5})),
+    Mistake("d_squared", "n and d are swapped in the count (n d^2 instead of n^2 d)",
+            "each of the n^2 scores is a dot product of length d",
+            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * d * d)),
+]
+
+
+def flops_cases() -> list[Case]:
+    return [
+        Case("forward, batch 2, heads 8, n = 1024, d = 64", (2, 8, 1024, 64), dict(causal=False, mode="fwd")),
+        Case("causal forward, batch 1, heads 16, n = 4096, d = 128", (1, 16, 4096, 128),
+             dict(causal=True, mode="fwd")),
+        Case("backward, batch 4, heads 12, n = 2048, d = 64", (4, 12, 2048, 64), dict(causal=False, mode="bwd")),
+        Case("causal forward + backward, batch 8, heads 32, n = 512, d = 64", (8, 32, 512, 64),
+             dict(causal=True, mode="fwd_bwd")),
+    ]
+
+
+def check_benchmark_flops(fn) -> None:
+    """Check ``fn(batch, heads, n, d, causal=False, mode="fwd")``: attention's FLOPs by the papers' convention."""
+    run_checks("attention FLOPs", fn, flops_cases(), benchmark_flops, FLOPS_MISTAKES,
+               compare=lambda a, b: same(np.float64(a), np.float64(b), rtol=1e-9, atol=0.0),
+               postprocess=float)

@@ -1,0 +1,606 @@
+"""FlashAttention as a Triton kernel: forward, backward, and an autograd Function (chapter 10).
+
+The algorithm is chapter 9's: attention computed tile by tile with an online
+softmax, so that the ``n_q x n_k`` score matrix never exists in memory. Here it
+is written for a GPU, in Triton (Tillet et al. 2019). A Triton kernel describes
+what ONE *program* does to a few tiles; the GPU runs a grid of such programs in
+parallel, one per block of query rows (forward) or of key rows (backward).
+
+Layout: ``q (batch, heads, n_q, d)``, ``k`` and ``v (batch, heads, n_k, d)``.
+Causal attention follows the book's convention (:func:`attnbook.causal_mask`):
+the queries are the *last* ``n_q`` of the ``n_k`` positions, so query ``i``
+may attend to key ``j`` exactly when ``j <= i + (n_k - n_q)``.
+
+Without a CUDA GPU the kernels run under Triton's interpreter
+(``TRITON_INTERPRET=1``), which executes every program with numpy on CPU
+tensors: the same kernel code, only slow. See :func:`_use_interpreter_without_cuda`.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+
+def _use_interpreter_without_cuda() -> bool:
+    """Without a CUDA GPU, ask Triton to interpret its kernels on the CPU.
+
+    Triton consults ``TRITON_INTERPRET`` each time ``@triton.jit`` turns a Python
+    function into a kernel: its own library functions (``tl.zeros``, ``tl.sum``,
+    ...) when ``triton`` is first imported, this module's kernels when this
+    module is imported. Both must agree, so the variable has to be set before
+    the first ``import triton`` in the process; this function runs before ours.
+    ``setdefault`` keeps a value the user set on purpose. Returns whether the
+    variable asks for the interpreter.
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_use_interpreter_without_cuda()
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.runtime.errors import OutOfResources
+except ImportError as err:  # pragma: no cover - triton ships with torch's CUDA wheels
+    raise ImportError(
+        "attnbook.triton_flash needs Triton: `pip install triton` (Linux), "
+        "or `pip install attnbook[gpu]`"
+    ) from err
+
+
+# ---------------------------------------------------------------------------
+# Device-side helpers, shared by the kernels
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL: tl.constexpr):
+    """(BLOCK_Q, BLOCK_K) booleans: may query row q_idx[i] attend to key row k_idx[j]?
+
+    A key past the end of the sequence (the ragged last block) never may; with
+    CAUSAL, query i sits at absolute position i + causal_offset and sees keys
+    up to and including that position.
+    """
+    ok = k_idx[None, :] < n_k
+    if CAUSAL:
+        ok = ok & (k_idx[None, :] <= q_idx[:, None] + causal_offset)
+    return ok
+
+
+@triton.jit
+def _key_range(q_block, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """Which keys query block ``q_block`` must visit: ``(full_end, end)``.
+
+    Keys ``[0, full_end)`` come in whole blocks that every query of the block
+    may see: no mask needed. Keys ``[full_end, end)`` are visited with a mask
+    (the ragged last block, the blocks that straddle the causal diagonal).
+    Keys from ``end`` on are hidden from every query of the block: with CAUSAL
+    the kernel never loads them (causal block skipping).
+    """
+    if CAUSAL:
+        causal_offset = n_k - n_q
+        first_query = q_block * BLOCK_Q + causal_offset      # absolute position of the block's first row
+        end = tl.minimum(first_query + BLOCK_Q, n_k)          # one past the last row's last visible key
+        full_end = tl.minimum(first_query + 1, n_k) // BLOCK_K * BLOCK_K
+    else:
+        end = n_k
+        full_end = n_k // BLOCK_K * BLOCK_K
+    return full_end, end
+
+
+# ---------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_K: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold one block of keys into the running softmax of one block of queries.
+
+    acc (BLOCK_Q, BLOCK_D), row_sum and row_max (BLOCK_Q,) live in registers,
+    in float32; the function returns their updated values.
+    """
+    k_idx = key_start + tl.arange(0, BLOCK_K)                       # (BLOCK_K,) key rows of this tile
+    # Load mask: rows past n_k and columns past HEAD_DIM (the padding of the
+    # head dimension up to a power of two) read 0 instead of foreign memory.
+    tile_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < HEAD_DIM)
+    offsets = k_idx[:, None] * HEAD_DIM + d_idx[None, :]             # row-major (n_k, HEAD_DIM)
+    k = tl.load(K + offsets, mask=tile_ok, other=0.0)                # (BLOCK_K, BLOCK_D)
+    v = tl.load(V + offsets, mask=tile_ok, other=0.0)                # (BLOCK_K, BLOCK_D)
+
+    # Scores of this tile, accumulated in float32 by the matrix unit.
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (BLOCK_Q, BLOCK_K)
+    if MASKED:  # score mask: -inf becomes a weight of exactly 0 below
+        s = tl.where(_may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), s, float("-inf"))
+
+    # The online softmax (chapter 9). The first block visited always contains
+    # a visible key for every row (key 0 is visible to every query), so
+    # new_max is finite from then on and no exp(-inf - (-inf)) = NaN can occur.
+    new_max = tl.maximum(row_max, tl.max(s, axis=1))                 # (BLOCK_Q,)
+    correction = tl.exp(row_max - new_max)                           # rescales the old sums; 0 at the start
+    p = tl.exp(s - new_max[:, None])                                  # (BLOCK_Q, BLOCK_K), entries in [0, 1]
+    row_sum = row_sum * correction + tl.sum(p, axis=1)
+    # p goes back to the input precision (float16 on the tensor cores), the sum stays float32.
+    acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, row_sum, new_max
+
+
+@triton.jit
+def _flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale,
+                          CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One program: BLOCK_Q query rows of one (batch, head); writes their output rows and log-sum-exps.
+
+    Q, O: (batch * heads, n_q, HEAD_DIM) contiguous; K, V: (batch * heads, n_k, HEAD_DIM);
+    LSE: (batch * heads, n_q) float32. The grid is (cdiv(n_q, BLOCK_Q), batch * heads).
+    """
+    # -- Which tile is mine? Axis 0 of the grid counts query blocks, axis 1 (batch, head) pairs.
+    q_block = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)  # int64: bh * n * HEAD_DIM can pass 2**31 for long sequences
+
+    # -- Pointer arithmetic. A pointer plus an integer tensor is a tensor of
+    # pointers. Element (bh, i, j) of a contiguous (batch*heads, n, HEAD_DIM)
+    # tensor is at bh*n*HEAD_DIM + i*HEAD_DIM + j; move each base to my head.
+    Q += bh * n_q * HEAD_DIM
+    O += bh * n_q * HEAD_DIM
+    K += bh * n_k * HEAD_DIM
+    V += bh * n_k * HEAD_DIM
+    LSE += bh * n_q
+
+    q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)   # (BLOCK_Q,) my query rows
+    d_idx = tl.arange(0, BLOCK_D)                        # (BLOCK_D,) feature columns, padded to a power of 2
+    q_offsets = q_idx[:, None] * HEAD_DIM + d_idx[None, :]
+    # Load mask: the last query block may hang past n_q; padded rows read 0 and are never stored.
+    q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < HEAD_DIM)
+    q = tl.load(Q + q_offsets, mask=q_ok, other=0.0)    # (BLOCK_Q, BLOCK_D), stays in registers
+
+    # -- The running softmax state of my rows, in float32 registers.
+    row_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+
+    # -- Walk over the key blocks: unmasked ones first, then the few that need
+    # a mask. With CAUSAL, blocks after `end` are skipped altogether.
+    causal_offset = n_k - n_q
+    full_end, end = _key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)
+    for key_start in range(0, full_end, BLOCK_K):
+        acc, row_sum, row_max = _forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
+                                              n_k, causal_offset, scale, False, CAUSAL, BLOCK_K,
+                                              HEAD_DIM, DOT_PRECISION)
+    for key_start in range(full_end, end, BLOCK_K):
+        acc, row_sum, row_max = _forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
+                                              n_k, causal_offset, scale, True, CAUSAL, BLOCK_K,
+                                              HEAD_DIM, DOT_PRECISION)
+
+    # -- Normalise once at the end, and store. The backward pass needs only the
+    # log-sum-exp of each row, max + log(sum), to rebuild any probability.
+    out = acc / row_sum[:, None]
+    tl.store(O + q_offsets, out.to(O.dtype.element_ty), mask=q_ok)
+    tl.store(LSE + q_idx, row_max + tl.log(row_sum), mask=q_idx < n_q)
+
+
+# ---------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _backward_preprocess_kernel(O, DO, DELTA, n_q, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                                BLOCK_D: tl.constexpr):
+    """delta_i = sum_j dO_ij * O_ij for BLOCK_Q rows of one (batch, head); DELTA: (batch * heads, n_q)."""
+    q_block = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    O += bh * n_q * HEAD_DIM
+    DO += bh * n_q * HEAD_DIM
+    DELTA += bh * n_q
+    q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    d_idx = tl.arange(0, BLOCK_D)
+    offsets = q_idx[:, None] * HEAD_DIM + d_idx[None, :]
+    ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < HEAD_DIM)
+    o = tl.load(O + offsets, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + offsets, mask=ok, other=0.0).to(tl.float32)
+    tl.store(DELTA + q_idx, tl.sum(o * do, axis=1), mask=q_idx < n_q)
+
+
+@triton.jit
+def _dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k, causal_offset, scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
+               HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add one block of queries' contributions to dK and dV of one block of keys."""
+    q_idx = query_start + tl.arange(0, BLOCK_Q)
+    tile_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < HEAD_DIM)
+    offsets = q_idx[:, None] * HEAD_DIM + d_idx[None, :]
+    q = tl.load(Q + offsets, mask=tile_ok, other=0.0)                # (BLOCK_Q, BLOCK_D)
+    do = tl.load(DO + offsets, mask=tile_ok, other=0.0)              # (BLOCK_Q, BLOCK_D)
+    # A padded query row (past n_q) loads q = 0, dO = 0, lse = 0 and delta = 0:
+    # its p = exp(0) = 1 is finite, and it adds p * 0 to dV and
+    # p * (0 - 0) = 0 to dK. So padded queries need no score mask here.
+    lse = tl.load(LSE + q_idx, mask=q_idx < n_q, other=0.0)
+    delta = tl.load(DELTA + q_idx, mask=q_idx < n_q, other=0.0)
+
+    # Recompute this tile of probabilities from the saved log-sum-exp.
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (BLOCK_Q, BLOCK_K)
+    p = tl.exp(s - lse[:, None])
+    if MASKED:
+        p = tl.where(_may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), p, 0.0)
+
+    dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT_PRECISION)   # dV += P^T dO
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)                   # dP = dO V^T
+    ds = p * (dp - delta[:, None])                                               # dS = P * (dP - delta)
+    dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=DOT_PRECISION)    # dK += dS^T Q (times scale, later)
+    return dk, dv
+
+
+@triton.jit
+def _flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale,
+                                CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                                DOT_PRECISION: tl.constexpr):
+    """One program: dK and dV for BLOCK_K key rows of one (batch, head). Grid (cdiv(n_k, BLOCK_K), batch * heads).
+
+    Each program owns its rows of dK and dV, so no two programs write the same
+    memory: the sums over queries happen in registers, without atomics.
+    """
+    k_block = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    Q += bh * n_q * HEAD_DIM
+    DO += bh * n_q * HEAD_DIM
+    K += bh * n_k * HEAD_DIM
+    V += bh * n_k * HEAD_DIM
+    DK += bh * n_k * HEAD_DIM
+    DV += bh * n_k * HEAD_DIM
+    LSE += bh * n_q
+    DELTA += bh * n_q
+
+    k_idx = k_block * BLOCK_K + tl.arange(0, BLOCK_K)
+    d_idx = tl.arange(0, BLOCK_D)
+    k_offsets = k_idx[:, None] * HEAD_DIM + d_idx[None, :]
+    k_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < HEAD_DIM)
+    k = tl.load(K + k_offsets, mask=k_ok, other=0.0)     # (BLOCK_K, BLOCK_D), stays in registers
+    v = tl.load(V + k_offsets, mask=k_ok, other=0.0)
+    dk = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+
+    # Which query blocks see my keys? Without CAUSAL, all of them, unmasked.
+    # With CAUSAL, query i sees key j when i >= j - causal_offset: queries
+    # before my first key's first viewer are skipped; from `full_start` on,
+    # every query of a block sees all my keys; in between, a mask is needed.
+    causal_offset = n_k - n_q
+    if CAUSAL:
+        first_key = k_block * BLOCK_K
+        start = tl.maximum(first_key - causal_offset, 0) // BLOCK_Q * BLOCK_Q
+        full_start = tl.cdiv(tl.maximum(first_key + BLOCK_K - 1 - causal_offset, 0), BLOCK_Q) * BLOCK_Q
+        # (past the last query block there is nothing to read: stop there)
+        full_start = tl.minimum(full_start, tl.cdiv(n_q, BLOCK_Q) * BLOCK_Q)
+    else:
+        start = 0
+        full_start = 0
+    for query_start in range(start, full_start, BLOCK_Q):
+        dk, dv = _dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k,
+                            causal_offset, scale, True, CAUSAL, BLOCK_Q, HEAD_DIM, DOT_PRECISION)
+    for query_start in range(full_start, n_q, BLOCK_Q):
+        dk, dv = _dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k,
+                            causal_offset, scale, False, CAUSAL, BLOCK_Q, HEAD_DIM, DOT_PRECISION)
+
+    # S = scale * Q K^T, so dK = scale * dS^T Q: the scale is applied once, here.
+    tl.store(DK + k_offsets, (dk * scale).to(DK.dtype.element_ty), mask=k_ok)
+    tl.store(DV + k_offsets, dv.to(DV.dtype.element_ty), mask=k_ok)
+
+
+@triton.jit
+def _dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
+             MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_K: tl.constexpr,
+             HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Add one block of keys' contribution to dQ of one block of queries."""
+    k_idx = key_start + tl.arange(0, BLOCK_K)
+    tile_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < HEAD_DIM)
+    offsets = k_idx[:, None] * HEAD_DIM + d_idx[None, :]
+    k = tl.load(K + offsets, mask=tile_ok, other=0.0)
+    v = tl.load(V + offsets, mask=tile_ok, other=0.0)
+
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale   # (BLOCK_Q, BLOCK_K)
+    p = tl.exp(s - lse[:, None])
+    if MASKED:
+        p = tl.where(_may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)          # dP = dO V^T
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)       # dQ += dS K (times scale, later)
+    return dq
+
+
+@triton.jit
+def _flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale,
+                              CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                              DOT_PRECISION: tl.constexpr):
+    """One program: dQ for BLOCK_Q query rows of one (batch, head). Grid (cdiv(n_q, BLOCK_Q), batch * heads).
+
+    It visits the same key blocks as the forward program of the same rows.
+    """
+    q_block = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    Q += bh * n_q * HEAD_DIM
+    DO += bh * n_q * HEAD_DIM
+    DQ += bh * n_q * HEAD_DIM
+    K += bh * n_k * HEAD_DIM
+    V += bh * n_k * HEAD_DIM
+    LSE += bh * n_q
+    DELTA += bh * n_q
+
+    q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    d_idx = tl.arange(0, BLOCK_D)
+    q_offsets = q_idx[:, None] * HEAD_DIM + d_idx[None, :]
+    q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < HEAD_DIM)
+    q = tl.load(Q + q_offsets, mask=q_ok, other=0.0)
+    do = tl.load(DO + q_offsets, mask=q_ok, other=0.0)
+    lse = tl.load(LSE + q_idx, mask=q_idx < n_q, other=0.0)   # padded rows: finite, never stored
+    delta = tl.load(DELTA + q_idx, mask=q_idx < n_q, other=0.0)
+    dq = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+
+    causal_offset = n_k - n_q
+    full_end, end = _key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)
+    for key_start in range(0, full_end, BLOCK_K):
+        dq = _dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
+                      False, CAUSAL, BLOCK_K, HEAD_DIM, DOT_PRECISION)
+    for key_start in range(full_end, end, BLOCK_K):
+        dq = _dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
+                      True, CAUSAL, BLOCK_K, HEAD_DIM, DOT_PRECISION)
+    tl.store(DQ + q_offsets, (dq * scale).to(DQ.dtype.element_ty), mask=q_ok)
+
+
+# ---------------------------------------------------------------------------
+# Host side: validation, launch configuration, launchers
+# ---------------------------------------------------------------------------
+
+MAX_HEAD_DIM = 256
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_INTERPRETER_CONFIG = (32, 32, 4, 1)  # (BLOCK_Q, BLOCK_K, num_warps, num_stages); the interpreter ignores the last two
+_chosen: dict = {}                    # (kernel, head_dim, dtype, device, blocks) -> the configuration that launched
+
+
+def _gpu_configs(kind: str, head_dim: int, capability: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+    """Candidate ``(BLOCK_Q, BLOCK_K, num_warps, num_stages)`` for a GPU, best first.
+
+    Bigger tiles reuse each loaded tile for more products, but need more shared
+    memory: a T4 (compute capability 7.5) has 64 KiB per block, an A100 164 KiB,
+    an H100 228 KiB. A configuration that does not fit fails to launch with
+    ``OutOfResources`` and the launcher tries the next one. Stages > 1 let the
+    compiler prefetch the next tiles while computing (Ampere and newer).
+    """
+    if capability < (8, 0):  # Turing (T4): 64 KiB of shared memory, no asynchronous copies
+        forward, backward = ((64, 64, 4, 1), (64, 64, 4, 1)) if head_dim <= 64 else ((64, 32, 4, 1), (32, 32, 4, 1))
+    elif head_dim <= 64:
+        forward, backward = (128, 64, 4, 3), (64, 64, 4, 2)
+    elif head_dim <= 128:
+        forward, backward = (128, 64, 8, 3), (64, 64, 8, 2)
+    else:
+        forward, backward = (64, 64, 8, 2), (32, 32, 4, 2)
+    best = forward if kind == "forward" else backward
+    return list(dict.fromkeys([best, (32, 32, 4, 1), (16, 16, 4, 1)]))
+
+
+def _is_interpreted(fn) -> bool:
+    return type(fn).__name__ == "InterpretedFunction"
+
+
+def interpreted() -> bool:
+    """True when this module's kernels run under Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    return _is_interpreted(_flash_forward_kernel)
+
+
+def _check_interpreter() -> None:
+    """Raise when our kernels and Triton's library disagree about the interpreter.
+
+    That happens when ``triton`` was imported before ``TRITON_INTERPRET`` was set
+    (or unset): the library was decorated one way, our kernels the other, and
+    the first ``tl.zeros`` inside a kernel would fail with an obscure error.
+    """
+    if _is_interpreted(_flash_forward_kernel) != _is_interpreted(tl.zeros):
+        raise RuntimeError(
+            "Triton was imported before TRITON_INTERPRET was set, so its library and this module's "
+            "kernels disagree about the interpreter. Restart Python and import attnbook.triton_flash "
+            "before anything imports triton, or set TRITON_INTERPRET=1 in the environment first.")
+
+
+def _check_inputs(q, k, v, causal: bool) -> None:
+    """Raise ValueError (or TypeError) naming the shapes/dtypes/devices at fault."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if not (q.ndim == k.ndim == v.ndim == 4):
+        raise ValueError(f"q, k and v must be 4-D (batch, heads, n, d); got {shapes}")
+    if not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
+        raise ValueError(f"q, k and v must have the same batch and heads (first two dimensions); got {shapes}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same number of positions n_k (third dimension); got {shapes}")
+    if not (q.shape[3] == k.shape[3] == v.shape[3]):
+        raise ValueError(f"q, k and v must have the same head dimension d (last dimension); got {shapes}")
+    if min(q.shape) == 0 or min(k.shape) == 0:
+        raise ValueError(f"q, k and v must not be empty; got {shapes}")
+    if q.shape[3] > MAX_HEAD_DIM:
+        raise ValueError(f"head dimension d must be at most {MAX_HEAD_DIM}; got {shapes}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(
+            f"causal attention needs n_q <= n_k (the queries are the last n_q of the n_k positions); "
+            f"got {shapes}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
+        raise ValueError(f"q, k and v must share one dtype among float16, bfloat16, float32; "
+                         f"got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    _check_interpreter()
+    if q.device.type == "cuda":
+        if q.dtype == torch.bfloat16 and torch.cuda.get_device_capability(q.device) < (8, 0):
+            raise ValueError(f"bfloat16 needs a GPU of compute capability 8.0 or newer; "
+                             f"{torch.cuda.get_device_name(q.device)} has "
+                             f"{torch.cuda.get_device_capability(q.device)}: use float16")
+    elif q.device.type == "cpu":
+        if not interpreted():
+            raise RuntimeError(
+                "CPU tensors need Triton's interpreter, but this module's kernels were compiled for a GPU. "
+                "Set TRITON_INTERPRET=1 in the environment before attnbook.triton_flash is first imported "
+                "(e.g. start Python with TRITON_INTERPRET=1), or move the tensors to the GPU.")
+        if q.dtype == torch.bfloat16:
+            raise ValueError("Triton's interpreter mishandles bfloat16: use float16 or float32 on the CPU")
+    else:
+        raise ValueError(f"tensors must be on a CUDA GPU or (interpreted) on the CPU; got {q.device}")
+
+
+def _block_d(head_dim: int) -> int:
+    """The head dimension padded to a power of two, at least 16 (tl.arange and tl.dot need that)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """float32 inputs get true float32 products ("ieee"), not the faster, rounder TF32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _configs(kind: str, device: torch.device, head_dim: int, block_q, block_k):
+    if device.type == "cpu":
+        candidates = [_INTERPRETER_CONFIG]
+    else:
+        candidates = _gpu_configs(kind, head_dim, torch.cuda.get_device_capability(device))
+    if block_q is None and block_k is None:
+        return candidates
+    _, _, num_warps, num_stages = candidates[-2] if len(candidates) > 1 else candidates[0]
+    return [(block_q or candidates[0][0], block_k or candidates[0][1], num_warps, num_stages)]
+
+
+def _launch(kind: str, launch, head_dim: int, dtype, device, block_q=None, block_k=None):
+    """Call ``launch(BLOCK_Q, BLOCK_K, num_warps, num_stages)`` with the first configuration that fits."""
+    key = (kind, head_dim, dtype, str(device), block_q, block_k)
+    if key in _chosen:
+        return launch(*_chosen[key])
+    configs = _configs(kind, device, head_dim, block_q, block_k)
+    for i, config in enumerate(configs):
+        try:
+            result = launch(*config)
+        except OutOfResources:
+            if i == len(configs) - 1:
+                raise
+            continue
+        _chosen[key] = config
+        return result
+
+
+def _validate_blocks(block_q, block_k) -> None:
+    for name, b in (("block_q", block_q), ("block_k", block_k)):
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1)):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs tiles of at least 16); got {b!r}")
+
+
+def flash_forward(q, k, v, causal: bool = False, scale: float | None = None, *,
+                  block_q: int | None = None, block_k: int | None = None):
+    """Run the forward kernel: returns ``(output, lse)``.
+
+    q: (batch, heads, n_q, d), k and v: (batch, heads, n_k, d).
+    output: (batch, heads, n_q, d) in the inputs' dtype; lse: (batch, heads, n_q)
+    float32, the log-sum-exp of each row of scaled scores (what backward needs).
+    """
+    _check_inputs(q, k, v, causal)
+    _validate_blocks(block_q, block_k)
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    lse = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
+
+    def launch(bq, bk, num_warps, num_stages):
+        grid = (triton.cdiv(n_q, bq), batch * heads)
+        _flash_forward_kernel[grid](
+            q, k, v, out, lse, n_q, n_k, scale,
+            CAUSAL=bool(causal), BLOCK_Q=bq, BLOCK_K=bk, HEAD_DIM=d, BLOCK_D=_block_d(d),
+            DOT_PRECISION=_dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
+
+    _launch("forward", launch, d, q.dtype, q.device, block_q, block_k)
+    return out, lse
+
+
+def flash_backward(do, q, k, v, out, lse, causal: bool = False, scale: float | None = None, *,
+                   block_q: int | None = None, block_k: int | None = None):
+    """Run the backward kernels: returns ``(dq, dk, dv)``, shaped like ``q``, ``k``, ``v``.
+
+    do and out: (batch, heads, n_q, d); lse: (batch, heads, n_q) from :func:`flash_forward`.
+    Three launches: delta = rowsum(dO * O); dK and dV (a program per key block);
+    dQ (a program per query block).
+    """
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    do, q, k, v, out = (t.contiguous() for t in (do, q, k, v, out))
+    delta = torch.empty_like(lse)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    common = dict(HEAD_DIM=d, BLOCK_D=_block_d(d))
+    kernel_args = dict(CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype), **common)
+
+    bq_pre = 64 if q.device.type == "cuda" else 32
+    _backward_preprocess_kernel[(triton.cdiv(n_q, bq_pre), batch * heads)](
+        out, do, delta, n_q, BLOCK_Q=bq_pre, **common)
+
+    def launch(bq, bk, num_warps, num_stages):
+        _flash_backward_dkdv_kernel[(triton.cdiv(n_k, bk), batch * heads)](
+            q, k, v, do, lse, delta, dk, dv, n_q, n_k, scale, BLOCK_Q=bq, BLOCK_K=bk,
+            num_warps=num_warps, num_stages=num_stages, **kernel_args)
+        _flash_backward_dq_kernel[(triton.cdiv(n_q, bq), batch * heads)](
+            q, k, v, do, lse, delta, dq, n_q, n_k, scale, BLOCK_Q=bq, BLOCK_K=bk,
+            num_warps=num_warps, num_stages=num_stages, **kernel_args)
+
+    _launch("backward", launch, d, q.dtype, q.device, block_q, block_k)
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Autograd glue: forward saves q, k, v, the output and the log-sum-exps; backward runs the kernels."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, block_q, block_k):
+        out, lse = flash_forward(q, k, v, causal, scale, block_q=block_q, block_k=block_k)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.config = (causal, scale, block_q, block_k)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, scale, block_q, block_k = ctx.config
+        dq, dk, dv = flash_backward(grad_out, q, k, v, out, lse, causal, scale,
+                                    block_q=block_q, block_k=block_k)
+        return dq, dk, dv, None, None, None, None  # no gradients for causal, scale and the block sizes
+
+
+def triton_flash_attention(q, k, v, causal: bool = False, scale: float | None = None, *,
+                           block_q: int | None = None, block_k: int | None = None):
+    """FlashAttention in Triton, differentiable: ``softmax(scale * q k^T [+ causal mask]) v``.
+
+    q: (batch, heads, n_q, d); k, v: (batch, heads, n_k, d); returns (batch, heads, n_q, d).
+    ``scale`` defaults to ``1/sqrt(d)``. With ``causal``, the queries are the last
+    ``n_q`` of the ``n_k`` positions (as :func:`attnbook.causal_mask`; PyTorch's
+    ``is_causal`` aligns them with the first ``n_q`` instead, which differs when
+    ``n_q != n_k``). ``block_q``/``block_k`` override the tile sizes (powers of
+    two, at least 16). Runs on CUDA tensors, or on CPU tensors under the interpreter.
+    """
+    _check_inputs(q, k, v, causal)
+    _validate_blocks(block_q, block_k)
+    return FlashAttentionFunction.apply(q, k, v, bool(causal), scale, block_q, block_k)
+
+
+def key_block_bounds(q_block: int, n_q: int, n_k: int, block_q: int, block_k: int,
+                     causal: bool = True) -> tuple[int, int]:
+    """The host-side twin of the kernels' ``_key_range``: ``(full_end, end)`` for one query block.
+
+    Key blocks starting before ``full_end`` are visited without a mask, those in
+    ``[full_end, end)`` with one, and keys from ``end`` on are skipped. Used to
+    draw and count the blocks; the kernels compute the same two numbers on the GPU.
+    """
+    if causal:
+        first_query = q_block * block_q + (n_k - n_q)
+        return min(first_query + 1, n_k) // block_k * block_k, min(first_query + block_q, n_k)
+    return n_k // block_k * block_k, n_k

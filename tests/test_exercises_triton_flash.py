@@ -1,0 +1,155 @@
+"""The chapter-10 checkers reject each classic mistake and pass correct solutions.
+
+The wrong implementations here are written independently of the checkers' own
+Mistake functions, the way a reader might write them.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from attnbook.exercises._framework import ExerciseError, NotAttemptedError
+from attnbook.exercises.triton_flash import check_benchmark_flops, check_key_blocks
+
+# --- causal key blocks -------------------------------------------------------------------
+
+
+def blocks_by_loop(n_q, n_k, block_q, block_k):
+    """A correct solution written differently: test every key block against every row."""
+    offset = n_k - n_q
+    counts = []
+    for start in range(0, n_q, block_q):
+        rows = range(start, min(start + block_q, n_q))
+        counts.append(sum(1 for j0 in range(0, n_k, block_k)
+                          if any(j0 <= i + offset for i in rows)))  # some row sees the block's first key
+    return counts
+
+
+def blocks_no_skipping(n_q, n_k, block_q, block_k):
+    return [math.ceil(n_k / block_k)] * math.ceil(n_q / block_q)
+
+
+def blocks_strictly_below(n_q, n_k, block_q, block_k):
+    # counts only the blocks that the first row sees completely
+    return [min(b * block_q + n_k - n_q + 1, n_k) // block_k for b in range(math.ceil(n_q / block_q))]
+
+
+def blocks_from_first_row(n_q, n_k, block_q, block_k):
+    return [math.ceil((b * block_q + n_k - n_q + 1) / block_k) for b in range(math.ceil(n_q / block_q))]
+
+
+def blocks_top_left(n_q, n_k, block_q, block_k):
+    return [math.ceil(min((b + 1) * block_q, n_k) / block_k) for b in range(math.ceil(n_q / block_q))]
+
+
+def blocks_b_plus_one(n_q, n_k, block_q, block_k):
+    return list(range(1, math.ceil(n_q / block_q) + 1))
+
+
+def blocks_one_too_many(n_q, n_k, block_q, block_k):
+    counts = []
+    for b in range(math.ceil(n_q / block_q)):
+        last = (b + 1) * block_q - 1 + n_k - n_q
+        counts.append(math.ceil(min(last + 2, n_k) / block_k))  # keys 0..last+1: one key too far
+    return counts
+
+
+def test_key_blocks_reference_style_solution_passes(capsys):
+    check_key_blocks(blocks_by_loop)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_key_blocks_accepts_numpy_floats():
+    check_key_blocks(lambda *a: np.array(blocks_by_loop(*a), dtype=float))
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (blocks_no_skipping, "no_skipping"),
+    (blocks_strictly_below, "diagonal_missed"),
+    (blocks_from_first_row, "first_row"),
+    (blocks_top_left, "top_left"),
+    (blocks_b_plus_one, "equal_blocks"),
+    (blocks_one_too_many, "one_past"),
+])
+def test_key_block_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_key_blocks(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_key_blocks_unknown_error_is_rejected_without_diagnosis():
+    with pytest.raises(ExerciseError) as err:
+        check_key_blocks(lambda *a: [c + 2 for c in blocks_by_loop(*a)])
+    assert err.value.mistake is None
+
+
+def test_key_blocks_wrong_length_names_the_shape():
+    with pytest.raises(ExerciseError, match="expected shape"):
+        check_key_blocks(lambda *a: blocks_by_loop(*a)[:-1])
+
+
+def test_key_blocks_stub_is_not_attempted():
+    def stub(n_q, n_k, block_q, block_k):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_key_blocks(stub)
+
+
+# --- FLOPs ------------------------------------------------------------------------------------
+
+
+def flops_good(batch, heads, n, d, causal=False, mode="fwd"):
+    per_head = 2 * (2 * n * n * d)              # two products, multiply + add
+    total = batch * heads * per_head * (0.5 if causal else 1.0)
+    return total * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 1.0 + 2.5}[mode]
+
+
+def flops_causal_full(batch, heads, n, d, causal=False, mode="fwd"):
+    return flops_good(batch, heads, n, d, False, mode)
+
+
+def flops_fma_as_one(batch, heads, n, d, causal=False, mode="fwd"):
+    return flops_good(batch, heads, n, d, causal, mode) / 2
+
+
+def flops_backward_double(batch, heads, n, d, causal=False, mode="fwd"):
+    forward = flops_good(batch, heads, n, d, causal, "fwd")
+    return forward * {"fwd": 1, "bwd": 2, "fwd_bwd": 3}[mode]
+
+
+def flops_forgot_forward(batch, heads, n, d, causal=False, mode="fwd"):
+    return flops_good(batch, heads, n, d, causal, "bwd" if mode == "fwd_bwd" else mode)
+
+
+def flops_swapped(batch, heads, n, d, causal=False, mode="fwd"):
+    return flops_good(batch, heads, d, n, causal, mode)
+
+
+def test_flops_good_solution_passes(capsys):
+    check_benchmark_flops(flops_good)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_flops_integer_answer_passes():
+    check_benchmark_flops(lambda *a, **kw: int(flops_good(*a, **kw)))
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (flops_causal_full, "causal_not_halved"),
+    (flops_fma_as_one, "half_forward"),
+    (flops_backward_double, "backward_two"),
+    (flops_forgot_forward, "fwd_bwd_without_fwd"),
+    (flops_swapped, "d_squared"),
+])
+def test_flops_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_benchmark_flops(wrong)
+    assert err.value.mistake == key
+
+
+def test_flops_unknown_error_is_rejected():
+    with pytest.raises(ExerciseError) as err:
+        check_benchmark_flops(lambda *a, **kw: 1.01 * flops_good(*a, **kw))
+    assert err.value.mistake is None

@@ -1,0 +1,327 @@
+"""The Triton FlashAttention kernels against PyTorch's scaled_dot_product_attention.
+
+Without a CUDA GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1)
+on small CPU tensors; with one, the same tests run compiled on the GPU. The
+reference is F.scaled_dot_product_attention evaluated in float64, with an
+explicit boolean mask (attnbook.causal_mask) whenever n_q != n_k.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import attnbook
+from attnbook import triton_flash
+from attnbook.triton_flash import flash_forward, key_block_bounds, triton_flash_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Tolerances against the float64 reference: float16 inputs round to ~5e-4
+# relative, and the kernels' float32 accumulation adds little to that.
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=4e-3, rtol=4e-3)}
+
+
+def _triton_imported_too_early() -> bool:
+    try:
+        triton_flash._check_interpreter()
+    except RuntimeError:
+        return True
+    return False
+
+
+# When another test module imported triton (torch.utils.flop_counter does) before attnbook.triton_flash
+# could set TRITON_INTERPRET=1, the kernels cannot run in this process: then this whole file runs
+# again in a fresh Python (test_the_kernels_in_a_fresh_process), and its tests here step aside.
+TOO_EARLY = _triton_imported_too_early()
+
+
+@pytest.fixture(autouse=True)
+def kernels_can_run(request):
+    if TOO_EARLY and request.node.name != "test_the_kernels_in_a_fresh_process":
+        pytest.skip("triton was imported before TRITON_INTERPRET was set in this process; "
+                    "test_the_kernels_in_a_fresh_process runs this test instead")
+
+
+@pytest.mark.skipif(not TOO_EARLY, reason="the kernels run in this process")
+def test_the_kernels_in_a_fresh_process():
+    env = dict(os.environ, TRITON_INTERPRET="1" if not torch.cuda.is_available() else os.environ.get(
+        "TRITON_INTERPRET", "0"))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
+
+
+def reference(q, k, v, causal, scale=None):
+    """float64 SDPA; the causal mask puts the queries at the last n_q of the n_k positions."""
+    q, k, v = (x.double() for x in (q, k, v))
+    mask = torch.from_numpy(attnbook.causal_mask(q.shape[2], k.shape[2])).to(q.device) if causal else None
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def random_qkv(batch, heads, n_q, n_k, d, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, n, d, generator=gen).to(DEVICE, dtype).requires_grad_()
+            for n in (n_q, n_k, n_k)]
+
+
+def check_against_reference(batch, heads, n_q, n_k, d, dtype, causal, **blocks):
+    q, k, v = random_qkv(batch, heads, n_q, n_k, d, dtype)
+    out = triton_flash_attention(q, k, v, causal=causal, **blocks)
+    assert out.shape == q.shape and out.dtype == dtype
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    out64 = reference(q64, k64, v64, causal)
+    grads64 = torch.autograd.grad(out64, (q64, k64, v64), grad_out.double())
+    for name, got, want in zip(("output", "dq", "dk", "dv"), (out, *grads), (out64, *grads64)):
+        assert got.shape == want.shape, name
+        torch.testing.assert_close(got.double(), want, **TOL[dtype], msg=lambda m: f"{name}: {m}")
+
+
+# --- outputs and all three gradients ------------------------------------------------
+
+SHAPES = [  # (batch, heads, n_q, n_k, d, block sizes)
+    pytest.param(1, 2, 64, 64, 32, {}, id="n=64 (whole blocks)"),
+    pytest.param(2, 1, 100, 100, 64, {}, id="n=100 (ragged last block)"),
+    pytest.param(1, 1, 1, 1, 16, {}, id="n=1"),
+    pytest.param(1, 2, 77, 77, 48, {}, id="d=48 (head dim padded to 64)"),
+    pytest.param(1, 1, 90, 90, 32, dict(block_q=16, block_k=32), id="block_q=16 < block_k=32"),
+    pytest.param(1, 1, 90, 90, 32, dict(block_q=32, block_k=16), id="block_q=32 > block_k=16"),
+    pytest.param(1, 2, 20, 77, 32, {}, id="n_q=20 < n_k=77"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch, heads, n_q, n_k, d, blocks", SHAPES)
+def test_output_and_gradients_match_sdpa(batch, heads, n_q, n_k, d, blocks, causal, dtype):
+    check_against_reference(batch, heads, n_q, n_k, d, dtype, causal, **blocks)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+def test_more_queries_than_keys_without_mask(dtype):
+    check_against_reference(1, 1, 70, 20, 16, dtype, causal=False)
+
+
+def test_equal_lengths_agree_with_torch_is_causal():
+    q, k, v = random_qkv(1, 2, 50, 50, 32, torch.float32)
+    torch.testing.assert_close(triton_flash_attention(q, k, v, causal=True),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=2e-5, rtol=2e-5)
+
+
+def test_fewer_queries_than_keys_use_the_books_alignment_not_torchs():
+    """n_q < n_k: the queries are the LAST n_q positions (KV-cache decoding), unlike torch's is_causal."""
+    q, k, v = random_qkv(1, 1, 8, 40, 16, torch.float32)
+    ours = triton_flash_attention(q, k, v, causal=True)
+    torch.testing.assert_close(ours.double(), reference(q, k, v, causal=True), atol=2e-5, rtol=2e-5)
+    top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert (ours - top_left).abs().max() > 0.1
+
+
+def test_custom_scale_and_non_contiguous_inputs():
+    gen = torch.Generator().manual_seed(3)
+    # (batch, n, heads, d) transposed to (batch, heads, n, d): a view with non-unit strides
+    q, k, v = (torch.randn(2, 40, 2, 32, generator=gen).to(DEVICE).transpose(1, 2) for _ in range(3))
+    assert not q.is_contiguous()
+    out = triton_flash_attention(q, k, v, causal=True, scale=0.3)
+    torch.testing.assert_close(out.double(), reference(q, k, v, causal=True, scale=0.3), atol=2e-5, rtol=2e-5)
+
+
+def test_forward_saves_the_log_sum_exp_of_each_row():
+    q, k, v = random_qkv(1, 2, 45, 60, 32, torch.float32)
+    _, lse = flash_forward(q.detach(), k.detach(), v.detach(), causal=True)
+    scores = (q.double() @ k.double().transpose(-1, -2)) / np.sqrt(32)
+    visible = torch.from_numpy(attnbook.causal_mask(45, 60)).to(DEVICE)
+    expected = torch.logsumexp(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    assert lse.shape == (1, 2, 45) and lse.dtype == torch.float32
+    torch.testing.assert_close(lse.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_large_scores_do_not_overflow():
+    q, k, v = random_qkv(1, 1, 40, 40, 16, torch.float32)
+    with torch.no_grad():
+        q *= 30  # scores in the hundreds: exp overflows float32 without the running maximum
+    out = triton_flash_attention(q, k, v)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), reference(q, k, v, causal=False), atol=1e-4, rtol=1e-4)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n_q=st.integers(1, 70), extra=st.integers(0, 40), d=st.sampled_from([16, 24, 32]),
+       causal=st.booleans())
+def test_random_awkward_shapes(n_q, extra, d, causal):
+    check_against_reference(1, 1, n_q, n_q + extra, d, torch.float32, causal)
+
+
+# --- causal block skipping ------------------------------------------------------------
+
+def test_skipped_key_blocks_are_never_read():
+    """NaN in keys/values that no query of a block may see: only the blocks that load them turn NaN.
+
+    Masking alone would not do: a masked score has weight 0, but 0 * NaN = NaN.
+    """
+    q, k, v = (x.detach() for x in random_qkv(1, 1, 128, 128, 16, torch.float32))
+    v[:, :, 100:] = float("nan")          # positions 100..127 live in key block 3 (blocks of 32)
+    out = triton_flash_attention(q, k, v, causal=True, block_q=32, block_k=32)
+    finite_rows = torch.isfinite(out[0, 0]).all(dim=-1)
+    assert finite_rows[:96].all()         # query blocks 0-2 stop before key block 3: never load it
+    assert not finite_rows[96:].any()     # query block 3 loads it (masked for rows < 100, still NaN)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_skipped_query_blocks_are_never_read_by_the_dkdv_kernel():
+    q, k, v = (x.detach() for x in random_qkv(1, 1, 128, 128, 16, torch.float32))
+    q[:, :, :20] = float("nan")           # queries 0..19, in query block 0
+    q.requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    out = triton_flash_attention(q, k, v, causal=True, block_q=32, block_k=32)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    # key blocks 1-3 are invisible to query block 0, so their programs skip it
+    assert torch.isfinite(dk[0, 0, 32:]).all() and torch.isfinite(dv[0, 0, 32:]).all()
+    assert not torch.isfinite(dk[0, 0, :32]).all()
+    assert torch.isfinite(dq[0, 0, 32:]).all()
+
+
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k", [
+    (128, 128, 32, 32), (100, 100, 64, 16), (37, 90, 16, 32), (1, 50, 16, 16), (64, 64, 64, 64)])
+def test_key_block_bounds_agree_with_the_causal_mask(n_q, n_k, block_q, block_k):
+    mask = attnbook.causal_mask(n_q, n_k)
+    for q_block in range(-(-n_q // block_q)):
+        rows = mask[q_block * block_q:(q_block + 1) * block_q]
+        full_end, end = key_block_bounds(q_block, n_q, n_k, block_q, block_k)
+        visible = np.flatnonzero(rows.any(axis=0))
+        assert end == visible.max() + 1              # tight: one past the last key that some row sees
+        seen_by_all = rows.all(axis=0).sum()          # visibility is a prefix of the keys
+        assert full_end == seen_by_all // block_k * block_k  # the whole blocks inside that prefix
+
+
+def test_non_causal_bounds_cover_every_key():
+    assert key_block_bounds(0, 100, 100, 32, 32, causal=False) == (96, 100)
+
+
+# --- launch configurations --------------------------------------------------------------
+
+def test_launch_falls_back_to_smaller_tiles_when_shared_memory_runs_out(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    monkeypatch.setattr(triton_flash, "_configs", lambda *args: [(128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)])
+    monkeypatch.setattr(triton_flash, "_chosen", {})
+    tried = []
+
+    def launch(block_q, block_k, num_warps, num_stages):
+        tried.append((block_q, block_k))
+        if block_q * block_k * 16 > 65536:  # pretend a 64 KiB limit
+            raise OutOfResources(block_q * block_k * 16, 65536, "shared memory")
+
+    triton_flash._launch("forward", launch, 64, torch.float16, "cuda:0")
+    assert tried == [(128, 64), (64, 64)]
+    tried.clear()
+    triton_flash._launch("forward", launch, 64, torch.float16, "cuda:0")
+    assert tried == [(64, 64)]                      # remembered: no second failed attempt
+
+
+def test_launch_reraises_when_no_configuration_fits(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    monkeypatch.setattr(triton_flash, "_configs", lambda *args: [(64, 64, 4, 1), (32, 32, 4, 1)])
+    monkeypatch.setattr(triton_flash, "_chosen", {})
+
+    def launch(*config):
+        raise OutOfResources(1 << 20, 65536, "shared memory")
+
+    with pytest.raises(OutOfResources):
+        triton_flash._launch("backward", launch, 256, torch.float16, "cuda:0")
+
+
+@pytest.mark.parametrize("capability", [(7, 5), (8, 0), (9, 0)])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_gpu_configurations_end_with_small_tiles(capability, head_dim):
+    for kind in ("forward", "backward"):
+        configs = triton_flash._gpu_configs(kind, head_dim, capability)
+        assert configs[-1] == (16, 16, 4, 1) and len(set(configs)) == len(configs)
+        assert all(b >= 16 and b & (b - 1) == 0 for config in configs for b in config[:2])
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+def _t(*shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ((_t(2, 8, 16), _t(2, 8, 16), _t(2, 8, 16)), {}, r"4-D .*q \(2, 8, 16\)"),
+    ((_t(1, 2, 8, 16), _t(1, 2, 8, 32), _t(1, 2, 8, 32)), {}, r"head dimension.*q \(1, 2, 8, 16\), k \(1, 2, 8, 32\)"),
+    ((_t(1, 2, 8, 16), _t(1, 2, 8, 16), _t(1, 2, 9, 16)), {}, r"n_k.*k \(1, 2, 8, 16\), v \(1, 2, 9, 16\)"),
+    ((_t(1, 2, 8, 16), _t(2, 2, 8, 16), _t(2, 2, 8, 16)), {}, r"batch and heads.*k \(2, 2, 8, 16\)"),
+    ((_t(1, 1, 9, 16), _t(1, 1, 8, 16), _t(1, 1, 8, 16)), dict(causal=True), r"n_q <= n_k.*q \(1, 1, 9, 16\)"),
+    ((_t(1, 1, 0, 16), _t(1, 1, 8, 16), _t(1, 1, 8, 16)), {}, r"empty.*q \(1, 1, 0, 16\)"),
+    ((_t(1, 1, 8, 512), _t(1, 1, 8, 512), _t(1, 1, 8, 512)), {}, r"at most 256.*q \(1, 1, 8, 512\)"),
+    ((_t(1, 1, 8, 16), _t(1, 1, 8, 16, dtype=torch.float16), _t(1, 1, 8, 16)), {}, r"one dtype.*float16"),
+    ((_t(1, 1, 8, 16, dtype=torch.float64),) * 3, {}, r"one dtype.*float64"),
+    ((_t(1, 1, 8, 16),) * 3, dict(block_q=24), r"block_q must be a power of two"),
+    ((_t(1, 1, 8, 16),) * 3, dict(block_k=8), r"block_k must be a power of two"),
+])
+def test_bad_input_raises_value_error_naming_it(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        triton_flash_attention(*args, **kwargs)
+
+
+def test_bfloat16_is_refused_where_it_cannot_work():
+    x = _t(1, 1, 8, 16, dtype=torch.bfloat16)
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="interpreter mishandles bfloat16"):
+            triton_flash_attention(x, x, x)
+    elif torch.cuda.get_device_capability() < (8, 0):
+        with pytest.raises(ValueError, match="compute capability 8.0"):
+            triton_flash_attention(x, x, x)
+
+
+def test_non_tensor_raises_type_error():
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        triton_flash_attention(np.zeros((1, 1, 4, 16)), _t(1, 1, 4, 16), _t(1, 1, 4, 16))
+
+
+# --- the interpreter must be chosen before triton is imported ---------------------------
+
+def _run_fresh_python(code: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the kernels are compiled, not interpreted")
+def test_importing_the_module_first_selects_the_interpreter():
+    result = _run_fresh_python("""
+        import torch
+        from attnbook.triton_flash import interpreted, triton_flash_attention
+        q = torch.randn(1, 1, 20, 16)
+        out = triton_flash_attention(q, q, q, causal=True)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        print(interpreted(), bool(torch.allclose(out, ref, atol=1e-5)))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the kernels are compiled, not interpreted")
+def test_importing_triton_too_early_gives_a_clear_error():
+    result = _run_fresh_python("""
+        import triton  # decorates Triton's own library before TRITON_INTERPRET is set
+        import torch
+        from attnbook.triton_flash import triton_flash_attention
+        q = torch.randn(1, 1, 8, 16)
+        triton_flash_attention(q, q, q)
+    """)
+    assert result.returncode != 0
+    assert "Triton was imported before TRITON_INTERPRET was set" in result.stderr
