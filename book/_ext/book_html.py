@@ -8,7 +8,10 @@
 2. Drop scripts registered twice. Jupyter Book loads sphinx-thebe, whose inline
    configuration script ends up on the page twice and throws
    "Identifier 'THEBE_JS_URL' has already been declared" in the console.
-3. Give the theme a default colour mode ("auto", the reader's system setting):
+3. Load MathJax on every page. Sphinx loads it only on pages whose body has
+   math, but chapter titles with math ("Why divide by $\sqrt{d_k}$") appear in
+   every page's navigation, and stayed raw TeX on pages without math.
+4. Give the theme a default colour mode ("auto", the reader's system setting):
    without one, pydata-sphinx-theme logs "Got invalid theme mode" as an error.
 """
 from __future__ import annotations
@@ -47,9 +50,16 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
     context.setdefault("default_mode", "auto")
 
 
+def _every_page_has_math(app, env) -> None:
+    equations = env.get_domain("math").data["has_equations"]
+    for docname in env.found_docs:
+        equations[docname] = True
+
+
 def setup(app):
     _mathjax_source()  # fail the build early, with a clear message, if MathJax is missing
     app.config.mathjax_path = _MATHJAX
     app.connect("build-finished", _copy_mathjax)
     app.connect("html-page-context", _page_context)
+    app.connect("env-updated", _every_page_has_math)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
