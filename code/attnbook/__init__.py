@@ -13,16 +13,24 @@ from .source import show_source
 __version__ = "0.1.0"
 
 
-def __getattr__(name):
-    # Loaded on first use: importing Triton is slow, and without a GPU it must first be told to
-    # interpret (attnbook.triton_flash does that), so `import attnbook` never imports it.
-    if name == "triton_flash_attention":
-        from .triton_flash import triton_flash_attention
+# The torch layer loads on first use, so that the numpy-only chapters never wait for torch, and
+# Triton (slow to import, and told to interpret when there is no GPU) loads only when asked for.
+_LAZY = {
+    "KVCache": "kv_cache", "kv_cache_bytes": "kv_cache",
+    "MultiHeadAttention": "multihead", "attend": "multihead", "repeat_kv": "multihead",
+    "triton_flash_attention": "triton_flash",
+}
 
-        return triton_flash_attention
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "KVCache", "MultiHeadAttention", "attend", "kv_cache_bytes", "repeat_kv",
     "attention_scores", "causal_mask", "flash_attention_numpy", "log_softmax", "logsumexp", "project_qkv",
     "scaled_dot_product_attention", "show_source", "single_head_attention", "sliding_window_mask",
     "softmax", "softmax_jacobian", "triton_flash_attention",

@@ -1,0 +1,252 @@
+"""A tiny GPT: a decoder-only transformer built from the book's :class:`MultiHeadAttention`.
+
+Characters in, next-character logits out. Each block is pre-LayerNorm causal
+self-attention followed by a pre-LayerNorm MLP, both added to the residual stream
+(Radford et al. 2019); positions are learned absolute embeddings up to
+``block_size``; the output head reuses the token embedding matrix (weight tying,
+Press & Wolf 2017). The package ships weights trained by ``scripts/train_gpt.py`` on
+part of the King James Bible (see ``attnbook/data/README.md``); :func:`load_tiny_gpt`
+loads them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from importlib import resources
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _validate
+from .kv_cache import KVCache
+from .multihead import MultiHeadAttention
+
+WEIGHTS_FILE = "tiny_gpt.pt"
+TEXT_FILE = "kjv.txt"
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a :class:`TinyGPT`. ``n_kv_heads=None`` means one key/value head per query head."""
+
+    vocab_size: int
+    block_size: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    d_model: int = 96
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
+            _validate.positive_int(name, getattr(self, name))
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+
+class CharTokenizer:
+    """Character-level tokenizer: token ``i`` is the character ``vocab[i]``."""
+
+    def __init__(self, vocab: str):
+        if len(set(vocab)) != len(vocab):
+            raise ValueError("vocab must not repeat a character")
+        self.vocab = vocab
+        self._index = {ch: i for i, ch in enumerate(vocab)}
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        """The tokenizer whose vocabulary is the sorted set of characters of ``text``."""
+        return cls("".join(sorted(set(text))))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted(set(text) - self._index.keys())
+        if unknown:
+            raise ValueError(f"characters not in the vocabulary: {''.join(unknown)!r}")
+        return [self._index[ch] for ch in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocab[int(i)] for i in ids)
+
+
+class Block(nn.Module):
+    """One transformer block: x + attn(LN(x)), then x + mlp(LN(x)). x: (batch, n, d_model)."""
+
+    def __init__(self, config: GPTConfig, use_sdpa: bool = True):
+        super().__init__()
+        d = config.d_model
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = MultiHeadAttention(d, config.n_heads, config.n_kv_heads, use_sdpa=use_sdpa)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x, kv_cache: KVCache | None = None):
+        x = x + self.attn(self.ln_1(x), is_causal=True, kv_cache=kv_cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class TinyGPT(nn.Module):
+    """Decoder-only transformer over token ids: (batch, n) -> logits (batch, n, vocab_size)."""
+
+    def __init__(self, config: GPTConfig, use_sdpa: bool = True):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config, use_sdpa) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.head.weight = self.tok_emb.weight          # weight tying: one matrix in and out
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """GPT-2's initialisation: N(0, 0.02), residual outputs shrunk by 1/sqrt(2 n_layers)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            for layer in (block.attn.out_proj, block.mlp[2]):
+                nn.init.normal_(layer.weight, std=0.02 / math.sqrt(2 * self.config.n_layers))
+
+    def forward(self, ids, kv_cache: list[KVCache] | None = None, start_pos: int = 0):
+        """Next-token logits for every position of ``ids``.
+
+        ids: (batch, n) int64 token ids at positions ``start_pos .. start_pos + n - 1``;
+        kv_cache: one :class:`KVCache` per layer (from :meth:`new_kv_cache`) holding the
+        ``start_pos`` earlier positions; the new keys and values are appended to it.
+        Returns (batch, n, vocab_size).
+        """
+        n = self._check_forward(ids, kv_cache, start_pos)
+        positions = torch.arange(start_pos, start_pos + n, device=ids.device)
+        x = self.tok_emb(ids) + self.pos_emb(positions)                   # (batch, n, d_model)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if kv_cache is None else kv_cache[i])
+        return self.head(self.ln_f(x))                                    # (batch, n, vocab_size)
+
+    def _check_forward(self, ids, kv_cache, start_pos: int) -> int:
+        cfg = self.config
+        if ids.ndim != 2 or ids.dtype != torch.long:
+            raise ValueError(f"ids must be an int64 tensor (batch, n); got {ids.dtype} {tuple(ids.shape)}")
+        n = ids.shape[1]
+        if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
+            raise ValueError(f"start_pos must be a non-negative integer; got {start_pos!r}")
+        if n == 0 or start_pos + n > cfg.block_size:
+            raise ValueError(f"positions {start_pos}..{start_pos + n - 1} do not fit block_size="
+                             f"{cfg.block_size} (ids of shape {tuple(ids.shape)})")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}); got {int(ids.min())}..{int(ids.max())}")
+        if kv_cache is not None:
+            if len(kv_cache) != cfg.n_layers:
+                raise ValueError(f"kv_cache needs one KVCache per layer ({cfg.n_layers}); got {len(kv_cache)}")
+            lengths = {c.length for c in kv_cache}
+            if lengths != {start_pos}:
+                raise ValueError(f"start_pos={start_pos} must equal the number of cached positions; "
+                                 f"the caches hold {sorted(lengths)}")
+        return n
+
+    def new_kv_cache(self, batch: int = 1, max_len: int | None = None) -> list[KVCache]:
+        """Empty caches, one per layer, for ``max_len`` positions (default ``block_size``)."""
+        cfg = self.config
+        max_len = cfg.block_size if max_len is None else _validate.positive_int("max_len", max_len)
+        if max_len > cfg.block_size:
+            raise ValueError(f"max_len={max_len} exceeds block_size={cfg.block_size}: "
+                             "there are no position embeddings beyond it")
+        weight = self.tok_emb.weight
+        return [KVCache(batch, cfg.kv_heads, max_len, cfg.d_model // cfg.n_heads,
+                        dtype=weight.dtype, device=weight.device) for _ in range(cfg.n_layers)]
+
+    @torch.no_grad()
+    def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 use_cache: bool = True, seed: int | None = None):
+        """Continue ``ids`` (batch, n) by ``max_new_tokens`` tokens; returns (batch, n + max_new_tokens).
+
+        ``temperature=0`` is greedy decoding (always the most likely token); otherwise
+        tokens are sampled from ``softmax(logits / temperature)``, restricted to the
+        ``top_k`` most likely when given, with a generator seeded by ``seed``.
+        ``use_cache=False`` recomputes the whole prefix for every new token; with the
+        cache each step feeds only the newest token.
+        """
+        max_new_tokens = _validate.positive_int("max_new_tokens", max_new_tokens)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0; got {temperature}")
+        if ids.ndim != 2:
+            raise ValueError(f"ids must have shape (batch, n); got {tuple(ids.shape)}")
+        total = ids.shape[1] + max_new_tokens
+        if total > self.config.block_size:
+            raise ValueError(f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} "
+                             f"exceeds block_size={self.config.block_size}")
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=ids.device).manual_seed(seed)
+        cache = self.new_kv_cache(ids.shape[0], total) if use_cache else None
+        logits = self(ids, cache)[:, -1]                                   # (batch, vocab_size)
+        for _ in range(max_new_tokens):
+            next_id = _pick(logits, temperature, top_k, generator)        # (batch, 1)
+            ids = torch.cat([ids, next_id], dim=1)
+            if ids.shape[1] == total:
+                break
+            if use_cache:   # only the new token goes in; the past is in the cache
+                logits = self(next_id, cache, start_pos=ids.shape[1] - 1)[:, -1]
+            else:           # recompute everything
+                logits = self(ids)[:, -1]
+        return ids
+
+
+def _pick(logits, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+    """Next token from logits (batch, vocab): greedy at temperature 0, else sampled."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+
+def train_val_split(tokens, chunk_len: int = 8192, val_every: int = 10):
+    """Split a 1-D token tensor into (train, val): every ``val_every``-th chunk is held out.
+
+    Chunks of ``chunk_len`` tokens spread the validation text over the whole corpus
+    (all books), instead of holding out only its end.
+    """
+    chunks = torch.split(tokens, chunk_len)
+    val = [c for i, c in enumerate(chunks) if i % val_every == val_every - 1]
+    train = [c for i, c in enumerate(chunks) if i % val_every != val_every - 1]
+    return torch.cat(train), torch.cat(val)
+
+
+def load_training_text() -> str:
+    """The text the tiny GPT was trained on (see ``attnbook/data/README.md``)."""
+    return resources.files("attnbook").joinpath("data").joinpath(TEXT_FILE).read_text(encoding="utf-8")
+
+
+def save_checkpoint(path, model: TinyGPT, tokenizer: CharTokenizer, meta: dict | None = None) -> None:
+    """Write config, vocabulary, float32 weights and training notes to ``path`` (torch.save)."""
+    state = {k: v.detach().to("cpu", torch.float32).clone() for k, v in model.state_dict().items()
+             if k != "head.weight"}                    # tied to tok_emb.weight: stored once
+    torch.save({"config": asdict(model.config), "vocab": tokenizer.vocab,
+                "state_dict": state, "meta": dict(meta or {})}, path)
+
+
+def load_checkpoint(file, use_sdpa: bool = True) -> tuple[TinyGPT, CharTokenizer, dict]:
+    """Read what :func:`save_checkpoint` wrote; returns ``(model in eval mode, tokenizer, meta)``."""
+    ckpt = torch.load(file, map_location="cpu", weights_only=True)
+    model = TinyGPT(GPTConfig(**ckpt["config"]), use_sdpa=use_sdpa)
+    missing, unexpected = model.load_state_dict(ckpt["state_dict"], strict=False)
+    if unexpected or set(missing) != {"head.weight"}:
+        raise ValueError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
+    return model.eval(), CharTokenizer(ckpt["vocab"]), ckpt["meta"]
+
+
+def load_tiny_gpt(use_sdpa: bool = True) -> tuple[TinyGPT, CharTokenizer]:
+    """The book's trained tiny GPT and its tokenizer, from the package data, in eval mode."""
+    with resources.files("attnbook").joinpath("data").joinpath(WEIGHTS_FILE).open("rb") as f:
+        model, tokenizer, _ = load_checkpoint(f, use_sdpa=use_sdpa)
+    return model, tokenizer

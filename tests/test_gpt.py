@@ -1,0 +1,194 @@
+"""The tiny GPT: shapes, causality, generation, checkpoints, the shipped weights, the training script."""
+import math
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbook.gpt import (CharTokenizer, GPTConfig, TinyGPT, load_checkpoint, load_tiny_gpt,
+                          load_training_text, save_checkpoint, train_val_split)
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "3:16 For God so loved the world"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small tensors: one thread is as fast as two, and does not stall when other processes
+    share the CPU (torch's threads spin-wait for each other, ten times slower when oversubscribed)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tiny_gpt()
+
+
+def small_gpt(seed=0, **overrides):
+    torch.manual_seed(seed)
+    config = dict(vocab_size=17, block_size=24, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16) | overrides
+    return TinyGPT(GPTConfig(**config)).eval()
+
+
+# ---- the shipped model ------------------------------------------------------------------------
+
+def test_load_tiny_gpt_gives_an_eval_model_and_its_tokenizer(tiny):
+    model, tokenizer = tiny
+    assert isinstance(model, TinyGPT) and not model.training
+    assert model.config.vocab_size == tokenizer.vocab_size
+    assert model.head.weight is model.tok_emb.weight
+    assert tokenizer.decode(tokenizer.encode(PROMPT)) == PROMPT
+    assert set(load_training_text()) == set(tokenizer.vocab)
+
+
+def test_shipped_weights_are_trained(tiny):
+    """Held-out text costs far fewer nats per character than the log(73) = 4.29 of a uniform guess
+    (the shipped weights: about 1.44 on these windows; halfway through training: about 1.8)."""
+    model, tokenizer = tiny
+    _, val = train_val_split(torch.tensor(tokenizer.encode(load_training_text())))
+    block = model.config.block_size
+    windows = torch.stack([val[s:s + block + 1] for s in range(0, 4 * block, block)])   # (4, block + 1)
+    with torch.no_grad():
+        logits = model(windows[:, :-1])
+    loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
+    assert loss < 1.6, loss
+
+
+def test_greedy_generation_is_deterministic_and_cache_independent(tiny):
+    model, tokenizer = tiny
+    ids = torch.tensor([tokenizer.encode(PROMPT)])
+    first = model.generate(ids, 60, temperature=0)
+    assert torch.equal(first, model.generate(ids, 60, temperature=0))
+    assert torch.equal(first, model.generate(ids, 60, temperature=0, use_cache=False))
+    text = tokenizer.decode(first[0].tolist())
+    assert text.startswith(PROMPT) and len(text) == len(PROMPT) + 60
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny):
+    model, tokenizer = tiny
+    ids = torch.tensor([tokenizer.encode(PROMPT)] * 2)
+    a = model.generate(ids, 40, temperature=0.8, top_k=10, seed=5)
+    assert torch.equal(a, model.generate(ids, 40, temperature=0.8, top_k=10, seed=5))
+    assert torch.equal(a, model.generate(ids, 40, temperature=0.8, top_k=10, seed=5, use_cache=False))
+    greedy = model.generate(ids[:1], 40, temperature=0)
+    assert torch.equal(greedy, model.generate(ids[:1], 40, temperature=1.0, top_k=1, seed=0))
+
+
+# ---- the architecture -------------------------------------------------------------------------
+
+def test_logits_shape_and_causality():
+    model = small_gpt()
+    ids = torch.randint(0, 17, (3, 10), generator=torch.Generator().manual_seed(0))
+    changed = ids.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % 17                 # change the future only
+    with torch.no_grad():
+        a, b = model(ids), model(changed)
+    assert a.shape == (3, 10, 17)
+    torch.testing.assert_close(a[:, :6], b[:, :6], rtol=0, atol=0)
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+def test_start_pos_shifts_the_positions():
+    model = small_gpt()
+    ids = torch.randint(0, 17, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model.head(model.ln_f(_blocks(model, model.tok_emb(ids) + model.pos_emb.weight[7:12])))
+        torch.testing.assert_close(model(ids, start_pos=7), expected)
+
+
+def _blocks(model, x):
+    for block in model.blocks:
+        x = block(x)
+    return x
+
+
+def test_sdpa_and_explicit_attention_agree():
+    fast, slow = small_gpt(seed=4), small_gpt(seed=4)
+    for block in slow.blocks:
+        block.attn.use_sdpa = False
+    ids = torch.randint(0, 17, (2, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(fast(ids), slow(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = small_gpt(seed=2)
+    tokenizer = CharTokenizer("abcdefghijklmnopq")
+    save_checkpoint(tmp_path / "m.pt", model, tokenizer, {"note": "test"})
+    loaded, tok, meta = load_checkpoint(tmp_path / "m.pt")
+    ids = torch.randint(0, 17, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
+    assert tok.vocab == tokenizer.vocab and meta == {"note": "test"} and loaded.config == model.config
+    assert loaded.head.weight is loaded.tok_emb.weight
+
+
+def test_tokenizer():
+    tok = CharTokenizer.from_text("hello world")
+    assert tok.vocab == " dehlorw" and tok.encode("low") == [4, 5, 7]
+    assert tok.decode(tok.encode("hello")) == "hello"
+    with pytest.raises(ValueError, match="'xz'"):
+        tok.encode("xyz".replace("y", ""))
+    with pytest.raises(ValueError, match="repeat"):
+        CharTokenizer("aa")
+
+
+def test_train_val_split_partitions_the_tokens():
+    tokens = torch.arange(100)
+    train, val = train_val_split(tokens, chunk_len=7, val_every=3)
+    assert sorted(torch.cat([train, val]).tolist()) == list(range(100))
+    assert val[:7].tolist() == list(range(14, 21))             # the third chunk
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda m: m(torch.zeros(1, 4)), "int64"),
+    (lambda m: m(torch.zeros(4, dtype=torch.long)), r"\(4,\)"),
+    (lambda m: m(torch.zeros(1, 25, dtype=torch.long)), "block_size=24"),
+    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=21), "block_size=24"),
+    (lambda m: m(torch.full((1, 4), 17)), r"\[0, 17\)"),
+    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=-1), "start_pos"),
+    (lambda m: m.generate(torch.zeros(1, 20, dtype=torch.long), 5), "exceeds block_size=24"),
+    (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 0), "max_new_tokens"),
+    (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 3, temperature=-1), "temperature"),
+    (lambda m: m.new_kv_cache(max_len=25), "max_len=25 exceeds block_size=24"),
+])
+def test_bad_input_raises_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(small_gpt())
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
+        TinyGPT(GPTConfig(vocab_size=5, d_model=30, n_heads=4))
+    with pytest.raises(ValueError, match="block_size"):
+        GPTConfig(vocab_size=5, block_size=0)
+
+
+# ---- the training script ----------------------------------------------------------------------
+
+def test_training_script_is_reproducible(tmp_path, monkeypatch, capsys):
+    """Two short runs with the same seed write identical weights; the loss goes down."""
+    args = ["--steps", "6", "--batch-size", "2", "--block-size", "32", "--d-model", "16", "--n-layers", "1",
+            "--n-heads", "2", "--eval-every", "3", "--eval-batches", "1", "--warmup", "2", "--threads", "1"]
+    outputs = []
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        for name in ("a.pt", "b.pt"):
+            monkeypatch.setattr(sys, "argv", ["train_gpt.py", *args, "--out", str(tmp_path / name)])
+            runpy.run_path(str(ROOT / "scripts" / "train_gpt.py"), run_name="__main__")
+            outputs.append(load_checkpoint(tmp_path / name))
+    finally:   # the script sets these for its whole process, here the test session
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+    (a, _, meta_a), (b, _, meta_b) = outputs
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert meta_a["history"] == meta_b["history"] and len(meta_a["history"]) == 2
+    assert meta_a["history"][-1]["train_loss"] < math.log(a.config.vocab_size)
+    assert "saved" in capsys.readouterr().out
