@@ -6,6 +6,7 @@ derive, and the ones the tests check against independent references.
 from .attention import attention_scores, scaled_dot_product_attention
 from .flash import flash_attention_numpy
 from .masks import causal_mask, sliding_window_mask
+from .positional import alibi_bias, alibi_slopes, apply_rope, sinusoidal_positions
 from .projections import project_qkv, single_head_attention
 from .softmax import log_softmax, logsumexp, softmax, softmax_jacobian
 from .source import show_source
@@ -31,7 +32,7 @@ def __getattr__(name):
 
 __all__ = [
     "KVCache", "MultiHeadAttention", "attend", "kv_cache_bytes", "repeat_kv",
-    "attention_scores", "causal_mask", "flash_attention_numpy", "log_softmax", "logsumexp", "project_qkv",
-    "scaled_dot_product_attention", "show_source", "single_head_attention", "sliding_window_mask",
+    "alibi_bias", "alibi_slopes", "apply_rope", "attention_scores", "causal_mask", "flash_attention_numpy", "log_softmax", "logsumexp", "project_qkv",
+    "scaled_dot_product_attention", "show_source", "single_head_attention", "sinusoidal_positions", "sliding_window_mask",
     "softmax", "softmax_jacobian", "triton_flash_attention",
 ]

@@ -11,15 +11,17 @@ from .flash import check_merge_softmax_states, check_online_softmax
 from .qkv import check_attention_scores, check_cross_attention
 
 __all__ = ["Case", "ExerciseError", "Mistake", "NotAttemptedError", "run_checks",
-           "check_attention", "check_attention_scores", "check_benchmark_flops", "check_causal_mask", "check_cosine_similarity",
+           "check_alibi_bias", "check_attention", "check_attention_scores", "check_benchmark_flops", "check_causal_mask", "check_cosine_similarity",
            "check_cross_attention", "check_dot_variance", "check_key_blocks", "check_merge_softmax_states",
-           "check_online_softmax", "check_ppmi", "check_scaled_scores",
-           "check_softmax"]
+           "check_multihead_attention", "check_online_softmax", "check_ppmi", "check_rope_attention", "check_scaled_scores",
+           "check_softmax", "check_split_qkv"]
 
 # Checkers whose modules import torch load on first use, so that `import attnbook.exercises`
 # stays fast in the numpy-only chapters.
 _LAZY = {"check_dot_variance": "scaling", "check_scaled_scores": "scaling",
-         "check_key_blocks": "triton_flash", "check_benchmark_flops": "triton_flash"}
+         "check_key_blocks": "triton_flash", "check_benchmark_flops": "triton_flash",
+         "check_split_qkv": "multihead", "check_multihead_attention": "multihead",
+         "check_rope_attention": "positional", "check_alibi_bias": "positional"}
 
 
 def __getattr__(name):

@@ -1,0 +1,234 @@
+"""Checkers for chapter 5: splitting a packed q/k/v projection into heads, and multi-head attention.
+
+Weights are in the book's layout, ``(d_in, d_out)``, so a projection is ``x @ w``.
+Both checkers accept numpy arrays or torch tensors as results.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..attention import scaled_dot_product_attention
+from ..heads import merge_heads, split_heads
+from ..softmax import softmax
+from ._framework import Case, Mistake, _as_array, run_checks
+
+
+def _t(a):
+    return np.swapaxes(a, -1, -2)
+
+
+# --- splitting a packed projection into heads ------------------------------------
+
+def _split_qkv(qkv, n_heads):
+    """Reference: q, k, v are the three thirds of the features; each is split into heads.
+
+    Returns them stacked, (3, batch, n_heads, n, d_head), the form the checker compares.
+    """
+    q, k, v = np.split(np.asarray(qkv), 3, axis=-1)
+    return np.stack([split_heads(t, n_heads) for t in (q, k, v)])
+
+
+def _thirds(qkv):
+    return np.split(np.asarray(qkv), 3, axis=-1)
+
+
+def _stack(out):
+    """The reader returns (q, k, v); the checker compares them stacked."""
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise ValueError(f"return the three tensors (q, k, v); got {type(out).__name__}")
+    parts = [_as_array(t) for t in out]
+    shapes = {p.shape for p in parts}
+    if len(shapes) != 1:
+        raise ValueError(f"q, k and v should have one shape; got {[p.shape for p in parts]}")
+    return np.stack(parts)
+
+
+def _no_transpose(qkv, h):
+    b, n, three_d = qkv.shape
+    return np.stack([t.reshape(b, h, n, three_d // 3 // h) for t in _thirds(qkv)])
+
+
+def _heads_strided(qkv, h):
+    b, n, three_d = qkv.shape
+    d_head = three_d // 3 // h
+    # features cut as (d_head, h): head r gets features r, r + h, r + 2h, ...
+    return np.stack([t.reshape(b, n, d_head, h).transpose(0, 3, 1, 2) for t in _thirds(qkv)])
+
+
+def _interleaved(qkv, h):
+    b, n, three_d = qkv.shape
+    # the packed axis read as (h, 3, d_head): q, k, v taken from inside each head's block
+    x = qkv.reshape(b, n, h, 3, three_d // 3 // h).transpose(3, 0, 2, 1, 4)
+    return np.stack([x[0], x[1], x[2]])
+
+
+def _tokens_last(qkv, h):
+    b, n, three_d = qkv.shape
+    return np.stack([t.reshape(b, n, h, three_d // 3 // h).transpose(0, 2, 3, 1) for t in _thirds(qkv)])
+
+
+def _split_tokens(qkv, h):
+    b, n, three_d = qkv.shape
+    # q, k, v cut out of the token axis instead of the feature axis
+    return np.stack([split_heads(t, h) for t in np.split(qkv.reshape(b, 3 * n, three_d // 3), 3, axis=1)])
+
+
+SPLIT_QKV_MISTAKES = [
+    Mistake("no_transpose", "each of q, k, v was reshaped straight to (batch, n_heads, n, d_head), "
+            "without a transpose: every 'token' of a head is a run of features from several tokens",
+            "reshape to (batch, n, n_heads, d_head) first, then swap the token and head axes "
+            "(.transpose(0, 2, 1, 3) in numpy, .transpose(1, 2) in torch)",
+            _no_transpose),
+    Mistake("heads_strided", "the features were cut as (d_head, n_heads): head r got features r, r + h, "
+            "r + 2h, ... instead of one contiguous block",
+            "head r owns the contiguous features r * d_head ... (r + 1) * d_head - 1: reshape the feature "
+            "axis as (n_heads, d_head), heads first",
+            _heads_strided),
+    Mistake("interleaved", "the packed axis was read as (n_heads, 3, d_head): q, k and v were taken from "
+            "inside each head's block",
+            "the packed features are [all of q | all of k | all of v]: split them into three thirds "
+            "first, then split each third into heads",
+            _interleaved),
+    Mistake("tokens_last", "the axes are (batch, n_heads, d_head, n): tokens and features are swapped",
+            "after reshaping to (batch, n, n_heads, d_head), swap only axes 1 and 2",
+            _tokens_last),
+    Mistake("split_tokens", "q, k and v were cut out of the token axis, not the feature axis",
+            "the three thirds of the *last* axis are q, k and v: np.split(qkv, 3, axis=-1)",
+            _split_tokens),
+]
+
+
+def split_qkv_cases() -> list[Case]:
+    rng = np.random.default_rng(5)
+    r = lambda *shape: rng.normal(size=shape)  # noqa: E731
+    # The first case has distinct n, n_heads and d_head, so that every mistake gives its own answer.
+    return [
+        Case("batch 2, n = 5 tokens, d_model = 12, n_heads = 3 (d_head = 4)", (r(2, 5, 36), 3)),
+        Case("batch 1, n = 4, d_model = 8, n_heads = 2 (d_head = 4)", (r(1, 4, 24), 2)),
+        Case("a single token: batch 3, n = 1, d_model = 6, n_heads = 2", (r(3, 1, 18), 2)),
+        Case("one feature per head: n = 3, d_model = 4, n_heads = 4", (r(2, 3, 12), 4)),
+        Case("one head: n = 6, d_model = 5, n_heads = 1", (r(1, 6, 15), 1)),
+    ]
+
+
+def check_split_qkv(fn) -> None:
+    """Check ``fn(qkv, n_heads)`` splits a packed projection into per-head q, k, v.
+
+    qkv: (batch, n, 3 * d_model), the concatenation ``[x @ w_q | x @ w_k | x @ w_v]`` along the
+    features (what one fused linear layer computes). Returns ``(q, k, v)``, each
+    (batch, n_heads, n, d_head) with head ``r`` holding the features ``r * d_head .. (r + 1) * d_head - 1``
+    of its third.
+    """
+    run_checks("split packed q, k, v into heads", fn, split_qkv_cases(), _split_qkv,
+               SPLIT_QKV_MISTAKES, postprocess=_stack)
+
+
+# --- multi-head attention ------------------------------------------------------------
+
+def _mha(x, w_q, w_k, w_v, w_o, n_heads):
+    """Reference: split, attend per head, merge, project."""
+    q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))    # (b, h, n, d_head)
+    heads, _ = scaled_dot_product_attention(q, k, v)
+    return merge_heads(heads) @ w_o
+
+
+def _attend(q, k, v, scale, axis=-1):
+    return softmax(q @ _t(k) * scale, axis=axis) @ v
+
+
+def _split(t, h):
+    b, n, d = t.shape
+    return t.reshape(b, n, h, d // h).transpose(0, 2, 1, 3)
+
+
+def _merge(t):
+    b, h, n, d = t.shape
+    return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
+
+
+def _variant(split=_split, merge=_merge, scale=None, axis=-1, out=True, transpose_w=False):
+    def mha(x, w_q, w_k, w_v, w_o, h):
+        if transpose_w:
+            w_q, w_k, w_v, w_o = (w.T for w in (w_q, w_k, w_v, w_o))
+        q, k, v = (split(x @ w, h) for w in (w_q, w_k, w_v))
+        s = 1 / np.sqrt(q.shape[-1]) if scale is None else scale(x, h)
+        concat = merge(_attend(q, k, v, s, axis))
+        return concat @ w_o if out else concat
+    return mha
+
+
+def _plain_split(t, h):
+    b, n, d = t.shape
+    return t.reshape(b, h, n, d // h)
+
+
+def _plain_merge(t):
+    b, h, n, d = t.shape
+    return t.reshape(b, n, h * d)
+
+
+def _strided_split(t, h):
+    b, n, d = t.shape
+    return t.reshape(b, n, d // h, h).transpose(0, 3, 1, 2)
+
+
+def _strided_merge(t):
+    b, h, n, d = t.shape
+    return t.transpose(0, 2, 3, 1).reshape(b, n, d * h)
+
+
+MHA_MISTAKES = [
+    Mistake("one_head", "the features were never split: this is one head of width d_model",
+            "split q, k and v into n_heads heads of d_model // n_heads features and attend in each",
+            _variant(split=lambda t, h: t[:, None], scale=lambda x, h: 1 / np.sqrt(x.shape[-1]))),
+    Mistake("scale_d_model", "the scores were divided by sqrt(d_model) instead of sqrt(d_head)",
+            "each head's dot products have d_head terms, so divide by sqrt(d_model // n_heads)",
+            _variant(scale=lambda x, h: 1 / np.sqrt(x.shape[-1]))),
+    Mistake("no_transpose", "the heads were split and merged by reshape alone, without transposes",
+            "split: reshape to (batch, n, n_heads, d_head), then swap axes 1 and 2; merge: swap them back, "
+            "then reshape",
+            _variant(split=_plain_split, merge=_plain_merge)),
+    Mistake("merge_no_transpose", "the heads are split correctly but merged by a reshape alone",
+            "swap the head and token axes back, (batch, n_heads, n, d_head) -> (batch, n, n_heads, d_head), "
+            "before the reshape to (batch, n, d_model)",
+            _variant(merge=_plain_merge)),
+    Mistake("heads_strided", "head r got the strided features r, r + h, r + 2h, ... (a (d_head, n_heads) split)",
+            "with weights laid out like everyone else's, head r owns a contiguous block of d_head features",
+            _variant(split=_strided_split, merge=_strided_merge)),
+    Mistake("no_out_proj", "the concatenated heads are returned without the output projection w_o",
+            "finish with concat @ w_o: it mixes the heads back into the model's d_model features",
+            _variant(out=False)),
+    Mistake("wrong_axis", "the softmax normalises over the queries instead of the keys",
+            "each query's weights over the keys must sum to 1: softmax along the last axis",
+            _variant(axis=-2)),
+    Mistake("transposed_weights", "the weights were applied transposed (x @ w.T, torch.nn.Linear's layout)",
+            "the book's weights are (d_in, d_out) and project as x @ w",
+            _variant(transpose_w=True)),
+]
+
+
+def mha_cases() -> list[Case]:
+    rng = np.random.default_rng(6)
+    r = lambda *shape: rng.normal(size=shape)  # noqa: E731
+
+    def case(name, b, n, d, h):
+        return Case(name, (r(b, n, d), r(d, d) / np.sqrt(d), r(d, d) / np.sqrt(d), r(d, d) / np.sqrt(d),
+                           r(d, d) / np.sqrt(d), h))
+    # The first case has n != n_heads != d_head, so that every mistake gives its own answer.
+    return [
+        case("batch 2, n = 5 tokens, d_model = 12, n_heads = 3 (d_head = 4)", 2, 5, 12, 3),
+        case("batch 1, n = 4, d_model = 8, n_heads = 2", 1, 4, 8, 2),
+        case("a single token: n = 1, d_model = 6, n_heads = 3", 2, 1, 6, 3),
+        case("one feature per head: n = 3, d_model = 4, n_heads = 4", 1, 3, 4, 4),
+        case("one head: n = 5, d_model = 6, n_heads = 1", 1, 5, 6, 1),
+    ]
+
+
+def check_multihead_attention(fn) -> None:
+    """Check ``fn(x, w_q, w_k, w_v, w_o, n_heads)`` computes multi-head self-attention, no loop needed.
+
+    x: (batch, n, d_model); w_q, w_k, w_v, w_o: (d_model, d_model) in the book's layout
+    (project with ``x @ w``). Returns (batch, n, d_model):
+    ``concat(head_1, ..., head_h) @ w_o`` with ``head_r = softmax(q_r k_r^T / sqrt(d_head)) v_r``.
+    """
+    run_checks("multi-head attention", fn, mha_cases(), _mha, MHA_MISTAKES)

@@ -1,0 +1,294 @@
+"""Train short, test long: tiny causal transformers that differ only in how they see position.
+
+Chapter 6 trains one :class:`TinyCausalLM` per position scheme (:data:`SCHEMES`) on
+sequences of a training length ``L`` and evaluates it on sequences of ``2L`` and ``4L``.
+Two synthetic tasks with a known best possible loss:
+
+* :class:`MarkovText`: each token depends on the two before it, through a fixed random
+  table; a stand-in for the local statistics of language.
+* :class:`ShiftedCopy`: random tokens; the target at position ``t`` is the token at
+  ``t - shift``: an exact lookup at a fixed relative offset.
+
+Everything is seeded: the same arguments give the same numbers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._validate import positive_int
+from .masks import causal_mask, sliding_window_mask
+from .positional import alibi_bias, apply_rope, sinusoidal_positions
+
+#: The position schemes: none (NoPE), two added to the token vectors (sinusoidal, learned),
+#: two applied inside attention (RoPE on queries and keys, ALiBi on the scores).
+SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
+
+#: Target value for positions that carry no prediction (``F.cross_entropy``'s ``ignore_index``).
+IGNORE = -100
+
+
+# --- the tasks --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShiftedCopy:
+    """Uniform random tokens; the target at position ``t >= shift`` is the token at ``t - shift``."""
+
+    vocab: int = 16
+    shift: int = 3
+
+    def batch(self, batch: int, n: int, generator: torch.Generator):
+        """``tokens, targets``, both ``(batch, n)`` int64; the first ``shift`` targets are :data:`IGNORE`."""
+        tokens = torch.randint(self.vocab, (batch, n), generator=generator)
+        targets = torch.full_like(tokens, IGNORE)
+        targets[:, self.shift:] = tokens[:, : n - self.shift]
+        return tokens, targets
+
+    def best_loss(self, tokens, targets) -> float:
+        """The loss of the exact rule: zero."""
+        return 0.0
+
+
+@dataclass(frozen=True)
+class MarkovText:
+    """A second-order Markov chain: ``P(x_t | x_{t-2}, x_{t-1})`` from a fixed random table.
+
+    Each row of the ``(vocab, vocab, vocab)`` table is drawn from a Dirichlet with
+    parameter ``concentration`` (small: a few likely next tokens per context). The task
+    is next-token prediction; the first two tokens of a sequence are uniform.
+    """
+
+    vocab: int = 16
+    concentration: float = 0.1
+    seed: int = 0
+    table: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        rng = np.random.default_rng(self.seed)
+        table = rng.dirichlet(np.full(self.vocab, self.concentration), size=(self.vocab, self.vocab))
+        object.__setattr__(self, "table", torch.from_numpy(table))
+
+    def batch(self, batch: int, n: int, generator: torch.Generator):
+        """``tokens, targets`` ``(batch, n)``: ``targets[:, t] = tokens[:, t + 1]``, last one :data:`IGNORE`."""
+        if n < 3:
+            raise ValueError(f"MarkovText needs sequences of at least 3 tokens; got n={n}")
+        tokens = torch.empty(batch, n, dtype=torch.long)
+        tokens[:, :2] = torch.randint(self.vocab, (batch, 2), generator=generator)
+        cdf = self.table.cumsum(-1)
+        uniform = torch.rand(batch, n, generator=generator, dtype=cdf.dtype)
+        for t in range(2, n):
+            # inverse-CDF sampling from row (x_{t-2}, x_{t-1}): far faster than torch.multinomial here
+            below = cdf[tokens[:, t - 2], tokens[:, t - 1]] < uniform[:, t, None]   # (batch, vocab)
+            tokens[:, t] = below.sum(-1).clamp(max=self.vocab - 1)
+        targets = torch.full_like(tokens, IGNORE)
+        targets[:, :-1] = tokens[:, 1:]
+        targets[:, 0] = IGNORE          # predicting token 1 from token 0 alone is not the rule
+        return tokens, targets
+
+    def best_loss(self, tokens, targets) -> float:
+        """Cross-entropy of the true table on the scored positions: the floor a model can reach."""
+        t = torch.arange(1, tokens.shape[1] - 1)
+        p = self.table[tokens[:, t - 1], tokens[:, t], tokens[:, t + 1]]    # P(target | two before)
+        return float(-p.log().mean())
+
+
+# --- the model ----------------------------------------------------------------------------
+
+class CausalSelfAttention(nn.Module):
+    """Causal multi-head self-attention whose position handling is ``scheme``.
+
+    ``"rope"`` rotates each head's queries and keys with :func:`apply_rope`; ``"alibi"``
+    adds :func:`alibi_bias` to the scores; the other schemes see positions only through
+    their inputs (or not at all). ``window`` (optional) lets each query see only itself and
+    the ``window - 1`` keys before it. x: ``(batch, n, d_model)`` -> ``(batch, n, d_model)``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, scheme: str):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.n_heads, self.scheme = n_heads, scheme
+        self.frequencies, self.logit_scale = None, 1.0     # RoPE's defaults; see set_rope_frequencies
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, window: int | None = None) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        if self.scheme == "rope":
+            # one call rotates both: (2, b, heads, n, d_head); values are left alone
+            q, k = apply_rope(torch.stack((q, k)), frequencies=self.frequencies)
+        # written out rather than F.scaled_dot_product_attention: at these sizes it is faster on a CPU
+        scale = self.logit_scale / math.sqrt(d // self.n_heads)
+        scores = q @ k.transpose(-1, -2) * scale                       # (b, heads, n, n)
+        if self.scheme == "alibi":
+            scores = scores + torch.from_numpy(alibi_bias(self.n_heads, n)).to(x.dtype)  # (heads, n, n)
+        allowed = causal_mask(n) if window is None else sliding_window_mask(n, window)
+        scores = scores.masked_fill(~torch.from_numpy(allowed), float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v                        # (b, heads, n, d_head)
+        return self.out(out.transpose(1, 2).reshape(b, n, d))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``."""
+
+    def __init__(self, d_model: int, n_heads: int, scheme: str):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads, scheme)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.ReLU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x, window: int | None = None):
+        x = x + self.attn(self.ln1(x), window)
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyCausalLM(nn.Module):
+    """A small decoder: token embedding (+ position table), ``n_layers`` blocks, logits.
+
+    ``scheme`` is one of :data:`SCHEMES`. ``"learned"`` owns a table of ``train_length``
+    position vectors and has none for later positions: a longer input raises
+    ``ValueError`` unless ``clip_positions`` is set, which gives every position past the
+    table its last row. Setting ``window`` restricts every attention layer to the last
+    ``window`` keys (an evaluation-time probe). tokens ``(batch, n)`` -> logits ``(batch, n, vocab)``.
+    """
+
+    def __init__(self, vocab: int, scheme: str, train_length: int, d_model: int = 32,
+                 n_heads: int = 4, n_layers: int = 2):
+        super().__init__()
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES}; got {scheme!r}")
+        self.scheme, self.train_length = scheme, positive_int("train_length", train_length)
+        self.clip_positions = False
+        self.window: int | None = None
+        self.embed = nn.Embedding(vocab, d_model)
+        if scheme == "learned":
+            self.positions = nn.Embedding(train_length, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, scheme) for _ in range(n_layers))
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n = tokens.shape[1]
+        x = self.embed(tokens)                                          # (batch, n, d_model)
+        if self.scheme == "sinusoidal":
+            x = x + torch.from_numpy(sinusoidal_positions(n, x.shape[-1])).to(x.dtype)
+        elif self.scheme == "learned":
+            if n > self.train_length and not self.clip_positions:
+                raise ValueError(
+                    f"learned positions exist for 0..{self.train_length - 1} only; got a sequence "
+                    f"of n={n}. Set clip_positions = True to reuse the last row past the table."
+                )
+            x = x + self.positions(torch.arange(n).clamp(max=self.train_length - 1))
+        for block in self.blocks:
+            x = block(x, self.window)
+        return self.head(self.ln(x))
+
+
+# --- training and evaluation -------------------------------------------------------------
+
+def train(model: TinyCausalLM, tokens: torch.Tensor, targets: torch.Tensor, batch: int = 16,
+          lr: float = 1e-2) -> np.ndarray:
+    """One pass of Adam over ``tokens, targets (n_sequences, length)`` in minibatches of ``batch``.
+
+    Returns the training loss of each step (``n_sequences // batch`` steps). Every scheme
+    is trained on the same sequences in the same order, so only the scheme differs.
+    """
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    steps = tokens.shape[0] // batch
+    losses = np.empty(steps)
+    model.train()
+    for step in range(steps):
+        rows = slice(step * batch, (step + 1) * batch)
+        logits = model(tokens[rows])
+        loss = F.cross_entropy(logits.flatten(0, 1), targets[rows].flatten(), ignore_index=IGNORE)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses[step] = loss.item()
+    return losses
+
+
+@dataclass
+class Evaluation:
+    """One model on held-out sequences of one length."""
+
+    length: int
+    loss: float                      # mean cross-entropy over the scored positions
+    accuracy: float                  # fraction of scored positions whose argmax is the target
+    best_loss: float                 # the task's floor on the same sequences
+    position_loss: np.ndarray        # (length,) mean loss at each position (NaN where unscored)
+    position_accuracy: np.ndarray    # (length,)
+
+
+@torch.no_grad()
+def evaluate(model: TinyCausalLM, task, tokens: torch.Tensor, targets: torch.Tensor) -> Evaluation:
+    """Loss and accuracy of ``model`` on held-out ``tokens, targets (batch, length)``, overall and per position."""
+    model.eval()
+    batch, length = tokens.shape
+    logits = model(tokens)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
+                           reduction="none").view(batch, length).double()
+    scored = targets != IGNORE
+    hit = ((logits.argmax(-1) == targets) & scored).double()
+    per_pos = scored.sum(0).double()
+    with np.errstate(invalid="ignore"):
+        pos_loss = ((loss * scored).sum(0) / per_pos).numpy()
+        pos_acc = (hit.sum(0) / per_pos).numpy()
+    return Evaluation(length, float(loss[scored].mean()), float(hit.sum() / scored.sum()),
+                      task.best_loss(tokens, targets), pos_loss, pos_acc)
+
+
+@dataclass
+class Run:
+    """A scheme trained at ``train_length`` and evaluated at each of ``eval_lengths``."""
+
+    scheme: str
+    model: TinyCausalLM
+    losses: np.ndarray                       # (steps,) training loss
+    evaluations: dict[int, Evaluation]       # keyed by length
+
+
+def train_and_evaluate(task, scheme: str, train_length: int, eval_lengths, steps: int = 300,
+                       batch: int = 16, eval_batch: int = 64, seed: int = 0, **model_kwargs) -> Run:
+    """Build a :class:`TinyCausalLM` (seeded), train it at ``train_length``, evaluate at each length.
+
+    The training and evaluation sequences depend only on ``task`` and ``seed``, not on the
+    scheme. A learned-position model is evaluated with ``clip_positions`` set past its table.
+    """
+    train_data = task.batch(steps * batch, train_length, torch.Generator().manual_seed(seed + 1))
+    torch.manual_seed(seed)
+    model = TinyCausalLM(task.vocab, scheme, train_length, **model_kwargs)
+    losses = train(model, *train_data, batch=batch)
+    model.clip_positions = True
+    evaluations = {n: evaluate(model, task, *held_out(task, n, eval_batch, seed)) for n in eval_lengths}
+    model.clip_positions = False
+    return Run(scheme, model, losses, evaluations)
+
+
+def held_out(task, length: int, batch: int = 64, seed: int = 0):
+    """The evaluation sequences of one length: ``tokens, targets (batch, length)``, seeded apart from training."""
+    return task.batch(batch, length, torch.Generator().manual_seed(10_000 + 97 * seed + length))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def set_rope_frequencies(model: TinyCausalLM, frequencies=None, logit_scale: float = 1.0) -> None:
+    """Make every attention layer of a RoPE ``model`` rotate with ``frequencies`` (``(d_head/2,)``).
+
+    For trying position interpolation, NTK-aware scaling or YaRN on a trained model
+    without retraining; ``logit_scale`` multiplies the scores (YaRN's temperature).
+    ``frequencies=None, logit_scale=1`` restores the trained model.
+    """
+    if model.scheme != "rope":
+        raise ValueError(f"only a RoPE model has rotation frequencies; this one is {model.scheme!r}")
+    for block in model.blocks:
+        block.attn.frequencies, block.attn.logit_scale = frequencies, float(logit_scale)

@@ -1,0 +1,252 @@
+"""Positional information for attention: sinusoids, rotary embeddings (RoPE), ALiBi.
+
+Attention by itself ignores the order of its inputs (chapter 6 proves it), so every
+transformer injects position somewhere:
+
+* :func:`sinusoidal_positions` builds the fixed table that Vaswani et al. (2017) add to
+  the token vectors; :func:`sinusoidal_shift_matrix` is the fixed linear map that moves
+  a row of it ``k`` positions along.
+* :func:`apply_rope` rotates pairs of query/key features by an angle proportional to the
+  position (Su et al.), so that scores depend only on the offset between positions. Both
+  pairings in use are supported (``layout="half"`` or ``"interleaved"``), and
+  :func:`rope_layout_permutation` converts weights from one to the other.
+* :func:`alibi_slopes` and :func:`alibi_bias` give the linear distance penalty of
+  Press et al. (2022) that is added to the scores.
+* :func:`ntk_scaled_base`, :func:`yarn_frequencies` and :func:`yarn_logit_scale` stretch
+  RoPE's frequencies for contexts longer than the training length.
+
+Every frequency table here is ``pair_frequencies(d, base)``: pair ``i`` turns at
+``base ** (-2 i / d)`` radians per position.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._validate import positive_int
+
+LAYOUTS = ("half", "interleaved")
+
+
+def _even_dim(name: str, d) -> int:
+    d = positive_int(name, d)
+    if d % 2:
+        raise ValueError(f"{name} must be even (features are rotated in pairs); got {name}={d}")
+    return d
+
+
+def _positive_float(name: str, value) -> float:
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number; got {value!r}")
+    return value
+
+
+# --- frequencies and the sinusoidal table ------------------------------------------
+
+def pair_frequencies(d: int, base: float = 10000.0) -> np.ndarray:
+    """Angular frequency of each of the ``d / 2`` feature pairs: ``base ** (-2 i / d)``.
+
+    Returns ``(d // 2,)`` float64, from 1 radian per position (pair 0) down to nearly
+    ``1 / base`` (the last pair), in geometric progression.
+    """
+    d = _even_dim("d", d)
+    base = _positive_float("base", base)
+    return base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+
+
+def sinusoidal_positions(n: int, d: int, base: float = 10000.0) -> np.ndarray:
+    """The sinusoidal position table of Vaswani et al. (2017), ``(n, d)`` float64.
+
+    Row ``pos`` holds ``PE[pos, 2i] = sin(pos * w_i)`` and ``PE[pos, 2i + 1] = cos(pos * w_i)``
+    with ``w_i = base ** (-2i / d)``: even columns sin, odd columns cos.
+    """
+    n = positive_int("n", n)
+    angles = np.arange(n, dtype=np.float64)[:, None] * pair_frequencies(d, base)  # (n, d/2)
+    table = np.empty((n, d))
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles)
+    return table
+
+
+def sinusoidal_shift_matrix(k: float, d: int, base: float = 10000.0) -> np.ndarray:
+    """The ``(d, d)`` matrix ``M_k`` with ``PE[pos + k] = PE[pos] @ M_k`` for every ``pos``.
+
+    Block-diagonal: the 2 x 2 block of pair ``i`` is ``[[cos a, -sin a], [sin a, cos a]]``
+    with ``a = k * w_i``, the angle-addition formulas written as a product with the
+    row ``(sin, cos)``. It depends on ``k`` but not on ``pos``. ``k`` may be any real.
+    """
+    angles = float(k) * pair_frequencies(d, base)
+    c, s = np.cos(angles), np.sin(angles)
+    m = np.zeros((d, d))
+    even, odd = np.arange(0, d, 2), np.arange(1, d, 2)
+    m[even, even], m[even, odd] = c, -s
+    m[odd, even], m[odd, odd] = s, c
+    return m
+
+
+# --- rotary position embedding (RoPE) ------------------------------------------------
+
+def rope_layout_permutation(d: int) -> np.ndarray:
+    """Indices ``perm`` that reorder an interleaved-layout feature vector into the half layout.
+
+    In the interleaved layout pair ``i`` is features ``(2i, 2i + 1)``; in the half layout
+    it is ``(i, i + d/2)``. With ``perm = [0, 2, 4, ..., 1, 3, 5, ...]``,
+    ``apply_rope(x[..., perm], layout="half") == apply_rope(x, layout="interleaved")[..., perm]``,
+    so a checkpoint trained with one layout runs under the other once the output
+    features of its query and key projections (per head) are permuted by ``perm``.
+    """
+    d = _even_dim("d", d)
+    return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+
+
+def _rope_angles(n: int, d: int, positions, base: float, frequencies, leading: tuple, like):
+    """Rotation angles ``(..., n, d/2)`` as float64 torch tensor, after checking ``positions``."""
+    import torch
+
+    if frequencies is None:
+        freqs = torch.from_numpy(pair_frequencies(d, base))
+    else:
+        freqs = torch.as_tensor(np.asarray(frequencies, dtype=np.float64))
+        if tuple(freqs.shape) != (d // 2,):
+            raise ValueError(f"frequencies must have shape (d/2,) = ({d // 2},); got {tuple(freqs.shape)}")
+    if positions is None:
+        pos = torch.arange(n, dtype=torch.float64)
+    else:
+        pos = torch.as_tensor(positions).detach().to(device="cpu", dtype=torch.float64)
+        shape = tuple(pos.shape)
+        try:
+            ok = pos.ndim >= 1 and shape[-1] == n and \
+                np.broadcast_shapes(shape[:-1], leading) == tuple(leading)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"positions must have shape (n,) = ({n},) or broadcast to x's leading shape "
+                f"{tuple(leading) + (n,)}; got {shape}"
+            )
+    return (pos[..., None] * freqs).to(like.device)          # (..., n, d/2)
+
+
+def apply_rope(x, positions=None, base: float = 10000.0, layout: str = "half", frequencies=None):
+    """Rotate the feature pairs of ``x (..., n, d)`` by angles proportional to position.
+
+    Pair ``i`` of the row at position ``m`` is rotated by ``m * w_i`` radians, with
+    ``w_i = base ** (-2i / d)`` (or ``frequencies[i]`` when given: a ``(d/2,)`` array, e.g.
+    from :func:`yarn_frequencies`). Applied to queries and keys, it makes every score
+    ``q_m . k_n`` a function of ``m - n`` alone.
+
+    positions: ``(n,)`` or broadcastable to ``x.shape[:-1]``; default ``0, 1, ..., n-1``.
+    layout: ``"half"`` pairs feature ``i`` with ``i + d/2`` (GPT-NeoX, Hugging Face Llama);
+    ``"interleaved"`` pairs ``2i`` with ``2i + 1`` (RoFormer, GPT-J, Meta's Llama code).
+    Returns a tensor of ``x``'s shape and dtype; differentiable with respect to ``x``.
+    """
+    import torch  # here, not at the top: the numpy half of this module must not load torch
+
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"apply_rope expects a torch tensor (..., n, d); got {type(x).__name__}")
+    if x.ndim < 2:
+        raise ValueError(f"x must have at least 2 dimensions (..., n, d); got shape {tuple(x.shape)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+    n, d = x.shape[-2], _even_dim("d (the last dimension of x)", x.shape[-1])
+    angles = _rope_angles(n, d, positions, _positive_float("base", base), frequencies,
+                          tuple(x.shape[:-2]), x)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # float64 angles, then cast
+    if layout == "half":
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+# --- ALiBi ---------------------------------------------------------------------------
+
+def alibi_slopes(n_heads: int) -> np.ndarray:
+    """The head slopes of Press et al. (2022), ``(n_heads,)`` float64.
+
+    For ``h`` a power of two: ``2 ** (-8 i / h)``, ``i = 1..h`` (for ``h = 8``: 1/2, 1/4, ...,
+    1/256). Otherwise the paper's rule: the slopes of the largest power of two ``p < h``,
+    followed by every other slope of ``2p`` (the first ``h - p`` of them).
+    """
+    h = positive_int("n_heads", n_heads)
+    p = 2 ** int(math.floor(math.log2(h)))
+
+    def geometric(m: int) -> np.ndarray:
+        return 2.0 ** (-8.0 * np.arange(1, m + 1) / m)
+
+    if p == h:
+        return geometric(h)
+    return np.concatenate([geometric(p), geometric(2 * p)[0::2][: h - p]])
+
+
+def alibi_bias(n_heads: int, n_q: int, n_k: int | None = None) -> np.ndarray:
+    """The ALiBi bias ``(n_heads, n_q, n_k)`` added to the scores before the softmax.
+
+    ``bias[h, i, j] = -slope_h * |i + n_k - n_q - j|``: minus the head's slope times the
+    distance between the key and the query, which (the package's causal convention,
+    as in :func:`attnbook.causal_mask`) sits at absolute position ``i + n_k - n_q``.
+    The bias is never positive. ALiBi was designed for causal models: combine it with a
+    causal mask, which removes the keys after the query; without a mask, the same
+    formula charges future keys by their distance too (a symmetric, bidirectional use).
+    """
+    n_q = positive_int("n_q", n_q)
+    n_k = n_q if n_k is None else positive_int("n_k", n_k)
+    if n_q > n_k:
+        raise ValueError(
+            f"alibi_bias needs n_q <= n_k (queries are the last n_q of n_k positions); "
+            f"got n_q={n_q}, n_k={n_k}"
+        )
+    query_pos = np.arange(n_q)[:, None] + (n_k - n_q)
+    distance = np.abs(query_pos - np.arange(n_k)[None, :])          # (n_q, n_k)
+    return 0.0 - alibi_slopes(n_heads)[:, None, None] * distance   # 0.0 - : no negative zeros
+
+
+# --- stretching RoPE beyond the training length ------------------------------------
+
+def ntk_scaled_base(base: float, scale: float, d: int) -> float:
+    """The "NTK-aware" base ``base * scale ** (d / (d - 2))`` for a context ``scale`` times longer.
+
+    With it the fastest pair keeps its frequency (1 radian per position) and the slowest
+    pair turns exactly ``scale`` times slower, as position interpolation would make it.
+    """
+    d = _even_dim("d", d)
+    if d < 4:
+        raise ValueError(f"NTK-aware scaling needs d >= 4 (two or more pairs); got d={d}")
+    return _positive_float("base", base) * _positive_float("scale", scale) ** (d / (d - 2))
+
+
+def interpolated_frequencies(d: int, base: float, scale: float) -> np.ndarray:
+    """Position interpolation (Chen et al. 2023): every frequency divided by ``scale``, ``(d/2,)``.
+
+    Equivalent to feeding positions ``m / scale`` to RoPE.
+    """
+    return pair_frequencies(d, base) / _positive_float("scale", scale)
+
+
+def yarn_frequencies(d: int, base: float, scale: float, original_length: int,
+                     alpha: float = 1.0, beta: float = 32.0) -> np.ndarray:
+    """YaRN's per-pair frequencies (Peng et al. 2024), ``(d/2,)`` float64.
+
+    Pair ``i`` turns ``r_i = original_length * w_i / (2 pi)`` times over the training
+    context. Pairs with ``r_i > beta`` keep ``w_i``; pairs with ``r_i < alpha`` are
+    interpolated to ``w_i / scale``; in between a linear ramp
+    ``g = (r_i - alpha) / (beta - alpha)`` blends them: ``(1 - g) w_i / scale + g w_i``.
+    """
+    if not 0 < alpha < beta:
+        raise ValueError(f"YaRN needs 0 < alpha < beta; got alpha={alpha}, beta={beta}")
+    w = pair_frequencies(d, base)
+    rotations = positive_int("original_length", original_length) * w / (2 * np.pi)
+    ramp = np.clip((rotations - alpha) / (beta - alpha), 0.0, 1.0)
+    return (1 - ramp) * w / _positive_float("scale", scale) + ramp * w
+
+
+def yarn_logit_scale(scale: float) -> float:
+    """YaRN's attention temperature as a factor on the logits: ``(0.1 ln s + 1) ** 2`` (1 for s <= 1).
+
+    The paper recommends ``sqrt(1/t) = 0.1 ln(s) + 1``; implementations multiply both the
+    cosines and the sines by ``sqrt(1/t)``, so that every ``q . k`` is multiplied by ``1/t``.
+    """
+    s = _positive_float("scale", scale)
+    return 1.0 if s <= 1 else (0.1 * math.log(s) + 1.0) ** 2

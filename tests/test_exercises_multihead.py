@@ -1,0 +1,206 @@
+"""The chapter-5 checkers must pass correct solutions and reject each classic mistake by name.
+
+The implementations below are written independently of the checkers' own code (torch
+view/permute, einsum, explicit loops over heads and tokens), the way a reader might
+write them, so a checker that only recognised its own Mistake functions would fail here.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises._framework import ExerciseError, NotAttemptedError
+from attnbook.exercises.multihead import check_multihead_attention, check_split_qkv
+
+
+# --- splitting a packed q/k/v projection -------------------------------------------
+
+def split_torch(qkv, n_heads):
+    t = torch.from_numpy(qkv)
+    b, n, three_d = t.shape
+    d_head = three_d // 3 // n_heads
+    q, k, v = t.chunk(3, dim=-1)
+    return tuple(u.view(b, n, n_heads, d_head).transpose(1, 2) for u in (q, k, v))
+
+
+def split_loops(qkv, n_heads):
+    b, n, three_d = qkv.shape
+    d_model = three_d // 3
+    d_head = d_model // n_heads
+    out = np.zeros((3, b, n_heads, n, d_head))
+    for part in range(3):
+        for r in range(n_heads):
+            for i in range(n):
+                start = part * d_model + r * d_head
+                out[part, :, r, i] = qkv[:, i, start:start + d_head]
+    return out[0], out[1], out[2]
+
+
+def split_einops_style(qkv, n_heads):
+    # one reshape of the packed axis as (3, heads, d_head), then a single permute
+    b, n, three_d = qkv.shape
+    x = qkv.reshape(b, n, 3, n_heads, three_d // 3 // n_heads).transpose(2, 0, 3, 1, 4)
+    return list(x)        # a list of three is accepted as well as a tuple
+
+
+SPLIT_WRONG = {
+    "no_transpose": lambda qkv, h: tuple(u.reshape(qkv.shape[0], h, qkv.shape[1], -1)
+                                         for u in torch.from_numpy(qkv).chunk(3, dim=-1)),
+    "heads_strided": lambda qkv, h: tuple(
+        u.view(qkv.shape[0], qkv.shape[1], -1, h).permute(0, 3, 1, 2)
+        for u in torch.from_numpy(qkv).chunk(3, dim=-1)),
+    "interleaved": lambda qkv, h: tuple(
+        torch.from_numpy(qkv).view(qkv.shape[0], qkv.shape[1], h, 3, -1).permute(3, 0, 2, 1, 4).unbind(0)),
+    "tokens_last": lambda qkv, h: tuple(
+        np.einsum("bnhd->bhdn", u.reshape(u.shape[0], u.shape[1], h, -1))
+        for u in (qkv[..., :qkv.shape[-1] // 3], qkv[..., qkv.shape[-1] // 3:2 * qkv.shape[-1] // 3],
+                  qkv[..., 2 * qkv.shape[-1] // 3:])),
+    "split_tokens": lambda qkv, h: tuple(
+        u.view(qkv.shape[0], qkv.shape[1], h, -1).transpose(1, 2)
+        for u in torch.from_numpy(qkv).reshape(qkv.shape[0], 3 * qkv.shape[1], -1).chunk(3, dim=1)),
+}
+
+
+@pytest.mark.parametrize("fn", [split_torch, split_loops, split_einops_style])
+def test_split_checker_passes_correct_solutions(fn, capsys):
+    check_split_qkv(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", sorted(SPLIT_WRONG))
+def test_split_checker_names_each_mistake(key):
+    with pytest.raises(ExerciseError) as info:
+        check_split_qkv(SPLIT_WRONG[key])
+    assert info.value.mistake == key
+    assert "Diagnosis" in str(info.value) and "Hint" in str(info.value)
+
+
+def test_split_checker_reports_an_unknown_error_without_a_diagnosis():
+    def off(qkv, h):
+        q, k, v = split_torch(qkv, h)
+        return q, k + 0.1, v
+    with pytest.raises(ExerciseError) as info:
+        check_split_qkv(off)
+    assert info.value.mistake is None
+
+
+def test_split_checker_rejects_a_result_that_is_not_three_tensors():
+    with pytest.raises(ExerciseError, match=r"\(q, k, v\)"):
+        check_split_qkv(lambda qkv, h: torch.stack(split_torch(qkv, h)))
+
+
+def test_split_checker_reports_the_stub():
+    def stub(qkv, n_heads):
+        raise NotImplementedError
+    with pytest.raises(NotAttemptedError):
+        check_split_qkv(stub)
+
+
+# --- multi-head attention ---------------------------------------------------------------
+
+def mha_torch(x, w_q, w_k, w_v, w_o, n_heads):
+    x, w_q, w_k, w_v, w_o = (torch.from_numpy(a) for a in (x, w_q, w_k, w_v, w_o))
+    b, n, d = x.shape
+    q, k, v = ((x @ w).view(b, n, n_heads, d // n_heads).transpose(1, 2) for w in (w_q, w_k, w_v))
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    return heads.transpose(1, 2).reshape(b, n, d) @ w_o
+
+
+def mha_loop(x, w_q, w_k, w_v, w_o, n_heads):
+    b, n, d = x.shape
+    d_head = d // n_heads
+    out = np.zeros_like(x)
+    for r in range(n_heads):
+        cols = slice(r * d_head, (r + 1) * d_head)
+        q, k, v = x @ w_q[:, cols], x @ w_k[:, cols], x @ w_v[:, cols]
+        s = q @ k.transpose(0, 2, 1) / np.sqrt(d_head)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out += (p @ v) @ w_o[cols]        # concat @ w_o = sum over heads of head_r @ (rows r of w_o)
+    return out
+
+
+def mha_nn_module(x, w_q, w_k, w_v, w_o, n_heads):
+    d = x.shape[-1]
+    layer = torch.nn.MultiheadAttention(d, n_heads, bias=False, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        layer.in_proj_weight.copy_(torch.from_numpy(np.concatenate([w_q.T, w_k.T, w_v.T])))
+        layer.out_proj.weight.copy_(torch.from_numpy(w_o.T))
+    xt = torch.from_numpy(x)
+    return layer(xt, xt, xt, need_weights=False)[0].detach()
+
+
+def _sdpa_heads(q, k, v, scale=None):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def _wrong(split, merge, scale=None, out=True, weights=lambda w: w, softmax_dim=None):
+    def fn(x, w_q, w_k, w_v, w_o, n_heads):
+        x, w_q, w_k, w_v, w_o = (torch.from_numpy(a) for a in (x, w_q, w_k, w_v, w_o))
+        w_q, w_k, w_v, w_o = map(weights, (w_q, w_k, w_v, w_o))
+        q, k, v = (split(x @ w, n_heads) for w in (w_q, w_k, w_v))
+        if softmax_dim is None:
+            heads = _sdpa_heads(q, k, v, scale=None if scale is None else scale(x))
+        else:
+            p = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=softmax_dim)
+            heads = p @ v
+        concat = merge(heads, x.shape)
+        return concat @ w_o if out else concat
+    return fn
+
+
+def good_split(t, h):
+    b, n, d = t.shape
+    return t.view(b, n, h, d // h).transpose(1, 2)
+
+
+def good_merge(t, shape):
+    return t.transpose(1, 2).reshape(shape)
+
+
+MHA_WRONG = {
+    "one_head": _wrong(lambda t, h: t.unsqueeze(1), good_merge),
+    "scale_d_model": _wrong(good_split, good_merge, scale=lambda x: x.shape[-1] ** -0.5),
+    "no_transpose": _wrong(lambda t, h: t.reshape(t.shape[0], h, t.shape[1], -1),
+                           lambda t, shape: t.reshape(shape)),
+    "merge_no_transpose": _wrong(good_split, lambda t, shape: t.reshape(shape)),
+    "heads_strided": _wrong(lambda t, h: t.unflatten(-1, (-1, h)).permute(0, 3, 1, 2),
+                            lambda t, shape: t.permute(0, 2, 3, 1).flatten(2)),
+    "no_out_proj": _wrong(good_split, good_merge, out=False),
+    "wrong_axis": _wrong(good_split, good_merge, softmax_dim=-2),
+    "transposed_weights": _wrong(good_split, good_merge, weights=lambda w: w.T),
+}
+
+
+@pytest.mark.parametrize("fn", [mha_torch, mha_loop, mha_nn_module])
+def test_mha_checker_passes_correct_solutions(fn, capsys):
+    check_multihead_attention(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", sorted(MHA_WRONG))
+def test_mha_checker_names_each_mistake(key):
+    with pytest.raises(ExerciseError) as info:
+        check_multihead_attention(MHA_WRONG[key])
+    assert info.value.mistake == key
+    assert "Diagnosis" in str(info.value) and "Hint" in str(info.value)
+
+
+def test_mha_checker_reports_an_unknown_error_without_a_diagnosis():
+    with pytest.raises(ExerciseError) as info:
+        check_multihead_attention(lambda *args: mha_loop(*args) * 1.01)
+    assert info.value.mistake is None
+    assert "largest difference" in str(info.value)
+
+
+def test_mha_checker_reports_a_wrong_shape():
+    with pytest.raises(ExerciseError, match="expected shape"):
+        check_multihead_attention(lambda *args: mha_loop(*args)[:, :1])
+
+
+def test_mha_checker_reports_the_stub():
+    def stub(x, w_q, w_k, w_v, w_o, n_heads):
+        raise NotImplementedError
+    with pytest.raises(NotAttemptedError):
+        check_multihead_attention(stub)

@@ -1,0 +1,184 @@
+"""The RoPE-attention and ALiBi-bias checkers reject each classic mistake and pass correct answers.
+
+The implementations here are written independently of the checkers' Mistake functions (and
+of attnbook.positional), the way a reader might write them: RoPE with a ``rotate_half``
+helper, ALiBi with explicit loops.
+"""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbook.exercises import ExerciseError, NotAttemptedError
+from attnbook.exercises.positional import check_alibi_bias, check_rope_attention, visible_relative
+
+
+# --- RoPE, written the Hugging Face way ----------------------------------------------------
+
+def rotate_half(x, sign=1.0):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-sign * x2, sign * x1), dim=-1)
+
+
+def my_rope(x, base=10000.0, sign=1.0, exponent_step=2, start=0):
+    n, d = x.shape[-2:]
+    inv_freq = 1.0 / base ** (torch.arange(0, d, exponent_step, dtype=torch.float64)[: d // 2] / d)
+    angles = torch.arange(start, start + n, dtype=torch.float64)[:, None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)                      # (n, d): pair i is (i, i + d/2)
+    return x * angles.cos() + rotate_half(x, sign) * angles.sin()
+
+
+def my_rope_interleaved(x, base=10000.0):
+    n, d = x.shape[-2:]
+    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+
+
+def good_rope_attention(q, k, v):
+    return F.scaled_dot_product_attention(my_rope(q), my_rope(k), v)
+
+
+def good_with_weights(q, k, v):
+    s = my_rope(q) @ my_rope(k).transpose(-1, -2) / q.shape[-1] ** 0.5
+    w = torch.softmax(s, dim=-1)
+    return w @ v, w
+
+
+def test_rope_reference_passes(capsys):
+    check_rope_attention(good_rope_attention)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_rope_output_and_weights_pair_passes():
+    check_rope_attention(good_with_weights)
+
+
+def test_rope_in_numpy_passes():
+    def numpy_version(q, k, v):
+        q, k, v = (np.asarray(t) for t in (q, k, v))
+        n, d = q.shape[-2:]
+        theta = 10000.0 ** (-np.arange(d // 2) * 2 / d)
+        ang = np.arange(n)[:, None] * theta
+        c, s = np.cos(ang), np.sin(ang)
+
+        def rot(x):
+            a, b = x[..., : d // 2], x[..., d // 2:]
+            return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+
+        scores = rot(q) @ np.swapaxes(rot(k), -1, -2) / np.sqrt(d)
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True)) @ v
+
+    check_rope_attention(numpy_version)
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), my_rope(v)), "rope_on_values"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), k, v), "q_only"),
+    (lambda q, k, v: F.scaled_dot_product_attention(q, my_rope(k), v), "k_only"),
+    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "no_rope"),
+    (lambda q, k, v: my_rope(F.scaled_dot_product_attention(q, k, v)), "rope_on_output"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope_interleaved(q), my_rope_interleaved(k), v),
+     "interleaved_layout"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, sign=-1.0), my_rope(k, sign=-1.0), v),
+     "reversed_rotation"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, exponent_step=1), my_rope(k, exponent_step=1), v),
+     "frequency_exponent"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), v, scale=1.0), "no_scale"),
+])
+def test_rope_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_rope_attention(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_rope_unknown_error_is_still_rejected():
+    """Positions counted from 1: wrong, but not one of the listed mistakes."""
+    with pytest.raises(ExerciseError) as err:
+        check_rope_attention(lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, start=1),
+                                                                            my_rope(k, start=2), v))
+    assert err.value.mistake is None
+
+
+def test_rope_stub_and_crash():
+    def stub(q, k, v):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_rope_attention(stub)
+    with pytest.raises(ExerciseError, match="RuntimeError"):
+        check_rope_attention(lambda q, k, v: q @ v)                     # shapes do not multiply
+
+
+# --- ALiBi, written with loops -------------------------------------------------------------
+
+def loop_slopes(h):
+    def powers(m):
+        start = 2 ** (-8 / m)
+        return [start ** (i + 1) for i in range(m)]
+
+    p = 1
+    while p * 2 <= h:
+        p *= 2
+    extra = powers(2 * p)[::2][: h - p] if h > p else []
+    return powers(p) + extra
+
+
+def loop_bias(h, n, slopes=None, sign=-1.0, distance=lambda i, j: i - j):
+    slopes = loop_slopes(h) if slopes is None else slopes
+    b = np.zeros((h, n, n))
+    for head in range(h):
+        for i in range(n):
+            for j in range(n):
+                b[head, i, j] = sign * slopes[head] * distance(i, j)
+    return b
+
+
+def test_alibi_reference_passes(capsys):
+    check_alibi_bias(loop_bias)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("equivalent", [
+    lambda h, n: loop_bias(h, n, distance=lambda i, j: abs(i - j)),                # symmetric form
+    lambda h, n: loop_bias(h, n, sign=1.0, distance=lambda i, j: j),               # fairseq's +m j
+    lambda h, n: np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, loop_bias(h, n)),  # mask included
+    lambda h, n: torch.from_numpy(loop_bias(h, n)),                                # a torch tensor
+    lambda h, n: loop_bias(h, n, distance=lambda i, j: i - j + 1),                 # off by a row constant
+])
+def test_alibi_equivalent_forms_pass(equivalent):
+    check_alibi_bias(equivalent)
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (lambda h, n: loop_bias(h, n, sign=1.0), "sign_error"),
+    (lambda h, n: loop_bias(h, n, distance=lambda i, j: j - i), "sign_error"),          # direction wrong
+    (lambda h, n: loop_bias(h, n, distance=lambda i, j: j), "sign_error"),              # key position
+    (lambda h, n: loop_bias(h, n, slopes=loop_slopes(h)[::-1]), "slopes_reversed"),
+    (lambda h, n: loop_bias(h, n, slopes=[1.0] * h), "missing_slope"),
+    (lambda h, n: loop_bias(h, n, slopes=[2 ** (-8 * i / h) for i in range(h)]), "slopes_start_at_one"),
+    (lambda h, n: loop_bias(h, n, slopes=[2 ** (-8 * (i + 1) / h) for i in range(h)]), "geometric_for_any_h"),
+    (lambda h, n: np.zeros((h, n, n)), "constant_rows"),
+    (lambda h, n: loop_bias(h, n, distance=lambda i, j: i), "constant_rows"),
+])
+def test_alibi_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_alibi_bias(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_alibi_wrong_shape_is_reported():
+    with pytest.raises(ExerciseError, match="expected shape") as err:
+        check_alibi_bias(lambda h, n: loop_bias(h, n)[0])
+    assert err.value.mistake is None
+
+
+def test_visible_relative_ignores_row_constants_and_the_future():
+    b = loop_bias(2, 4)
+    shifted = b + np.arange(4)[None, :, None] + np.triu(np.full((4, 4), 99.0), 1)
+    np.testing.assert_array_equal(visible_relative(b), visible_relative(shifted))
+    assert np.all(np.diagonal(visible_relative(b), axis1=-2, axis2=-1) == 0)

@@ -1,0 +1,185 @@
+"""The length-extrapolation experiment: tasks, the tiny model's attention, training and evaluation."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook import extrapolation as E
+from attnbook import positional as P
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread; on a busy machine two can be many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --- tasks -----------------------------------------------------------------------------------
+
+def test_shifted_copy_targets():
+    task = E.ShiftedCopy(vocab=10, shift=3)
+    tokens, targets = task.batch(4, 9, torch.Generator().manual_seed(0))
+    assert tokens.shape == targets.shape == (4, 9)
+    assert (targets[:, :3] == E.IGNORE).all()
+    assert torch.equal(targets[:, 3:], tokens[:, :6])
+    assert task.best_loss(tokens, targets) == 0.0
+
+
+def test_markov_text_follows_its_table():
+    task = E.MarkovText(vocab=4, concentration=1.0, seed=3)
+    tokens, targets = task.batch(3000, 40, torch.Generator().manual_seed(0))
+    assert torch.equal(targets[:, 1:-1], tokens[:, 2:]) and (targets[:, [0, -1]] == E.IGNORE).all()
+    x = tokens.numpy()
+    counts = np.zeros((4, 4, 4))
+    np.add.at(counts, (x[:, :-2].ravel(), x[:, 1:-1].ravel(), x[:, 2:].ravel()), 1)
+    empirical = counts / counts.sum(-1, keepdims=True)
+    # 114000 transitions over 16 contexts: each row is estimated to within a few per cent
+    np.testing.assert_allclose(empirical, task.table.numpy(), atol=0.03)
+
+
+def test_markov_best_loss_is_the_true_cross_entropy():
+    task = E.MarkovText(vocab=5, seed=1)
+    tokens, targets = task.batch(3, 6, torch.Generator().manual_seed(2))
+    table = task.table.numpy()
+    logs = [math.log(table[tokens[b, t - 2], tokens[b, t - 1], tokens[b, t]])
+            for b in range(3) for t in range(2, 6)]
+    assert task.best_loss(tokens, targets) == pytest.approx(-np.mean(logs))
+
+
+def test_markov_text_is_seeded_and_rejects_short_sequences():
+    a = E.MarkovText(seed=5).batch(2, 8, torch.Generator().manual_seed(1))[0]
+    b = E.MarkovText(seed=5).batch(2, 8, torch.Generator().manual_seed(1))[0]
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="at least 3"):
+        E.MarkovText().batch(2, 2, torch.Generator())
+
+
+# --- the model ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", E.SCHEMES)
+def test_model_is_causal(scheme):
+    torch.manual_seed(0)
+    model = E.TinyCausalLM(12, scheme, train_length=10).eval()
+    tokens = torch.randint(12, (2, 10))
+    changed = tokens.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % 12
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    assert a.shape == (2, 10, 12)
+    torch.testing.assert_close(a[:, :6], b[:, :6])
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+def reference_attention(attn, x, scheme):
+    """The attention layer recomputed in float64 numpy, from its weights."""
+    b, n, d = x.shape
+    h = attn.n_heads
+    w = attn.qkv.weight.detach().double().numpy()
+    qkv = x.double().numpy() @ w.T
+    q, k, v = (qkv[..., i * d:(i + 1) * d].reshape(b, n, h, d // h).transpose(0, 2, 1, 3) for i in range(3))
+    if scheme == "rope":
+        q, k = (P.apply_rope(torch.from_numpy(t)).numpy() for t in (q, k))
+    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d // h)
+    if scheme == "alibi":
+        i = np.arange(n)
+        s = s - P.alibi_slopes(h)[:, None, None] * (i[:, None] - i[None, :])
+    s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    o = (e / e.sum(-1, keepdims=True)) @ v
+    o = o.transpose(0, 2, 1, 3).reshape(b, n, d)
+    return o @ attn.out.weight.detach().double().numpy().T
+
+
+@pytest.mark.parametrize("scheme", ["none", "rope", "alibi"])
+def test_attention_layer_matches_a_numpy_reference(scheme):
+    torch.manual_seed(1)
+    attn = E.CausalSelfAttention(16, 4, scheme)
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        got = attn(x).double().numpy()
+    np.testing.assert_allclose(got, reference_attention(attn, x, scheme), atol=1e-5)
+
+
+def test_window_restricts_attention():
+    torch.manual_seed(2)
+    attn = E.CausalSelfAttention(8, 2, "rope")
+    x = torch.randn(1, 6, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, window=6), attn(x))
+        v = x @ attn.qkv.weight[16:].T                                   # window 1: each query sees itself
+        torch.testing.assert_close(attn(x, window=1), v @ attn.out.weight.T)
+
+
+def test_learned_positions_stop_at_the_table():
+    torch.manual_seed(0)
+    model = E.TinyCausalLM(8, "learned", train_length=6)
+    with pytest.raises(ValueError, match="learned positions exist for 0..5 only"):
+        model(torch.zeros(1, 7, dtype=torch.long))
+    model.clip_positions = True
+    x = model.embed(torch.zeros(1, 9, dtype=torch.long)) + model.positions.weight[[0, 1, 2, 3, 4, 5, 5, 5, 5]]
+    assert torch.equal(model(torch.zeros(1, 9, dtype=torch.long)),
+                       model.head(model.ln(model.blocks[1](model.blocks[0](x)))))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(scheme="relative"), "scheme must be one of"),
+    (dict(scheme="rope", train_length=0), "train_length"),
+    (dict(scheme="rope", d_model=30, n_heads=4), "divisible"),
+])
+def test_model_bad_arguments(bad, message):
+    with pytest.raises(ValueError, match=message):
+        E.TinyCausalLM(8, **{"train_length": 8, **bad})
+
+
+# --- training and evaluation --------------------------------------------------------------------
+
+def test_training_is_repeatable_and_learns_the_copy_task():
+    task = E.ShiftedCopy(vocab=8, shift=2)
+    a = E.train_and_evaluate(task, "rope", 16, (16, 32), steps=150)
+    b = E.train_and_evaluate(task, "rope", 16, (16, 32), steps=150)
+    np.testing.assert_array_equal(a.losses, b.losses)
+    assert a.losses[:10].mean() > 1.5 and a.losses[-10:].mean() < 0.2       # log(8) = 2.08 at the start
+    ev = a.evaluations[16]
+    assert ev.accuracy > 0.9 and ev.length == 16 and ev.best_loss == 0.0
+    assert ev.position_accuracy.shape == (16,) and np.isnan(ev.position_accuracy[:2]).all()
+    assert a.evaluations[32].position_loss.shape == (32,)
+
+
+def test_evaluation_of_learned_positions_beyond_the_table_clips():
+    run = E.train_and_evaluate(E.ShiftedCopy(), "learned", 8, (8, 16), steps=5)
+    assert set(run.evaluations) == {8, 16} and not run.model.clip_positions
+
+
+def test_same_data_for_every_scheme():
+    task = E.MarkovText()
+    a = E.held_out(task, 20, 4, seed=0)
+    b = E.held_out(task, 20, 4, seed=0)
+    assert torch.equal(a[0], b[0]) and not torch.equal(a[0], E.held_out(task, 20, 4, seed=1)[0])
+
+
+def test_set_rope_frequencies():
+    torch.manual_seed(0)
+    model = E.TinyCausalLM(8, "rope", 8, d_model=16, n_heads=2).eval()
+    tokens = torch.randint(8, (2, 8))
+    with torch.no_grad():
+        base = model(tokens)
+        E.set_rope_frequencies(model, P.pair_frequencies(8))               # the default frequencies
+        torch.testing.assert_close(model(tokens), base)
+        E.set_rope_frequencies(model, P.interpolated_frequencies(8, 10000.0, 4.0), logit_scale=1.2)
+        assert not torch.allclose(model(tokens), base)
+        E.set_rope_frequencies(model)
+        torch.testing.assert_close(model(tokens), base)
+    with pytest.raises(ValueError, match="only a RoPE model"):
+        E.set_rope_frequencies(E.TinyCausalLM(8, "alibi", 8), None)
+
+
+def test_count_parameters():
+    model = E.TinyCausalLM(16, "learned", 32, d_model=32, n_heads=4, n_layers=2)
+    d, v = 32, 16
+    per_block = 2 * 2 * d + 3 * d * d + d * d + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    expected = v * d + 32 * d + 2 * per_block + 2 * d + d * v + v
+    assert E.count_parameters(model) == expected
