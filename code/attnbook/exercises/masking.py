@@ -1,0 +1,91 @@
+"""Checkers for the masking chapter (chapter 7): the padding mask of a batch.
+
+The causal-mask checker, :func:`attnbook.exercises.check_causal_mask`, lives in
+``exercises/attention.py``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..padding import key_padding_mask
+from ._framework import Case, Mistake, run_checks
+
+
+def _grid(lengths, n):
+    """Query index i (1, n, 1), key index j (1, 1, n) and lengths L (batch, 1, 1)."""
+    i, j = np.arange(n)[None, :, None], np.arange(n)[None, None, :]
+    return i, j, np.asarray(lengths)[:, None, None]
+
+
+def _full(mask, lengths, n):
+    return np.broadcast_to(mask, (len(lengths), n, n)).copy()
+
+
+def _reference(lengths, n):
+    return _full(key_padding_mask(lengths, n), lengths, n)
+
+
+def _commit(rule):
+    def mistake(lengths, n):
+        i, j, L = _grid(lengths, n)
+        return _full(rule(i, j, L, n), lengths, n)
+    return mistake
+
+
+PADDING_MISTAKES = [
+    Mistake("queries_masked", "the mask hides padding *queries* (rows) instead of padding *keys* (columns)",
+            "entry [b, i, j] decides whether query i may look at key j: it depends on whether key j is a "
+            "real token, j < lengths[b], not on i",
+            _commit(lambda i, j, L, n: i < L)),
+    Mistake("inverted", "True marks the padding; the book's convention is True = may attend",
+            "negate your mask: real keys (j < lengths[b]) must be True",
+            _commit(lambda i, j, L, n: j >= L)),
+    Mistake("pad_visible", "off by one: the first padding key is still visible (j <= length)",
+            "sequence b has real tokens at positions 0 .. lengths[b] - 1, so use j < lengths[b]",
+            _commit(lambda i, j, L, n: j <= L)),
+    Mistake("last_token_hidden", "off by one: the last real token is hidden (j < length - 1)",
+            "sequence b has real tokens at positions 0 .. lengths[b] - 1, so use j < lengths[b]",
+            _commit(lambda i, j, L, n: j < L - 1)),
+    Mistake("queries_and_keys", "padding queries are masked too, so their rows are fully masked",
+            "mask only the keys: a padding query may attend to the real keys (its output is ignored), "
+            "and a fully masked row gives NaN in many implementations",
+            _commit(lambda i, j, L, n: (i < L) & (j < L))),
+    Mistake("left_padding", "the padding is assumed at the start of each sequence (left padding)",
+            "in this exercise the real tokens come first: positions 0 .. lengths[b] - 1",
+            _commit(lambda i, j, L, n: j >= n - L)),
+]
+
+
+def padding_mask_cases() -> list[Case]:
+    return [
+        Case("lengths [3, 5, 1], n = 5", (np.array([3, 5, 1]), 5)),
+        Case("lengths [2, 4], n = 6 (every sequence padded)", (np.array([2, 4]), 6)),
+        Case("lengths [4], n = 4 (no padding)", (np.array([4]), 4)),
+        Case("lengths [1, 1, 2, 7], n = 7", (np.array([1, 1, 2, 7]), 7)),
+    ]
+
+
+def _as_full_bool(fn):
+    """Accept any mask that broadcasts to (batch, n, n), and 0/1 integers for booleans."""
+    def wrapped(lengths, n):
+        out = fn(np.array(lengths), n)
+        if hasattr(out, "detach"):  # a torch tensor
+            out = out.detach().cpu().numpy()
+        out = np.asarray(out)
+        if out.dtype != bool and out.size and np.isin(out, (0, 1)).all():
+            out = out.astype(bool)
+        try:
+            return _full(out, lengths, n)
+        except ValueError:
+            return out          # a shape that does not broadcast: reported as a shape error
+    return wrapped
+
+
+def check_padding_mask(fn) -> None:
+    """Check ``fn(lengths, n)`` returns the self-attention mask of a right-padded batch.
+
+    lengths: int array (batch,); n: the padded length. The answer is bool (batch, n, n),
+    or anything that broadcasts to it (e.g. (batch, 1, n)), with entry [b, i, j] True
+    exactly when key j is a real token of sequence b (``j < lengths[b]``).
+    """
+    run_checks("padding mask", _as_full_bool(fn), padding_mask_cases(), _reference, PADDING_MISTAKES)

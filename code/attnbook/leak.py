@@ -1,0 +1,169 @@
+"""The causal leak: train the same tiny GPT with and without the causal mask.
+
+A language model is trained to predict token ``t + 1`` at position ``t``. Without
+the causal mask, position ``t`` can attend to position ``t + 1`` and read its
+target from the input: the training loss falls far below what any honest model
+reaches, and the model is useless for generation, where the next token does not
+exist yet. The two runs here share everything (initial weights, batches, optimizer)
+except the mask, so the difference between them is the leak alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import _validate
+from .gpt import CharTokenizer, GPTConfig, TinyGPT, load_training_text, train_val_split
+from .masked_gpt import forward_with_mask
+from .masks import causal_mask
+
+
+@dataclass(frozen=True)
+class LeakConfig:
+    """A model and a training run small enough for a notebook on two CPU cores."""
+
+    block_size: int = 16          # training windows of this many characters
+    n_layers: int = 2
+    n_heads: int = 4
+    d_model: int = 64
+    batch_size: int = 32
+    steps: int = 300
+    lr: float = 3e-3
+    n_chars: int = 200_000        # the first n_chars characters of the shipped text
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("block_size", "n_layers", "n_heads", "d_model", "batch_size", "steps", "n_chars"):
+            _validate.positive_int(name, getattr(self, name))
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive; got {self.lr}")
+
+
+_CHUNK, _VAL_EVERY = 8192, 10       # train_val_split's defaults: every 10th chunk of 8192 is held out
+
+
+def char_data(config: LeakConfig) -> tuple[CharTokenizer, torch.Tensor, torch.Tensor]:
+    """Tokenizer (from the whole text) and (train, val) int64 tokens of the first ``n_chars``."""
+    if config.n_chars < _CHUNK * _VAL_EVERY:
+        raise ValueError(f"n_chars={config.n_chars} leaves no validation text: every {_VAL_EVERY}th chunk "
+                         f"of {_CHUNK} characters is held out, so n_chars must be >= {_CHUNK * _VAL_EVERY}")
+    text = load_training_text()
+    tokenizer = CharTokenizer.from_text(text)
+    tokens = torch.tensor(tokenizer.encode(text[:config.n_chars]))
+    train, val = train_val_split(tokens, _CHUNK, _VAL_EVERY)
+    return tokenizer, train, val
+
+
+def windows(tokens, starts, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs (b, block_size) at ``starts`` and their targets, the same windows shifted by one."""
+    idx = torch.as_tensor(starts)[:, None] + torch.arange(block_size + 1)
+    w = tokens[idx]                                                        # (b, block_size + 1)
+    return w[:, :-1], w[:, 1:]
+
+
+def _mask(causal: bool, n: int, mask=None):
+    """The (n, n) mask to run with: ``mask`` if given, else the causal mask or none."""
+    if mask is not None:
+        mask = torch.as_tensor(mask)
+        if mask.dtype != torch.bool or tuple(mask.shape) != (n, n):
+            raise ValueError(f"mask must be a boolean ({n}, {n}) array; got {mask.dtype} {tuple(mask.shape)}")
+        return mask
+    return torch.from_numpy(causal_mask(n)) if causal else None
+
+
+def train_char_model(train_tokens, vocab_size: int, causal: bool = True, config: LeakConfig = LeakConfig(),
+                     mask=None):
+    """Train a TinyGPT for ``config.steps`` steps, with (``causal``) or without the causal mask.
+
+    mask: a boolean (block_size, block_size) array to use in every layer instead (e.g. a
+    wrong causal mask); it overrides ``causal``. The seed fixes the initial weights and the
+    order of the windows, so two calls that differ only in the mask see the same data from
+    the same starting point. Returns ``(model in eval mode, training losses: float array (steps,))``.
+    """
+    torch.manual_seed(config.seed)
+    model = TinyGPT(GPTConfig(vocab_size, block_size=config.block_size, n_layers=config.n_layers,
+                              n_heads=config.n_heads, d_model=config.d_model))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    order = torch.Generator().manual_seed(config.seed)
+    mask = _mask(causal, config.block_size, mask)
+    losses = np.empty(config.steps)
+    model.train()
+    for step in range(config.steps):
+        starts = torch.randint(len(train_tokens) - config.block_size - 1, (config.batch_size,), generator=order)
+        x, y = windows(train_tokens, starts, config.block_size)
+        logits = forward_with_mask(model, x, mask)                         # (b, n, vocab)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses[step] = loss.item()
+    return model.eval(), losses
+
+
+@torch.no_grad()
+def position_losses(model, tokens, causal: bool = True, n_windows: int = 256, seed: int = 1,
+                    mask=None) -> np.ndarray:
+    """Mean cross-entropy (nats) at each position of ``n_windows`` fixed windows of ``tokens``.
+
+    Runs the model with the causal mask, with none (``causal=False``), or with ``mask``
+    (boolean (block_size, block_size), overrides ``causal``). Returns (block_size,).
+    Under no mask, position ``t < n - 1`` can see its target (token ``t + 1`` is in the window);
+    the last position cannot, like every position during generation.
+    """
+    n = model.config.block_size
+    starts = torch.randint(len(tokens) - n - 1, (n_windows,), generator=torch.Generator().manual_seed(seed))
+    x, y = windows(tokens, starts, n)
+    logits = forward_with_mask(model, x, _mask(causal, n, mask))
+    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+    return loss.view(n_windows, n).mean(dim=0).numpy()
+
+
+@torch.no_grad()
+def greedy_text(model, tokenizer: CharTokenizer, prompt: str, n_new: int, causal: bool) -> str:
+    """Continue ``prompt`` by ``n_new`` characters, always taking the most likely one.
+
+    Each step feeds the last ``block_size`` characters with the mask the model was
+    trained with and reads the prediction of the last position. Returns the new text only.
+    """
+    n_new = _validate.positive_int("n_new", n_new)
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    n = model.config.block_size
+    for _ in range(n_new):
+        context = ids[:, -n:]
+        logits = forward_with_mask(model, context, _mask(causal, context.shape[1]))
+        ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    return tokenizer.decode(ids[0, -n_new:].tolist())
+
+
+@dataclass
+class LeakResult:
+    """Both runs of :func:`run_leak_experiment`."""
+
+    config: LeakConfig
+    tokenizer: CharTokenizer
+    val: torch.Tensor
+    honest: TinyGPT
+    leaky: TinyGPT
+    honest_losses: np.ndarray
+    leaky_losses: np.ndarray
+
+
+def run_leak_experiment(config: LeakConfig = LeakConfig()) -> LeakResult:
+    """Train the honest (causal) and the leaky (unmasked) model on the same data.
+
+    Runs on one CPU thread (restored afterwards): the model is too small to gain from
+    more, a busy machine makes several threads much slower, and one thread makes the
+    result the same on every machine.
+    """
+    tokenizer, train, val = char_data(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        honest, honest_losses = train_char_model(train, tokenizer.vocab_size, causal=True, config=config)
+        leaky, leaky_losses = train_char_model(train, tokenizer.vocab_size, causal=False, config=config)
+    finally:
+        torch.set_num_threads(threads)
+    return LeakResult(config, tokenizer, val, honest, leaky, honest_losses, leaky_losses)

@@ -1,0 +1,98 @@
+"""check_padding_mask passes correct masks in several forms and names each classic mistake.
+
+The wrong masks here are written independently of the checker's Mistake functions,
+with loops and other numpy calls, the way a reader might write them.
+"""
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import ExerciseError, NotAttemptedError
+from attnbook.exercises.masking import check_padding_mask
+
+
+def loop_mask(lengths, n, rule):
+    out = np.zeros((len(lengths), n, n), dtype=bool)
+    for b, length in enumerate(lengths):
+        for i in range(n):
+            for j in range(n):
+                out[b, i, j] = rule(i, j, int(length), n)
+    return out
+
+
+def good(lengths, n):
+    return loop_mask(lengths, n, lambda i, j, L, n: j < L)
+
+
+def good_broadcast(lengths, n):
+    return (np.arange(n) < np.asarray(lengths)[:, None])[:, None, :]          # (batch, 1, n)
+
+
+def good_torch_int(lengths, n):
+    real = torch.arange(n)[None, :] < torch.as_tensor(lengths)[:, None]
+    return real[:, None, :].expand(-1, n, -1).int()                         # 0/1 integers
+
+
+@pytest.mark.parametrize("fn", [good, good_broadcast, good_torch_int])
+def test_correct_masks_pass(fn, capsys):
+    check_padding_mask(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+def rows_masked(lengths, n):
+    real = np.arange(n) < np.asarray(lengths)[:, None]                      # (batch, n)
+    return np.repeat(real[:, :, None], n, axis=2)
+
+
+def inverted(lengths, n):
+    return ~good(lengths, n)
+
+
+def shows_one_pad(lengths, n):
+    return loop_mask(lengths, n, lambda i, j, L, n: j < L + 1)
+
+
+def hides_last(lengths, n):
+    return loop_mask(lengths, n, lambda i, j, L, n: j + 1 < L)
+
+
+def outer_product(lengths, n):
+    real = (np.arange(n) < np.asarray(lengths)[:, None]).astype(int)
+    return np.einsum("bi,bj->bij", real, real).astype(bool)
+
+
+def padded_on_the_left(lengths, n):
+    return loop_mask(lengths, n, lambda i, j, L, n: j >= n - L)
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (rows_masked, "queries_masked"),
+    (inverted, "inverted"),
+    (shows_one_pad, "pad_visible"),
+    (hides_last, "last_token_hidden"),
+    (outer_product, "queries_and_keys"),
+    (padded_on_the_left, "left_padding"),
+])
+def test_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_padding_mask(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_unknown_mistake_and_wrong_shape_are_rejected():
+    with pytest.raises(ExerciseError) as err:
+        check_padding_mask(lambda lengths, n: np.ones((len(lengths), n, n), bool))
+    assert err.value.mistake is None
+    with pytest.raises(ExerciseError, match="shape"):
+        check_padding_mask(lambda lengths, n: np.ones((n + 1, n + 1), bool))
+
+
+def test_stub_and_crash():
+    def stub(lengths, n):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_padding_mask(stub)
+    with pytest.raises(ExerciseError, match="ZeroDivisionError"):
+        check_padding_mask(lambda lengths, n: 1 / 0)

@@ -1,0 +1,95 @@
+"""The causal-leak experiment: the unmasked model reads its targets; the masked one cannot."""
+import numpy as np
+import pytest
+import torch
+
+from attnbook.leak import (LeakConfig, char_data, greedy_text, position_losses, run_leak_experiment,
+                           train_char_model, windows)
+
+
+def test_windows_targets_are_inputs_shifted_by_one():
+    tokens = torch.arange(100)
+    x, y = windows(tokens, torch.tensor([0, 7, 50]), 5)
+    assert x.shape == y.shape == (3, 5)
+    assert torch.equal(x[1], torch.arange(7, 12)) and torch.equal(y[1], torch.arange(8, 13))
+
+
+def test_char_data_uses_the_first_characters():
+    tok, train, val = char_data(LeakConfig(n_chars=100_000))
+    assert len(train) + len(val) == 100_000 and len(val) == 8192 and tok.vocab_size == 73
+    assert tok.decode(train[:3].tolist()) == "Gen"
+    with pytest.raises(ValueError, match="no validation text"):
+        char_data(LeakConfig(n_chars=20_000))
+
+
+def test_training_is_reproducible_and_shares_the_start():
+    cfg = LeakConfig(steps=3, n_chars=100_000)
+    tok, train, _ = char_data(cfg)
+    _, a = train_char_model(train, tok.vocab_size, causal=True, config=cfg)
+    _, b = train_char_model(train, tok.vocab_size, causal=True, config=cfg)
+    _, c = train_char_model(train, tok.vocab_size, causal=False, config=cfg)
+    np.testing.assert_array_equal(a, b)
+    # same initial weights and batch: at initialisation both predict nearly uniformly
+    assert abs(a[0] - c[0]) < 0.05 and abs(a[0] - np.log(tok.vocab_size)) < 0.1
+    assert not np.array_equal(a, c)
+
+
+@pytest.fixture(scope="module")
+def result():
+    threads = torch.get_num_threads()
+    out = run_leak_experiment(LeakConfig())
+    assert torch.get_num_threads() == threads        # the experiment runs on one thread, then restores
+    return out
+
+
+def test_leaky_training_loss_falls_far_below_the_honest_one(result):
+    honest, leaky = result.honest_losses[-25:].mean(), result.leaky_losses[-25:].mean()
+    assert leaky < 0.5 < 1.5 < honest
+
+
+def test_the_leak_is_reading_the_next_position(result):
+    """Every position but the last sees its own target; the last one cannot, and loses the advantage."""
+    leaky = position_losses(result.leaky, result.val, causal=False)
+    honest = position_losses(result.honest, result.val, causal=True)
+    assert leaky.shape == honest.shape == (16,)
+    assert leaky[:-1].max() < 0.3
+    assert leaky[-1] > honest.mean()
+    # run as a causal decoder (nothing after t), the leaky model is worse than guessing uniformly
+    as_decoder = position_losses(result.leaky, result.val, causal=True)
+    assert as_decoder[:-1].mean() > np.log(result.tokenizer.vocab_size)
+
+
+def test_leaky_attention_looks_one_position_ahead(result):
+    from attnbook.masked_gpt import forward_with_mask
+    x, _ = windows(result.val, torch.arange(0, 3200, 100), 16)
+    with torch.no_grad():
+        _, w = forward_with_mask(result.leaky, x, None, return_weights=True)       # (layers, b, h, n, n)
+    ahead = w.diagonal(offset=1, dim1=-2, dim2=-1).mean(dim=(1, 3))             # (layers, heads)
+    assert ahead.max() > 0.5          # some head puts most of its weight on position t + 1
+
+
+def test_greedy_text(result):
+    text = greedy_text(result.honest, result.tokenizer, "1:1 In the", 20, causal=True)
+    assert len(text) == 20 and set(text) <= set(result.tokenizer.vocab)
+    assert text == greedy_text(result.honest, result.tokenizer, "1:1 In the", 20, causal=True)
+
+
+@pytest.mark.parametrize("kwargs", [{"steps": 0}, {"block_size": -1}, {"lr": 0.0}, {"d_model": 2.5}])
+def test_bad_config(kwargs):
+    with pytest.raises(ValueError):
+        LeakConfig(**kwargs)
+
+
+def test_a_custom_mask_overrides_causal():
+    cfg = LeakConfig(steps=2, n_chars=100_000)
+    tok, train, val = char_data(cfg)
+    n = cfg.block_size
+    _, causal = train_char_model(train, tok.vocab_size, causal=True, config=cfg)
+    _, same = train_char_model(train, tok.vocab_size, causal=False, config=cfg, mask=np.tril(np.ones((n, n), bool)))
+    _, ahead = train_char_model(train, tok.vocab_size, config=cfg, mask=np.tril(np.ones((n, n), bool), k=1))
+    np.testing.assert_allclose(same, causal, rtol=1e-6)
+    assert not np.allclose(ahead, causal)
+    with pytest.raises(ValueError, match="boolean"):
+        train_char_model(train, tok.vocab_size, config=cfg, mask=np.ones((n, n)))
+    with pytest.raises(ValueError, match=r"\(16, 16\)"):
+        train_char_model(train, tok.vocab_size, config=cfg, mask=np.ones((n, n + 1), bool))
