@@ -150,5 +150,5 @@ class MultiHeadAttention(nn.Module):
             # with n_q == n_k torch's is_causal is the same lower triangle, and lets it skip work
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         if mask is not None and not bool(mask.any(dim=-1).all()):
-            return attend(q, k, v, mask)       # torch's kernels give NaN for a fully masked row
+            return attend(q, k, v, mask)       # a fully masked row: NaN in older torch and some GPU kernels
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
