@@ -138,6 +138,8 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             mask = torch.as_tensor(mask, device=device)
             _validate.mask_shape(mask, (batch, self.n_heads, n_q, n_k))
+        if is_causal and n_q == 1 and mask is None:
+            return None  # one new token (KV-cache decoding) sees every key: no mask to build
         if is_causal:
             causal = torch.from_numpy(causal_mask(n_q, n_k)).to(device)     # (n_q, n_k)
             mask = causal if mask is None else mask & causal

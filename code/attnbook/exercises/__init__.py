@@ -8,12 +8,13 @@ from ._framework import Case, ExerciseError, Mistake, NotAttemptedError, run_che
 from .attention import check_attention, check_causal_mask, check_softmax
 from .embeddings import check_cosine_similarity, check_ppmi
 from .flash import check_merge_softmax_states, check_online_softmax
+from .kv_cache import check_kv_cache_step
 from .masking import check_padding_mask
 from .qkv import check_attention_scores, check_cross_attention
 
 __all__ = ["Case", "ExerciseError", "Mistake", "NotAttemptedError", "run_checks",
            "check_alibi_bias", "check_attention", "check_attention_scores", "check_benchmark_flops", "check_causal_mask", "check_cosine_similarity",
-           "check_cross_attention", "check_dot_variance", "check_key_blocks", "check_merge_softmax_states",
+           "check_cross_attention", "check_dot_variance", "check_key_blocks", "check_kv_cache_step", "check_merge_softmax_states",
            "check_multihead_attention", "check_online_softmax", "check_padding_mask", "check_ppmi", "check_rope_attention", "check_scaled_scores",
            "check_softmax", "check_split_qkv"]
 

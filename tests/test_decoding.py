@@ -1,0 +1,218 @@
+"""Decoding costs: flop counts against torch's flop counter, published parameter counts, the
+concatenating cache against the preallocated one, and the decode benchmark's bookkeeping."""
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
+
+from attnbook.decoding import (GPT2_SMALL, LLAMA2_7B, LLAMA2_70B, MODEL_SHAPES, ConcatKVCache, DecoderShape,
+                               greedy_decode, recording_attention_outputs, teacher_forced_logits,
+                               DecodeSpeed, append_one_by_one, as_multi_head, decode_benchmark, forward_flops,
+                               generation_flops, shape_of, time_generation)
+from attnbook.gpt import GPTConfig, TinyGPT
+from attnbook.kv_cache import KVCache
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: one thread is as fast as two and does not stall on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def small_gpt(seed=0, **overrides):
+    torch.manual_seed(seed)
+    config = dict(vocab_size=13, block_size=32, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16) | overrides
+    # use_sdpa=False: attention runs as two matmuls, which torch's flop counter sees
+    return TinyGPT(GPTConfig(**config), use_sdpa=False).eval()
+
+
+def counted(fn):
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+# ---- flops against torch.utils.flop_counter ---------------------------------------------------
+
+@pytest.mark.parametrize("overrides", [{}, dict(n_kv_heads=None), dict(n_kv_heads=1, n_layers=3, d_model=24)])
+@pytest.mark.parametrize("n_past,n_new", [(0, 1), (0, 7), (5, 1), (3, 4), (0, 32)])
+def test_forward_flops_match_torch_flop_counter(overrides, n_past, n_new):
+    model = small_gpt(**overrides)
+    cache = model.new_kv_cache()
+    if n_past:
+        with torch.no_grad():
+            model(torch.zeros(1, n_past, dtype=torch.long), cache)
+    ids = torch.randint(0, 13, (1, n_new))
+    measured = counted(lambda: model(ids, cache, start_pos=n_past))
+    assert sum(forward_flops(shape_of(model.config), n_new, n_past).values()) == measured
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("n_prompt,n_new", [(1, 1), (1, 9), (4, 12), (10, 22)])
+def test_generation_flops_match_torch_flop_counter(use_cache, n_prompt, n_new):
+    model = small_gpt(seed=1)
+    prompt = torch.randint(0, 13, (1, n_prompt))
+    measured = counted(lambda: model.generate(prompt, n_new, temperature=0, use_cache=use_cache))
+    assert sum(generation_flops(shape_of(model.config), n_prompt, n_new, use_cache).values()) == measured
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_prompt=st.integers(1, 50), n_new=st.integers(1, 200))
+def test_generation_flops_closed_forms(n_prompt, n_new):
+    """Per-token work is paid once per token with the cache, once per token *per step* without."""
+    s = GPT2_SMALL
+    per_token = {part: flops for part, flops in forward_flops(s, 1).items() if part != "attention"}
+    cached = generation_flops(s, n_prompt, n_new, use_cache=True)
+    uncached = generation_flops(s, n_prompt, n_new, use_cache=False)
+    tokens_processed = n_prompt + n_new - 1                                   # prefill + decode steps
+    tokens_reprocessed = sum(n_prompt + i for i in range(n_new))
+    for part, flops in per_token.items():
+        assert cached[part] == flops * tokens_processed
+        assert uncached[part] == flops * tokens_reprocessed
+    width = 4 * s.n_layers * s.n_heads * s.head_dim                            # attention flops per (query, key)
+    assert cached["attention"] == width * (n_prompt ** 2 + sum(n_prompt + i for i in range(1, n_new)))
+    assert uncached["attention"] == width * sum((n_prompt + i) ** 2 for i in range(n_new))
+
+
+def test_gqa_shrinks_only_the_key_value_projections():
+    mha, gqa = as_multi_head(LLAMA2_70B), LLAMA2_70B
+    a, b = forward_flops(mha, 3, 5), forward_flops(gqa, 3, 5)
+    assert a["attention"] == b["attention"] and a["mlp"] == b["mlp"] and a["head"] == b["head"]
+    d, hd, L = 8192, 128, 80
+    assert a["qkv_out"] - b["qkv_out"] == L * 2 * 3 * 2 * d * (64 - 8) * hd
+
+
+# ---- published shapes -------------------------------------------------------------------------
+
+def test_published_parameter_counts():
+    """matmul_params plus embeddings, biases and norms gives the published totals exactly."""
+    g = GPT2_SMALL
+    biases_norms = g.n_layers * (3 * 768 + 768 + 3072 + 768 + 4 * 768) + 2 * 768
+    assert g.matmul_params() + g.n_ctx * g.d_model + biases_norms == 124_439_808    # GPT-2 small
+    for shape, total in ((LLAMA2_7B, 6_738_415_616), (LLAMA2_70B, 68_976_648_192)):
+        rms_norms = (2 * shape.n_layers + 1) * shape.d_model
+        assert shape.matrix_params() + rms_norms == total
+        assert shape.matrix_params() == shape.matmul_params() + shape.vocab_size * shape.d_model  # untied
+    assert g.matrix_params() == g.matmul_params()                                   # GPT-2 ties them
+
+
+def test_shapes_and_validation():
+    assert [s.name for s in MODEL_SHAPES] == ["GPT-2 small", "Llama-2-7B", "Llama-2-70B"]
+    assert LLAMA2_70B.kv_heads == 8 and as_multi_head(LLAMA2_70B).kv_heads == 64
+    assert GPT2_SMALL.kv_heads == 12
+    config = GPTConfig(vocab_size=73, block_size=256, n_layers=4, n_heads=4, d_model=96)
+    assert shape_of(config) == DecoderShape("tiny GPT", 4, 4, 24, 96, 384, 73, 256)
+    with pytest.raises(ValueError, match="n_heads=6 is not divisible by n_kv_heads=4"):
+        dataclasses.replace(GPT2_SMALL, n_heads=6, n_kv_heads=4)
+    with pytest.raises(ValueError, match="d_ff"):
+        dataclasses.replace(GPT2_SMALL, d_ff=0)
+    with pytest.raises(ValueError, match="n_new"):
+        forward_flops(GPT2_SMALL, 0)
+    with pytest.raises(ValueError, match="n_past"):
+        forward_flops(GPT2_SMALL, 1, -1)
+    with pytest.raises(ValueError, match="n_prompt"):
+        generation_flops(GPT2_SMALL, 0, 3, True)
+
+
+# ---- the concatenating cache ------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 9, 4), (1, 4, 17, 8)])
+def test_concat_cache_holds_what_the_preallocated_one_holds(shape):
+    k, v = torch.randn(shape), torch.randn(shape)
+    growing, fixed = ConcatKVCache(), KVCache(*shape)
+    append_one_by_one(growing, k, v)
+    append_one_by_one(fixed, k, v)
+    assert growing.length == fixed.length == shape[2]
+    torch.testing.assert_close(growing.keys, fixed.keys, rtol=0, atol=0)
+    torch.testing.assert_close(growing.values, fixed.values, rtol=0, atol=0)
+    assert growing.nbytes == fixed.nbytes                      # both full
+    # every update writes the whole (one longer) cache: sum over t = 1..T of t positions, keys and values
+    per_position = 2 * shape[0] * shape[1] * shape[3] * 4
+    assert growing.bytes_copied == per_position * shape[2] * (shape[2] + 1) // 2
+    growing.reset()
+    assert growing.length == 0 and growing.bytes_copied == 0 and growing.nbytes == 0
+
+
+def test_concat_cache_drives_the_model_like_the_preallocated_one():
+    model = small_gpt(seed=2)
+    ids = torch.randint(0, 13, (2, 20))
+    with torch.no_grad():
+        logits = {}
+        for name, caches in (("fixed", model.new_kv_cache(batch=2)), ("growing", [ConcatKVCache() for _ in range(2)])):
+            steps = [model(ids[:, :5], caches)] + [model(ids[:, t:t + 1], caches, start_pos=t) for t in range(5, 20)]
+            logits[name] = torch.cat(steps, dim=1)
+        full = model(ids)
+    torch.testing.assert_close(logits["growing"], logits["fixed"], rtol=0, atol=0)
+    torch.testing.assert_close(logits["growing"], full, rtol=1e-5, atol=1e-5)
+
+
+# ---- timing helpers ---------------------------------------------------------------------------
+
+def test_decode_benchmark_reports_both_modes():
+    model = small_gpt(seed=3)
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    rows = decode_benchmark(model, prompt, [4, 8], repeats=[2, 1])
+    assert [r.n_new for r in rows] == [4, 8]
+    assert [r.cached.repeats for r in rows] == [2, 1]
+    for r in rows:
+        assert r.cached.low <= r.cached.median <= r.cached.high
+        assert r.speedup == pytest.approx(r.uncached.low / r.cached.low)
+        assert r.cached_tokens_per_s == pytest.approx(r.n_new / r.cached.low)
+    timing = time_generation(model, prompt, 3, use_cache=True, repeats=2)
+    assert timing.repeats == 2 and timing.median > 0
+    with pytest.raises(ValueError, match="one count per length"):
+        decode_benchmark(model, prompt, [4, 8], repeats=[1])
+
+
+def test_decode_benchmark_refuses_when_the_modes_disagree():
+    class Broken:
+        def generate(self, prompt, n_new, temperature, use_cache):
+            return torch.full((1, n_new), int(use_cache))
+    with pytest.raises(AssertionError, match="disagree"):
+        decode_benchmark(Broken(), torch.zeros(1, 1, dtype=torch.long), [3])
+
+
+def test_decode_speed_ratio():
+    from attnbook.bench import Timing
+    row = DecodeSpeed(100, Timing(0.6, 0.5, 0.9, 3, 1), Timing(2.2, 2.0, 2.1, 3, 1))   # the fastest runs count
+    assert row.speedup == 4.0 and row.cached_tokens_per_s == 200.0 and row.uncached_tokens_per_s == 50.0
+
+
+# ---- decoding helpers -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_prompt,n_new", [(1, 1), (1, 15), (5, 20)])
+def test_greedy_decode_agrees_with_generate(n_prompt, n_new):
+    model = small_gpt(seed=5)
+    prompt = torch.randint(0, 13, (2, n_prompt))
+    ids, logits = greedy_decode(model, prompt, n_new, model.new_kv_cache(batch=2))
+    ids_full, logits_full = greedy_decode(model, prompt, n_new)
+    assert torch.equal(ids, model.generate(prompt, n_new, temperature=0, use_cache=True))
+    assert torch.equal(ids_full, model.generate(prompt, n_new, temperature=0, use_cache=False))
+    assert logits.shape == (2, n_new, 13)
+    torch.testing.assert_close(logits, logits_full, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():                                     # logits[:, i] came from the prefix before token i
+        torch.testing.assert_close(logits_full, model(ids[:, :-1])[:, n_prompt - 1:], rtol=1e-5, atol=1e-5)
+
+
+def test_teacher_forcing_and_recorded_attention_outputs():
+    model = small_gpt(seed=6)
+    ids = torch.randint(0, 13, (1, 25))
+    with torch.no_grad():
+        with recording_attention_outputs(model) as full_pass:
+            full = model(ids)
+        with recording_attention_outputs(model) as step_by_step:
+            forced = teacher_forced_logits(model, ids, model.new_kv_cache(), n_prompt=4)
+    torch.testing.assert_close(forced, full, rtol=1e-5, atol=1e-5)
+    assert len(full_pass) == 2 and [len(r) for r in full_pass] == [1, 1]
+    assert [len(r) for r in step_by_step] == [22, 22]                  # the prefill, then 21 single tokens
+    for layer in range(2):
+        torch.testing.assert_close(torch.cat(step_by_step[layer], 1), full_pass[layer][0], rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        model(ids)                                             # hooks removed: nothing more is recorded
+    assert [len(r) for r in full_pass] == [1, 1]
