@@ -1,0 +1,172 @@
+"""Checkers for linear attention and the Nadaraya-Watson estimator (chapter 12)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..attention import scaled_dot_product_attention
+from ..kernel_smoothing import nadaraya_watson
+from ..linear_attention import elu_feature_map, linear_attention
+from ._framework import Case, Mistake, run_checks
+
+_rng = np.random.default_rng
+
+
+def _first(out):
+    """Accept either the output alone or an ``(output, weights)`` pair."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+# --- linear attention with the elu + 1 feature map ------------------------------------
+
+def _t(x):
+    return np.swapaxes(x, -1, -2)
+
+
+def _weights_then(normalise):
+    """A mistake that forms the n_q x n_k weights phi(q) phi(k)^T and normalises them wrongly."""
+    def attention(q, k, v):
+        w = elu_feature_map(q) @ _t(elu_feature_map(k))
+        return normalise(w) @ v
+    return attention
+
+
+def _no_normaliser(q, k, v):
+    return elu_feature_map(q) @ (_t(elu_feature_map(k)) @ v)
+
+
+def _feature_map_on_values(q, k, v):
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    return (fq @ (_t(fk) @ elu_feature_map(v))) / (fq @ fk.sum(axis=-2)[..., None])
+
+
+def _sum_over_queries(q, k, v):
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    return (fq @ (_t(fk) @ v)) / (fq @ fq.sum(axis=-2)[..., None])
+
+
+def _with_features(phi):
+    def attention(q, k, v):
+        fq, fk = phi(q), phi(k)
+        return (fq @ (_t(fk) @ v)) / (fq @ fk.sum(axis=-2)[..., None])
+    return attention
+
+
+def _elu(x):
+    return np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
+
+
+LINEAR_ATTENTION_MISTAKES = [
+    Mistake("no_normaliser", "the output is never divided by the normaliser phi(q_i) . sum_j phi(k_j)",
+            "without the denominator the weights do not sum to 1 and the output grows with n_k; "
+            "divide by phi(q) @ phi(k).sum(axis=-2)",
+            _no_normaliser),
+    Mistake("feature_map_on_values", "the feature map is applied to the values as well",
+            "phi replaces the exponential of the scores, which involve only q and k; v enters as it is",
+            _feature_map_on_values),
+    Mistake("wrong_axis", "the weights are normalised over the queries instead of over the keys",
+            "each query's weights phi(q_i) . phi(k_j) must sum to 1 over the keys j",
+            _weights_then(lambda w: w / w.sum(axis=-2, keepdims=True))),
+    Mistake("sum_over_queries", "the normaliser sums the features of the queries instead of the keys",
+            "the denominator is phi(q_i) . z with z = sum over the keys j of phi(k_j)",
+            _sum_over_queries),
+    Mistake("elu_without_one", "the feature map is elu(x), without the + 1",
+            "elu(x) is negative for x < 0, so weights can be negative and denominators near zero; "
+            "use elu(x) + 1, which is always positive",
+            _with_features(_elu)),
+    Mistake("no_feature_map", "q and k are used without a feature map (phi(x) = x)",
+            "apply phi(x) = elu(x) + 1 to q and to k before forming S and z",
+            _with_features(lambda x: x)),
+    Mistake("softmax_attention", "this is softmax attention, not linear attention",
+            "replace exp(q . k / sqrt(d)) by phi(q) . phi(k) with phi(x) = elu(x) + 1, and use "
+            "associativity: phi(q) @ (phi(k).T @ v)",
+            lambda q, k, v: scaled_dot_product_attention(q, k, v)[0]),
+]
+
+
+def linear_attention_cases() -> list[Case]:
+    rng = _rng(12)
+    n = lambda *shape, scale=1.0: rng.normal(scale=scale, size=shape)  # noqa: E731
+    return [
+        Case("self-attention, n = 6, d_k = d_v = 4", (n(6, 4), n(6, 4), n(6, 4))),
+        Case("cross-attention, n_q = 3, n_k = 7, d_k = 5, d_v = 2", (n(3, 5), n(7, 5), n(7, 2))),
+        Case("a batch of 2 x 3 heads, n = 5, d_k = 4, d_v = 6", (n(2, 3, 5, 4), n(2, 3, 5, 4), n(2, 3, 5, 6))),
+        Case("inputs of scale 3, n = 8, d_k = 3, d_v = 2", (n(8, 3, scale=3), n(8, 3, scale=3), n(8, 2))),
+        Case("a single query and key (n = 1)", (n(1, 4), n(1, 4), n(1, 3))),
+    ]
+
+
+def check_linear_attention(fn) -> None:
+    """Check ``fn(q, k, v)`` computes non-causal linear attention with ``phi(x) = elu(x) + 1``.
+
+    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v) -> (..., n_q, d_v).
+    """
+    run_checks("linear attention", fn, linear_attention_cases(),
+               lambda q, k, v: linear_attention(q, k, v), LINEAR_ATTENTION_MISTAKES, postprocess=_first)
+
+
+# --- the Nadaraya-Watson estimator with a Gaussian kernel --------------------------------
+
+def _gaussian_nw(log_kernel, normalise=True, axis=-1, stable=True):
+    """A 1-D estimator built from ``log_kernel(diff, h)``, with switchable mistakes."""
+    def estimate(x_query, x_train, y_train, bandwidth):
+        diff = np.asarray(x_query, float)[:, None] - np.asarray(x_train, float)[None, :]   # (m, n)
+        s = log_kernel(diff, bandwidth)
+        if stable:
+            s = s - s.max(axis=axis, keepdims=True)
+        k = np.exp(s)
+        if normalise:
+            k = k / k.sum(axis=axis, keepdims=True)
+        return k @ np.asarray(y_train, float)
+    return estimate
+
+
+_gauss = lambda diff, h: -diff**2 / (2 * h**2)  # noqa: E731
+
+NADARAYA_WATSON_MISTAKES = [
+    Mistake("not_normalised", "the kernel values are never divided by their sum over the training points",
+            "f(x) = sum_i K(x, x_i) y_i / sum_j K(x, x_j): without the division it is not an average",
+            _gaussian_nw(_gauss, normalise=False, stable=False)),
+    Mistake("bandwidth_not_squared", "the kernel divides by 2 h instead of 2 h^2",
+            "the Gaussian kernel is exp(-(x - x_i)^2 / (2 h^2)); h has the units of x, so it is squared",
+            _gaussian_nw(lambda diff, h: -diff**2 / (2 * h))),
+    Mistake("no_half", "the kernel is exp(-(x - x_i)^2 / h^2), without the factor 1/2",
+            "with exp(-(x - x_i)^2 / (2 h^2)) the bandwidth h is the kernel's standard deviation",
+            _gaussian_nw(lambda diff, h: -diff**2 / h**2)),
+    Mistake("wrong_axis", "the weights are normalised over the query points instead of the training points",
+            "for each query x, the weights K(x, x_i) must sum to 1 over the training points i",
+            _gaussian_nw(_gauss, axis=0)),
+    Mistake("underflow", "every kernel value underflows to 0 for a small bandwidth, giving 0 / 0 = NaN",
+            "subtract, for each query, the largest log-kernel value before exponentiating: the common "
+            "factor cancels in the ratio (as in a stable softmax)",
+            _gaussian_nw(_gauss, stable=False)),
+]
+
+
+def nadaraya_watson_cases() -> list[Case]:
+    rng = _rng(64)
+    x_train = np.sort(rng.uniform(0, 1, 8))
+    y_train = np.sin(2 * np.pi * x_train) + 0.1 * rng.normal(size=8)
+    x_query = np.linspace(0.05, 0.95, 5)
+    grid = np.arange(0.0, 1.01, 0.1)
+    return [
+        Case("5 queries, 8 training points, bandwidth h = 0.3", (x_query, x_train, y_train, 0.3)),
+        Case("a smooth fit, h = 2.0", (x_query, x_train, y_train, 2.0)),
+        Case("queries between training points spaced 0.1 apart, h = 0.001 (every exp underflows)",
+             (grid[:-1] + 0.05, grid, np.cos(grid), 0.001)),
+        Case("a single training point", (x_query, x_train[:1], y_train[:1], 0.3)),
+    ]
+
+
+def check_nadaraya_watson(fn) -> None:
+    """Check ``fn(x_query, x_train, y_train, bandwidth)`` returns the Gaussian-kernel estimate.
+
+    x_query: (m,), x_train: (n,), y_train: (n,) 1-D arrays -> (m,); the kernel is
+    ``exp(-(x - x_i)^2 / (2 h^2))`` with ``h = bandwidth``.
+    """
+    def reference(x_query, x_train, y_train, bandwidth):
+        est, _ = nadaraya_watson(np.asarray(x_query)[:, None], np.asarray(x_train)[:, None],
+                                 np.asarray(y_train)[:, None], bandwidth=bandwidth)
+        return est[:, 0]
+
+    run_checks("Nadaraya-Watson", fn, nadaraya_watson_cases(), reference, NADARAYA_WATSON_MISTAKES,
+               postprocess=_first)

@@ -1,0 +1,262 @@
+"""Linear attention: attention whose cost grows linearly with the sequence length.
+
+Softmax attention weighs value ``j`` for query ``i`` by ``exp(q_i . k_j / sqrt(d))``,
+normalised over ``j``. If the similarity is instead a dot product of *features*,
+``sim(q, k) = phi(q) . phi(k)`` with ``phi: R^d -> R^m``, associativity lets every
+query share one ``m x d_v`` summary of all keys and values:
+
+    out_i = phi(q_i)^T S / phi(q_i)^T z,   S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j),
+
+which costs ``O(n m d_v)`` instead of ``O(n^2 d)`` (Katharopoulos et al. 2020). Under a
+causal mask ``S`` and ``z`` become prefix sums, and attention becomes a recurrence
+with a state of fixed size. Two feature maps:
+
+- :func:`elu_feature_map`, ``elu(x) + 1`` (Katharopoulos et al. 2020): a different
+  kernel from softmax's, for models trained with it;
+- :func:`softmax_kernel_features` with random directions from :func:`draw_random_features`
+  (Performer, Choromanski et al. 2021): positive random features whose dot products
+  are unbiased estimates of ``exp(x . y)``, so :func:`performer_attention`
+  approximates softmax attention itself.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from . import _validate
+
+
+# --- feature maps --------------------------------------------------------------
+
+def elu_feature_map(x) -> np.ndarray:
+    """``phi(x) = elu(x) + 1`` elementwise: ``x + 1`` for ``x > 0``, ``exp(x)`` otherwise.
+
+    x: (..., d) -> (..., d). Every feature is positive, so ``phi(q) . phi(k) > 0``.
+    """
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float64)
+    return np.where(x > 0, x + 1, np.exp(np.minimum(x, 0)))   # minimum: no overflow in the unused branch
+
+
+def draw_random_features(d: int, n_features: int, seed=None, orthogonal: bool = True) -> np.ndarray:
+    """Random directions ``omega (n_features, d)`` whose rows are each distributed as N(0, I_d).
+
+    With ``orthogonal=True`` the rows are orthogonal within each block of ``d`` (Choromanski
+    et al. 2021): each block is a uniformly random orthogonal matrix, and each row is
+    rescaled to the length of an independent Gaussian vector, so that every row on its
+    own is still N(0, I_d) while the rows of a block do not repeat each other's directions.
+    """
+    d = _validate.positive_int("d", d)
+    n_features = _validate.positive_int("n_features", n_features)
+    rng = np.random.default_rng(seed)
+    if not orthogonal:
+        return rng.standard_normal((n_features, d))
+    blocks = []
+    for _ in range(-(-n_features // d)):
+        q, r = np.linalg.qr(rng.standard_normal((d, d)))
+        blocks.append((q * np.sign(np.diag(r))).T)    # the sign fix makes q uniform (Haar)
+    directions = np.concatenate(blocks)[:n_features]   # unit rows, orthogonal within a block
+    lengths = np.linalg.norm(rng.standard_normal((n_features, d)), axis=1)
+    return directions * lengths[:, None]
+
+
+def _check_omega(x: np.ndarray, omega) -> np.ndarray:
+    omega = np.asarray(omega)
+    if omega.ndim != 2 or omega.shape[1] != x.shape[-1]:
+        raise ValueError(f"omega must have shape (n_features, d={x.shape[-1]}) to match x "
+                         f"{tuple(x.shape)}; got {tuple(omega.shape)}")
+    return omega
+
+
+def softmax_kernel_log_features(x, omega) -> np.ndarray:
+    """Logarithm of :func:`softmax_kernel_features`: ``omega x - |x|^2 / 2 - log(m) / 2``.
+
+    x: (..., d), omega: (m, d) -> (..., m).
+    """
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float64)
+    _validate.require_rank("x", x, 1, "(..., d)")
+    omega = _check_omega(x, omega).astype(x.dtype)
+    m = omega.shape[0]
+    return x @ omega.T - 0.5 * np.sum(x * x, axis=-1, keepdims=True) - 0.5 * np.log(m)
+
+
+def softmax_kernel_features(x, omega) -> np.ndarray:
+    """Positive random features of the softmax kernel: ``exp(omega x - |x|^2 / 2) / sqrt(m)``.
+
+    x: (..., d), omega: (m, d) with rows drawn from N(0, I_d) -> (..., m), all entries > 0.
+    For such ``omega``, ``E[phi(x) . phi(y)] = exp(x . y)`` (the Gaussian moment generating
+    function), and the average over ``m`` directions converges at the Monte Carlo rate.
+    """
+    return np.exp(softmax_kernel_log_features(x, omega))
+
+
+# --- attention from features -------------------------------------------------------
+
+def _check_features(phi_q, phi_k, q_shape, k_shape) -> None:
+    """The feature map must keep every position, give q and k the same m, and be non-negative."""
+    for name, phi, shape in (("phi(q)", phi_q, q_shape), ("phi(k)", phi_k, k_shape)):
+        if phi.ndim != len(shape) or phi.shape[:-1] != tuple(shape[:-1]):
+            raise ValueError(f"the feature map must map (..., n, d) to (..., n, m); it turned "
+                             f"{tuple(shape)} into {name} of shape {tuple(phi.shape)}")
+    if phi_q.shape[-1] != phi_k.shape[-1]:
+        raise ValueError(f"phi(q) and phi(k) must have the same number of features m; got "
+                         f"{tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
+    if np.any(phi_q < 0) or np.any(phi_k < 0):
+        raise ValueError("the features must be non-negative, so that every weight phi(q) . phi(k) "
+                         "is >= 0 and the output is a weighted average of the values")
+
+
+def _float_dtype(*arrays) -> np.dtype:
+    return np.result_type(*(a.dtype for a in arrays), np.float32)
+
+
+def attention_from_features(phi_q, phi_k, v, causal: bool = False, chunk_size: int = 64) -> np.ndarray:
+    """Attention with the weights ``phi(q_i) . phi(k_j)``, normalised over the keys, in O(n).
+
+    phi_q: (..., n_q, m), phi_k: (..., n_k, m), v: (..., n_k, d_v) -> (..., n_q, d_v).
+    Non-causal: ``out = (phi_q @ S) / (phi_q @ z)`` with ``S = phi_k^T v`` (m, d_v) and
+    ``z = sum_j phi_k[j]``. Causal: the queries are the last ``n_q`` of the ``n_k``
+    positions (as in :func:`attnbook.causal_mask`) and ``S``, ``z`` are prefix sums,
+    accumulated ``chunk_size`` positions at a time: inside a chunk the few weights are
+    formed explicitly under a causal mask, and the chunks before it enter through
+    ``S`` and ``z``. Time ``O(n (m d_v + chunk_size (m + d_v)))``, extra memory ``O(m d_v)``
+    per batch entry besides one chunk.
+    """
+    phi_q, phi_k, v = np.asarray(phi_q), np.asarray(phi_k), np.asarray(v)
+    if phi_q.ndim >= 1 and phi_k.ndim >= 1 and phi_q.shape[-1] != phi_k.shape[-1]:
+        raise ValueError(f"phi(q) and phi(k) must have the same number of features m; got "
+                         f"{tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
+    batch, n_q, n_k, m, d_v = _validate.attention_shapes(phi_q, phi_k, v)
+    dtype = _float_dtype(phi_q, phi_k, v)
+    phi_q, phi_k, v = phi_q.astype(dtype, copy=False), phi_k.astype(dtype, copy=False), v.astype(dtype, copy=False)
+    if not causal:
+        s = np.swapaxes(phi_k, -1, -2) @ v                   # (..., m, d_v): all keys and values
+        z = np.sum(phi_k, axis=-2)[..., :, None]             # (..., m, 1): sum of the key features
+        return (phi_q @ s) / (phi_q @ z)                     # (..., n_q, d_v)
+    chunk_size = _validate.positive_int("chunk_size", chunk_size)
+    if n_q > n_k:
+        raise ValueError(f"causal attention needs n_q <= n_k (queries are the last n_q of n_k "
+                         f"positions); got phi_q {tuple(phi_q.shape)} and phi_k {tuple(phi_k.shape)}")
+    offset = n_k - n_q                                        # keys before the first query
+    s = np.swapaxes(phi_k[..., :offset, :], -1, -2) @ v[..., :offset, :]   # (..., m, d_v)
+    z = np.sum(phi_k[..., :offset, :], axis=-2)[..., :, None]              # (..., m, 1)
+    out = np.empty(batch + (n_q, d_v), dtype=dtype)
+    below = np.tril(np.ones((chunk_size, chunk_size), dtype=dtype))         # j <= i inside a chunk
+    for start in range(0, n_q, chunk_size):
+        stop = min(start + chunk_size, n_q)
+        c = stop - start
+        fq = phi_q[..., start:stop, :]                                      # (..., c, m)
+        fk, vc = phi_k[..., offset + start:offset + stop, :], v[..., offset + start:offset + stop, :]
+        w = (fq @ np.swapaxes(fk, -1, -2)) * below[:c, :c]                 # (..., c, c) weights in the chunk
+        num = fq @ s + w @ vc                                               # earlier chunks + this one
+        den = fq @ z + np.sum(w, axis=-1, keepdims=True)
+        out[..., start:stop, :] = num / den
+        s = s + np.swapaxes(fk, -1, -2) @ vc                               # extend the prefix sums
+        z = z + np.sum(fk, axis=-2)[..., :, None]
+    return out
+
+
+def _features(q, k, v, feature_map: Callable):
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    _validate.attention_shapes(q, k, v)
+    phi_q, phi_k = np.asarray(feature_map(q)), np.asarray(feature_map(k))
+    _check_features(phi_q, phi_k, q.shape, k.shape)
+    return phi_q, phi_k, v
+
+
+def linear_attention(q, k, v, feature_map: Callable = elu_feature_map, causal: bool = False,
+                     chunk_size: int = 64) -> np.ndarray:
+    """Linear attention (Katharopoulos et al. 2020): ``phi(q_i)^T S / phi(q_i)^T z``.
+
+    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v) -> (..., n_q, d_v).
+    ``feature_map`` maps (..., n, d_k) to non-negative features (..., n, m); the default
+    is ``elu(x) + 1``. ``causal`` places the queries at the last ``n_q`` positions and
+    lets each see the keys at or before it. See :func:`attention_from_features`.
+    """
+    phi_q, phi_k, v = _features(q, k, v, feature_map)
+    return attention_from_features(phi_q, phi_k, v, causal=causal, chunk_size=chunk_size)
+
+
+def linear_attention_recurrent(q, k, v, feature_map: Callable = elu_feature_map) -> np.ndarray:
+    """Causal linear attention run as a recurrent network, one position at a time.
+
+    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v) -> (..., n_q, d_v),
+    queries at the last ``n_q`` positions. The state after position ``t`` is
+    ``S_t = S_{t-1} + phi(k_t) v_t^T`` (m, d_v) and ``z_t = z_{t-1} + phi(k_t)`` (m,):
+    its size does not grow with ``t``, which is what makes generation O(1) per token.
+    Slow in Python (a loop over positions); for explaining and checking, not for speed.
+    """
+    phi_q, phi_k, v = _features(q, k, v, feature_map)
+    batch, n_q, n_k, m, d_v = _validate.attention_shapes(phi_q, phi_k, v)
+    if n_q > n_k:
+        raise ValueError(f"causal attention needs n_q <= n_k; got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    dtype = _float_dtype(phi_q, phi_k, v)
+    s, z = np.zeros(batch + (m, d_v), dtype), np.zeros(batch + (m,), dtype)
+    out = np.empty(batch + (n_q, d_v), dtype)
+    offset = n_k - n_q
+    for t in range(n_k):
+        s = s + phi_k[..., t, :, None] * v[..., t, None, :]      # add the outer product phi(k_t) v_t^T
+        z = z + phi_k[..., t, :]
+        if t >= offset:
+            f = phi_q[..., t - offset, :]                          # (..., m)
+            out[..., t - offset, :] = np.einsum("...m,...md->...d", f, s) / np.sum(f * z, axis=-1)[..., None]
+    return out
+
+
+def performer_attention(q, k, v, omega, causal: bool = False, scale: float | None = None,
+                        chunk_size: int = 64) -> np.ndarray:
+    """Softmax attention approximated with positive random features (Performer).
+
+    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v), omega: (m, d_k) from
+    :func:`draw_random_features` -> (..., n_q, d_v). Since ``exp(scale q.k) = exp(x.y)``
+    with ``x = sqrt(scale) q`` and ``y = sqrt(scale) k``, the features of ``x`` and ``y``
+    estimate softmax attention's weights; ``scale`` defaults to ``1/sqrt(d_k)``. The
+    output converges to ``softmax(scale q k^T) v`` as ``m`` grows.
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    _validate.attention_shapes(q, k, v)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    root = np.sqrt(scale)
+    log_q = softmax_kernel_log_features(root * q, omega)        # (..., n_q, m)
+    log_k = softmax_kernel_log_features(root * k, omega)        # (..., n_k, m)
+    # A factor common to one query's features cancels in that query's ratio, and a factor
+    # common to all keys cancels in every ratio; dividing by the largest feature keeps exp()
+    # from overflowing (the same stabilisation the Performer uses).
+    phi_q = np.exp(log_q - np.max(log_q, axis=-1, keepdims=True))
+    phi_k = np.exp(log_k - np.max(log_k, axis=(-2, -1), keepdims=True))
+    return attention_from_features(phi_q, phi_k, v, causal=causal, chunk_size=chunk_size)
+
+
+# --- measuring ------------------------------------------------------------------
+
+def time_against_softmax(lengths, d: int = 64, softmax_max_n: int = 4096, repeats: int = 5,
+                         seed: int = 0) -> dict[str, list[float]]:
+    """Seconds per call of softmax attention and of linear attention, for one head in float32.
+
+    For each ``n`` in ``lengths``: q, k, v of shape (n, d) drawn from N(0, 1); the fastest of
+    ``repeats`` timings (other programs can only add time) of
+    ``scaled_dot_product_attention`` (only for ``n <= softmax_max_n``: it forms the n x n
+    weights), of :func:`linear_attention` and of its causal form. Returns
+    ``{"softmax": [...], "linear": [...], "linear, causal": [...]}`` in the order of ``lengths``.
+    """
+    from .attention import scaled_dot_product_attention
+    from .bench import time_call
+
+    d = _validate.positive_int("d", d)
+    lengths = [_validate.positive_int("n", n) for n in lengths]
+    rng = np.random.default_rng(seed)
+    times: dict[str, list[float]] = {"softmax": [], "linear": [], "linear, causal": []}
+    for n in lengths:
+        q, k, v = (rng.standard_normal((n, d), dtype=np.float32) for _ in range(3))
+        if n <= softmax_max_n:
+            times["softmax"].append(time_call(scaled_dot_product_attention, q, k, v,
+                                              repeats=repeats, min_time=0.01).low)
+        times["linear"].append(time_call(linear_attention, q, k, v, repeats=repeats, min_time=0.01).low)
+        times["linear, causal"].append(time_call(linear_attention, q, k, v, causal=True,
+                                                 repeats=repeats, min_time=0.01).low)
+    return times

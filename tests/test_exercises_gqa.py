@@ -1,0 +1,158 @@
+"""The grouped-query attention checkers reject each classic mistake and pass correct solutions.
+
+The wrong solutions are written here independently of the checkers' Mistake functions,
+the way a reader might write them: index lists, loops over heads, torch.cat, einops-style
+reshapes.
+"""
+import pytest
+import torch
+
+from attnbook.exercises import ExerciseError, NotAttemptedError
+from attnbook.exercises.gqa import check_pool_kv_heads, check_share_kv_heads
+
+
+# --- sharing key/value heads ---------------------------------------------------------------------
+
+def share_by_index(x, n_heads):
+    """Correct: gather head j // g for each query head j."""
+    g = n_heads // x.shape[1]
+    return x[:, [j // g for j in range(n_heads)]]
+
+
+def share_by_loop(x, n_heads):
+    """Correct: concatenate g copies of each head, head by head."""
+    g = n_heads // x.shape[1]
+    return torch.cat([x[:, i:i + 1] for i in range(x.shape[1]) for _ in range(g)], dim=1)
+
+
+def share_tiled(x, n_heads):
+    """Wrong order: the whole stack of heads g times over (query head j gets head j % n_kv)."""
+    g = n_heads // x.shape[1]
+    return torch.cat([x] * g, dim=1)
+
+
+def share_modulo_index(x, n_heads):
+    """Wrong order, written as an index list."""
+    return x[:, [j % x.shape[1] for j in range(n_heads)]]
+
+
+def share_n_heads_copies(x, n_heads):
+    """Wrong group size: copies each head n_heads times."""
+    return torch.cat([x[:, i:i + 1].expand(-1, n_heads, -1, -1) for i in range(x.shape[1])], dim=1)
+
+
+def share_positions(x, n_heads):
+    """Wrong axis: every position copied g times in place."""
+    g = n_heads // x.shape[1]
+    return torch.stack([x] * g, dim=3).flatten(2, 3)
+
+
+def share_scrambled(x, n_heads):
+    """Copies inserted after the positions, then reshaped: positions leak into heads."""
+    b, h_kv, n, d = x.shape
+    g = n_heads // h_kv
+    return torch.stack([x] * g, dim=3).reshape(b, n_heads, n, d)
+
+
+def share_stub(x, n_heads):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("fn", [share_by_index, share_by_loop])
+def test_share_correct_solutions_pass(fn, capsys):
+    check_share_kv_heads(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, key", [
+    (share_tiled, "wrong_order"),
+    (share_modulo_index, "wrong_order"),
+    (share_n_heads_copies, "wrong_group_size"),
+    (share_positions, "wrong_axis"),
+    (share_scrambled, "scrambled"),
+])
+def test_share_mistakes_are_diagnosed(fn, key):
+    with pytest.raises(ExerciseError) as err:
+        check_share_kv_heads(fn)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value)
+
+
+def test_share_stub_is_not_attempted():
+    with pytest.raises(NotAttemptedError):
+        check_share_kv_heads(share_stub)
+
+
+def test_share_unknown_mistake_gets_generic_hint():
+    with pytest.raises(ExerciseError) as err:
+        check_share_kv_heads(lambda x, n_heads: 2 * share_by_index(x, n_heads))
+    assert err.value.mistake is None
+
+
+# --- pooling key/value heads ---------------------------------------------------------------------
+
+def pool_by_loop(w, n_heads, n_kv_heads):
+    """Correct: average each group's row blocks, one group at a time."""
+    d_head, g = w.shape[0] // n_heads, n_heads // n_kv_heads
+    blocks = []
+    for i in range(n_kv_heads):
+        members = [w[(i * g + m) * d_head:(i * g + m + 1) * d_head] for m in range(g)]
+        blocks.append(sum(members) / g)
+    return torch.cat(blocks)
+
+
+def pool_by_view(w, n_heads, n_kv_heads):
+    """Correct: one reshape and a mean."""
+    g = n_heads // n_kv_heads
+    return w.view(n_kv_heads, g, -1, *w.shape[1:]).mean(1).flatten(0, 1)
+
+
+def pool_strided(w, n_heads, n_kv_heads):
+    """Wrong order: group i collects heads i, i + n_kv, i + 2 n_kv, ..."""
+    d_head = w.shape[0] // n_heads
+    heads = [w[j * d_head:(j + 1) * d_head] for j in range(n_heads)]
+    return torch.cat([torch.stack(heads[i::n_kv_heads]).mean(0) for i in range(n_kv_heads)])
+
+
+def pool_first(w, n_heads, n_kv_heads):
+    """Keeps the first head of each group."""
+    d_head, g = w.shape[0] // n_heads, n_heads // n_kv_heads
+    return torch.cat([w[i * g * d_head:(i * g + 1) * d_head] for i in range(n_kv_heads)])
+
+
+def pool_sum(w, n_heads, n_kv_heads):
+    """Sums the group instead of averaging it."""
+    d_head, g = w.shape[0] // n_heads, n_heads // n_kv_heads
+    return torch.cat([w[i * g * d_head:(i + 1) * g * d_head].view(g, d_head, *w.shape[1:]).sum(0)
+                      for i in range(n_kv_heads)])
+
+
+def pool_features_mixed(w, n_heads, n_kv_heads):
+    """Averages g consecutive rows: the head and feature indices are confused."""
+    g = n_heads // n_kv_heads
+    return w.reshape(-1, g, *w.shape[1:]).mean(1)
+
+
+@pytest.mark.parametrize("fn", [pool_by_loop, pool_by_view])
+def test_pool_correct_solutions_pass(fn, capsys):
+    check_pool_kv_heads(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, key", [
+    (pool_strided, "wrong_order"),
+    (pool_first, "first_head"),
+    (pool_sum, "summed"),
+    (pool_features_mixed, "mixed_features"),
+])
+def test_pool_mistakes_are_diagnosed(fn, key):
+    with pytest.raises(ExerciseError) as err:
+        check_pool_kv_heads(fn)
+    assert err.value.mistake == key
+
+
+def test_pool_stub_is_not_attempted():
+    def stub(w, n_heads, n_kv_heads):
+        raise NotImplementedError
+    with pytest.raises(NotAttemptedError):
+        check_pool_kv_heads(stub)

@@ -1,0 +1,174 @@
+"""The linear-attention and Nadaraya-Watson checkers reject each classic mistake and pass the reference.
+
+The wrong implementations here are written independently of the checkers' Mistake functions,
+the way a reader might write them (with explicit loops or torch), and each must get its diagnosis.
+"""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbook.exercises import ExerciseError, NotAttemptedError
+from attnbook.exercises.perspectives import check_linear_attention, check_nadaraya_watson
+
+
+# --- linear attention ------------------------------------------------------------
+
+def phi(x):
+    return F.elu(torch.as_tensor(x)) + 1
+
+
+def good_linear(q, k, v):
+    fq, fk, v = phi(q), phi(k), torch.as_tensor(v)
+    kv = torch.einsum("...jm,...jd->...md", fk, v)
+    z = fk.sum(dim=-2)
+    return torch.einsum("...im,...md->...id", fq, kv) / torch.einsum("...im,...m->...i", fq, z)[..., None]
+
+
+def linear_without_denominator(q, k, v):
+    fq, fk = phi(q), phi(k)
+    return fq @ (fk.transpose(-1, -2) @ torch.as_tensor(v))
+
+
+def linear_with_phi_of_v(q, k, v):
+    fq, fk, fv = phi(q), phi(k), phi(v)
+    return (fq @ (fk.transpose(-1, -2) @ fv)) / (fq * fk.sum(-2, keepdim=True)).sum(-1, keepdim=True)
+
+
+def linear_normalised_over_queries(q, k, v):
+    w = phi(q) @ phi(k).transpose(-1, -2)
+    return (w / w.sum(dim=-2, keepdim=True)) @ torch.as_tensor(v)
+
+
+def linear_summing_queries(q, k, v):
+    fq, fk = phi(q), phi(k)
+    return (fq @ (fk.transpose(-1, -2) @ torch.as_tensor(v))) / (fq @ fq.sum(-2).unsqueeze(-1))
+
+
+def linear_with_elu_only(q, k, v):
+    fq, fk = F.elu(torch.as_tensor(q)), F.elu(torch.as_tensor(k))
+    return (fq @ (fk.transpose(-1, -2) @ torch.as_tensor(v))) / (fq @ fk.sum(-2).unsqueeze(-1))
+
+
+def linear_without_feature_map(q, k, v):
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    kt = np.swapaxes(k, -1, -2)
+    return (q @ (kt @ v)) / (q @ k.sum(axis=-2)[..., None])
+
+
+def plain_softmax_attention(q, k, v):
+    return F.scaled_dot_product_attention(*(torch.as_tensor(x) for x in (q, k, v)))
+
+
+def test_linear_reference_passes(capsys):
+    check_linear_attention(good_linear)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_quadratic_form_and_pair_pass():
+    def quadratic(q, k, v):
+        w = phi(q) @ phi(k).transpose(-1, -2)
+        return (w / w.sum(-1, keepdim=True)) @ torch.as_tensor(v), w
+
+    check_linear_attention(quadratic)
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (linear_without_denominator, "no_normaliser"),
+    (linear_with_phi_of_v, "feature_map_on_values"),
+    (linear_normalised_over_queries, "wrong_axis"),
+    (linear_summing_queries, "sum_over_queries"),
+    (linear_with_elu_only, "elu_without_one"),
+    (linear_without_feature_map, "no_feature_map"),
+    (plain_softmax_attention, "softmax_attention"),
+])
+def test_linear_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_linear_attention(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_unbatched_only_solution_is_rejected_with_its_exception():
+    def unbatched(q, k, v):
+        fq, fk = phi(q), phi(k)
+        return (fq @ (fk.transpose(0, 1) @ torch.as_tensor(v))) / (fq @ fk.sum(0))[:, None]
+
+    with pytest.raises(ExerciseError, match="case 'a batch of 2 x 3 heads.*raised RuntimeError"):
+        check_linear_attention(unbatched)
+
+
+def test_linear_unknown_error_and_stub():
+    with pytest.raises(ExerciseError) as err:
+        check_linear_attention(lambda q, k, v: 2 * good_linear(q, k, v))
+    assert err.value.mistake is None
+
+    def stub(q, k, v):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_linear_attention(stub)
+
+
+# --- Nadaraya-Watson -------------------------------------------------------------
+
+def good_nw(x_query, x_train, y_train, h):
+    out = []
+    for x in x_query:
+        logs = [-(x - xi) ** 2 / (2 * h * h) for xi in x_train]
+        top = max(logs)
+        ws = [np.exp(s - top) for s in logs]
+        out.append(sum(w * y for w, y in zip(ws, y_train)) / sum(ws))
+    return np.array(out)
+
+
+def nw_unnormalised(x_query, x_train, y_train, h):
+    d = np.subtract.outer(x_query, x_train)
+    return np.exp(-d**2 / (2 * h * h)) @ y_train
+
+
+def nw_h_not_squared(x_query, x_train, y_train, h):
+    d = np.subtract.outer(x_query, x_train)
+    s = -d**2 / (2 * h)
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    return (w * y_train).sum(1) / w.sum(1)
+
+
+def nw_without_half(x_query, x_train, y_train, h):
+    d = torch.as_tensor(np.subtract.outer(x_query, x_train))
+    return torch.softmax(-d**2 / h**2, dim=1) @ torch.as_tensor(y_train)
+
+
+def nw_over_queries(x_query, x_train, y_train, h):
+    d = torch.as_tensor(np.subtract.outer(x_query, x_train))
+    return torch.softmax(-d**2 / (2 * h**2), dim=0) @ torch.as_tensor(y_train)
+
+
+def nw_naive_exp(x_query, x_train, y_train, h):
+    k = np.exp(-np.subtract.outer(x_query, x_train) ** 2 / (2 * h**2))
+    return k @ y_train / k.sum(axis=1)
+
+
+def test_nw_reference_passes(capsys):
+    check_nadaraya_watson(good_nw)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, key", [
+    (nw_unnormalised, "not_normalised"),
+    (nw_h_not_squared, "bandwidth_not_squared"),
+    (nw_without_half, "no_half"),
+    (nw_over_queries, "wrong_axis"),
+    (nw_naive_exp, "underflow"),
+])
+def test_nw_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_nadaraya_watson(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_nw_unknown_error_is_rejected():
+    with pytest.raises(ExerciseError) as err:
+        check_nadaraya_watson(lambda xq, xt, yt, h: good_nw(xq, xt, yt, h) + 0.1)
+    assert err.value.mistake is None

@@ -1,0 +1,374 @@
+"""Grouped-query attention, the MHA -> GQA conversion and their helpers, against independent references.
+
+References: a float64 numpy loop over query heads that looks up key/value head j // g
+explicitly, torch's F.scaled_dot_product_attention(..., enable_gqa=True), and the
+package's MultiHeadAttention (which repeats the keys and values with repeat_kv).
+"""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnbook import kv_cache_bytes
+from attnbook.gpt import GPTConfig, TinyGPT
+from attnbook.gqa import (PUBLISHED_MODELS, AttentionShape, GroupedQueryAttention, bytes_allocated,
+                          compare_decode, group_size, grouped_query_attention, kv_head_of, measure_decode, mha_to_gqa,
+                          pool_kv_heads, with_grouped_attention)
+from attnbook.multihead import MultiHeadAttention, attend, repeat_kv
+from attnbook.uptrain import heldout_loss, uptrain, windows
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: one thread avoids torch's spin-waiting when other processes share the CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def numpy_gqa(q, k, v, mask=None):
+    """Float64 numpy reference: one softmax per query head, key/value head j // g looked up by index."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    g = h // h_kv
+    full = None if mask is None else np.broadcast_to(np.asarray(mask), (b, h, n_q, n_k))
+    out = np.zeros((b, h, n_q, v.shape[-1]))
+    for bi in range(b):
+        for j in range(h):
+            s = q[bi, j] @ k[bi, j // g].T / math.sqrt(d)
+            if full is not None:
+                s = np.where(full[bi, j], s, -np.inf)
+            for i in range(n_q):
+                if np.all(np.isneginf(s[i])):
+                    continue                                   # fully masked row: zero output
+                w = np.exp(s[i] - s[i].max())
+                out[bi, j, i] = (w / w.sum()) @ v[bi, j // g]
+    return out
+
+
+def randn(gen, *shape, dtype=torch.float64):
+    return torch.randn(*shape, generator=gen, dtype=dtype)
+
+
+# ---- grouped_query_attention -------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 2), h_kv=st.integers(1, 3), g=st.integers(1, 3), n_q=st.integers(1, 5),
+       n_k=st.integers(1, 6), d=st.integers(1, 5), d_v=st.integers(1, 4), masked=st.booleans(),
+       seed=st.integers(0, 10_000))
+def test_matches_numpy_reference_and_repeat_kv(b, h_kv, g, n_q, n_k, d, d_v, masked, seed):
+    gen = torch.Generator().manual_seed(seed)
+    h = h_kv * g
+    q, k, v = randn(gen, b, h, n_q, d), randn(gen, b, h_kv, n_k, d), randn(gen, b, h_kv, n_k, d_v)
+    mask = torch.rand(b, h, n_q, n_k, generator=gen) < 0.6 if masked else None   # rows may be fully masked
+    out = grouped_query_attention(q, k, v, mask)
+    assert out.shape == (b, h, n_q, d_v)
+    np.testing.assert_allclose(out.numpy(), numpy_gqa(q, k, v, mask), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out, attend(q, repeat_kv(k, g), repeat_kv(v, g), mask), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("h, h_kv", [(4, 4), (6, 2), (8, 1), (6, 3)])
+def test_matches_sdpa_enable_gqa(h, h_kv):
+    gen = torch.Generator().manual_seed(h * 10 + h_kv)
+    q, k, v = randn(gen, 2, h, 5, 8), randn(gen, 2, h_kv, 7, 8), randn(gen, 2, h_kv, 7, 3)
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(grouped_query_attention(q, k, v), expected, rtol=1e-10, atol=1e-12)
+    mask = torch.rand(2, h, 5, 7, generator=gen) < 0.5
+    mask[..., 0] = True                                 # torch gives NaN for a fully masked row
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(grouped_query_attention(q, k, v, mask), expected, rtol=1e-10, atol=1e-12)
+    expected = F.scaled_dot_product_attention(q, k, v, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(grouped_query_attention(q, k, v, scale=0.3), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mask_shape", [(5, 7), (1, 7), (2, 1, 5, 7), (1, 6, 1, 7), (6, 5, 7), (2, 6, 5, 7)])
+def test_broadcast_masks(mask_shape):
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = randn(gen, 2, 6, 5, 4), randn(gen, 2, 2, 7, 4), randn(gen, 2, 2, 7, 4)
+    mask = torch.rand(*mask_shape, generator=gen) < 0.5
+    np.testing.assert_allclose(grouped_query_attention(q, k, v, mask).numpy(), numpy_gqa(q, k, v, mask),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_fully_masked_row_is_zero_and_has_zero_gradient():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (randn(gen, 1, 4, 3, 2).requires_grad_(), randn(gen, 1, 2, 3, 2).requires_grad_(),
+               randn(gen, 1, 2, 3, 2).requires_grad_())
+    mask = torch.ones(1, 4, 3, 3, dtype=torch.bool)
+    mask[0, 1, 2] = False
+    out = grouped_query_attention(q, k, v, mask)
+    assert torch.equal(out[0, 1, 2], torch.zeros(2))
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_gradients_match_repeat_kv():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = randn(gen, 2, 6, 4, 3), randn(gen, 2, 3, 5, 3), randn(gen, 2, 3, 5, 2)
+    torch.autograd.gradcheck(grouped_query_attention, (q.requires_grad_(), k.requires_grad_(),
+                                                       v.requires_grad_()))
+    grads = torch.autograd.grad(grouped_query_attention(q, k, v).square().sum(), (q, k, v))
+    expected = torch.autograd.grad(attend(q, repeat_kv(k, 2), repeat_kv(v, 2)).square().sum(), (q, k, v))
+    for got, exp in zip(grads, expected):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+def test_low_precision_close_to_float32():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (randn(gen, 1, 8, 6, 16, dtype=torch.float32), randn(gen, 1, 2, 9, 16, dtype=torch.float32),
+               randn(gen, 1, 2, 9, 16, dtype=torch.float32))
+    ref = grouped_query_attention(q, k, v)
+    for dtype in (torch.bfloat16, torch.float16):
+        out = grouped_query_attention(q.to(dtype), k.to(dtype), v.to(dtype))
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+
+
+def test_keys_and_values_are_never_repeated():
+    q, k, v = torch.randn(1, 16, 1, 32), torch.randn(1, 2, 2048, 32), torch.randn(1, 2, 2048, 32)
+    repeated_bytes = 2 * repeat_kv(k, 8).nbytes                        # keys and values at 16 heads
+    _, direct = bytes_allocated(lambda: attend(q, repeat_kv(k, 8), repeat_kv(v, 8)))
+    _, grouped = bytes_allocated(grouped_query_attention, q, k, v)
+    assert direct >= repeated_bytes
+    assert grouped < k.nbytes                       # less than one copy of the (unrepeated) keys
+
+
+@pytest.mark.parametrize("shapes, match", [
+    (((1, 4, 3, 2), (1, 3, 3, 2), (1, 3, 3, 2)), "not a multiple"),
+    (((1, 4, 3, 2), (1, 2, 3, 2), (1, 2, 4, 2)), "k and v must agree"),
+    (((1, 4, 3, 2), (1, 2, 3, 5), (1, 2, 3, 2)), "batch and d_k"),
+    (((2, 4, 3, 2), (1, 2, 3, 2), (1, 2, 3, 2)), "batch and d_k"),
+    (((4, 3, 2), (1, 2, 3, 2), (1, 2, 3, 2)), "4 dimensions"),
+])
+def test_bad_shapes_raise(shapes, match):
+    q, k, v = (torch.zeros(s) for s in shapes)
+    with pytest.raises(ValueError, match=match):
+        grouped_query_attention(q, k, v)
+
+
+def test_bad_masks_raise():
+    q, k, v = torch.zeros(1, 4, 3, 2), torch.zeros(1, 2, 5, 2), torch.zeros(1, 2, 5, 2)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        grouped_query_attention(q, k, v, torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        grouped_query_attention(q, k, v, torch.ones(1, 2, 3, 5, dtype=torch.bool))   # kv heads, not q heads
+    with pytest.raises(ValueError, match="boolean"):
+        grouped_query_attention(q, k, v, torch.ones(3, 5))
+
+
+def test_group_helpers():
+    assert kv_head_of(8, 2) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert kv_head_of(4, 4) == [0, 1, 2, 3] and kv_head_of(3, 1) == [0, 0, 0]
+    assert group_size(71, 1) == 71
+    with pytest.raises(ValueError, match="not divisible"):
+        group_size(71, 8)
+    with pytest.raises(ValueError, match="positive integer"):
+        kv_head_of(4, 0)
+
+
+# ---- the layer and the model -------------------------------------------------------------------
+
+def make_layer(d_model=12, n_heads=6, n_kv_heads=2, bias=True, seed=0, use_sdpa=False):
+    torch.manual_seed(seed)
+    layer = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=bias, use_sdpa=use_sdpa).double()
+    with torch.no_grad():
+        for lin in (layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj):
+            lin.bias.normal_()
+    return layer
+
+
+@pytest.mark.parametrize("n_kv_heads", [6, 3, 2, 1])
+def test_grouped_layer_equals_multihead_layer(n_kv_heads):
+    gen = torch.Generator().manual_seed(n_kv_heads)
+    layer = make_layer(n_kv_heads=n_kv_heads)
+    grouped = with_grouped_attention(layer)
+    assert type(grouped) is GroupedQueryAttention and type(layer) is MultiHeadAttention
+    x, ctx = randn(gen, 2, 5, 12), randn(gen, 2, 7, 12)
+    mask = torch.rand(2, 6, 5, 7, generator=gen) < 0.5
+    for kwargs in ({}, {"is_causal": True}, {"context": ctx}, {"context": ctx, "mask": mask}):
+        torch.testing.assert_close(grouped(x, **kwargs), layer(x, **kwargs), rtol=1e-10, atol=1e-12)
+
+
+def test_grouped_model_equals_model_with_and_without_cache():
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=11, block_size=16, n_layers=2, n_heads=4, n_kv_heads=2,
+                              d_model=16)).double().eval()
+    grouped = with_grouped_attention(model)
+    ids = torch.randint(11, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(grouped(ids), model(ids), rtol=1e-10, atol=1e-12)
+        cache, steps = grouped.new_kv_cache(2), []
+        steps.append(grouped(ids[:, :5], cache))
+        for t in range(5, 9):
+            steps.append(grouped(ids[:, t:t + 1], cache, start_pos=t))
+        torch.testing.assert_close(torch.cat(steps, dim=1), model(ids), rtol=1e-10, atol=1e-12)
+        assert cache[0].keys.shape[1] == 2
+
+
+# ---- pooling and conversion --------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["mean", "first"])
+@pytest.mark.parametrize("h, h_kv, trailing", [(4, 2, (5,)), (6, 3, (2,)), (8, 1, (3,)), (4, 4, (2,)), (6, 2, ())])
+def test_pool_kv_heads_against_loop(method, h, h_kv, trailing):
+    gen = torch.Generator().manual_seed(h + h_kv)
+    d_head, g = 3, h // h_kv
+    w = randn(gen, h * d_head, *trailing)
+    expected = []
+    for i in range(h_kv):
+        members = [w[(i * g + m) * d_head:(i * g + m + 1) * d_head] for m in range(g)]
+        expected.append(sum(members) / g if method == "mean" else members[0])
+    torch.testing.assert_close(pool_kv_heads(w, h, h_kv, method), torch.cat(expected))
+
+
+def test_pool_kv_heads_errors():
+    w = torch.zeros(12, 3)
+    with pytest.raises(ValueError, match="method"):
+        pool_kv_heads(w, 4, 2, "median")
+    with pytest.raises(ValueError, match="not a multiple"):
+        pool_kv_heads(torch.zeros(10, 3), 4, 2)
+    with pytest.raises(ValueError, match="not divisible"):
+        pool_kv_heads(w, 4, 3)
+
+
+@pytest.mark.parametrize("n_kv_heads", [3, 2, 1])
+def test_converted_keys_and_values_are_group_means(n_kv_heads):
+    gen = torch.Generator().manual_seed(5)
+    layer = make_layer(n_kv_heads=None)
+    converted = mha_to_gqa(layer, n_kv_heads)
+    assert converted.n_kv_heads == n_kv_heads and layer.n_kv_heads == 6      # the input is untouched
+    x = randn(gen, 2, 4, 12)
+    g = 6 // n_kv_heads
+    for name in ("k_proj", "v_proj"):
+        old = getattr(layer, name)(x).view(2, 4, 6, 2)                      # (b, n, heads, d_head)
+        new = getattr(converted, name)(x).view(2, 4, n_kv_heads, 2)
+        torch.testing.assert_close(new, old.view(2, 4, n_kv_heads, g, 2).mean(3))
+    assert torch.equal(converted.q_proj.weight, layer.q_proj.weight)
+    assert converted(x).shape == (2, 4, 12)
+
+
+def test_conversion_is_exact_when_the_heads_of_each_group_agree():
+    """If the heads of every contiguous group already share keys and values, pooling loses nothing;
+    grouping the wrong heads (strided) would change the outputs."""
+    gen = torch.Generator().manual_seed(6)
+    layer = make_layer(n_kv_heads=None)
+    with torch.no_grad():
+        for lin in (layer.k_proj, layer.v_proj):
+            heads_w, heads_b = lin.weight.view(3, 2, 2, 12), lin.bias.view(3, 2, 2)
+            heads_w[:, 1] = heads_w[:, 0]
+            heads_b[:, 1] = heads_b[:, 0]
+    x = randn(gen, 2, 5, 12)
+    for method in ("mean", "first"):
+        torch.testing.assert_close(mha_to_gqa(layer, 3, method)(x, is_causal=True), layer(x, is_causal=True),
+                                   rtol=1e-10, atol=1e-12)
+
+
+def test_convert_tiny_gpt():
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=7, block_size=8, n_layers=2, n_heads=4, d_model=8)).double().eval()
+    same = mha_to_gqa(model, 4)
+    ids = torch.randint(7, (1, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(same(ids), model(ids), rtol=1e-12, atol=1e-12)
+    mqa = mha_to_gqa(model, 1, "first")
+    assert mqa.config == dataclasses.replace(model.config, n_kv_heads=1) and model.config.n_kv_heads is None
+    assert all(block.attn.k_proj.out_features == 2 for block in mqa.blocks)
+    assert mqa.new_kv_cache(1)[0].keys.shape == (1, 1, 8, 2)
+    with torch.no_grad():
+        out = mqa.generate(ids[:, :2], 4, temperature=0)
+    assert out.shape == (1, 6)
+
+
+def test_conversion_errors():
+    with pytest.raises(ValueError, match="already has 2"):
+        mha_to_gqa(make_layer(n_kv_heads=2), 1)
+    with pytest.raises(ValueError, match="not divisible"):
+        mha_to_gqa(make_layer(n_kv_heads=None), 4)
+    with pytest.raises(ValueError, match="no MultiHeadAttention"):
+        mha_to_gqa(torch.nn.Linear(2, 2), 1)
+    with pytest.raises(ValueError, match="positive integer"):
+        mha_to_gqa(make_layer(n_kv_heads=None), 0)
+
+
+# ---- measurement helpers -----------------------------------------------------------------------
+
+def test_measure_decode_counts_the_cache():
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=9, block_size=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                              d_model=16)).eval()
+    m = measure_decode(model, batch=3, n_prompt=5, n_new=4, repeats=2)
+    assert m.n_kv_heads == 2 and (m.batch, m.n_prompt, m.n_new) == (3, 5, 4)
+    assert m.cache_bytes == kv_cache_bytes(2, 2, 4, 9, batch=3, bytes_per_element=4)
+    assert m.tokens_per_s == pytest.approx(3 * 4 / m.timing.median)
+    assert m.best_tokens_per_s == pytest.approx(3 * 4 / m.timing.low)
+    assert m.best_tokens_per_s >= m.tokens_per_s
+    assert m.timing.repeats == 2 and m.timing.low <= m.timing.median <= m.timing.high
+    with pytest.raises(ValueError, match="block_size"):
+        measure_decode(model, n_prompt=30, n_new=4)
+
+
+def test_compare_decode_times_every_model():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=9, block_size=32, n_layers=1, n_heads=4, d_model=16)
+    mha = TinyGPT(config).eval()
+    models = {"mha": mha, "mqa": mha_to_gqa(mha, 1), "mqa grouped": with_grouped_attention(mha_to_gqa(mha, 1))}
+    result = compare_decode(models, batch=2, n_prompt=4, n_new=3, rounds=3)
+    assert list(result) == list(models)
+    assert [r.n_kv_heads for r in result.values()] == [4, 1, 1]
+    assert result["mha"].cache_bytes == 4 * result["mqa"].cache_bytes == 2 * 1 * 2 * 4 * 7 * 4 * 4
+    assert all(r.timing.repeats == 3 for r in result.values())
+    with pytest.raises(ValueError, match="at least one"):
+        compare_decode({})
+    other = TinyGPT(dataclasses.replace(config, vocab_size=5))
+    with pytest.raises(ValueError, match="one vocabulary"):
+        compare_decode({"a": mha, "b": other})
+
+
+def test_bytes_allocated_sees_tensor_allocations():
+    result, n = bytes_allocated(torch.zeros, 1000, dtype=torch.float64)
+    assert result.shape == (1000,) and n >= 8000
+    _, n = bytes_allocated(lambda: None)
+    assert n == 0
+
+
+def test_published_models():
+    shapes = {m.name: m for m in PUBLISHED_MODELS}
+    assert [shapes[n].kind for n in ("GPT-2 small", "Llama-2-70B", "Falcon-7B")] == ["MHA", "GQA", "MQA"]
+    assert shapes["Llama-2-70B"].bytes_per_token() == 2 * 80 * 8 * 128 * 2
+    assert shapes["Llama-2-7B"].cache_bytes() == 2 * 32 * 32 * 128 * 4096 * 2 == 2 * 2 ** 30
+    assert shapes["Mistral-7B"].cache_bytes(1000, batch=3, bytes_per_element=1) == 2 * 32 * 8 * 128 * 1000 * 3
+    with pytest.raises(ValueError, match="not divisible"):
+        AttentionShape("bad", 2, 6, 4, 8, 16, "")
+    with pytest.raises(ValueError, match="positive integer"):
+        AttentionShape("bad", 0, 6, 3, 8, 16, "")
+
+
+# ---- uptraining --------------------------------------------------------------------------------
+
+def test_windows_and_errors():
+    tokens = torch.arange(20)
+    x, y = windows(tokens, torch.tensor([0, 7]), 5)
+    assert torch.equal(x[1], torch.arange(7, 12)) and torch.equal(y[1], torch.arange(8, 13))
+    with pytest.raises(ValueError, match="do not fit"):
+        windows(tokens, torch.tensor([15]), 5)
+
+
+def test_uptraining_lowers_the_loss_reproducibly():
+    tokens = torch.tensor([0, 1, 2, 3, 2, 1] * 60)                   # a periodic text, easy to learn
+    def run():
+        torch.manual_seed(0)
+        model = TinyGPT(GPTConfig(vocab_size=4, block_size=16, n_layers=1, n_heads=2, d_model=16))
+        before = heldout_loss(model, tokens, n_windows=8, length=12)
+        losses = uptrain(model, tokens, steps=40, batch=4, length=12, lr=1e-2, seed=3)
+        return before, heldout_loss(model, tokens, n_windows=8, length=12), losses
+    before, after, losses = run()
+    assert len(losses) == 40 and after < 0.5 * before
+    assert run()[1:] == (after, losses)
+    with pytest.raises(ValueError, match="lr"):
+        uptrain(TinyGPT(GPTConfig(vocab_size=4, block_size=16)), tokens, 1, lr=0.0)

@@ -1,0 +1,231 @@
+"""Linear attention against quadratic references in torch, its causal forms, and random features."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnbook
+from attnbook.bench import peak_memory
+from attnbook.linear_attention import (attention_from_features, draw_random_features, elu_feature_map,
+                                       linear_attention, linear_attention_recurrent, performer_attention,
+                                       softmax_kernel_features, softmax_kernel_log_features,
+                                       time_against_softmax)
+
+
+def visible(n_q, n_k):
+    """Causal visibility by index arithmetic: query i sits at position i + n_k - n_q."""
+    return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
+
+
+def quadratic_reference(q, k, v, causal=False):
+    """The n_q x n_k weights elu(q)+1 . elu(k)+1, masked and normalised, in float64 torch."""
+    q, k, v = (torch.as_tensor(np.asarray(x, np.float64)) for x in (q, k, v))
+    w = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2)
+    if causal:
+        w = w * torch.as_tensor(visible(q.shape[-2], k.shape[-2]))
+    return (w / w.sum(-1, keepdim=True) @ v).numpy()
+
+
+@st.composite
+def problems(draw, max_n=40):
+    lead = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    causal = draw(st.booleans())
+    n_q = draw(st.integers(1, max_n))
+    n_k = draw(st.integers(n_q if causal else 1, max_n))
+    d_k, d_v = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    scale = draw(st.sampled_from([0.1, 1.0, 4.0]))
+    q, k, v = (rng.normal(scale=s, size=lead + shape) for s, shape in
+               ((scale, (n_q, d_k)), (scale, (n_k, d_k)), (1.0, (n_k, d_v))))
+    return q, k, v, causal, draw(st.integers(1, 17))
+
+
+def test_elu_feature_map_is_elu_plus_one_and_positive(rng):
+    x = np.concatenate([rng.normal(scale=5, size=1000), [-800.0, 0.0, 800.0]])
+    np.testing.assert_allclose(elu_feature_map(x), F.elu(torch.from_numpy(x)).numpy() + 1, rtol=1e-14, atol=1e-15)
+    assert (elu_feature_map(x[:-3]) > 0).all() and elu_feature_map(np.array([-800.0]))[0] == 0.0  # exp underflows
+    assert elu_feature_map(np.array([1, -2])).dtype == np.float64
+
+
+@settings(max_examples=200, deadline=None)
+@given(problems())
+def test_matches_the_quadratic_form_in_torch(problem):
+    q, k, v, causal, chunk = problem
+    got = linear_attention(q, k, v, causal=causal, chunk_size=chunk)
+    assert got.shape == np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]) + (q.shape[-2], v.shape[-1])
+    np.testing.assert_allclose(got, quadratic_reference(q, k, v, causal), rtol=1e-9, atol=1e-11)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(max_n=20))
+def test_recurrent_form_equals_the_chunked_prefix_sums(problem):
+    q, k, v, causal, chunk = problem
+    if not causal:
+        q = q[..., -min(q.shape[-2], k.shape[-2]):, :]       # the recurrent form is causal: n_q <= n_k
+    np.testing.assert_allclose(linear_attention_recurrent(q, k, v),
+                               linear_attention(q, k, v, causal=True, chunk_size=chunk), rtol=1e-10, atol=1e-12)
+
+
+def test_causal_output_ignores_the_future(rng):
+    q, k, v = rng.normal(size=(10, 4)), rng.normal(size=(10, 4)), rng.normal(size=(10, 3))
+    out = linear_attention(q, k, v, causal=True, chunk_size=3)
+    k2, v2 = k.copy(), v.copy()
+    k2[6:], v2[6:] = rng.normal(size=(4, 4)), rng.normal(size=(4, 3))   # change positions 6..9
+    out2 = linear_attention(q, k2, v2, causal=True, chunk_size=3)
+    np.testing.assert_allclose(out[:6], out2[:6], rtol=1e-12)
+    assert not np.allclose(out[6:], out2[6:])
+
+
+def test_decoding_one_query_at_the_end_sees_every_key(rng):
+    q, k, v = rng.normal(size=(1, 5)), rng.normal(size=(9, 5)), rng.normal(size=(9, 2))
+    np.testing.assert_allclose(linear_attention(q, k, v, causal=True), linear_attention(q, k, v), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, out_dtype, tol", [(np.float64, np.float64, 1e-11), (np.float32, np.float32, 1e-5),
+                                                    (np.float16, np.float32, 2e-3)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dtypes(rng, dtype, out_dtype, tol, causal):
+    q, k, v = (rng.normal(size=(2, 33, 8)).astype(dtype) for _ in range(3))
+    got = linear_attention(q, k, v, causal=causal, chunk_size=8)
+    assert got.dtype == out_dtype
+    np.testing.assert_allclose(got, quadratic_reference(q, k, v, causal), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_never_holds_an_n_by_n_array(rng, causal):
+    n, d = 4096, 16
+    q, k, v = (rng.normal(size=(n, d)).astype(np.float32) for _ in range(3))
+    _, peak = peak_memory(linear_attention, q, k, v, causal=causal)
+    assert peak < n * n * 4 / 16, f"peak {peak} bytes: an n x n float32 array is {n * n * 4}"
+
+
+def test_custom_feature_map_and_attention_from_features(rng):
+    q, k, v = rng.normal(size=(6, 3)), rng.normal(size=(8, 3)), rng.normal(size=(8, 2))
+    phi = lambda x: np.concatenate([np.exp(x), np.exp(-x)], axis=-1)    # noqa: E731  m = 2 d_k
+    w = phi(q) @ phi(k).T
+    np.testing.assert_allclose(linear_attention(q, k, v, feature_map=phi), w / w.sum(-1, keepdims=True) @ v,
+                               rtol=1e-12)
+    np.testing.assert_allclose(attention_from_features(phi(q), phi(k), v), linear_attention(q, k, v, phi),
+                               rtol=1e-14)
+
+
+# --- random features ---------------------------------------------------------
+
+def test_positive_random_features_estimate_the_exponential_kernel(rng):
+    x, y = rng.normal(scale=0.5, size=(4, 6)), rng.normal(scale=0.5, size=(5, 6))
+    for orthogonal in (False, True):
+        omega = draw_random_features(6, 200_000, seed=3, orthogonal=orthogonal)
+        estimate = softmax_kernel_features(x, omega) @ softmax_kernel_features(y, omega).T
+        np.testing.assert_allclose(estimate / np.exp(x @ y.T), 1.0, atol=0.05)
+    assert (softmax_kernel_features(x, omega) > 0).all()
+    np.testing.assert_allclose(np.exp(softmax_kernel_log_features(x, omega)), softmax_kernel_features(x, omega))
+
+
+@pytest.mark.parametrize("d, m", [(4, 4), (5, 12), (8, 3), (1, 7)])
+def test_orthogonal_features_are_orthogonal_within_blocks(d, m):
+    omega = draw_random_features(d, m, seed=0)
+    assert omega.shape == (m, d)
+    for start in range(0, m, d):
+        block = omega[start:start + d]
+        gram = block @ block.T
+        np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0, atol=1e-10)
+
+
+@pytest.mark.parametrize("orthogonal", [False, True])
+def test_each_row_is_standard_normal(orthogonal):
+    rows = np.concatenate([draw_random_features(3, 3, seed=s, orthogonal=orthogonal) for s in range(4000)])
+    np.testing.assert_allclose(np.cov(rows.T), np.eye(3), atol=0.05)
+    np.testing.assert_allclose(rows.mean(axis=0), 0, atol=0.03)
+    assert np.array_equal(draw_random_features(3, 5, seed=7), draw_random_features(3, 5, seed=7))
+
+
+def test_performer_uses_exactly_the_weights_of_its_features(rng):
+    """Stabilisation must not change the result: compare with the features formed without it."""
+    q, k, v = rng.normal(size=(2, 7, 4)), rng.normal(size=(2, 9, 4)), rng.normal(size=(2, 9, 3))
+    omega = draw_random_features(4, 32, seed=1)
+    root = (1 / np.sqrt(4)) ** 0.5
+    w = softmax_kernel_features(root * q, omega) @ np.swapaxes(softmax_kernel_features(root * k, omega), -1, -2)
+    for causal in (False, True):
+        ww = w * visible(7, 9) if causal else w
+        expected = ww / ww.sum(-1, keepdims=True) @ v
+        np.testing.assert_allclose(performer_attention(q, k, v, omega, causal=causal, chunk_size=3), expected,
+                                   rtol=1e-10)
+
+
+def test_performer_converges_to_softmax_attention(rng):
+    q, k, v = rng.normal(scale=0.5, size=(64, 8)), rng.normal(scale=0.5, size=(64, 8)), rng.normal(size=(64, 4))
+    exact = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v))).numpy()
+    errors = {}
+    for m in (8, 8192):
+        outs = [performer_attention(q, k, v, draw_random_features(8, m, seed=s)) for s in range(5)]
+        errors[m] = np.mean([np.sqrt(np.mean((o - exact) ** 2)) for o in outs])
+    assert errors[8192] < 0.02 and errors[8192] < errors[8] / 5, errors
+    causal_exact, _ = attnbook.scaled_dot_product_attention(q, k, v, mask=attnbook.causal_mask(64))
+    causal = performer_attention(q, k, v, draw_random_features(8, 8192, seed=0), causal=True)
+    assert np.sqrt(np.mean((causal - causal_exact) ** 2)) < 0.05
+
+
+def test_performer_does_not_overflow_on_large_inputs(rng):
+    q, k, v = rng.normal(scale=30, size=(16, 4)), rng.normal(scale=30, size=(16, 4)), rng.normal(size=(16, 2))
+    out = performer_attention(q, k, v, draw_random_features(4, 64, seed=0))
+    assert np.isfinite(out).all()
+
+
+# --- bad input ---------------------------------------------------------------
+
+@pytest.mark.parametrize("shapes, match", [
+    (((3, 4), (5, 3), (5, 2)), "share d_k"),
+    (((3, 4), (5, 4), (6, 2)), "same number of positions"),
+    (((4,), (5, 4), (5, 2)), "at least 2 dimensions"),
+    (((2, 3, 4), (3, 5, 4), (5, 2)), "do not broadcast"),
+])
+def test_bad_shapes_raise(shapes, match):
+    q, k, v = (np.ones(s) for s in shapes)
+    with pytest.raises(ValueError, match=match):
+        linear_attention(q, k, v)
+    with pytest.raises(ValueError, match=match):
+        performer_attention(q, k, v, np.ones((4, q.shape[-1])))
+
+
+def test_bad_feature_maps_raise():
+    q = k = v = np.ones((3, 4))
+    with pytest.raises(ValueError, match="non-negative"):
+        linear_attention(q - 2, k - 2, v, feature_map=lambda x: x)
+    with pytest.raises(ValueError, match="feature map must map"):
+        linear_attention(q, k, v, feature_map=lambda x: x.sum(axis=-2))
+    with pytest.raises(ValueError, match="same number of features"):
+        attention_from_features(np.ones((3, 4)), np.ones((3, 5)), v)
+
+
+def test_bad_options_raise():
+    q, k, v = np.ones((5, 2)), np.ones((3, 2)), np.ones((3, 2))
+    with pytest.raises(ValueError, match="n_q <= n_k"):
+        linear_attention(q, k, v, causal=True)
+    with pytest.raises(ValueError, match="n_q <= n_k"):
+        linear_attention_recurrent(q, k, v)
+    with pytest.raises(ValueError, match="chunk_size"):
+        linear_attention(k, k, v, causal=True, chunk_size=0)
+    with pytest.raises(ValueError, match="omega must have shape"):
+        softmax_kernel_features(np.ones((3, 4)), np.ones((8, 3)))
+    with pytest.raises(ValueError, match="n_features"):
+        draw_random_features(4, 0)
+
+
+def test_time_against_softmax_returns_positive_times_per_length():
+    times = time_against_softmax([8, 16, 32], d=4, softmax_max_n=16, repeats=1)
+    assert [len(times[name]) for name in ("softmax", "linear", "linear, causal")] == [2, 3, 3]
+    assert all(t > 0 for ts in times.values() for t in ts)
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        time_against_softmax([0])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_leading_dimensions_broadcast(rng, causal):
+    q, k, v = rng.normal(size=(2, 1, 6, 4)), rng.normal(size=(1, 3, 9, 4)), rng.normal(size=(3, 9, 5))
+    got = linear_attention(q, k, v, causal=causal, chunk_size=4)
+    assert got.shape == (2, 3, 6, 5)
+    for a in range(2):
+        for b in range(3):
+            np.testing.assert_allclose(got[a, b], quadratic_reference(q[a, 0], k[0, b], v[b], causal), rtol=1e-10)
