@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "KVCache": "kv_cache", "kv_cache_bytes": "kv_cache",
     "MultiHeadAttention": "multihead", "attend": "multihead", "repeat_kv": "multihead",
-    "grouped_query_attention": "gqa", "mha_to_gqa": "gqa",
+    "grouped_query_attention": "gqa", "mha_to_gqa": "gqa", "load_minilm": "minilm",
     "triton_flash_attention": "triton_flash",
 }
 
@@ -33,7 +33,7 @@ def __getattr__(name):
 
 __all__ = [
     "KVCache", "MultiHeadAttention", "attend", "kv_cache_bytes", "repeat_kv",
-    "alibi_bias", "alibi_slopes", "apply_rope", "attention_scores", "causal_mask", "flash_attention_numpy", "grouped_query_attention", "log_softmax", "logsumexp", "mha_to_gqa", "project_qkv",
+    "alibi_bias", "alibi_slopes", "apply_rope", "attention_scores", "causal_mask", "flash_attention_numpy", "grouped_query_attention", "load_minilm", "log_softmax", "logsumexp", "mha_to_gqa", "project_qkv",
     "scaled_dot_product_attention", "show_source", "single_head_attention", "sinusoidal_positions", "sliding_window_mask",
     "softmax", "softmax_jacobian", "triton_flash_attention",
 ]
