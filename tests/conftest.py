@@ -17,3 +17,13 @@ if not torch.cuda.is_available():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules of small-tensor torch tests: one thread is as fast as two for tiny tensors, and
+    does not stall when other processes share the CPU (torch's threads spin-wait for each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

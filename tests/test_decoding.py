@@ -16,13 +16,7 @@ from attnbook.gpt import GPTConfig, TinyGPT
 from attnbook.kv_cache import KVCache
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread is as fast as two and does not stall on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def small_gpt(seed=0, **overrides):

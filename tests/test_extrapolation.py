@@ -9,13 +9,7 @@ from attnbook import extrapolation as E
 from attnbook import positional as P
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread; on a busy machine two can be many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- tasks -----------------------------------------------------------------------------------

@@ -23,13 +23,7 @@ from attnbook.multihead import MultiHeadAttention, attend, repeat_kv
 from attnbook.uptrain import heldout_loss, uptrain, windows
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread avoids torch's spin-waiting when other processes share the CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def numpy_gqa(q, k, v, mask=None):

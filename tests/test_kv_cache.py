@@ -7,14 +7,7 @@ from attnbook.kv_cache import KVCache, kv_cache_bytes
 from attnbook.multihead import MultiHeadAttention
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors: one thread is as fast as two, and does not stall when other processes
-    share the CPU (torch's threads spin-wait for each other, ten times slower when oversubscribed)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---- kv_cache_bytes ---------------------------------------------------------------------------

@@ -32,12 +32,7 @@ SENTENCES = [
 LONG = " ".join(["attention"] * 300)                                  # more than 256 tokens: cut
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

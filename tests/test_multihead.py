@@ -16,14 +16,7 @@ import attnbook
 from attnbook.multihead import MultiHeadAttention, attend, repeat_kv
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors: one thread is as fast as two, and does not stall when other processes
-    share the CPU (torch's threads spin-wait for each other, ten times slower when oversubscribed)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def copy_into_torch_mha(ours: MultiHeadAttention) -> torch.nn.MultiheadAttention:

@@ -12,12 +12,7 @@ from attnbook.quantized_cache import (QuantizedKVCache, absmax_quantize, dequant
                                       new_quantized_kv_cache)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def numpy_absmax(x, axis, bits=8):
