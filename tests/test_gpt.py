@@ -63,6 +63,18 @@ def test_greedy_generation_is_deterministic_and_cache_independent(tiny):
     assert text.startswith(PROMPT) and len(text) == len(PROMPT) + 60
 
 
+def test_generation_fills_the_block_and_one_more():
+    """The last new token is never fed back, so prompt + new may reach block_size + 1."""
+    model = small_gpt()
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    n_new = model.config.block_size + 1 - 3
+    cached = model.generate(ids, n_new, temperature=0)
+    assert cached.shape == (1, model.config.block_size + 1)
+    assert torch.equal(cached, model.generate(ids, n_new, temperature=0, use_cache=False))
+    with torch.no_grad():  # the last token is the argmax after the full block, as recomputation gives
+        assert cached[0, -1] == model(cached[:, :-1])[0, -1].argmax()
+
+
 def test_sampling_is_reproducible_with_a_seed(tiny):
     model, tokenizer = tiny
     ids = torch.tensor([tokenizer.encode(PROMPT)] * 2)
@@ -146,7 +158,7 @@ def test_train_val_split_partitions_the_tokens():
     (lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=21), "block_size=24"),
     (lambda m: m(torch.full((1, 4), 17)), r"\[0, 17\)"),
     (lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=-1), "start_pos"),
-    (lambda m: m.generate(torch.zeros(1, 20, dtype=torch.long), 5), "exceeds block_size=24"),
+    (lambda m: m.generate(torch.zeros(1, 20, dtype=torch.long), 6), "exceeds block_size \\+ 1 = 25"),
     (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 0), "max_new_tokens"),
     (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 3, temperature=-1), "temperature"),
     (lambda m: m.new_kv_cache(max_len=25), "max_len=25 exceeds block_size=24"),

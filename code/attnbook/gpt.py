@@ -179,13 +179,14 @@ class TinyGPT(nn.Module):
         if ids.ndim != 2:
             raise ValueError(f"ids must have shape (batch, n); got {tuple(ids.shape)}")
         total = ids.shape[1] + max_new_tokens
-        if total > self.config.block_size:
+        # The last new token is returned, never fed back: the model sees at most total - 1 positions.
+        if total - 1 > self.config.block_size:
             raise ValueError(f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} "
-                             f"exceeds block_size={self.config.block_size}")
+                             f"exceeds block_size + 1 = {self.config.block_size + 1}")
         generator = None
         if seed is not None:
             generator = torch.Generator(device=ids.device).manual_seed(seed)
-        cache = self.new_kv_cache(ids.shape[0], total) if use_cache else None
+        cache = self.new_kv_cache(ids.shape[0], max(total - 1, ids.shape[1])) if use_cache else None
         logits = self(ids, cache)[:, -1]                                   # (batch, vocab_size)
         for _ in range(max_new_tokens):
             next_id = _pick(logits, temperature, top_k, generator)        # (batch, 1)
