@@ -16,7 +16,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Timing:
-    """Median and spread of repeated runs of one call, in seconds."""
+    """Repeated runs of one call, in seconds: the fastest (``low``), the median and the slowest.
+
+    Compare ``low``: noise from other processes only ever adds time, so the fastest repeat is the
+    best estimate of what the call itself costs, and ratios of minima are the stablest ratios.
+    """
 
     median: float
     low: float
@@ -25,7 +29,7 @@ class Timing:
     loops: int
 
     def __str__(self) -> str:
-        return f"{_fmt_seconds(self.median)} (range {_fmt_seconds(self.low)}-{_fmt_seconds(self.high)})"
+        return f"{_fmt_seconds(self.low)} (best of {self.repeats}; median {_fmt_seconds(self.median)})"
 
 
 def _fmt_seconds(s: float) -> str:
@@ -38,7 +42,8 @@ def _fmt_seconds(s: float) -> str:
 def time_call(fn, *args, repeats: int = 5, min_time: float = 0.05, **kwargs) -> Timing:
     """Time ``fn(*args, **kwargs)``: loops per repeat chosen so a repeat lasts ``min_time``.
 
-    Returns the median, fastest and slowest per-call time over ``repeats`` repeats.
+    Returns the fastest, median and slowest per-call time over ``repeats`` repeats (at least 5
+    for a number the book quotes).
     """
     timer = timeit.Timer(lambda: fn(*args, **kwargs))
     loops = _loops_for(timer, min_time)
@@ -82,7 +87,8 @@ def machine() -> str:
     try:
         import torch
 
-        parts.append(f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+        parts.append(f"torch {torch.__version__} ({torch.get_num_threads()} threads, "
+                     f"{torch.backends.cpu.get_cpu_capability()} kernels)")
     except ImportError:
         pass
     return "; ".join(parts)

@@ -1,0 +1,86 @@
+"""Results that move with rounding, reported as a distribution over seeds (all chapters with training runs).
+
+A small training run is a chaotic system: the last bit of one rounding, which differs between CPUs
+(AVX-512 or AVX2 kernels, MKL's or OpenBLAS's code paths), can send it to a different end. One run
+then proves nothing, and its printed numbers would not reproduce on a reader's machine. So a chapter
+runs the experiment for several seeds, shows the per-seed values as what *this* machine measured,
+and states as its checked claim only a verdict that holds with room to spare:
+
+    accs = over_seeds(lambda seed: train(seed=seed).accuracy, seeds=range(5))
+    print(accs)                                    # per-seed table: varies with the CPU
+    print(accs.count_at_least(0.99, margin=0.005)) # the verdict: e.g. 5, on every CPU
+
+``count_at_least`` refuses to count a value that lies within ``margin`` of the threshold: which side
+of the line such a value falls on is decided by rounding, so a verdict built on it is not a result.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+
+
+class TooCloseToCall(ValueError):
+    """A seed's value lies within the margin of a verdict's threshold."""
+
+
+@dataclass(frozen=True)
+class SeedDistribution:
+    """One measurement over several seeds: ``values[i]`` came from ``seeds[i]``."""
+
+    seeds: tuple[int, ...]
+    values: np.ndarray  # (n_seeds,) float64
+
+    def __post_init__(self):
+        if len(self.seeds) != len(self.values):
+            raise ValueError(f"{len(self.seeds)} seeds but {len(self.values)} values")
+        if len(self.seeds) == 0:
+            raise ValueError("a distribution over seeds needs at least one seed")
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def min(self) -> float:
+        return float(np.min(self.values))
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.values))
+
+    @property
+    def max(self) -> float:
+        return float(np.max(self.values))
+
+    def count_at_least(self, threshold: float, margin: float = 0.0) -> int:
+        """How many seeds reach ``threshold``; raises :class:`TooCloseToCall` if any value lies
+        within ``margin`` of it (strictly inside ``(threshold - margin, threshold + margin)``,
+        except a value exactly at ``threshold``, e.g. an accuracy of 1.0 against 1.0)."""
+        near = [(s, v) for s, v in zip(self.seeds, self.values)
+                if v != threshold and abs(v - threshold) < margin]
+        if near:
+            raise TooCloseToCall(
+                f"seed(s) {[s for s, _ in near]} gave {[float(v) for _, v in near]}, within {margin} of the "
+                f"threshold {threshold}: the verdict would depend on rounding; choose another threshold")
+        return int(np.sum(self.values >= threshold))
+
+    def all_at_least(self, threshold: float, margin: float = 0.0) -> bool:
+        return self.count_at_least(threshold, margin) == self.n
+
+    def none_at_least(self, threshold: float, margin: float = 0.0) -> bool:
+        return self.count_at_least(threshold, margin) == 0
+
+    def summary(self, fmt: str = ".3f") -> str:
+        """``'min 0.270 / median 0.340 / max 0.410 over 5 seeds'``."""
+        return f"min {self.min:{fmt}} / median {self.median:{fmt}} / max {self.max:{fmt}} over {self.n} seeds"
+
+    def __str__(self) -> str:
+        return " ".join(f"{v:.3f}" for v in self.values)
+
+
+def over_seeds(run: Callable[[int], float], seeds: Iterable[int]) -> SeedDistribution:
+    """Call ``run(seed)`` for each seed and collect the results."""
+    seeds = tuple(int(s) for s in seeds)
+    return SeedDistribution(seeds, np.array([float(run(s)) for s in seeds], dtype=np.float64))

@@ -1,0 +1,19 @@
+"""attnbook.glue writes the record MyST-NB reads, so prose can quote a measured number."""
+from unittest import mock
+
+import nbformat
+from myst_nb.ext.glue import extract_glue_data_cell
+
+from attnbook.glue import glue
+
+
+def test_glue_output_is_read_back_by_myst_nb():
+    shown = []
+    with mock.patch("IPython.display.display", lambda obj, raw, metadata: shown.append((obj, metadata))):
+        glue("speedup", 6.4)
+    (data, metadata), = shown
+    cell = nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output("display_data", data=data, metadata=metadata)])
+    (key, output), = extract_glue_data_cell(cell)
+    assert key == "speedup"
+    assert output["data"]["text/plain"] == "6.4"
+    assert cell.outputs == []  # recorded, not shown in the notebook's visible output

@@ -1,0 +1,35 @@
+"""attnbook.seeds: distributions over seeds and verdicts that refuse to be decided by rounding."""
+import numpy as np
+import pytest
+
+from attnbook.seeds import SeedDistribution, TooCloseToCall, over_seeds
+
+
+def test_over_seeds_calls_each_seed_in_order():
+    d = over_seeds(lambda s: s * 0.25, range(5))
+    assert d.seeds == (0, 1, 2, 3, 4)
+    np.testing.assert_array_equal(d.values, [0.0, 0.25, 0.5, 0.75, 1.0])
+    assert (d.min, d.median, d.max, d.n) == (0.0, 0.5, 1.0, 5)
+    assert d.summary(".2f") == "min 0.00 / median 0.50 / max 1.00 over 5 seeds"
+
+
+def test_count_at_least_counts_and_respects_exact_hits():
+    d = SeedDistribution((0, 1, 2, 3), np.array([1.0, 0.5, 0.99, 0.2]))
+    assert d.count_at_least(0.99) == 2  # 0.99 itself counts
+    assert d.count_at_least(1.0, margin=0.005) == 1  # exactly at the threshold is not "too close"
+    assert not d.all_at_least(0.6, margin=0.05)
+    assert SeedDistribution((0,), np.array([0.1])).none_at_least(0.6, margin=0.05)
+
+
+def test_a_value_near_the_threshold_is_too_close_to_call():
+    d = SeedDistribution((0, 1, 2), np.array([1.0, 0.987, 0.3]))
+    with pytest.raises(TooCloseToCall, match=r"seed\(s\) \[1\].*0\.987.*0\.99"):
+        d.count_at_least(0.99, margin=0.005)
+    assert d.count_at_least(0.99, margin=0.002) == 1
+
+
+def test_bad_shapes_are_rejected():
+    with pytest.raises(ValueError, match="2 seeds but 3 values"):
+        SeedDistribution((0, 1), np.zeros(3))
+    with pytest.raises(ValueError, match="at least one seed"):
+        over_seeds(lambda s: 0.0, [])
