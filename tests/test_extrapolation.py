@@ -155,6 +155,33 @@ def test_same_data_for_every_scheme():
     assert torch.equal(a[0], b[0]) and not torch.equal(a[0], E.held_out(task, 20, 4, seed=1)[0])
 
 
+def test_evaluate_at_matches_the_runs_own_evaluation_and_restores_the_model():
+    task = E.ShiftedCopy(vocab=8, shift=2)
+    run = E.train_and_evaluate(task, "learned", 8, (8, 16), steps=20, seed=3)
+    full = E.evaluate_at(run.model, task, 16, seed=3)
+    assert full.loss == run.evaluations[16].loss                      # the same held-out sequences
+    assert E.evaluate_at(run.model, task, 16, seed=3, window=16).loss == full.loss   # window >= n: no change
+    windowed = E.evaluate_at(run.model, task, 16, seed=3, window=2)
+    # by hand: the same model with the window set, on the same sequences
+    run.model.window, run.model.clip_positions = 2, True
+    expected = E.evaluate(run.model, task, *E.held_out(task, 16, 64, 3))
+    run.model.window, run.model.clip_positions = None, False
+    assert windowed.loss == expected.loss and windowed.loss != full.loss
+    E.evaluate_at(run.model, task, 16, seed=3, window=2)
+    assert run.model.window is None and not run.model.clip_positions
+
+
+def test_lr_reaches_the_optimizer():
+    task = E.ShiftedCopy(vocab=8, shift=2)
+    torch.manual_seed(0)
+    start = E.TinyCausalLM(8, "rope", 8).state_dict()                 # train_and_evaluate's seed-0 init
+    for lr, low, high in ((1e-6, 0.0, 1e-5), (1e-2, 1e-3, math.inf)):
+        # Adam moves each weight by about lr per step
+        run = E.train_and_evaluate(task, "rope", 8, (8,), steps=3, lr=lr)
+        moved = max((run.model.state_dict()[k] - v).abs().max().item() for k, v in start.items())
+        assert low < moved < high
+
+
 def test_set_rope_frequencies():
     torch.manual_seed(0)
     model = E.TinyCausalLM(8, "rope", 8, d_model=16, n_heads=2).eval()
