@@ -6,7 +6,8 @@ Three groups of tools for the multi-head attention chapter:
   that turns ``(batch, n, d_model)`` into ``(batch, n_heads, n, d_head)`` and back;
 - :func:`multihead_flop_breakdown`: the flops of one multi-head attention layer,
   step by step, which do not depend on the number of heads for the matrix products;
-- :func:`copy_previous_task`: a toy task that one head cannot solve and two can;
+- :func:`copy_previous_task`: a toy task that one head cannot solve and two can, and
+  :func:`train_copy_previous`, which trains one attention layer on it (one seed);
 - :func:`attention_weights`, :func:`attention_maps`, :func:`head_statistics`,
   :func:`weight_on`, :func:`ablate_heads`: the attention weights of every head of a
   trained :class:`attnbook.gpt.TinyGPT`, numbers that describe each head, and a way to
@@ -19,11 +20,12 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from . import _validate
 from .cost import attention_flop_breakdown
 from .masks import causal_mask
-from .multihead import repeat_kv
+from .multihead import MultiHeadAttention, repeat_kv
 
 
 # --- split and merge ---------------------------------------------------------
@@ -118,6 +120,33 @@ def copy_previous_task(batch: int, n: int, d_content: int, generator=None):
     x = torch.cat([content, torch.eye(n).expand(batch, n, n)], dim=-1)
     y = torch.cat([content.roll(1, dims=1), content.roll(2, dims=1)], dim=-1)   # row i: c_{i-1}, c_{i-2}
     return x, y
+
+
+def train_copy_previous(n_heads: int, seed: int = 0, n: int = 8, d_content: int = 8, steps: int = 400,
+                        batch: int = 64, lr: float = 1e-2, test_batch: int = 2000):
+    """Train one ``MultiHeadAttention(d_content + n, n_heads)`` on :func:`copy_previous_task`.
+
+    ``seed`` sets the initial weights and the stream of training batches (``steps`` batches
+    of ``batch`` sequences, Adam at ``lr``); the test set (``test_batch`` sequences) is the same
+    for every seed, so that seeds differ only in the training run. A small training run is
+    chaotic in the last bits of its arithmetic, so the chapter trains several seeds.
+    Returns ``(layer, test_error)``: the trained layer and its mean squared error per output
+    coordinate on the test set (float).
+    """
+    n, d_content = _validate.positive_int("n", n), _validate.positive_int("d_content", d_content)
+    torch.manual_seed(seed)
+    layer = MultiHeadAttention(d_content + n, _validate.positive_int("n_heads", n_heads))
+    optimizer = torch.optim.Adam(layer.parameters(), lr=lr)
+    data = torch.Generator().manual_seed(10_000 + seed)
+    for _ in range(_validate.positive_int("steps", steps)):
+        x, y = copy_previous_task(batch, n, d_content, generator=data)
+        loss = F.mse_loss(layer(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    x_test, y_test = copy_previous_task(test_batch, n, d_content, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        return layer, F.mse_loss(layer(x_test), y_test).item()
 
 
 # --- what trained heads do -------------------------------------------------------
