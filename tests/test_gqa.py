@@ -4,6 +4,7 @@ References: a float64 numpy loop over query heads that looks up key/value head j
 explicitly, torch's F.scaled_dot_product_attention(..., enable_gqa=True), and the
 package's MultiHeadAttention (which repeats the keys and values with repeat_kv).
 """
+import copy
 import dataclasses
 import math
 
@@ -20,7 +21,8 @@ from attnbook.gqa import (PUBLISHED_MODELS, AttentionShape, GroupedQueryAttentio
                           compare_decode, group_size, grouped_query_attention, kv_head_of, measure_decode, mha_to_gqa,
                           pool_kv_heads, with_grouped_attention)
 from attnbook.multihead import MultiHeadAttention, attend, repeat_kv
-from attnbook.uptrain import heldout_loss, uptrain, windows
+from attnbook.seeds import SeedDistribution
+from attnbook.uptrain import heldout_loss, paired_difference, uptrain, uptrain_over_seeds, windows
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -296,12 +298,13 @@ def test_measure_decode_counts_the_cache():
     torch.manual_seed(0)
     model = TinyGPT(GPTConfig(vocab_size=9, block_size=32, n_layers=2, n_heads=4, n_kv_heads=2,
                               d_model=16)).eval()
+    assert measure_decode(model, batch=1, n_prompt=5, n_new=2).timing.repeats == 5
     m = measure_decode(model, batch=3, n_prompt=5, n_new=4, repeats=2)
     assert m.n_kv_heads == 2 and (m.batch, m.n_prompt, m.n_new) == (3, 5, 4)
     assert m.cache_bytes == kv_cache_bytes(2, 2, 4, 9, batch=3, bytes_per_element=4)
-    assert m.tokens_per_s == pytest.approx(3 * 4 / m.timing.median)
-    assert m.best_tokens_per_s == pytest.approx(3 * 4 / m.timing.low)
-    assert m.best_tokens_per_s >= m.tokens_per_s
+    assert m.tokens_per_s == pytest.approx(3 * 4 / m.timing.low)               # the fastest run
+    assert m.median_tokens_per_s == pytest.approx(3 * 4 / m.timing.median)
+    assert m.tokens_per_s >= m.median_tokens_per_s
     assert m.timing.repeats == 2 and m.timing.low <= m.timing.median <= m.timing.high
     with pytest.raises(ValueError, match="block_size"):
         measure_decode(model, n_prompt=30, n_new=4)
@@ -366,3 +369,47 @@ def test_uptraining_lowers_the_loss_reproducibly():
     assert run()[1:] == (after, losses)
     with pytest.raises(ValueError, match="lr"):
         uptrain(TinyGPT(GPTConfig(vocab_size=4, block_size=16)), tokens, 1, lr=0.0)
+
+
+def test_uptrain_over_seeds_matches_single_runs():
+    """Each seed's loss is what a separate uptrain + heldout_loss of a fresh copy gives; the
+    derived distributions are the arithmetic of their definitions."""
+    tokens = torch.tensor([0, 1, 2, 3, 2, 1] * 60)
+    torch.manual_seed(0)
+    mha = TinyGPT(GPTConfig(vocab_size=4, block_size=16, n_layers=1, n_heads=2, d_model=16)).eval()
+    models = {"mha": mha, "mqa": mha_to_gqa(mha, 1)}
+    ev = dict(n_windows=4, length=12)
+    kw = dict(steps=5, batch=2, length=12, lr=1e-2)
+    runs = uptrain_over_seeds(models, tokens, tokens, seeds=(3, 7), eval_kwargs=ev, **kw)
+    assert runs.seeds == (3, 7) and runs.reference == "mha"
+    for name, start in models.items():
+        assert runs.before[name] == heldout_loss(start, tokens, **ev)
+        assert runs.curves[name].shape == (2, 5)
+        for i, seed in enumerate((3, 7)):
+            m = copy.deepcopy(start)
+            curve = uptrain(m, tokens, seed=seed, **kw)
+            assert runs.curves[name][i].tolist() == curve
+            assert runs.after[name].values[i] == heldout_loss(m, tokens, **ev)
+    # the starting models are left untouched
+    assert heldout_loss(mha, tokens, **ev) == runs.before["mha"]
+    gain = runs.gain("mqa")
+    assert np.allclose(gain.values, runs.before["mqa"] - runs.after["mqa"].values)
+    gap = runs.before["mqa"] - runs.before["mha"]
+    assert np.allclose(runs.recovered("mqa").values, gain.values / gap)
+    assert np.allclose(runs.behind("mqa").values, runs.after["mqa"].values - runs.before["mha"])
+    with pytest.raises(ValueError, match="no gap"):
+        runs.recovered("mha")
+    with pytest.raises(ValueError, match="reference"):
+        uptrain_over_seeds(models, tokens, tokens, seeds=(0,), reference="gqa", **kw)
+    with pytest.raises(ValueError, match="at least one"):
+        uptrain_over_seeds({}, tokens, tokens, **kw)
+
+
+def test_paired_difference():
+    a = SeedDistribution((0, 1, 2), np.array([0.5, 0.4, 0.9]))
+    b = SeedDistribution((0, 1, 2), np.array([0.2, 0.5, 0.1]))
+    d = paired_difference(a, b)
+    assert d.seeds == (0, 1, 2) and np.allclose(d.values, [0.3, -0.1, 0.8])
+    assert d.count_at_least(0.0, margin=0.05) == 2
+    with pytest.raises(ValueError, match="share their seeds"):
+        paired_difference(a, SeedDistribution((0, 1, 3), b.values))

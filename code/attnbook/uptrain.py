@@ -4,13 +4,24 @@ Ainslie et al. (2023) convert a multi-head checkpoint to grouped-query attention
 continue its pre-training for a small fraction of the original steps, which they call
 *uptraining*. :func:`uptrain` does that for :class:`attnbook.gpt.TinyGPT` on the text it
 was trained on; :func:`heldout_loss` measures the result on text it never saw.
+
+A few dozen steps of training are chaotic in the last bits (the rounding of one CPU's kernels
+against another's sends them to slightly different ends), so :func:`uptrain_over_seeds` repeats the
+uptraining over several seeds and returns a distribution per model (:class:`UptrainingRuns`), from
+which the chapter states only verdicts that hold in every seed with a margin.
 """
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import _validate
+from .seeds import SeedDistribution
 
 
 def windows(tokens, starts, length: int):
@@ -78,3 +89,79 @@ def uptrain(model, tokens, steps: int, batch: int = 8, length: int = 128, lr: fl
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+@dataclass(frozen=True)
+class UptrainingRuns:
+    """Held-out losses of several models before and after uptraining, over several seeds.
+
+    ``before[name]`` is one number: the starting model is fixed, so it does not depend on the
+    seed. ``after[name]`` holds one loss per seed, ``curves[name]`` the step losses of each seed
+    ``(n_seeds, steps)``. ``reference`` names the model whose starting loss is the target
+    (the multi-head model), against which :meth:`recovered` measures the gap.
+    """
+
+    seeds: tuple[int, ...]
+    before: dict
+    after: dict
+    curves: dict
+    reference: str
+
+    def gain(self, name: str) -> SeedDistribution:
+        """Held-out loss before minus after, per seed: positive when uptraining helped."""
+        return SeedDistribution(self.seeds, self.before[name] - self.after[name].values)
+
+    def recovered(self, name: str) -> SeedDistribution:
+        """Share of the gap to the reference closed, per seed: ``(before - after) / (before - ref)``.
+
+        0 means no progress, 1 means the model is back at the reference's starting loss."""
+        gap = self.before[name] - self.before[self.reference]
+        if not gap > 0:
+            raise ValueError(f"{name} starts at {self.before[name]}, not above the reference "
+                             f"{self.reference} ({self.before[self.reference]}): no gap to recover")
+        return SeedDistribution(self.seeds, self.gain(name).values / gap)
+
+    def behind(self, name: str) -> SeedDistribution:
+        """How far above the reference's starting loss the model ends, per seed."""
+        return SeedDistribution(self.seeds, self.after[name].values - self.before[self.reference])
+
+
+def paired_difference(a: SeedDistribution, b: SeedDistribution) -> SeedDistribution:
+    """``a - b`` seed by seed (both measured on the same seeds), e.g. to count the seeds where
+    one model recovered more than another: ``paired_difference(x, y).count_at_least(0, margin)``."""
+    if a.seeds != b.seeds:
+        raise ValueError(f"the distributions must share their seeds; got {a.seeds} and {b.seeds}")
+    return SeedDistribution(a.seeds, a.values - b.values)
+
+
+def uptrain_over_seeds(models: dict, train_tokens, val_tokens, seeds: Iterable[int] = range(5),
+                       reference: str | None = None, eval_kwargs: dict | None = None,
+                       **uptrain_kwargs) -> UptrainingRuns:
+    """Uptrain a fresh copy of every model once per seed; measure held-out losses before and after.
+
+    ``models`` maps names to starting models (left unchanged); ``reference`` (default: the first
+    name) is the model whose starting loss defines the gap. Seed ``s`` fixes the training windows
+    (``uptrain(..., seed=s)``) and is the same for every model, so the models of one seed see the
+    same text. ``eval_kwargs`` go to :func:`heldout_loss` (the same windows every time),
+    ``uptrain_kwargs`` to :func:`uptrain`.
+    """
+    seeds = tuple(int(s) for s in seeds)
+    if not models:
+        raise ValueError("models must name at least one model")
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed")
+    reference = next(iter(models)) if reference is None else reference
+    if reference not in models:
+        raise ValueError(f"reference {reference!r} is not one of the models {list(models)}")
+    eval_kwargs = {} if eval_kwargs is None else dict(eval_kwargs)
+    before = {name: heldout_loss(m, val_tokens, **eval_kwargs) for name, m in models.items()}
+    after = {name: [] for name in models}
+    curves = {name: [] for name in models}
+    for seed in seeds:
+        for name, start in models.items():
+            m = copy.deepcopy(start)
+            curves[name].append(uptrain(m, train_tokens, seed=seed, **uptrain_kwargs))
+            after[name].append(heldout_loss(m, val_tokens, **eval_kwargs))
+    return UptrainingRuns(seeds, before,
+                          {name: SeedDistribution(seeds, np.array(v)) for name, v in after.items()},
+                          {name: np.array(c) for name, c in curves.items()}, reference)
