@@ -87,7 +87,8 @@ def machine() -> str:
     try:
         import torch
 
-        parts.append(f"torch {torch.__version__} ({torch.get_num_threads()} threads, "
+        threads = torch.get_num_threads()
+        parts.append(f"torch {torch.__version__} ({threads} thread{'s' if threads != 1 else ''}, "
                      f"{torch.backends.cpu.get_cpu_capability()} kernels)")
     except ImportError:
         pass
