@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnbook.leak import (LeakConfig, char_data, greedy_text, position_losses, run_leak_experiment,
-                           train_char_model, windows)
+from attnbook.leak import (LeakConfig, LeakMeasurements, char_data, greedy_text, lookahead_weight, measure,
+                           position_losses, run_leak_experiment, run_leak_experiments, train_char_model, windows)
 
 
 def test_windows_targets_are_inputs_shifted_by_one():
@@ -51,21 +51,50 @@ def test_the_leak_is_reading_the_next_position(result):
     """Every position but the last sees its own target; the last one cannot, and loses the advantage."""
     leaky = position_losses(result.leaky, result.val, causal=False)
     honest = position_losses(result.honest, result.val, causal=True)
-    assert leaky.shape == honest.shape == (16,)
+    assert leaky.shape == honest.shape == (8,)
     assert leaky[:-1].max() < 0.3
-    assert leaky[-1] > honest.mean()
+    assert leaky[-1] > honest[-1] + 0.1
     # run as a causal decoder (nothing after t), the leaky model is worse than guessing uniformly
     as_decoder = position_losses(result.leaky, result.val, causal=True)
     assert as_decoder[:-1].mean() > np.log(result.tokenizer.vocab_size)
 
 
 def test_leaky_attention_looks_one_position_ahead(result):
+    """lookahead_weight against the weights read off by hand, window by window."""
     from attnbook.masked_gpt import forward_with_mask
-    x, _ = windows(result.val, torch.arange(0, 3200, 100), 16)
+    starts = torch.arange(0, 3200, 100)
+    ahead = lookahead_weight(result.leaky, result.val, starts)                  # (layers, heads)
+    x, _ = windows(result.val, starts, 8)
     with torch.no_grad():
-        _, w = forward_with_mask(result.leaky, x, None, return_weights=True)       # (layers, b, h, n, n)
-    ahead = w.diagonal(offset=1, dim1=-2, dim2=-1).mean(dim=(1, 3))             # (layers, heads)
-    assert ahead.max() > 0.5          # some head puts most of its weight on position t + 1
+        _, w = forward_with_mask(result.leaky, x, None, return_weights=True)   # (layers, b, h, n, n)
+    by_hand = np.array([[np.mean([w[l, b, h, t, t + 1].item() for b in range(len(starts)) for t in range(7)])
+                         for h in range(4)] for l in range(2)])
+    np.testing.assert_allclose(ahead, by_hand, rtol=1e-5)
+    assert ahead.shape == (2, 4) and ahead[0].max() > 0.5   # a first-layer head reads position t + 1
+    assert lookahead_weight(result.honest, result.val).max() < 0.5   # the honest model has no such head
+
+
+def test_measure_collects_the_chapter_numbers(result):
+    m = measure(result)
+    assert isinstance(m, LeakMeasurements) and m.seed == result.config.seed
+    assert m.leaky_train == pytest.approx(result.leaky_losses[-25:].mean())
+    assert m.honest_train == pytest.approx(result.honest_losses[-25:].mean())
+    np.testing.assert_array_equal(m.leaky_pos, position_losses(result.leaky, result.val, causal=False))
+    np.testing.assert_array_equal(m.leaky_as_decoder, position_losses(result.leaky, result.val, causal=True))
+    np.testing.assert_array_equal(m.lookahead, lookahead_weight(result.leaky, result.val))
+    assert measure(result, last=1).leaky_train == pytest.approx(result.leaky_losses[-1])
+    with pytest.raises(ValueError):
+        measure(result, last=0)
+
+
+def test_run_leak_experiments_replaces_the_seed():
+    cfg = LeakConfig(steps=2, n_chars=100_000, seed=7)
+    runs = run_leak_experiments(cfg, seeds=[0, 3])
+    assert [r.config.seed for r in runs] == [0, 3]
+    assert all(r.config.steps == 2 for r in runs)
+    np.testing.assert_array_equal(runs[1].leaky_losses,
+                                  run_leak_experiment(LeakConfig(steps=2, n_chars=100_000, seed=3)).leaky_losses)
+    assert not np.array_equal(runs[0].leaky_losses, runs[1].leaky_losses)
 
 
 def test_greedy_text(result):
@@ -91,5 +120,5 @@ def test_a_custom_mask_overrides_causal():
     assert not np.allclose(ahead, causal)
     with pytest.raises(ValueError, match="boolean"):
         train_char_model(train, tok.vocab_size, config=cfg, mask=np.ones((n, n)))
-    with pytest.raises(ValueError, match=r"\(16, 16\)"):
+    with pytest.raises(ValueError, match=r"\(8, 8\)"):
         train_char_model(train, tok.vocab_size, config=cfg, mask=np.ones((n, n + 1), bool))

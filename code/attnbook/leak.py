@@ -6,10 +6,16 @@ target from the input: the training loss falls far below what any honest model
 reaches, and the model is useless for generation, where the next token does not
 exist yet. The two runs here share everything (initial weights, batches, optimizer)
 except the mask, so the difference between them is the leak alone.
+
+Such a small training run is chaotic: when the leak is discovered (the step at which a
+"look one ahead" head forms) and the text the model writes afterwards change with the last
+bit of a rounding, so with the CPU's kernels. Chapter 7 therefore runs the experiment for
+several seeds (:func:`run_leak_experiments`) and states only what :func:`measure` finds in
+every seed, with room to spare.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -25,12 +31,15 @@ from .masks import causal_mask
 class LeakConfig:
     """A model and a training run small enough for a notebook on two CPU cores."""
 
-    block_size: int = 16          # training windows of this many characters
+    # Windows of 8 characters: with 16, two of eight seeds found the leak only after 270 of 300
+    # steps, so a claim about "the" leaky model held for some seeds only. With 8 the leaky run
+    # found it (smoothed loss below 1 nat) by step 165 in each of 16 seeds tried, well before the end.
+    block_size: int = 8           # training windows of this many characters
     n_layers: int = 2
     n_heads: int = 4
     d_model: int = 64
     batch_size: int = 32
-    steps: int = 300
+    steps: int = 250
     lr: float = 3e-3
     n_chars: int = 200_000        # the first n_chars characters of the shipped text
     seed: int = 0
@@ -155,8 +164,10 @@ def run_leak_experiment(config: LeakConfig = LeakConfig()) -> LeakResult:
     """Train the honest (causal) and the leaky (unmasked) model on the same data.
 
     Runs on one CPU thread (restored afterwards): the model is too small to gain from
-    more, a busy machine makes several threads much slower, and one thread makes the
-    result the same on every machine.
+    more, and a busy machine makes several threads much slower. One thread makes the result
+    independent of the number of cores, and repeatable on one machine; it does *not* make it
+    the same on every machine: CPUs of another kind (AVX2 instead of AVX-512, another BLAS code
+    path) round differently, and this chaotic run amplifies those last bits. Hence the seeds.
     """
     tokenizer, train, val = char_data(config)
     threads = torch.get_num_threads()
@@ -167,3 +178,56 @@ def run_leak_experiment(config: LeakConfig = LeakConfig()) -> LeakResult:
     finally:
         torch.set_num_threads(threads)
     return LeakResult(config, tokenizer, val, honest, leaky, honest_losses, leaky_losses)
+
+
+def run_leak_experiments(config: LeakConfig = LeakConfig(), seeds=range(5)) -> list[LeakResult]:
+    """:func:`run_leak_experiment` for each seed (``config.seed`` replaced); one result per seed."""
+    return [run_leak_experiment(replace(config, seed=int(seed))) for seed in seeds]
+
+
+@torch.no_grad()
+def lookahead_weight(model, tokens, starts=None) -> np.ndarray:
+    """Mean attention weight that position ``t`` puts on position ``t + 1``, run without a mask.
+
+    tokens: int64 (N,); starts: the first position of each window (default: 32 windows,
+    200 characters apart). Averaged over windows and positions ``t = 0 .. block_size - 2``.
+    Returns (n_layers, n_heads): a leaky "look one ahead" head shows as a value near 1.
+    """
+    n = model.config.block_size
+    starts = torch.arange(0, 6400, 200) if starts is None else torch.as_tensor(starts)
+    x, _ = windows(tokens, starts, n)                                        # (b, n)
+    _, w = forward_with_mask(model, x, None, return_weights=True)            # (layers, b, heads, n, n)
+    return w.diagonal(offset=1, dim1=-2, dim2=-1).mean(dim=(1, 3)).numpy()
+
+
+@dataclass(frozen=True)
+class LeakMeasurements:
+    """What chapter 7 reads off one seed's pair of runs (losses in nats, held-out windows).
+
+    ``*_pos`` are (block_size,) losses by position (:func:`position_losses`): ``honest_pos``
+    with the causal mask, ``leaky_pos`` with no mask (as it was trained), ``leaky_as_decoder``
+    the leaky model run with the causal mask. ``lookahead``: (n_layers, n_heads), from
+    :func:`lookahead_weight`.
+    """
+
+    seed: int
+    honest_train: float        # mean training loss of the last ``last`` steps
+    leaky_train: float
+    honest_pos: np.ndarray
+    leaky_pos: np.ndarray
+    leaky_as_decoder: np.ndarray
+    lookahead: np.ndarray
+
+
+def measure(result: LeakResult, last: int = 25) -> LeakMeasurements:
+    """The training losses (mean of the last ``last`` steps), per-position held-out losses and
+    look-ahead weights of one :class:`LeakResult`."""
+    last = _validate.positive_int("last", last)
+    return LeakMeasurements(
+        seed=result.config.seed,
+        honest_train=float(result.honest_losses[-last:].mean()),
+        leaky_train=float(result.leaky_losses[-last:].mean()),
+        honest_pos=position_losses(result.honest, result.val, causal=True),
+        leaky_pos=position_losses(result.leaky, result.val, causal=False),
+        leaky_as_decoder=position_losses(result.leaky, result.val, causal=True),
+        lookahead=lookahead_weight(result.leaky, result.val))
