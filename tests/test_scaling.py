@@ -285,6 +285,49 @@ def test_the_model_divides_its_scores_by_sqrt_d_k_only_when_scaled():
     torch.testing.assert_close(weights.sum(-1), torch.ones(4))
 
 
+def test_score_table_lookup_equals_projecting_every_token():
+    # The model looks scores up in a (n_symbols, n_symbols) table; recompute them the direct way:
+    # project the query token and every key token, then take their dot products.
+    torch.manual_seed(1)
+    for scaled in (True, False):
+        model = scaling.RecallAttention(10, 5, 8, 36, scaled=scaled).double()
+        query, keys, values, _ = scaling.recall_batch(6, 4, 10, 5, torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            q = model.key_embedding.weight[query] @ model.q_proj.weight.T     # (6, 36)
+            k = model.key_embedding.weight[keys] @ model.k_proj.weight.T      # (6, 4, 36)
+            direct = torch.einsum("bd,bpd->bp", q, k) / (6.0 if scaled else 1.0)
+            v = model.value_embedding.weight[values] @ model.v_proj.weight.T  # (6, 4, 8)
+            out = torch.einsum("bp,bpd->bd", torch.softmax(direct, -1), v)
+            logits_direct = out @ model.readout.weight.T + model.readout.bias
+            logits, weights = model(query, keys, values)
+        torch.testing.assert_close(model.scores(query, keys)[:, 0], direct, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(weights, torch.softmax(direct, -1), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(logits, logits_direct, rtol=1e-12, atol=1e-12)
+
+
+def test_nudge_parameters_moves_every_weight_by_exactly_one_ulp():
+    torch.manual_seed(0)
+    model = scaling.RecallAttention(10, 5, 8, 12)
+    before = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+    scaling.nudge_parameters(model, 1)
+    for name, p in model.named_parameters():
+        x, y = before[name], p.detach().numpy()
+        assert x.dtype == y.dtype == np.float32
+        # numpy's nextafter as the reference, and the bit patterns: one step of the integer code,
+        # up for positive numbers and down (towards 0) for negative ones
+        np.testing.assert_array_equal(y, np.nextafter(x, np.float32(np.inf)))
+        step = y.view(np.int32).astype(np.int64) - x.view(np.int32).astype(np.int64)
+        np.testing.assert_array_equal(step, np.where(x > 0, 1, -1))
+        assert np.all(np.abs(y - x) <= np.abs(x) * 2.0**-23)
+    scaling.nudge_parameters(model, -1)  # one ulp back down undoes it exactly
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(p.detach().numpy(), before[name])
+    scaling.nudge_parameters(model, 3)
+    np.testing.assert_array_equal(
+        model.readout.bias.detach().numpy(),
+        np.nextafter(np.nextafter(np.nextafter(before["readout.bias"], np.inf), np.inf), np.inf).astype(np.float32))
+
+
 def test_init_std_sets_the_projection_weights():
     torch.manual_seed(0)
     model = scaling.RecallAttention(10, 5, 64, 256, init_std=0.5)
@@ -300,6 +343,17 @@ def test_training_is_seeded_and_learns():
     assert np.mean(a.losses[-20:]) < 0.25 * np.mean(a.losses[:20])
     assert a.accuracy > 0.9
     assert a.entropy[1] < a.entropy[0]  # the attention sharpens as it learns where to look
+
+
+def test_a_perturbed_start_changes_the_weights_but_not_the_data():
+    base = scaling.train_recall(16, True, steps=5, lr=1e-3, seed=0)
+    same = scaling.train_recall(16, True, steps=5, lr=1e-3, seed=0, perturb_ulps=0)
+    nudged = scaling.train_recall(16, True, steps=5, lr=1e-3, seed=0, perturb_ulps=1)
+    np.testing.assert_array_equal(base.losses, same.losses)
+    assert base.entropy[0] != nudged.entropy[0]                 # the start moved...
+    assert base.entropy[0] == pytest.approx(nudged.entropy[0], rel=1e-6)  # ...by a rounding error
+    np.testing.assert_allclose(base.losses, nudged.losses, rtol=1e-5)
+    assert 0 < base.held_out_loss and abs(base.held_out_loss - nudged.held_out_loss) < 1e-4
 
 
 def test_raw_logits_move_further_in_the_first_steps():

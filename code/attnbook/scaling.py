@@ -2,8 +2,10 @@
 
 Chapter 3 uses these functions to check the variance theorem by Monte Carlo,
 to measure how sharp (low entropy) and how flat (small Jacobian) the softmax of
-random scores becomes as ``d_k`` grows, and to train a one-layer attention
-model with and without the scale.
+random scores becomes as ``d_k`` grows, to train a one-layer attention
+model with and without the scale, and to show that the unscaled training runs are
+chaotic: moving every initial weight by one float32 ulp (:func:`nudge_parameters`)
+changes where they end, while the scaled runs end where they did.
 """
 from __future__ import annotations
 
@@ -252,18 +254,44 @@ class RecallAttention(nn.Module):
             nn.init.normal_(self.q_proj.weight, std=init_std)
             nn.init.normal_(self.k_proj.weight, std=init_std)
 
-    def scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """Attention logits ``(batch, 1, n_pairs)``, scaled or not."""
-        q = self.q_proj(self.key_embedding(query))[:, None, :]  # (batch, 1, d_k)
-        k = self.k_proj(self.key_embedding(keys))               # (batch, n_pairs, d_k)
-        s = q @ k.transpose(-1, -2)
+    def score_table(self) -> torch.Tensor:
+        """The score of every query symbol against every key symbol, ``(n_symbols, n_symbols)``."""
+        symbols = self.key_embedding.weight                      # (n_symbols, d_model)
+        q, k = self.q_proj(symbols), self.k_proj(symbols)        # (n_symbols, d_k) each
+        s = q @ k.T
         return s / self.d_k**0.5 if self.scaled else s
+
+    def scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Attention logits ``(batch, 1, n_pairs)``, scaled or not.
+
+        A score depends only on the two symbols, and there are only ``n_symbols`` of them: so
+        look each example's scores up in :meth:`score_table` instead of projecting every token
+        (the same numbers, many times faster at large ``d_k``).
+        """
+        return self.score_table()[query[:, None], keys][:, None, :]
 
     def forward(self, query, keys, values) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits over values ``(batch, n_values)`` and attention weights ``(batch, n_pairs)``."""
         weights = torch.softmax(self.scores(query, keys), dim=-1)      # (batch, 1, n_pairs)
-        out = weights @ self.v_proj(self.value_embedding(values))       # (batch, 1, d_model)
+        v = self.v_proj(self.value_embedding.weight)[values]           # (batch, n_pairs, d_model)
+        out = weights @ v                                               # (batch, 1, d_model)
         return self.readout(out[:, 0]), weights[:, 0]
+
+
+def nudge_parameters(model: nn.Module, ulps: int = 1) -> None:
+    """Move every parameter of ``model`` by ``ulps`` units in the last place, in place.
+
+    One ulp is the gap to the next representable number (for float32, between 2^-24 and 2^-23,
+    about 1e-7, of the value): ``torch.nextafter`` towards ``+inf`` for ``ulps > 0``, towards
+    ``-inf`` for ``ulps < 0``; ``ulps = 0`` changes nothing.
+    Chapter 3 uses it to ask whether a training run's outcome depends on the last bit of its start.
+    """
+    direction = float("inf") if ulps > 0 else float("-inf")
+    with torch.no_grad():
+        for p in model.parameters():
+            target = torch.full_like(p, direction)
+            for _ in range(abs(ulps)):
+                p.copy_(torch.nextafter(p, target))
 
 
 @dataclass
@@ -274,6 +302,7 @@ class RecallRun:
     scaled: bool
     losses: np.ndarray          # (steps,) training cross-entropy
     accuracy: float             # on a held-out batch after training
+    held_out_loss: float        # cross-entropy on that held-out batch after training
     logit_std: tuple[float, float]  # std of the attention logits (before softmax) at start and end
     entropy: tuple[float, float]    # mean attention entropy (nats) at start and end
     early_logit_change: float       # mean |change| of the held-out logits over the first `early_steps` steps
@@ -281,17 +310,23 @@ class RecallRun:
 
 def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, batch: int = 32,
                  n_pairs: int = 8, n_symbols: int = 16, n_values: int = 16, d_model: int = 32,
-                 init_std: float | None = None, seed: int = 0, early_steps: int = 5) -> RecallRun:
+                 init_std: float | None = None, seed: int = 0, early_steps: int = 5,
+                 perturb_ulps: int = 0) -> RecallRun:
     """Train :class:`RecallAttention` with Adam on fresh random batches; fully seeded.
 
     The model and the data use their own generators seeded from ``seed``, so two calls with
-    the same arguments give the same numbers. ``early_steps`` sets how many first steps the
-    ``early_logit_change`` measurement (how far the first steps move the logits) covers.
+    the same arguments give the same numbers on one machine (another CPU's kernels round
+    differently, and an unscaled run can then end elsewhere). ``early_steps`` sets how many
+    first steps the ``early_logit_change`` measurement (how far the first steps move the
+    logits) covers. ``perturb_ulps`` moves every initial weight by that many float32 ulps
+    (:func:`nudge_parameters`) before training; the data stay the same.
     """
     if not 1 <= early_steps <= steps:
         raise ValueError(f"early_steps must lie in [1, steps={steps}]; got {early_steps}")
     torch.manual_seed(seed)
     model = RecallAttention(n_symbols, n_values, d_model, d_k, scaled, init_std)
+    if perturb_ulps:
+        nudge_parameters(model, perturb_ulps)
     data = torch.Generator().manual_seed(seed + 1)
     held_out = recall_batch(512, n_pairs, n_symbols, n_values, torch.Generator().manual_seed(seed + 2))
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -311,16 +346,17 @@ def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, bat
             with torch.no_grad():
                 early = (model.scores(held_out[0], held_out[1]) - start_logits).abs().mean().item()
     end = _recall_probe(model, held_out)
-    return RecallRun(d_k, scaled, losses, end[0], (start[1], end[1]), (start[2], end[2]), early)
+    return RecallRun(d_k, scaled, losses, end[0], end[3], (start[1], end[1]), (start[2], end[2]), early)
 
 
 @torch.no_grad()
-def _recall_probe(model: RecallAttention, batch) -> tuple[float, float, float]:
-    """Accuracy, attention-logit std and mean attention entropy of ``model`` on ``batch``."""
+def _recall_probe(model: RecallAttention, batch) -> tuple[float, float, float, float]:
+    """Accuracy, attention-logit std, mean attention entropy and cross-entropy of ``model`` on ``batch``."""
     query, keys, values, target = batch
     logits, weights = model(query, keys, values)
     accuracy = (logits.argmax(-1) == target).double().mean().item()
     logit_std = model.scores(query, keys).std().item()
     p = weights.double().clamp_min(1e-300)
     entropy = -(weights.double() * p.log()).sum(-1).mean().item()
-    return accuracy, logit_std, entropy
+    loss = nn.functional.cross_entropy(logits, target).item()
+    return accuracy, logit_std, entropy, loss
