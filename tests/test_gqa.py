@@ -22,7 +22,7 @@ from attnbook.gqa import (PUBLISHED_MODELS, AttentionShape, GroupedQueryAttentio
                           pool_kv_heads, with_grouped_attention)
 from attnbook.multihead import MultiHeadAttention, attend, repeat_kv
 from attnbook.seeds import SeedDistribution
-from attnbook.uptrain import heldout_loss, paired_difference, uptrain, uptrain_over_seeds, windows
+from attnbook.uptrain import heldout_loss, uptrain, uptrain_over_seeds, windows
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -404,12 +404,3 @@ def test_uptrain_over_seeds_matches_single_runs():
     with pytest.raises(ValueError, match="at least one"):
         uptrain_over_seeds({}, tokens, tokens, **kw)
 
-
-def test_paired_difference():
-    a = SeedDistribution((0, 1, 2), np.array([0.5, 0.4, 0.9]))
-    b = SeedDistribution((0, 1, 2), np.array([0.2, 0.5, 0.1]))
-    d = paired_difference(a, b)
-    assert d.seeds == (0, 1, 2) and np.allclose(d.values, [0.3, -0.1, 0.8])
-    assert d.count_at_least(0.0, margin=0.05) == 2
-    with pytest.raises(ValueError, match="share their seeds"):
-        paired_difference(a, SeedDistribution((0, 1, 3), b.values))

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from attnbook.seeds import SeedDistribution, TooCloseToCall, over_seeds
+from attnbook.seeds import SeedDistribution, TooCloseToCall, over_seeds, paired_difference
 
 
 def test_over_seeds_calls_each_seed_in_order():
@@ -33,3 +33,12 @@ def test_bad_shapes_are_rejected():
         SeedDistribution((0, 1), np.zeros(3))
     with pytest.raises(ValueError, match="at least one seed"):
         over_seeds(lambda s: 0.0, [])
+
+def test_paired_difference():
+    a = SeedDistribution((0, 1, 2), np.array([0.5, 0.4, 0.9]))
+    b = SeedDistribution((0, 1, 2), np.array([0.2, 0.5, 0.1]))
+    d = paired_difference(a, b)
+    assert d.seeds == (0, 1, 2) and np.allclose(d.values, [0.3, -0.1, 0.8])
+    assert d.count_at_least(0.0, margin=0.05) == 2
+    with pytest.raises(ValueError, match="share their seeds"):
+        paired_difference(a, SeedDistribution((0, 1, 3), b.values))

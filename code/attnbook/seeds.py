@@ -84,3 +84,11 @@ def over_seeds(run: Callable[[int], float], seeds: Iterable[int]) -> SeedDistrib
     """Call ``run(seed)`` for each seed and collect the results."""
     seeds = tuple(int(s) for s in seeds)
     return SeedDistribution(seeds, np.array([float(run(s)) for s in seeds], dtype=np.float64))
+
+
+def paired_difference(a: SeedDistribution, b: SeedDistribution) -> SeedDistribution:
+    """``a - b`` seed by seed (both measured on the same seeds), e.g. to count the seeds where
+    one model recovered more than another: ``paired_difference(x, y).count_at_least(0, margin)``."""
+    if a.seeds != b.seeds:
+        raise ValueError(f"the distributions must share their seeds; got {a.seeds} and {b.seeds}")
+    return SeedDistribution(a.seeds, a.values - b.values)
