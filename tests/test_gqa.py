@@ -21,7 +21,6 @@ from attnbook.gqa import (PUBLISHED_MODELS, AttentionShape, GroupedQueryAttentio
                           compare_decode, group_size, grouped_query_attention, kv_head_of, measure_decode, mha_to_gqa,
                           pool_kv_heads, with_grouped_attention)
 from attnbook.multihead import MultiHeadAttention, attend, repeat_kv
-from attnbook.seeds import SeedDistribution
 from attnbook.uptrain import heldout_loss, uptrain, uptrain_over_seeds, windows
 
 
