@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbook.gpt import (CharTokenizer, GPTConfig, TinyGPT, load_training_text, save_checkpoint,
-                          train_val_split)
+                          text_windows, train_val_split, window_loss)
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "code" / "attnbook" / "data" / "tiny_gpt.pt"
 PROMPT = "1:1 In the beginning"
@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=2500, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="windows per step")
-    p.add_argument("--block-size", type=int, default=256, help="window length = longest context")
+    p.add_argument("--context-length", type=int, default=256, help="window length = longest context")
     p.add_argument("--d-model", type=int, default=96)
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
@@ -56,26 +56,6 @@ def learning_rate(step: int, args) -> float:
         return args.lr * (step + 1) / args.warmup
     progress = (step - args.warmup) / max(1, args.steps - args.warmup)
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def batch(tokens, starts, block_size: int):
-    """Windows starting at ``starts``: inputs (b, block) and next-token targets (b, block)."""
-    offsets = starts[:, None] + torch.arange(block_size + 1)
-    windows = tokens[offsets]                                     # (b, block + 1)
-    return windows[:, :-1], windows[:, 1:]
-
-
-@torch.no_grad()
-def evaluate(model, tokens, starts, args) -> float:
-    """Mean next-token cross-entropy (nats) over fixed windows ``starts`` of ``tokens``."""
-    was_training = model.training
-    model.eval()
-    losses = []
-    for chunk in starts.split(args.batch_size):
-        x, y = batch(tokens, chunk, args.block_size)
-        losses.append(F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item())
-    model.train(was_training)
-    return sum(losses) / len(losses)
 
 
 class Progress:
@@ -105,7 +85,7 @@ class Progress:
 def sample(model, tokenizer, temperature: float, seed: int) -> str:
     """A continuation of PROMPT as long as the block allows."""
     ids = torch.tensor([tokenizer.encode(PROMPT)])
-    n_new = model.config.block_size - ids.shape[1]
+    n_new = model.config.context_length - ids.shape[1]
     out = model.generate(ids, n_new, temperature=temperature, seed=seed)
     return tokenizer.decode(out[0].tolist())
 
@@ -120,19 +100,19 @@ def main(argv=None) -> None:
     text = load_training_text()
     tokenizer = CharTokenizer.from_text(text)
     train, val = train_val_split(torch.tensor(tokenizer.encode(text)))
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=args.block_size, n_layers=args.n_layers,
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=args.context_length, n_layers=args.n_layers,
                        n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, d_model=args.d_model)
     model = TinyGPT(config)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{len(text):,} characters, vocabulary {tokenizer.vocab_size}; "
           f"train {len(train):,} / val {len(val):,} tokens\n{config}\n{n_params:,} parameters; "
-          f"{args.steps} steps of {args.batch_size} x {args.block_size} tokens; torch {torch.__version__}, "
+          f"{args.steps} steps of {args.batch_size} x {args.context_length} tokens; torch {torch.__version__}, "
           f"{args.threads} threads, {platform.processor() or platform.machine()}", flush=True)
 
     eval_rng = torch.Generator().manual_seed(0)                   # the same windows at every evaluation
     n_eval = args.eval_batches * args.batch_size
-    val_starts = torch.randint(len(val) - args.block_size - 1, (n_eval,), generator=eval_rng)
-    train_eval_starts = torch.randint(len(train) - args.block_size - 1, (n_eval,), generator=eval_rng)
+    val_starts = torch.randint(len(val) - args.context_length - 1, (n_eval,), generator=eval_rng)
+    train_eval_starts = torch.randint(len(train) - args.context_length - 1, (n_eval,), generator=eval_rng)
 
     decay = [p for p in model.parameters() if p.ndim >= 2]        # matrices; not biases or LayerNorm gains
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -146,8 +126,8 @@ def main(argv=None) -> None:
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args)
-        starts = torch.randint(len(train) - args.block_size - 1, (args.batch_size,), generator=data_rng)
-        x, y = batch(train, starts, args.block_size)
+        starts = torch.randint(len(train) - args.context_length - 1, (args.batch_size,), generator=data_rng)
+        x, y = text_windows(train, starts, args.context_length)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -156,8 +136,8 @@ def main(argv=None) -> None:
         recent = recent[-(args.log_every - 1):] + [loss.item()]
         message = f"loss {sum(recent) / len(recent):.3f}"
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            train_loss = evaluate(model, train, train_eval_starts, args)
-            val_loss = evaluate(model, val, val_starts, args)
+            train_loss = window_loss(model, train, train_eval_starts, args.context_length, args.batch_size)
+            val_loss = window_loss(model, val, val_starts, args.context_length, args.batch_size)
             history.append({"step": step + 1, "train_loss": round(train_loss, 4), "val_loss": round(val_loss, 4)})
             message += f" | eval train {train_loss:.3f} val {val_loss:.3f}"
             if not progress.tty:

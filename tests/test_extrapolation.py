@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnbook import extrapolation as E
+from attnbook.experiments import extrapolation as E
 from attnbook import positional as P
 
 
@@ -72,9 +72,8 @@ def reference_attention(attn, x, scheme):
     """The attention layer recomputed in float64 numpy, from its weights."""
     b, n, d = x.shape
     h = attn.n_heads
-    w = attn.qkv.weight.detach().double().numpy()
-    qkv = x.double().numpy() @ w.T
-    q, k, v = (qkv[..., i * d:(i + 1) * d].reshape(b, n, h, d // h).transpose(0, 2, 1, 3) for i in range(3))
+    q, k, v = ((x.double().numpy() @ proj.weight.detach().double().numpy().T).reshape(b, n, h, d // h)
+               .transpose(0, 2, 1, 3) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     if scheme == "rope":
         q, k = (P.apply_rope(torch.from_numpy(t)).numpy() for t in (q, k))
     s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d // h)
@@ -85,27 +84,29 @@ def reference_attention(attn, x, scheme):
     e = np.exp(s - s.max(-1, keepdims=True))
     o = (e / e.sum(-1, keepdims=True)) @ v
     o = o.transpose(0, 2, 1, 3).reshape(b, n, d)
-    return o @ attn.out.weight.detach().double().numpy().T
+    return o @ attn.out_proj.weight.detach().double().numpy().T
 
 
 @pytest.mark.parametrize("scheme", ["none", "rope", "alibi"])
 def test_attention_layer_matches_a_numpy_reference(scheme):
     torch.manual_seed(1)
-    attn = E.CausalSelfAttention(16, 4, scheme)
+    attn = E.PositionalAttention(16, 4, scheme)
     x = torch.randn(2, 7, 16)
     with torch.no_grad():
-        got = attn(x).double().numpy()
+        got = attn(x, is_causal=True).double().numpy()
     np.testing.assert_allclose(got, reference_attention(attn, x, scheme), atol=1e-5)
 
 
 def test_window_restricts_attention():
     torch.manual_seed(2)
-    attn = E.CausalSelfAttention(8, 2, "rope")
+    block = E.Block(8, 2, "rope")
+    attn = block.attn
     x = torch.randn(1, 6, 8)
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, window=6), attn(x))
-        v = x @ attn.qkv.weight[16:].T                                   # window 1: each query sees itself
-        torch.testing.assert_close(attn(x, window=1), v @ attn.out.weight.T)
+        torch.testing.assert_close(block(x, window=6), block(x))
+        h = block.ln1(x)                                                 # window 1: each query sees itself
+        after_attn = x + attn.v_proj(h) @ attn.out_proj.weight.T
+        torch.testing.assert_close(block(x, window=1), after_attn + block.mlp(block.ln2(after_attn)))
 
 
 def test_learned_positions_stop_at_the_table():

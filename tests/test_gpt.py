@@ -25,7 +25,7 @@ def tiny():
 
 def small_gpt(seed=0, **overrides):
     torch.manual_seed(seed)
-    config = dict(vocab_size=17, block_size=24, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16) | overrides
+    config = dict(vocab_size=17, context_length=24, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16) | overrides
     return TinyGPT(GPTConfig(**config)).eval()
 
 
@@ -45,7 +45,7 @@ def test_shipped_weights_are_trained(tiny):
     (the shipped weights: about 1.44 on these windows; halfway through training: about 1.8)."""
     model, tokenizer = tiny
     _, val = train_val_split(torch.tensor(tokenizer.encode(load_training_text())))
-    block = model.config.block_size
+    block = model.config.context_length
     windows = torch.stack([val[s:s + block + 1] for s in range(0, 4 * block, block)])   # (4, block + 1)
     with torch.no_grad():
         logits = model(windows[:, :-1])
@@ -64,12 +64,12 @@ def test_greedy_generation_is_deterministic_and_cache_independent(tiny):
 
 
 def test_generation_fills_the_block_and_one_more():
-    """The last new token is never fed back, so prompt + new may reach block_size + 1."""
+    """The last new token is never fed back, so prompt + new may reach context_length + 1."""
     model = small_gpt()
     ids = torch.zeros(1, 3, dtype=torch.long)
-    n_new = model.config.block_size + 1 - 3
+    n_new = model.config.context_length + 1 - 3
     cached = model.generate(ids, n_new, temperature=0)
-    assert cached.shape == (1, model.config.block_size + 1)
+    assert cached.shape == (1, model.config.context_length + 1)
     assert torch.equal(cached, model.generate(ids, n_new, temperature=0, use_cache=False))
     with torch.no_grad():  # the last token is the argmax after the full block, as recomputation gives
         assert cached[0, -1] == model(cached[:, :-1])[0, -1].argmax()
@@ -154,14 +154,14 @@ def test_train_val_split_partitions_the_tokens():
 @pytest.mark.parametrize("call,match", [
     (lambda m: m(torch.zeros(1, 4)), "int64"),
     (lambda m: m(torch.zeros(4, dtype=torch.long)), r"\(4,\)"),
-    (lambda m: m(torch.zeros(1, 25, dtype=torch.long)), "block_size=24"),
-    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=21), "block_size=24"),
+    (lambda m: m(torch.zeros(1, 25, dtype=torch.long)), "context_length=24"),
+    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=21), "context_length=24"),
     (lambda m: m(torch.full((1, 4), 17)), r"\[0, 17\)"),
     (lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=-1), "start_pos"),
-    (lambda m: m.generate(torch.zeros(1, 20, dtype=torch.long), 6), "exceeds block_size \\+ 1 = 25"),
+    (lambda m: m.generate(torch.zeros(1, 20, dtype=torch.long), 6), "exceeds context_length \\+ 1 = 25"),
     (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 0), "max_new_tokens"),
     (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 3, temperature=-1), "temperature"),
-    (lambda m: m.new_kv_cache(max_len=25), "max_len=25 exceeds block_size=24"),
+    (lambda m: m.new_kv_cache(max_len=25), "max_len=25 exceeds context_length=24"),
 ])
 def test_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
@@ -171,15 +171,15 @@ def test_bad_input_raises_value_error(call, match):
 def test_config_errors():
     with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
         TinyGPT(GPTConfig(vocab_size=5, d_model=30, n_heads=4))
-    with pytest.raises(ValueError, match="block_size"):
-        GPTConfig(vocab_size=5, block_size=0)
+    with pytest.raises(ValueError, match="context_length"):
+        GPTConfig(vocab_size=5, context_length=0)
 
 
 # ---- the training script ----------------------------------------------------------------------
 
 def test_training_script_is_reproducible(tmp_path, monkeypatch, capsys):
     """Two short runs with the same seed write identical weights; the loss goes down."""
-    args = ["--steps", "6", "--batch-size", "2", "--block-size", "32", "--d-model", "16", "--n-layers", "1",
+    args = ["--steps", "6", "--batch-size", "2", "--context-length", "32", "--d-model", "16", "--n-layers", "1",
             "--n-heads", "2", "--eval-every", "3", "--eval-batches", "1", "--warmup", "2", "--threads", "1"]
     outputs = []
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()

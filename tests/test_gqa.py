@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnbook import kv_cache_bytes
+from attnbook.experiments.decode_speed import bytes_allocated
 from attnbook.gpt import GPTConfig, TinyGPT
-from attnbook.gqa import (PUBLISHED_MODELS, AttentionShape, GroupedQueryAttention, bytes_allocated,
-                          compare_decode, group_size, grouped_query_attention, kv_head_of, measure_decode, mha_to_gqa,
-                          pool_kv_heads, with_grouped_attention)
-from attnbook.multihead import MultiHeadAttention, attend, repeat_kv
-from attnbook.uptrain import heldout_loss, uptrain, uptrain_over_seeds, windows
+from attnbook.gqa import (PUBLISHED_MODELS, AttentionShape, GroupedQueryAttention, group_size,
+                          grouped_query_attention, kv_head_of, mha_to_gqa, pool_kv_heads, with_grouped_attention)
+from attnbook.multihead import MultiHeadAttention
+from attnbook.torch_attention import attend, repeat_kv
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -193,7 +193,7 @@ def test_grouped_layer_equals_multihead_layer(n_kv_heads):
 
 def test_grouped_model_equals_model_with_and_without_cache():
     torch.manual_seed(0)
-    model = TinyGPT(GPTConfig(vocab_size=11, block_size=16, n_layers=2, n_heads=4, n_kv_heads=2,
+    model = TinyGPT(GPTConfig(vocab_size=11, context_length=16, n_layers=2, n_heads=4, n_kv_heads=2,
                               d_model=16)).double().eval()
     grouped = with_grouped_attention(model)
     ids = torch.randint(11, (2, 9))
@@ -266,7 +266,7 @@ def test_conversion_is_exact_when_the_heads_of_each_group_agree():
 
 def test_convert_tiny_gpt():
     torch.manual_seed(0)
-    model = TinyGPT(GPTConfig(vocab_size=7, block_size=8, n_layers=2, n_heads=4, d_model=8)).double().eval()
+    model = TinyGPT(GPTConfig(vocab_size=7, context_length=8, n_layers=2, n_heads=4, d_model=8)).double().eval()
     same = mha_to_gqa(model, 4)
     ids = torch.randint(7, (1, 6))
     with torch.no_grad():
@@ -291,48 +291,6 @@ def test_conversion_errors():
         mha_to_gqa(make_layer(n_kv_heads=None), 0)
 
 
-# ---- measurement helpers -----------------------------------------------------------------------
-
-def test_measure_decode_counts_the_cache():
-    torch.manual_seed(0)
-    model = TinyGPT(GPTConfig(vocab_size=9, block_size=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                              d_model=16)).eval()
-    assert measure_decode(model, batch=1, n_prompt=5, n_new=2).timing.repeats == 5
-    m = measure_decode(model, batch=3, n_prompt=5, n_new=4, repeats=2)
-    assert m.n_kv_heads == 2 and (m.batch, m.n_prompt, m.n_new) == (3, 5, 4)
-    assert m.cache_bytes == kv_cache_bytes(2, 2, 4, 9, batch=3, bytes_per_element=4)
-    assert m.tokens_per_s == pytest.approx(3 * 4 / m.timing.low)               # the fastest run
-    assert m.median_tokens_per_s == pytest.approx(3 * 4 / m.timing.median)
-    assert m.tokens_per_s >= m.median_tokens_per_s
-    assert m.timing.repeats == 2 and m.timing.low <= m.timing.median <= m.timing.high
-    with pytest.raises(ValueError, match="block_size"):
-        measure_decode(model, n_prompt=30, n_new=4)
-
-
-def test_compare_decode_times_every_model():
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=9, block_size=32, n_layers=1, n_heads=4, d_model=16)
-    mha = TinyGPT(config).eval()
-    models = {"mha": mha, "mqa": mha_to_gqa(mha, 1), "mqa grouped": with_grouped_attention(mha_to_gqa(mha, 1))}
-    result = compare_decode(models, batch=2, n_prompt=4, n_new=3, rounds=3)
-    assert list(result) == list(models)
-    assert [r.n_kv_heads for r in result.values()] == [4, 1, 1]
-    assert result["mha"].cache_bytes == 4 * result["mqa"].cache_bytes == 2 * 1 * 2 * 4 * 7 * 4 * 4
-    assert all(r.timing.repeats == 3 for r in result.values())
-    with pytest.raises(ValueError, match="at least one"):
-        compare_decode({})
-    other = TinyGPT(dataclasses.replace(config, vocab_size=5))
-    with pytest.raises(ValueError, match="one vocabulary"):
-        compare_decode({"a": mha, "b": other})
-
-
-def test_bytes_allocated_sees_tensor_allocations():
-    result, n = bytes_allocated(torch.zeros, 1000, dtype=torch.float64)
-    assert result.shape == (1000,) and n >= 8000
-    _, n = bytes_allocated(lambda: None)
-    assert n == 0
-
-
 def test_published_models():
     shapes = {m.name: m for m in PUBLISHED_MODELS}
     assert [shapes[n].kind for n in ("GPT-2 small", "Llama-2-70B", "Falcon-7B")] == ["MHA", "GQA", "MQA"]
@@ -343,63 +301,3 @@ def test_published_models():
         AttentionShape("bad", 2, 6, 4, 8, 16, "")
     with pytest.raises(ValueError, match="positive integer"):
         AttentionShape("bad", 0, 6, 3, 8, 16, "")
-
-
-# ---- uptraining --------------------------------------------------------------------------------
-
-def test_windows_and_errors():
-    tokens = torch.arange(20)
-    x, y = windows(tokens, torch.tensor([0, 7]), 5)
-    assert torch.equal(x[1], torch.arange(7, 12)) and torch.equal(y[1], torch.arange(8, 13))
-    with pytest.raises(ValueError, match="do not fit"):
-        windows(tokens, torch.tensor([15]), 5)
-
-
-def test_uptraining_lowers_the_loss_reproducibly():
-    tokens = torch.tensor([0, 1, 2, 3, 2, 1] * 60)                   # a periodic text, easy to learn
-    def run():
-        torch.manual_seed(0)
-        model = TinyGPT(GPTConfig(vocab_size=4, block_size=16, n_layers=1, n_heads=2, d_model=16))
-        before = heldout_loss(model, tokens, n_windows=8, length=12)
-        losses = uptrain(model, tokens, steps=40, batch=4, length=12, lr=1e-2, seed=3)
-        return before, heldout_loss(model, tokens, n_windows=8, length=12), losses
-    before, after, losses = run()
-    assert len(losses) == 40 and after < 0.5 * before
-    assert run()[1:] == (after, losses)
-    with pytest.raises(ValueError, match="lr"):
-        uptrain(TinyGPT(GPTConfig(vocab_size=4, block_size=16)), tokens, 1, lr=0.0)
-
-
-def test_uptrain_over_seeds_matches_single_runs():
-    """Each seed's loss is what a separate uptrain + heldout_loss of a fresh copy gives; the
-    derived distributions are the arithmetic of their definitions."""
-    tokens = torch.tensor([0, 1, 2, 3, 2, 1] * 60)
-    torch.manual_seed(0)
-    mha = TinyGPT(GPTConfig(vocab_size=4, block_size=16, n_layers=1, n_heads=2, d_model=16)).eval()
-    models = {"mha": mha, "mqa": mha_to_gqa(mha, 1)}
-    ev = dict(n_windows=4, length=12)
-    kw = dict(steps=5, batch=2, length=12, lr=1e-2)
-    runs = uptrain_over_seeds(models, tokens, tokens, seeds=(3, 7), eval_kwargs=ev, **kw)
-    assert runs.seeds == (3, 7) and runs.reference == "mha"
-    for name, start in models.items():
-        assert runs.before[name] == heldout_loss(start, tokens, **ev)
-        assert runs.curves[name].shape == (2, 5)
-        for i, seed in enumerate((3, 7)):
-            m = copy.deepcopy(start)
-            curve = uptrain(m, tokens, seed=seed, **kw)
-            assert runs.curves[name][i].tolist() == curve
-            assert runs.after[name].values[i] == heldout_loss(m, tokens, **ev)
-    # the starting models are left untouched
-    assert heldout_loss(mha, tokens, **ev) == runs.before["mha"]
-    gain = runs.gain("mqa")
-    assert np.allclose(gain.values, runs.before["mqa"] - runs.after["mqa"].values)
-    gap = runs.before["mqa"] - runs.before["mha"]
-    assert np.allclose(runs.recovered("mqa").values, gain.values / gap)
-    assert np.allclose(runs.behind("mqa").values, runs.after["mqa"].values - runs.before["mha"])
-    with pytest.raises(ValueError, match="no gap"):
-        runs.recovered("mha")
-    with pytest.raises(ValueError, match="reference"):
-        uptrain_over_seeds(models, tokens, tokens, seeds=(0,), reference="gqa", **kw)
-    with pytest.raises(ValueError, match="at least one"):
-        uptrain_over_seeds({}, tokens, tokens, **kw)
-

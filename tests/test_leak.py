@@ -3,13 +3,15 @@ import numpy as np
 import pytest
 import torch
 
-from attnbook.leak import (LeakConfig, LeakMeasurements, char_data, greedy_text, lookahead_weight, measure,
-                           position_losses, run_leak_experiment, run_leak_experiments, train_char_model, windows)
+from attnbook.experiments.leak import (LeakConfig, LeakMeasurements, char_data, greedy_text, lookahead_weight, measure,
+                                      position_losses, run_leak_experiment, run_leak_experiments, train_char_model)
+from attnbook.gpt import text_windows
+from attnbook.heads import attention_maps
 
 
 def test_windows_targets_are_inputs_shifted_by_one():
     tokens = torch.arange(100)
-    x, y = windows(tokens, torch.tensor([0, 7, 50]), 5)
+    x, y = text_windows(tokens, torch.tensor([0, 7, 50]), 5)
     assert x.shape == y.shape == (3, 5)
     assert torch.equal(x[1], torch.arange(7, 12)) and torch.equal(y[1], torch.arange(8, 13))
 
@@ -61,12 +63,11 @@ def test_the_leak_is_reading_the_next_position(result):
 
 def test_leaky_attention_looks_one_position_ahead(result):
     """lookahead_weight against the weights read off by hand, window by window."""
-    from attnbook.masked_gpt import forward_with_mask
     starts = torch.arange(0, 3200, 100)
     ahead = lookahead_weight(result.leaky, result.val, starts)                  # (layers, heads)
-    x, _ = windows(result.val, starts, 8)
+    x, _ = text_windows(result.val, starts, 8)
     with torch.no_grad():
-        _, w = forward_with_mask(result.leaky, x, None, return_weights=True)   # (layers, b, h, n, n)
+        w = attention_maps(result.leaky, x, mask=None, is_causal=False)        # (layers, b, h, n, n)
     by_hand = np.array([[np.mean([w[l, b, h, t, t + 1].item() for b in range(len(starts)) for t in range(7)])
                          for h in range(4)] for l in range(2)])
     np.testing.assert_allclose(ahead, by_hand, rtol=1e-5)
@@ -103,7 +104,7 @@ def test_greedy_text(result):
     assert text == greedy_text(result.honest, result.tokenizer, "1:1 In the", 20, causal=True)
 
 
-@pytest.mark.parametrize("kwargs", [{"steps": 0}, {"block_size": -1}, {"lr": 0.0}, {"d_model": 2.5}])
+@pytest.mark.parametrize("kwargs", [{"steps": 0}, {"context_length": -1}, {"lr": 0.0}, {"d_model": 2.5}])
 def test_bad_config(kwargs):
     with pytest.raises(ValueError):
         LeakConfig(**kwargs)
@@ -112,7 +113,7 @@ def test_bad_config(kwargs):
 def test_a_custom_mask_overrides_causal():
     cfg = LeakConfig(steps=2, n_chars=100_000)
     tok, train, val = char_data(cfg)
-    n = cfg.block_size
+    n = cfg.context_length
     _, causal = train_char_model(train, tok.vocab_size, causal=True, config=cfg)
     _, same = train_char_model(train, tok.vocab_size, causal=False, config=cfg, mask=np.tril(np.ones((n, n), bool)))
     _, ahead = train_char_model(train, tok.vocab_size, config=cfg, mask=np.tril(np.ones((n, n), bool), k=1))

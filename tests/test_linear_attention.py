@@ -10,8 +10,8 @@ import attnbook
 from attnbook.bench import peak_memory
 from attnbook.linear_attention import (attention_from_features, draw_random_features, elu_feature_map,
                                        linear_attention, linear_attention_recurrent, performer_attention,
-                                       softmax_kernel_features, softmax_kernel_log_features,
-                                       time_against_softmax)
+                                       softmax_kernel_features, softmax_kernel_log_features)
+from attnbook.experiments.linear_attention_timing import time_against_softmax
 
 
 def visible(n_q, n_k):

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnbook
-from attnbook.multihead import MultiHeadAttention, attend, repeat_kv
+from attnbook.multihead import MultiHeadAttention
+from attnbook.torch_attention import attend, repeat_kv
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

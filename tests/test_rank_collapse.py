@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnbook
-from attnbook.rank_collapse import (attention_stack, ergodicity_coefficient, random_attention_layers,
+from attnbook.experiments.rank_collapse import (attention_stack, ergodicity_coefficient, random_attention_layers,
                                     rank_one_residual, token_diameter)
 
 

@@ -1,7 +1,10 @@
 """attnbook: the code of the textbook *Attention, Derived*.
 
 Every chapter imports this package; the functions here are the ones the chapters
-derive, and the ones the tests check against independent references.
+derive, and the ones the tests check against independent references. The top level is the
+library (mechanisms, models, tools), which later chapters build on; the code that exists to
+produce one chapter's numbers is in :mod:`attnbook.experiments`, which the library never imports.
+CONTRIBUTING.md maps every chapter to the modules whose code it shows.
 """
 from .attention import attention_scores, scaled_dot_product_attention
 from .flash import flash_attention_numpy
@@ -18,7 +21,7 @@ __version__ = "0.1.0"
 # Triton (slow to import, and told to interpret when there is no GPU) loads only when asked for.
 _LAZY = {
     "KVCache": "kv_cache", "kv_cache_bytes": "kv_cache",
-    "MultiHeadAttention": "multihead", "attend": "multihead", "repeat_kv": "multihead",
+    "MultiHeadAttention": "multihead", "attend": "torch_attention", "repeat_kv": "torch_attention",
     "grouped_query_attention": "gqa", "mha_to_gqa": "gqa", "load_minilm": "minilm",
     "triton_flash_attention": "triton_flash",
 }

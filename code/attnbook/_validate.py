@@ -2,7 +2,8 @@
 
 Every public function validates its inputs here, so that a wrong shape raises a
 ``ValueError`` that names the shapes at fault instead of broadcasting silently
-into a wrong answer.
+into a wrong answer. No chapter shows this module: the book shows the mechanism, and a
+shown function starts with one call here (or to a checking function of its own module).
 """
 from __future__ import annotations
 
@@ -70,3 +71,37 @@ def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer; got {value!r}")
     return int(value)
+
+
+def attend_inputs(q, k, v, mask=None, bias=None) -> tuple[tuple[int, ...], int, int, int, int]:
+    """:func:`attention_shapes`, plus the mask's and the additive bias's shapes (torch tensors)."""
+    batch, n_q, n_k, d_k, d_v = attention_shapes(q, k, v)
+    scores_shape = batch + (n_q, n_k)
+    if mask is not None:
+        mask_shape(mask, scores_shape)
+    if bias is not None:
+        try:
+            out = np.broadcast_shapes(tuple(bias.shape), scores_shape)
+        except ValueError:
+            out = None
+        if out != scores_shape:
+            raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to the scores' shape "
+                             f"{scores_shape} (..., n_q, n_k)")
+    return batch, n_q, n_k, d_k, d_v
+
+
+def repeat_kv_inputs(x, n_rep) -> int:
+    """Check ``x`` is (batch, n_kv_heads, n, d) and ``n_rep`` a positive integer; return n_rep."""
+    if x.ndim != 4:
+        raise ValueError(f"repeat_kv expects x of shape (batch, n_kv_heads, n, d); got {tuple(x.shape)}")
+    return positive_int("n_rep", n_rep)
+
+
+def group_size(n_heads, n_kv_heads) -> int:
+    """Query heads per key/value head; raises unless ``n_kv_heads`` divides ``n_heads``."""
+    n_heads = positive_int("n_heads", n_heads)
+    n_kv_heads = positive_int("n_kv_heads", n_kv_heads)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
+                         "each key/value head must serve the same number of query heads")
+    return n_heads // n_kv_heads

@@ -12,6 +12,8 @@ relatives such as MiniLM:
 
 Padding is a boolean ``padding_mask`` of shape (batch, n), True = a real token; padded
 positions are hidden as *keys* from every query, so they never change a real token.
+Chapter 5 (multi-head attention) shows :class:`EncoderLayer`; :mod:`attnbook.minilm` loads a
+real checkpoint into these modules (chapters 1 and 5).
 """
 from __future__ import annotations
 

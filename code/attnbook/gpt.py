@@ -3,10 +3,14 @@
 Characters in, next-character logits out. Each block is pre-LayerNorm causal
 self-attention followed by a pre-LayerNorm MLP, both added to the residual stream
 (Radford et al. 2019); positions are learned absolute embeddings up to
-``block_size``; the output head reuses the token embedding matrix (weight tying,
+``context_length``; the output head reuses the token embedding matrix (weight tying,
 Press & Wolf 2017). The package ships weights trained by ``scripts/train_gpt.py`` on
 part of the King James Bible (see ``attnbook/data/README.md``); :func:`load_tiny_gpt`
 loads them.
+
+Chapter 5 (multi-head attention) reads its heads; chapter 7 (masking) runs it under other masks
+(``mask``, ``is_causal``); chapter 8 (the KV cache) shows :meth:`TinyGPT.generate`; chapter 11
+(grouped-query attention) converts it to fewer key/value heads; chapter 12 reads its attention.
 """
 from __future__ import annotations
 
@@ -31,14 +35,14 @@ class GPTConfig:
     """Shape of a :class:`TinyGPT`. ``n_kv_heads=None`` means one key/value head per query head."""
 
     vocab_size: int
-    block_size: int = 256
+    context_length: int = 256
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int | None = None
     d_model: int = 96
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
+        for name in ("vocab_size", "context_length", "n_layers", "n_heads", "d_model"):
             _validate.positive_int(name, getattr(self, name))
 
     @property
@@ -85,8 +89,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
-    def forward(self, x, kv_cache: KVCache | None = None):
-        x = x + self.attn(self.ln_1(x), is_causal=True, kv_cache=kv_cache)
+    def forward(self, x, kv_cache: KVCache | None = None, mask=None, is_causal: bool = True):
+        """x: (batch, n, d_model); ``mask``, ``is_causal`` as in :class:`MultiHeadAttention`."""
+        x = x + self.attn(self.ln_1(x), mask=mask, is_causal=is_causal, kv_cache=kv_cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -97,7 +102,7 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.context_length, config.d_model)
         self.blocks = nn.ModuleList(Block(config, use_sdpa) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -115,19 +120,22 @@ class TinyGPT(nn.Module):
             for layer in (block.attn.out_proj, block.mlp[2]):
                 nn.init.normal_(layer.weight, std=0.02 / math.sqrt(2 * self.config.n_layers))
 
-    def forward(self, ids, kv_cache: list[KVCache] | None = None, start_pos: int = 0):
+    def forward(self, ids, kv_cache: list[KVCache] | None = None, start_pos: int = 0, mask=None,
+                is_causal: bool = True):
         """Next-token logits for every position of ``ids``.
 
         ids: (batch, n) int64 token ids at positions ``start_pos .. start_pos + n - 1``;
         kv_cache: one :class:`KVCache` per layer (from :meth:`new_kv_cache`) holding the
         ``start_pos`` earlier positions; the new keys and values are appended to it.
-        Returns (batch, n, vocab_size).
+        mask: bool, broadcastable to (batch, n_heads, n, n_k), True = may attend, used in every
+        layer; is_causal: also hide later positions (the default; chapter 7 turns it off to
+        run the model under other masks). Returns (batch, n, vocab_size).
         """
         n = self._check_forward(ids, kv_cache, start_pos)
         positions = torch.arange(start_pos, start_pos + n, device=ids.device)
         x = self.tok_emb(ids) + self.pos_emb(positions)                   # (batch, n, d_model)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_cache is None else kv_cache[i])
+            x = block(x, None if kv_cache is None else kv_cache[i], mask, is_causal)
         return self.head(self.ln_f(x))                                    # (batch, n, vocab_size)
 
     def _check_forward(self, ids, kv_cache, start_pos: int) -> int:
@@ -137,9 +145,9 @@ class TinyGPT(nn.Module):
         n = ids.shape[1]
         if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
             raise ValueError(f"start_pos must be a non-negative integer; got {start_pos!r}")
-        if n == 0 or start_pos + n > cfg.block_size:
-            raise ValueError(f"positions {start_pos}..{start_pos + n - 1} do not fit block_size="
-                             f"{cfg.block_size} (ids of shape {tuple(ids.shape)})")
+        if n == 0 or start_pos + n > cfg.context_length:
+            raise ValueError(f"positions {start_pos}..{start_pos + n - 1} do not fit context_length="
+                             f"{cfg.context_length} (ids of shape {tuple(ids.shape)})")
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
             raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}); got {int(ids.min())}..{int(ids.max())}")
         if kv_cache is not None:
@@ -151,12 +159,26 @@ class TinyGPT(nn.Module):
                                  f"the caches hold {sorted(lengths)}")
         return n
 
+    def _check_generate(self, ids, max_new_tokens, temperature) -> int:
+        """Raise unless :meth:`generate` can run; return the length of its result."""
+        max_new_tokens = _validate.positive_int("max_new_tokens", max_new_tokens)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0; got {temperature}")
+        if ids.ndim != 2:
+            raise ValueError(f"ids must have shape (batch, n); got {tuple(ids.shape)}")
+        total = ids.shape[1] + max_new_tokens
+        # The last new token is returned, never fed back: the model sees at most total - 1 positions.
+        if total - 1 > self.config.context_length:
+            raise ValueError(f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} "
+                             f"exceeds context_length + 1 = {self.config.context_length + 1}")
+        return total
+
     def new_kv_cache(self, batch: int = 1, max_len: int | None = None) -> list[KVCache]:
-        """Empty caches, one per layer, for ``max_len`` positions (default ``block_size``)."""
+        """Empty caches, one per layer, for ``max_len`` positions (default ``context_length``)."""
         cfg = self.config
-        max_len = cfg.block_size if max_len is None else _validate.positive_int("max_len", max_len)
-        if max_len > cfg.block_size:
-            raise ValueError(f"max_len={max_len} exceeds block_size={cfg.block_size}: "
+        max_len = cfg.context_length if max_len is None else _validate.positive_int("max_len", max_len)
+        if max_len > cfg.context_length:
+            raise ValueError(f"max_len={max_len} exceeds context_length={cfg.context_length}: "
                              "there are no position embeddings beyond it")
         weight = self.tok_emb.weight
         return [KVCache(batch, cfg.kv_heads, max_len, cfg.d_model // cfg.n_heads,
@@ -173,16 +195,7 @@ class TinyGPT(nn.Module):
         ``use_cache=False`` recomputes the whole prefix for every new token; with the
         cache each step feeds only the newest token.
         """
-        max_new_tokens = _validate.positive_int("max_new_tokens", max_new_tokens)
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0; got {temperature}")
-        if ids.ndim != 2:
-            raise ValueError(f"ids must have shape (batch, n); got {tuple(ids.shape)}")
-        total = ids.shape[1] + max_new_tokens
-        # The last new token is returned, never fed back: the model sees at most total - 1 positions.
-        if total - 1 > self.config.block_size:
-            raise ValueError(f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} "
-                             f"exceeds block_size + 1 = {self.config.block_size + 1}")
+        total = self._check_generate(ids, max_new_tokens, temperature)   # prompt + new tokens
         generator = None
         if seed is not None:
             generator = torch.Generator(device=ids.device).manual_seed(seed)
@@ -221,6 +234,37 @@ def train_val_split(tokens, chunk_len: int = 8192, val_every: int = 10):
     val = [c for i, c in enumerate(chunks) if i % val_every == val_every - 1]
     train = [c for i, c in enumerate(chunks) if i % val_every != val_every - 1]
     return torch.cat(train), torch.cat(val)
+
+
+def text_windows(tokens, starts, length: int):
+    """Inputs and next-token targets of the windows of ``tokens`` beginning at ``starts``.
+
+    tokens: (n_tokens,) int64; starts: (b,) int64. Returns ``(x, y)``, each (b, length),
+    where ``y[i, t] = x[i, t + 1]`` within the text.
+    """
+    starts = torch.as_tensor(starts)
+    offsets = starts[:, None] + torch.arange(length + 1)                 # (b, length + 1)
+    if int(offsets.max()) >= len(tokens) or int(starts.min()) < 0:
+        raise ValueError(f"windows of length {length} + 1 starting at {int(starts.min())}..{int(starts.max())} "
+                         f"do not fit in {len(tokens)} tokens")
+    chunk = tokens[offsets]
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+@torch.no_grad()
+def window_loss(model, tokens, starts, length: int, batch: int = 16) -> float:
+    """Mean next-token cross-entropy (nats per token) of ``model`` over the windows at ``starts``.
+
+    The model runs in eval mode (its previous mode is restored), ``batch`` windows at a time.
+    """
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for chunk in torch.as_tensor(starts).split(_validate.positive_int("batch", batch)):
+        x, y = text_windows(tokens, chunk, length)
+        total += F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum").item()
+    model.train(was_training)
+    return total / (len(starts) * length)
 
 
 def load_training_text() -> str:

@@ -11,39 +11,25 @@ grouped-query attention (GQA, Ainslie et al. 2023).
 This module computes grouped attention without materialising the repeated keys and
 values (:func:`grouped_query_attention`, :class:`GroupedQueryAttention`), converts a
 multi-head checkpoint to fewer key/value heads by pooling each group's projections
-(:func:`mha_to_gqa`), measures decoding speed and cache memory (:func:`compare_decode`) and
-the memory an operation allocates (:func:`bytes_allocated`), and lists the attention shapes of
-published models (:data:`PUBLISHED_MODELS`).
+(:func:`mha_to_gqa`), and lists the attention shapes of published models
+(:data:`PUBLISHED_MODELS`). Chapter 11 (grouped-query attention) shows
+:func:`grouped_query_attention` and :func:`pool_kv_heads`; its measurements of decoding speed
+are in :mod:`attnbook.experiments.decode_speed`.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import math
-import os
-import statistics
-import sys
-import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from . import _validate
-from .bench import Timing
 from .kv_cache import kv_cache_bytes
+from ._validate import group_size
 from .multihead import MultiHeadAttention
-
-
-def group_size(n_heads: int, n_kv_heads: int) -> int:
-    """Query heads per key/value head; raises unless ``n_kv_heads`` divides ``n_heads``."""
-    n_heads = _validate.positive_int("n_heads", n_heads)
-    n_kv_heads = _validate.positive_int("n_kv_heads", n_kv_heads)
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
-                         "each key/value head must serve the same number of query heads")
-    return n_heads // n_kv_heads
+from .torch_attention import attend, with_causal
 
 
 def kv_head_of(n_heads: int, n_kv_heads: int) -> list[int]:
@@ -54,37 +40,29 @@ def kv_head_of(n_heads: int, n_kv_heads: int) -> list[int]:
 
 # ---- attention that shares key/value heads -----------------------------------------------------
 
-def grouped_query_attention(q, k, v, mask=None, scale: float | None = None):
+def grouped_query_attention(q, k, v, mask=None, scale: float | None = None, return_weights: bool = False):
     """Attention in which each key/value head serves a contiguous group of query heads.
 
     q: (batch, n_heads, n_q, d_k); k: (batch, n_kv_heads, n_k, d_k);
     v: (batch, n_kv_heads, n_k, d_v); mask: bool, broadcastable to
     (batch, n_heads, n_q, n_k), True = may attend; scale defaults to ``1/sqrt(d_k)``.
-    Returns (batch, n_heads, n_q, d_v), equal to :func:`attnbook.attend` on
-    ``repeat_kv(k, g)`` and ``repeat_kv(v, g)``, but the keys and values are never repeated:
-    the ``g`` query heads of a group are stacked into ``g * n_q`` rows that attend to
-    their one key/value head in a single batched product.
-    A query whose whole row is masked gets a zero output.
+    Returns (batch, n_heads, n_q, d_v) (and the weights (batch, n_heads, n_q, n_k) with
+    ``return_weights``), equal to :func:`attnbook.attend` on ``repeat_kv(k, g)`` and
+    ``repeat_kv(v, g)``, but the keys and values are never repeated: the ``g`` query heads of a
+    group are stacked into ``g * n_q`` rows that attend to their one key/value head.
     """
-    b, h, h_kv, g, n_q, n_k, d_k, d_v = _grouped_shapes(q, k, v)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d_k)
+    b, h, h_kv, g, n_q, n_k, d_k, d_v = grouped_shapes(q, k, v)
     # Heads i*g .. i*g + g - 1 are adjacent in memory, so this reshape only relabels them:
     # group i becomes g * n_q query rows facing key/value head i.
     q_rows = q.reshape(b, h_kv, g * n_q, d_k)                            # (b, h_kv, g n_q, d_k)
-    scores = (q_rows @ k.transpose(-2, -1)) * scale                     # (b, h_kv, g n_q, n_k)
-    scores = scores.view(b, h_kv, g, n_q, n_k)
     if mask is not None:
-        mask = _grouped_mask(mask, (b, h, n_q, n_k), h_kv, g)            # broadcasts to the scores
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)                              # (b, h_kv, g, n_q, n_k)
-    if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)   # a fully masked row: NaN -> 0, as in attend
-    out = weights.reshape(b, h_kv, g * n_q, n_k) @ v                     # (b, h_kv, g n_q, d_v)
-    return out.reshape(b, h, n_q, d_v)
+        mask = grouped_mask(mask, (b, h, n_q, n_k), h_kv, g)            # (b, h_kv, g n_q, n_k)
+    out, weights = attend(q_rows, k, v, mask, scale, return_weights=True)
+    out = out.reshape(b, h, n_q, d_v)                                   # (b, h, n_q, d_v)
+    return (out, weights.reshape(b, h, n_q, n_k)) if return_weights else out
 
 
-def _grouped_shapes(q, k, v):
+def grouped_shapes(q, k, v):
     """Check the shapes of :func:`grouped_query_attention`; return b, h, h_kv, g, n_q, n_k, d_k, d_v."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:
@@ -101,38 +79,26 @@ def _grouped_shapes(q, k, v):
     return b, h, h_kv, h // h_kv, n_q, n_k, d_k, d_v
 
 
-def _grouped_mask(mask, scores_shape, h_kv: int, g: int):
-    """A mask broadcastable to (b, h, n_q, n_k), reshaped to broadcast to (b, h_kv, g, n_q, n_k)."""
+def grouped_mask(mask, scores_shape, h_kv: int, g: int):
+    """A mask broadcastable to (b, h, n_q, n_k) as the (b, h_kv, g * n_q, n_k) mask of the stacked rows."""
     _validate.mask_shape(mask, scores_shape)
-    while mask.ndim < 4:
-        mask = mask.unsqueeze(0)
-    mb, mh, mq, mk = mask.shape
-    if mh == 1:                                    # one mask for every head
-        return mask.unsqueeze(2)                   # (mb, 1, 1, mq, mk)
-    return mask.reshape(mb, h_kv, g, mq, mk)       # head j -> (group j // g, member j % g)
+    b, h, n_q, n_k = scores_shape
+    mask = mask.expand(b, h, n_q, n_k)           # head j -> (group j // g, member j % g)
+    return mask.reshape(b, h_kv, g * n_q, n_k)
 
 
 class GroupedQueryAttention(MultiHeadAttention):
-    """:class:`attnbook.MultiHeadAttention` that attends through :func:`grouped_query_attention`.
+    """:class:`attnbook.MultiHeadAttention` whose attention step is :func:`grouped_query_attention`.
 
     Same parameters, same arguments, same results; the difference is that the keys
     and values (those in a KV cache included) are never repeated to ``n_heads``.
     ``use_sdpa`` has no effect: the attention always runs in :func:`grouped_query_attention`.
     """
 
-    def forward(self, x, context=None, mask=None, is_causal: bool = False, kv_cache=None):
-        """x: (batch, n, d_model) -> (batch, n, d_model); arguments as in MultiHeadAttention."""
-        b, n, m = self._check_inputs(x, context)
-        source = x if context is None else context
-        h, h_kv, d_head = self.n_heads, self.n_kv_heads, self.d_head
-        q = self.q_proj(x).view(b, n, h, d_head).transpose(1, 2)            # (b, h, n, d_head)
-        k = self.k_proj(source).view(b, m, h_kv, d_head).transpose(1, 2)    # (b, h_kv, m, d_head)
-        v = self.v_proj(source).view(b, m, h_kv, d_head).transpose(1, 2)
-        if kv_cache is not None:
-            k, v = kv_cache.update(k, v)                                    # (b, h_kv, n_k, d_head)
-        mask = self._full_mask(mask, is_causal, n, k.shape[2], x.device, b)
-        out = grouped_query_attention(q, k, v, mask)                        # (b, h, n, d_head)
-        return self.out_proj(out.transpose(1, 2).reshape(b, n, h * d_head))
+    def attention(self, q, k, v, mask=None, is_causal: bool = False):
+        """q: (b, n_heads, n, d_head); k, v: (b, n_kv_heads, n_k, d_head) -> (out, weights)."""
+        mask = with_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
+        return grouped_query_attention(q, k, v, mask, return_weights=True)
 
 
 def with_grouped_attention(model):
@@ -206,118 +172,6 @@ def _convert_layer(attn: MultiHeadAttention, n_kv_heads: int, method: str) -> No
                 new.bias.copy_(pool_kv_heads(old.bias, attn.n_heads, n_kv_heads, method))
         setattr(attn, name, new)
     attn.n_kv_heads, attn.n_rep = n_kv_heads, attn.n_heads // n_kv_heads
-
-
-# ---- decoding speed and cache memory -----------------------------------------------------------
-
-@dataclass(frozen=True)
-class DecodeMeasurement:
-    """Greedy decoding with a KV cache: ``n_new`` steps for ``batch`` sequences after a prompt."""
-
-    n_kv_heads: int
-    batch: int
-    n_prompt: int
-    n_new: int
-    timing: Timing          # seconds for the n_new decode steps (the prompt's prefill excluded)
-    cache_bytes: int        # KVCache.nbytes summed over the layers
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Tokens generated per second in the fastest run: noise from other work on the machine
-        only ever slows a run down, so the fastest is the best estimate of the decoder's speed."""
-        return self.batch * self.n_new / self.timing.low
-
-    @property
-    def median_tokens_per_s(self) -> float:
-        """Tokens per second of the median run (lower than :attr:`tokens_per_s` on a busy machine)."""
-        return self.batch * self.n_new / self.timing.median
-
-
-@torch.no_grad()
-def _decode_seconds(model, prompt, n_new: int) -> tuple[float, int]:
-    """Prefill a fresh cache with ``prompt`` (untimed), then time ``n_new`` greedy steps.
-
-    Returns (seconds, bytes held by the cache)."""
-    n_prompt = prompt.shape[1]
-    cache = model.new_kv_cache(prompt.shape[0], n_prompt + n_new)
-    logits = model(prompt, cache)[:, -1]
-    start = time.perf_counter()
-    for t in range(n_new):
-        next_id = logits.argmax(dim=-1, keepdim=True)                    # (batch, 1)
-        logits = model(next_id, cache, start_pos=n_prompt + t)[:, -1]
-    return time.perf_counter() - start, sum(c.nbytes for c in cache)
-
-
-def compare_decode(models: dict, batch: int = 1, n_prompt: int = 128, n_new: int = 16,
-                   rounds: int = 5, seed: int = 0) -> dict:
-    """Time greedy decoding of several :class:`attnbook.gpt.TinyGPT` models on the same prompt.
-
-    The prompt is ``batch`` seeded random sequences of ``n_prompt`` tokens; each model
-    is warmed up once, then every round times ``n_new`` decode steps of every model in
-    turn, so that a slow spell of a shared machine hits all of them alike. Compare the fastest
-    round of each (:attr:`DecodeMeasurement.tokens_per_s`), over at least 5 rounds. The cache
-    holds exactly ``n_prompt + n_new`` positions. Returns ``{name: DecodeMeasurement}``.
-    """
-    batch, n_prompt, n_new, rounds = (_validate.positive_int(name, value) for name, value in (
-        ("batch", batch), ("n_prompt", n_prompt), ("n_new", n_new), ("rounds", rounds)))
-    if not models:
-        raise ValueError("models must name at least one model")
-    vocab = {m.config.vocab_size for m in models.values()}
-    if len(vocab) != 1:
-        raise ValueError(f"the models must share one vocabulary; got sizes {sorted(vocab)}")
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(vocab.pop(), (batch, n_prompt), generator=gen)
-    seconds, cache_bytes = {name: [] for name in models}, {}
-    for name, model in models.items():
-        _, cache_bytes[name] = _decode_seconds(model, prompt, n_new)    # warm-up
-    for _ in range(rounds):
-        for name, model in models.items():
-            seconds[name].append(_decode_seconds(model, prompt, n_new)[0])
-    return {name: DecodeMeasurement(
-                models[name].config.kv_heads, batch, n_prompt, n_new,
-                Timing(statistics.median(s), min(s), max(s), rounds, 1), cache_bytes[name])
-            for name, s in seconds.items()}
-
-
-def measure_decode(model, batch: int = 1, n_prompt: int = 128, n_new: int = 16,
-                   repeats: int = 5, seed: int = 0) -> DecodeMeasurement:
-    """:func:`compare_decode` for a single model: ``repeats`` timed runs after a warm-up."""
-    return compare_decode({"model": model}, batch, n_prompt, n_new, repeats, seed)["model"]
-
-
-def bytes_allocated(fn, *args, **kwargs):
-    """Run ``fn(*args, **kwargs)`` once; return ``(result, bytes of CPU tensor memory it allocated)``.
-
-    Sums the allocations that torch's profiler attributes to the operations of the call,
-    temporaries that are freed again included, so a copy that an operation makes
-    internally counts too. (An operation that allocates and frees a buffer within its
-    own code, not through a nested operation, shows only its net change.)
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn(*args, **kwargs)
-    # allocations appear as positive self memory of the op that allocates; frees as negative
-    return result, sum(max(0, e.self_cpu_memory_usage) for e in prof.events())
-
-
-@contextlib.contextmanager
-def _stderr_silenced():
-    """Send file descriptor 2 to /dev/null: the profiler's C++ library logs its start and stop
-    there with a timestamp, which a notebook would otherwise show (and nbval compare)."""
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:             # no file descriptor 2 to silence (a detached process)
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 # ---- published models --------------------------------------------------------------------------

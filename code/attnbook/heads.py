@@ -1,31 +1,29 @@
 """Heads: splitting features into heads, what multi-head attention costs, and what trained heads do.
 
-Three groups of tools for the multi-head attention chapter:
+Three groups of tools for chapter 5 (multi-head attention), which shows most of them;
+chapter 7 (masking) and chapter 12 (perspectives) read attention maps with them again:
 
 - :func:`split_heads` and :func:`merge_heads` (numpy): the reshape-and-transpose
   that turns ``(batch, n, d_model)`` into ``(batch, n_heads, n, d_head)`` and back;
 - :func:`multihead_flop_breakdown`: the flops of one multi-head attention layer,
   step by step, which do not depend on the number of heads for the matrix products;
-- :func:`copy_previous_task`: a toy task that one head cannot solve and two can, and
-  :func:`train_copy_previous`, which trains one attention layer on it (one seed);
 - :func:`attention_weights`, :func:`attention_maps`, :func:`head_statistics`,
   :func:`weight_on`, :func:`ablate_heads`: the attention weights of every head of a
   trained :class:`attnbook.gpt.TinyGPT`, numbers that describe each head, and a way to
   switch heads off.
+
+The chapter's two-head experiment is :mod:`attnbook.experiments.copy_previous`.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from . import _validate
 from .cost import attention_flop_breakdown
-from .masks import causal_mask
-from .multihead import MultiHeadAttention, repeat_kv
+from .multihead import keeping_weights
 
 
 # --- split and merge ---------------------------------------------------------
@@ -103,97 +101,32 @@ def multihead_matmul_flops(n_q: int, d_model: int, n_heads: int, n_k: int | None
     return sum(v for k, v in steps.items() if k not in ("scale", "softmax"))
 
 
-# --- a task that needs two heads ----------------------------------------------------------
-
-def copy_previous_task(batch: int, n: int, d_content: int, generator=None):
-    """Inputs and targets of a toy task: every token must fetch the two tokens before it.
-
-    Token ``j`` is ``x_j = [c_j, e_j]``: random content ``c_j ~ N(0, I_{d_content})`` and the
-    one-hot vector ``e_j`` of its position. The target of token ``i`` is
-    ``y_i = [c_{i-1}, c_{i-2}]``, positions counted cyclically (token 0 fetches tokens
-    ``n - 1`` and ``n - 2``). Returns ``x (batch, n, d_content + n)`` and
-    ``y (batch, n, 2 * d_content)``.
-    """
-    batch, n, d_content = (_validate.positive_int(k, v) for k, v in
-                           (("batch", batch), ("n", n), ("d_content", d_content)))
-    content = torch.randn(batch, n, d_content, generator=generator)
-    x = torch.cat([content, torch.eye(n).expand(batch, n, n)], dim=-1)
-    y = torch.cat([content.roll(1, dims=1), content.roll(2, dims=1)], dim=-1)   # row i: c_{i-1}, c_{i-2}
-    return x, y
-
-
-def train_copy_previous(n_heads: int, seed: int = 0, n: int = 8, d_content: int = 8, steps: int = 400,
-                        batch: int = 64, lr: float = 1e-2, test_batch: int = 2000):
-    """Train one ``MultiHeadAttention(d_content + n, n_heads)`` on :func:`copy_previous_task`.
-
-    ``seed`` sets the initial weights and the stream of training batches (``steps`` batches
-    of ``batch`` sequences, Adam at ``lr``); the test set (``test_batch`` sequences) is the same
-    for every seed, so that seeds differ only in the training run. A small training run is
-    chaotic in the last bits of its arithmetic, so the chapter trains several seeds.
-    Returns ``(layer, test_error)``: the trained layer and its mean squared error per output
-    coordinate on the test set (float).
-    """
-    n, d_content = _validate.positive_int("n", n), _validate.positive_int("d_content", d_content)
-    torch.manual_seed(seed)
-    layer = MultiHeadAttention(d_content + n, _validate.positive_int("n_heads", n_heads))
-    optimizer = torch.optim.Adam(layer.parameters(), lr=lr)
-    data = torch.Generator().manual_seed(10_000 + seed)
-    for _ in range(_validate.positive_int("steps", steps)):
-        x, y = copy_previous_task(batch, n, d_content, generator=data)
-        loss = F.mse_loss(layer(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    x_test, y_test = copy_previous_task(test_batch, n, d_content, generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        return layer, F.mse_loss(layer(x_test), y_test).item()
-
-
 # --- what trained heads do -------------------------------------------------------
 
 @torch.no_grad()
-def attention_weights(attn, x, is_causal: bool = False) -> torch.Tensor:
+def attention_weights(attn, x, mask=None, is_causal: bool = False) -> torch.Tensor:
     """The weights every head of a :class:`attnbook.multihead.MultiHeadAttention` puts on each key.
 
-    x: (batch, n, d_model), the layer's input (self-attention). Returns
-    (batch, n_heads, n, n): ``softmax(q k^T / sqrt(d_head))`` per head, under the causal
-    mask when ``is_causal``. The layer itself never returns them (and with
-    ``use_sdpa=True`` never forms them), so they are recomputed from its ``q_proj`` and ``k_proj``.
+    x: (batch, n, d_model), the layer's input (self-attention); mask, is_causal: as in the
+    layer's ``forward``. Returns (batch, n_heads, n, n): the weights the layer itself uses,
+    kept by :func:`attnbook.multihead.keeping_weights` during one forward pass.
     """
-    if x.ndim != 3 or x.shape[-1] != attn.d_model:
-        raise ValueError(f"x must have shape (batch, n, d_model={attn.d_model}); got {tuple(x.shape)}")
-    b, n, _ = x.shape
-    q = attn.q_proj(x).view(b, n, attn.n_heads, attn.d_head).transpose(1, 2)      # (b, h, n, d_head)
-    k = attn.k_proj(x).view(b, n, attn.n_kv_heads, attn.d_head).transpose(1, 2)
-    k = repeat_kv(k, attn.n_rep)                                                  # (b, h, n, d_head)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(attn.d_head)                     # (b, h, n, n)
-    if is_causal:
-        allowed = torch.from_numpy(causal_mask(n)).to(x.device)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    with keeping_weights(attn):
+        attn(x, mask=mask, is_causal=is_causal)
+        return attn.weights
 
 
 @torch.no_grad()
-def attention_maps(model, ids) -> torch.Tensor:
+def attention_maps(model, ids, mask=None, is_causal: bool = True) -> torch.Tensor:
     """Attention weights of every head of every layer of a :class:`attnbook.gpt.TinyGPT`.
 
-    ids: (batch, n) int64. Returns (n_layers, batch, n_heads, n, n), entry
-    ``[l, b, h, i, j]`` = how much query ``i`` of head ``h`` in layer ``l`` attends to key ``j``.
-    A forward pre-hook records what each layer's attention receives (the normalised
-    residual stream); :func:`attention_weights` turns that into the causal weights.
+    ids: (batch, n) int64; mask, is_causal: as in ``TinyGPT.forward`` (default: the causal mask).
+    Returns (n_layers, batch, n_heads, n, n), entry ``[l, b, h, i, j]`` = how much query ``i`` of
+    head ``h`` in layer ``l`` attends to key ``j``: the weights each layer used in the forward pass.
     """
-    if ids.ndim != 2:
-        raise ValueError(f"ids must have shape (batch, n); got {tuple(ids.shape)}")
-    inputs = []
-    hooks = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
-             for block in model.blocks]
-    try:
-        model(ids)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return torch.stack([attention_weights(block.attn, x, is_causal=True)
-                        for block, x in zip(model.blocks, inputs)])
+    with keeping_weights(model) as layers:
+        model(ids, mask=mask, is_causal=is_causal)
+        return torch.stack([layer.weights for layer in layers])
 
 
 def head_statistics(weights) -> dict[str, np.ndarray]:

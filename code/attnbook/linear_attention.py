@@ -17,6 +17,10 @@ with a state of fixed size. Two feature maps:
   (Performer, Choromanski et al. 2021): positive random features whose dot products
   are unbiased estimates of ``exp(x . y)``, so :func:`performer_attention`
   approximates softmax attention itself.
+
+Chapter 12 (perspectives) shows :func:`elu_feature_map`, :func:`attention_from_features`,
+:func:`linear_attention_recurrent` and :func:`performer_attention`; its timing against softmax
+attention is :mod:`attnbook.experiments.linear_attention_timing`.
 """
 from __future__ import annotations
 
@@ -230,33 +234,3 @@ def performer_attention(q, k, v, omega, causal: bool = False, scale: float | Non
     phi_q = np.exp(log_q - np.max(log_q, axis=-1, keepdims=True))
     phi_k = np.exp(log_k - np.max(log_k, axis=(-2, -1), keepdims=True))
     return attention_from_features(phi_q, phi_k, v, causal=causal, chunk_size=chunk_size)
-
-
-# --- measuring ------------------------------------------------------------------
-
-def time_against_softmax(lengths, d: int = 64, softmax_max_n: int = 4096, repeats: int = 5,
-                         seed: int = 0) -> dict[str, list[float]]:
-    """Seconds per call of softmax attention and of linear attention, for one head in float32.
-
-    For each ``n`` in ``lengths``: q, k, v of shape (n, d) drawn from N(0, 1); the fastest of
-    ``repeats`` timings (other programs can only add time) of
-    ``scaled_dot_product_attention`` (only for ``n <= softmax_max_n``: it forms the n x n
-    weights), of :func:`linear_attention` and of its causal form. Returns
-    ``{"softmax": [...], "linear": [...], "linear, causal": [...]}`` in the order of ``lengths``.
-    """
-    from .attention import scaled_dot_product_attention
-    from .bench import time_call
-
-    d = _validate.positive_int("d", d)
-    lengths = [_validate.positive_int("n", n) for n in lengths]
-    rng = np.random.default_rng(seed)
-    times: dict[str, list[float]] = {"softmax": [], "linear": [], "linear, causal": []}
-    for n in lengths:
-        q, k, v = (rng.standard_normal((n, d), dtype=np.float32) for _ in range(3))
-        if n <= softmax_max_n:
-            times["softmax"].append(time_call(scaled_dot_product_attention, q, k, v,
-                                              repeats=repeats, min_time=0.01).low)
-        times["linear"].append(time_call(linear_attention, q, k, v, repeats=repeats, min_time=0.01).low)
-        times["linear, causal"].append(time_call(linear_attention, q, k, v, causal=True,
-                                                 repeats=repeats, min_time=0.01).low)
-    return times

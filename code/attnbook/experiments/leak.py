@@ -21,10 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import _validate
-from .gpt import CharTokenizer, GPTConfig, TinyGPT, load_training_text, train_val_split
-from .masked_gpt import forward_with_mask
-from .masks import causal_mask
+from .. import _validate
+from ..gpt import CharTokenizer, GPTConfig, TinyGPT, load_training_text, text_windows, train_val_split
+from ..heads import attention_maps
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class LeakConfig:
     # Windows of 8 characters: with 16, two of eight seeds found the leak only after 270 of 300
     # steps, so a claim about "the" leaky model held for some seeds only. With 8 the leaky run
     # found it (smoothed loss below 1 nat) by step 165 in each of 16 seeds tried, well before the end.
-    block_size: int = 8           # training windows of this many characters
+    context_length: int = 8           # training windows of this many characters
     n_layers: int = 2
     n_heads: int = 4
     d_model: int = 64
@@ -45,7 +44,7 @@ class LeakConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("block_size", "n_layers", "n_heads", "d_model", "batch_size", "steps", "n_chars"):
+        for name in ("context_length", "n_layers", "n_heads", "d_model", "batch_size", "steps", "n_chars"):
             _validate.positive_int(name, getattr(self, name))
         if not self.lr > 0:
             raise ValueError(f"lr must be positive; got {self.lr}")
@@ -66,44 +65,40 @@ def char_data(config: LeakConfig) -> tuple[CharTokenizer, torch.Tensor, torch.Te
     return tokenizer, train, val
 
 
-def windows(tokens, starts, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs (b, block_size) at ``starts`` and their targets, the same windows shifted by one."""
-    idx = torch.as_tensor(starts)[:, None] + torch.arange(block_size + 1)
-    w = tokens[idx]                                                        # (b, block_size + 1)
-    return w[:, :-1], w[:, 1:]
+def run_masked(model, ids, causal: bool = True, mask=None):
+    """``model(ids)`` with the causal mask (``causal``), with none, or with ``mask`` in every layer.
 
-
-def _mask(causal: bool, n: int, mask=None):
-    """The (n, n) mask to run with: ``mask`` if given, else the causal mask or none."""
+    mask: a boolean (n, n) array or tensor, True = may attend; it overrides ``causal``.
+    Returns logits (batch, n, vocab_size).
+    """
     if mask is not None:
         mask = torch.as_tensor(mask)
+        n = ids.shape[1]
         if mask.dtype != torch.bool or tuple(mask.shape) != (n, n):
             raise ValueError(f"mask must be a boolean ({n}, {n}) array; got {mask.dtype} {tuple(mask.shape)}")
-        return mask
-    return torch.from_numpy(causal_mask(n)) if causal else None
+    return model(ids, mask=mask, is_causal=causal and mask is None)
 
 
 def train_char_model(train_tokens, vocab_size: int, causal: bool = True, config: LeakConfig = LeakConfig(),
                      mask=None):
     """Train a TinyGPT for ``config.steps`` steps, with (``causal``) or without the causal mask.
 
-    mask: a boolean (block_size, block_size) array to use in every layer instead (e.g. a
+    mask: a boolean (context_length, context_length) array to use in every layer instead (e.g. a
     wrong causal mask); it overrides ``causal``. The seed fixes the initial weights and the
     order of the windows, so two calls that differ only in the mask see the same data from
     the same starting point. Returns ``(model in eval mode, training losses: float array (steps,))``.
     """
     torch.manual_seed(config.seed)
-    model = TinyGPT(GPTConfig(vocab_size, block_size=config.block_size, n_layers=config.n_layers,
+    model = TinyGPT(GPTConfig(vocab_size, context_length=config.context_length, n_layers=config.n_layers,
                               n_heads=config.n_heads, d_model=config.d_model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     order = torch.Generator().manual_seed(config.seed)
-    mask = _mask(causal, config.block_size, mask)
     losses = np.empty(config.steps)
     model.train()
     for step in range(config.steps):
-        starts = torch.randint(len(train_tokens) - config.block_size - 1, (config.batch_size,), generator=order)
-        x, y = windows(train_tokens, starts, config.block_size)
-        logits = forward_with_mask(model, x, mask)                         # (b, n, vocab)
+        starts = torch.randint(len(train_tokens) - config.context_length - 1, (config.batch_size,), generator=order)
+        x, y = text_windows(train_tokens, starts, config.context_length)
+        logits = run_masked(model, x, causal, mask)                        # (b, n, vocab)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         optimizer.zero_grad()
         loss.backward()
@@ -118,14 +113,14 @@ def position_losses(model, tokens, causal: bool = True, n_windows: int = 256, se
     """Mean cross-entropy (nats) at each position of ``n_windows`` fixed windows of ``tokens``.
 
     Runs the model with the causal mask, with none (``causal=False``), or with ``mask``
-    (boolean (block_size, block_size), overrides ``causal``). Returns (block_size,).
+    (boolean (context_length, context_length), overrides ``causal``). Returns (context_length,).
     Under no mask, position ``t < n - 1`` can see its target (token ``t + 1`` is in the window);
     the last position cannot, like every position during generation.
     """
-    n = model.config.block_size
+    n = model.config.context_length
     starts = torch.randint(len(tokens) - n - 1, (n_windows,), generator=torch.Generator().manual_seed(seed))
-    x, y = windows(tokens, starts, n)
-    logits = forward_with_mask(model, x, _mask(causal, n, mask))
+    x, y = text_windows(tokens, starts, n)
+    logits = run_masked(model, x, causal, mask)
     loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
     return loss.view(n_windows, n).mean(dim=0).numpy()
 
@@ -134,15 +129,15 @@ def position_losses(model, tokens, causal: bool = True, n_windows: int = 256, se
 def greedy_text(model, tokenizer: CharTokenizer, prompt: str, n_new: int, causal: bool) -> str:
     """Continue ``prompt`` by ``n_new`` characters, always taking the most likely one.
 
-    Each step feeds the last ``block_size`` characters with the mask the model was
+    Each step feeds the last ``context_length`` characters with the mask the model was
     trained with and reads the prediction of the last position. Returns the new text only.
     """
     n_new = _validate.positive_int("n_new", n_new)
     ids = torch.tensor([tokenizer.encode(prompt)])
-    n = model.config.block_size
+    n = model.config.context_length
     for _ in range(n_new):
         context = ids[:, -n:]
-        logits = forward_with_mask(model, context, _mask(causal, context.shape[1]))
+        logits = run_masked(model, context, causal)
         ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
     return tokenizer.decode(ids[0, -n_new:].tolist())
 
@@ -190,13 +185,13 @@ def lookahead_weight(model, tokens, starts=None) -> np.ndarray:
     """Mean attention weight that position ``t`` puts on position ``t + 1``, run without a mask.
 
     tokens: int64 (N,); starts: the first position of each window (default: 32 windows,
-    200 characters apart). Averaged over windows and positions ``t = 0 .. block_size - 2``.
+    200 characters apart). Averaged over windows and positions ``t = 0 .. context_length - 2``.
     Returns (n_layers, n_heads): a leaky "look one ahead" head shows as a value near 1.
     """
-    n = model.config.block_size
+    n = model.config.context_length
     starts = torch.arange(0, 6400, 200) if starts is None else torch.as_tensor(starts)
-    x, _ = windows(tokens, starts, n)                                        # (b, n)
-    _, w = forward_with_mask(model, x, None, return_weights=True)            # (layers, b, heads, n, n)
+    x, _ = text_windows(tokens, starts, n)                                   # (b, n)
+    w = attention_maps(model, x, mask=None, is_causal=False)                 # (layers, b, heads, n, n)
     return w.diagonal(offset=1, dim1=-2, dim2=-1).mean(dim=(1, 3)).numpy()
 
 
@@ -204,7 +199,7 @@ def lookahead_weight(model, tokens, starts=None) -> np.ndarray:
 class LeakMeasurements:
     """What chapter 7 reads off one seed's pair of runs (losses in nats, held-out windows).
 
-    ``*_pos`` are (block_size,) losses by position (:func:`position_losses`): ``honest_pos``
+    ``*_pos`` are (context_length,) losses by position (:func:`position_losses`): ``honest_pos``
     with the causal mask, ``leaky_pos`` with no mask (as it was trained), ``leaky_as_decoder``
     the leaky model run with the causal mask. ``lookahead``: (n_layers, n_heads), from
     :func:`lookahead_weight`.

@@ -4,15 +4,16 @@ A layer of pure self-attention replaces every token by a weighted average of (pr
 tokens. Averages of averages become ever more alike: stacked without skip connections,
 such layers drive all tokens to one vector, and the token matrix ``X (n, d)`` to the
 rank-one matrix ``1 x^T`` (Dong, Cordonnier & Loukas 2021). The residual connection
-``X + Attn(X)`` is what keeps the differences between tokens alive.
+``X + Attn(X)`` is what keeps the differences between tokens alive. Chapter 12 (perspectives)
+shows :func:`attention_stack` and measures the collapse with and without skip connections.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import _validate
-from .attention import scaled_dot_product_attention
-from .attention_graph import check_row_stochastic
+from .. import _validate
+from ..attention import scaled_dot_product_attention
+from ..attention_graph import check_row_stochastic
 
 
 def rank_one_residual(x) -> np.ndarray:

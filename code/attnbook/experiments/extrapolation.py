@@ -9,6 +9,9 @@ Two synthetic tasks with a known best possible loss:
 * :class:`ShiftedCopy`: random tokens; the target at position ``t`` is the token at
   ``t - shift``: an exact lookup at a fixed relative offset.
 
+Chapter 6 (positional encodings) shows :class:`PositionalAttention`, the book's
+:class:`attnbook.MultiHeadAttention` with its attention step overridden, and trains the models here.
+
 Everything is seeded: the same arguments give the same numbers on the same machine. On
 another CPU the last bits of some roundings differ, and a small training run can amplify them
 into a visibly different final loss; so the chapter trains every scheme with several seeds
@@ -24,9 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import positive_int
-from .masks import causal_mask, sliding_window_mask
-from .positional import alibi_bias, apply_rope, sinusoidal_positions
+from .._validate import positive_int
+from ..masks import sliding_window_mask
+from ..multihead import MultiHeadAttention
+from ..torch_attention import attend, with_causal
+from ..positional import alibi_bias, apply_rope, sinusoidal_positions
 
 #: The position schemes: none (NoPE), two added to the token vectors (sinusoidal, learned),
 #: two applied inside attention (RoPE on queries and keys, ALiBi on the scores).
@@ -102,52 +107,50 @@ class MarkovText:
 
 # --- the model ----------------------------------------------------------------------------
 
-class CausalSelfAttention(nn.Module):
-    """Causal multi-head self-attention whose position handling is ``scheme``.
+class PositionalAttention(MultiHeadAttention):
+    """Causal multi-head self-attention that sees position through ``scheme``.
 
-    ``"rope"`` rotates each head's queries and keys with :func:`apply_rope`; ``"alibi"``
-    adds :func:`alibi_bias` to the scores; the other schemes see positions only through
-    their inputs (or not at all). ``window`` (optional) lets each query see only itself and
-    the ``window - 1`` keys before it. x: ``(batch, n, d_model)`` -> ``(batch, n, d_model)``.
+    A :class:`attnbook.MultiHeadAttention` whose attention step (:meth:`attention`, the hook a
+    variant overrides) adds what the scheme needs: ``"rope"`` rotates each head's queries and
+    keys with :func:`attnbook.apply_rope`; ``"alibi"`` passes :func:`attnbook.alibi_bias` to
+    :func:`attnbook.attend` as an additive bias; the other schemes see positions only through
+    their inputs (or not at all). Projections, heads and masks are the base class's.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, scheme: str):
+        super().__init__(d_model, n_heads)
+        self.scheme = scheme
+        self.frequencies, self.logit_scale = None, 1.0     # RoPE's defaults; see set_rope_frequencies
+
+    def attention(self, q, k, v, mask=None, is_causal: bool = False):
+        """q, k, v: (b, heads, n, d_head) -> (out (b, heads, n, d_head), weights (b, heads, n, n))."""
+        n_q, n_k = q.shape[2], k.shape[2]
+        if self.scheme == "rope":
+            # one call rotates both: (2, b, heads, n, d_head); values are left alone
+            q, k = apply_rope(torch.stack((q, k)), frequencies=self.frequencies)
+        bias = None
+        if self.scheme == "alibi":
+            bias = torch.from_numpy(alibi_bias(self.n_heads, n_q, n_k)).to(q.dtype)   # (heads, n_q, n_k)
+        scale = self.logit_scale / math.sqrt(self.d_head)
+        mask = with_causal(mask, is_causal, n_q, n_k, q.device)
+        return attend(q, k, v, mask, scale, bias, return_weights=True)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``.
+
+    ``window`` (optional) lets each query see only itself and the ``window - 1`` keys before it.
     """
 
     def __init__(self, d_model: int, n_heads: int, scheme: str):
         super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        self.n_heads, self.scheme = n_heads, scheme
-        self.frequencies, self.logit_scale = None, 1.0     # RoPE's defaults; see set_rope_frequencies
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.out = nn.Linear(d_model, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor, window: int | None = None) -> torch.Tensor:
-        b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
-        if self.scheme == "rope":
-            # one call rotates both: (2, b, heads, n, d_head); values are left alone
-            q, k = apply_rope(torch.stack((q, k)), frequencies=self.frequencies)
-        # written out rather than F.scaled_dot_product_attention: at these sizes it is faster on a CPU
-        scale = self.logit_scale / math.sqrt(d // self.n_heads)
-        scores = q @ k.transpose(-1, -2) * scale                       # (b, heads, n, n)
-        if self.scheme == "alibi":
-            scores = scores + torch.from_numpy(alibi_bias(self.n_heads, n)).to(x.dtype)  # (heads, n, n)
-        allowed = causal_mask(n) if window is None else sliding_window_mask(n, window)
-        scores = scores.masked_fill(~torch.from_numpy(allowed), float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v                        # (b, heads, n, d_head)
-        return self.out(out.transpose(1, 2).reshape(b, n, d))
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``."""
-
-    def __init__(self, d_model: int, n_heads: int, scheme: str):
-        super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, scheme)
+        self.attn = PositionalAttention(d_model, n_heads, scheme)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.ReLU(), nn.Linear(4 * d_model, d_model))
 
     def forward(self, x, window: int | None = None):
-        x = x + self.attn(self.ln1(x), window)
+        mask = None if window is None else torch.from_numpy(sliding_window_mask(x.shape[1], window))
+        x = x + self.attn(self.ln1(x), mask=mask, is_causal=True)
         return x + self.mlp(self.ln2(x))
 
 

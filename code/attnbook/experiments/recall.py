@@ -1,0 +1,169 @@
+"""Associative recall: train a one-layer attention model with and without the ``1/sqrt(d_k)`` scale.
+
+Chapter 3 (the scale) trains :class:`RecallAttention` over a grid of ``d_k``, learning rates and
+seeds, and shows that the unscaled training runs are chaotic: moving every initial weight by one
+float32 ulp (:func:`nudge_parameters`) changes where they end, while the scaled runs end where
+they did.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+
+
+def recall_batch(batch: int, n_pairs: int, n_symbols: int, n_values: int,
+                 generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """A batch of "find the matching key" problems.
+
+    Each problem shows ``n_pairs`` distinct key symbols (from ``n_symbols``), each paired
+    with a random value (from ``n_values``), and a query that equals one of the keys. The
+    answer is the value paired with that key.
+    Returns ``query (batch,)``, ``keys (batch, n_pairs)``, ``values (batch, n_pairs)``,
+    ``target (batch,)``, all int64.
+    """
+    if n_pairs > n_symbols:
+        raise ValueError(f"n_pairs ({n_pairs}) distinct keys need at least as many symbols; got n_symbols={n_symbols}")
+    keys = torch.argsort(torch.rand(batch, n_symbols, generator=generator), dim=-1)[:, :n_pairs]
+    values = torch.randint(n_values, (batch, n_pairs), generator=generator)
+    which = torch.randint(n_pairs, (batch,), generator=generator)
+    rows = torch.arange(batch)
+    return keys[rows, which], keys, values, values[rows, which]
+
+
+class RecallAttention(nn.Module):
+    """One attention layer that answers :func:`recall_batch` problems.
+
+    The query symbol is embedded and projected to ``q (batch, 1, d_k)``, the key symbols
+    (same embedding) to ``k (batch, n_pairs, d_k)``, the value symbols to
+    ``v (batch, n_pairs, d_model)``; the attention output is read out as logits over values.
+    ``scaled`` chooses ``q k^T / sqrt(d_k)`` or the raw ``q k^T``. Every layer keeps
+    PyTorch's default initialisation (``nn.Embedding``: N(0, 1); ``nn.Linear``: uniform with
+    variance ``1 / (3 fan_in)``), unless ``init_std`` sets the std of ``W_q`` and ``W_k``.
+    """
+
+    def __init__(self, n_symbols: int, n_values: int, d_model: int, d_k: int,
+                 scaled: bool = True, init_std: float | None = None):
+        super().__init__()
+        self.d_k, self.scaled = d_k, scaled
+        self.key_embedding = nn.Embedding(n_symbols, d_model)
+        self.value_embedding = nn.Embedding(n_values, d_model)
+        self.q_proj = nn.Linear(d_model, d_k, bias=False)
+        self.k_proj = nn.Linear(d_model, d_k, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.readout = nn.Linear(d_model, n_values)
+        if init_std is not None:
+            nn.init.normal_(self.q_proj.weight, std=init_std)
+            nn.init.normal_(self.k_proj.weight, std=init_std)
+
+    def score_table(self) -> torch.Tensor:
+        """The score of every query symbol against every key symbol, ``(n_symbols, n_symbols)``."""
+        symbols = self.key_embedding.weight                      # (n_symbols, d_model)
+        q, k = self.q_proj(symbols), self.k_proj(symbols)        # (n_symbols, d_k) each
+        s = q @ k.T
+        return s / self.d_k**0.5 if self.scaled else s
+
+    def scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Attention logits ``(batch, 1, n_pairs)``, scaled or not.
+
+        A score depends only on the two symbols, and there are only ``n_symbols`` of them: so
+        look each example's scores up in :meth:`score_table` instead of projecting every token
+        (the same numbers, many times faster at large ``d_k``).
+        """
+        return self.score_table()[query[:, None], keys][:, None, :]
+
+    def forward(self, query, keys, values) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits over values ``(batch, n_values)`` and attention weights ``(batch, n_pairs)``."""
+        # The softmax and weighted sum of attnbook.attend, written out on purpose: the scores are
+        # looked up in score_table() instead of computed as q @ k^T, and scaled there or not.
+        weights = torch.softmax(self.scores(query, keys), dim=-1)      # (batch, 1, n_pairs)
+        v = self.v_proj(self.value_embedding.weight)[values]           # (batch, n_pairs, d_model)
+        out = weights @ v                                               # (batch, 1, d_model)
+        return self.readout(out[:, 0]), weights[:, 0]
+
+
+def nudge_parameters(model: nn.Module, ulps: int = 1) -> None:
+    """Move every parameter of ``model`` by ``ulps`` units in the last place, in place.
+
+    One ulp is the gap to the next representable number (for float32, between 2^-24 and 2^-23,
+    about 1e-7, of the value): ``torch.nextafter`` towards ``+inf`` for ``ulps > 0``, towards
+    ``-inf`` for ``ulps < 0``; ``ulps = 0`` changes nothing.
+    Chapter 3 uses it to ask whether a training run's outcome depends on the last bit of its start.
+    """
+    direction = float("inf") if ulps > 0 else float("-inf")
+    with torch.no_grad():
+        for p in model.parameters():
+            target = torch.full_like(p, direction)
+            for _ in range(abs(ulps)):
+                p.copy_(torch.nextafter(p, target))
+
+
+@dataclass
+class RecallRun:
+    """What :func:`train_recall` measured: per-step training loss and end-of-run statistics."""
+
+    d_k: int
+    scaled: bool
+    losses: np.ndarray          # (steps,) training cross-entropy
+    accuracy: float             # on a held-out batch after training
+    held_out_loss: float        # cross-entropy on that held-out batch after training
+    logit_std: tuple[float, float]  # std of the attention logits (before softmax) at start and end
+    entropy: tuple[float, float]    # mean attention entropy (nats) at start and end
+    early_logit_change: float       # mean |change| of the held-out logits over the first `early_steps` steps
+
+
+def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, batch: int = 32,
+                 n_pairs: int = 8, n_symbols: int = 16, n_values: int = 16, d_model: int = 32,
+                 init_std: float | None = None, seed: int = 0, early_steps: int = 5,
+                 perturb_ulps: int = 0) -> RecallRun:
+    """Train :class:`RecallAttention` with Adam on fresh random batches; fully seeded.
+
+    The model and the data use their own generators seeded from ``seed``, so two calls with
+    the same arguments give the same numbers on one machine (another CPU's kernels round
+    differently, and an unscaled run can then end elsewhere). ``early_steps`` sets how many
+    first steps the ``early_logit_change`` measurement (how far the first steps move the
+    logits) covers. ``perturb_ulps`` moves every initial weight by that many float32 ulps
+    (:func:`nudge_parameters`) before training; the data stay the same.
+    """
+    if not 1 <= early_steps <= steps:
+        raise ValueError(f"early_steps must lie in [1, steps={steps}]; got {early_steps}")
+    torch.manual_seed(seed)
+    model = RecallAttention(n_symbols, n_values, d_model, d_k, scaled, init_std)
+    if perturb_ulps:
+        nudge_parameters(model, perturb_ulps)
+    data = torch.Generator().manual_seed(seed + 1)
+    held_out = recall_batch(512, n_pairs, n_symbols, n_values, torch.Generator().manual_seed(seed + 2))
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    start = _recall_probe(model, held_out)
+    with torch.no_grad():
+        start_logits = model.scores(held_out[0], held_out[1])
+    losses = np.empty(steps)
+    for step in range(steps):
+        query, keys, values, target = recall_batch(batch, n_pairs, n_symbols, n_values, data)
+        logits, _ = model(query, keys, values)
+        loss = nn.functional.cross_entropy(logits, target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses[step] = loss.item()
+        if step + 1 == early_steps:
+            with torch.no_grad():
+                early = (model.scores(held_out[0], held_out[1]) - start_logits).abs().mean().item()
+    end = _recall_probe(model, held_out)
+    return RecallRun(d_k, scaled, losses, end[0], end[3], (start[1], end[1]), (start[2], end[2]), early)
+
+
+@torch.no_grad()
+def _recall_probe(model: RecallAttention, batch) -> tuple[float, float, float, float]:
+    """Accuracy, attention-logit std, mean attention entropy and cross-entropy of ``model`` on ``batch``."""
+    query, keys, values, target = batch
+    logits, weights = model(query, keys, values)
+    accuracy = (logits.argmax(-1) == target).double().mean().item()
+    logit_std = model.scores(query, keys).std().item()
+    p = weights.double().clamp_min(1e-300)
+    entropy = -(weights.double() * p.log()).sum(-1).mean().item()
+    loss = nn.functional.cross_entropy(logits, target).item()
+    return accuracy, logit_std, entropy, loss

@@ -1,0 +1,97 @@
+"""Scaled dot-product attention in torch: the one attention step every torch model of the book runs.
+
+Chapter 5 (multi-head attention) shows :func:`attend`; chapter 11 (grouped-query attention)
+shows :func:`repeat_kv`. :class:`attnbook.multihead.MultiHeadAttention` calls :func:`attend`
+(or torch's fused kernel, :func:`fused_attention`, where that gives the same result), and every
+variant in the book plugs into it instead of writing the attention step again: grouped-query
+attention (chapter 11), the position schemes RoPE and ALiBi (chapter 6, through ``bias``), the
+head analyses (chapters 5 and 12, through ``return_weights``) and the MiniLM encoder
+(chapters 1 and 5). The numpy version of the same formula, for the chapters before torch
+appears, is :func:`attnbook.scaled_dot_product_attention`.
+
+Masks are boolean with ``True`` = may attend. A causal mask places the queries at the *last*
+``n_q`` of the ``n_k`` key positions (:func:`attnbook.causal_mask`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import _validate
+from .masks import causal_mask
+
+
+def attend(q, k, v, mask=None, scale: float | None = None, bias=None, return_weights: bool = False):
+    """Scaled dot-product attention in torch, differentiable.
+
+    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v);
+    mask: bool, broadcastable to (..., n_q, n_k), True = may attend;
+    bias: float, broadcastable to (..., n_q, n_k), added to the scaled scores (ALiBi's distance
+    penalty, chapter 6); scale defaults to ``1/sqrt(d_k)``.
+    Returns (..., n_q, d_v), and with ``return_weights`` also the weights (..., n_q, n_k).
+    A query whose whole row is masked attends to nothing and gets a zero output.
+    """
+    _, _, _, d_k, _ = _validate.attend_inputs(q, k, v, mask, bias)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d_k)
+    # float16 overflows at 65504, which q . k can pass before it is scaled; score in float32.
+    work = torch.promote_types(q.dtype, torch.float32)
+    scores = (q.to(work) @ k.to(work).transpose(-2, -1)) * scale     # (..., n_q, n_k)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)                          # rows sum to 1
+    if mask is not None:
+        # softmax of an all -inf row is NaN; zeroing the masked entries makes that row 0,
+        # and also keeps NaN out of the backward pass (masked entries get no gradient).
+        weights = weights.masked_fill(~mask, 0.0)
+    weights = weights.to(v.dtype)
+    out = weights @ v                                                # (..., n_q, d_v)
+    return (out, weights) if return_weights else out
+
+
+def repeat_kv(x, n_rep: int):
+    """Share each key/value head with ``n_rep`` consecutive query heads.
+
+    x: (batch, n_kv_heads, n, d) -> (batch, n_kv_heads * n_rep, n, d), where output
+    head ``j`` is input head ``j // n_rep`` (same as ``x.repeat_interleave(n_rep, dim=1)``).
+    """
+    n_rep = _validate.repeat_kv_inputs(x, n_rep)
+    if n_rep == 1:
+        return x
+    b, h_kv, n, d = x.shape
+    # expand makes a view without copying; reshape then lays the copies of head j side by side.
+    return x[:, :, None].expand(b, h_kv, n_rep, n, d).reshape(b, h_kv * n_rep, n, d)
+
+
+def with_causal(mask, is_causal: bool, n_q: int, n_k: int, device=None):
+    """``mask`` combined with the causal mask of the last ``n_q`` of ``n_k`` positions; or None.
+
+    mask: bool tensor broadcastable to (..., n_q, n_k), or None. With ``is_causal=False`` the
+    mask is returned as it is; one causal query (KV-cache decoding) sees every key, so
+    ``is_causal`` with ``n_q == 1`` adds nothing.
+    """
+    if not is_causal or n_q == 1:
+        return mask
+    causal = torch.from_numpy(causal_mask(n_q, n_k)).to(device)     # (n_q, n_k)
+    return causal if mask is None else mask & causal
+
+
+def fused_attention(q, k, v, mask=None, is_causal: bool = False):
+    """:func:`attend` (default scale) through ``torch.nn.functional.scaled_dot_product_attention``.
+
+    q: (b, h, n_q, d), k, v: (b, h, n_k, d); mask as in :func:`attend`; ``is_causal`` adds the
+    causal mask of the last ``n_q`` keys. torch's own ``is_causal`` aligns the queries with the
+    *first* keys, so it is used only where the two agree (``n_q == n_k``). A fully masked row
+    goes to :func:`attend`: some torch versions and GPU kernels give NaN there.
+    """
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if is_causal and mask is None and n_q == n_k:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    mask = with_causal(mask, is_causal, n_q, n_k, q.device)
+    if mask is not None and not bool(mask.any(dim=-1).all()):
+        return attend(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

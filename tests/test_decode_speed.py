@@ -1,0 +1,52 @@
+"""Chapter 11's decoding measurements (attnbook.experiments.decode_speed): what they count and time."""
+import dataclasses
+
+import pytest
+import torch
+
+from attnbook import kv_cache_bytes
+from attnbook.experiments.decode_speed import bytes_allocated, compare_decode, measure_decode
+from attnbook.gpt import GPTConfig, TinyGPT
+from attnbook.gqa import mha_to_gqa, with_grouped_attention
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_measure_decode_counts_the_cache():
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=9, context_length=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                              d_model=16)).eval()
+    assert measure_decode(model, batch=1, n_prompt=5, n_new=2).timing.repeats == 5
+    m = measure_decode(model, batch=3, n_prompt=5, n_new=4, repeats=2)
+    assert m.n_kv_heads == 2 and (m.batch, m.n_prompt, m.n_new) == (3, 5, 4)
+    assert m.cache_bytes == kv_cache_bytes(2, 2, 4, 9, batch=3, bytes_per_element=4)
+    assert m.tokens_per_s == pytest.approx(3 * 4 / m.timing.low)               # the fastest run
+    assert m.median_tokens_per_s == pytest.approx(3 * 4 / m.timing.median)
+    assert m.tokens_per_s >= m.median_tokens_per_s
+    assert m.timing.repeats == 2 and m.timing.low <= m.timing.median <= m.timing.high
+    with pytest.raises(ValueError, match="context_length"):
+        measure_decode(model, n_prompt=30, n_new=4)
+
+
+def test_compare_decode_times_every_model():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=9, context_length=32, n_layers=1, n_heads=4, d_model=16)
+    mha = TinyGPT(config).eval()
+    models = {"mha": mha, "mqa": mha_to_gqa(mha, 1), "mqa grouped": with_grouped_attention(mha_to_gqa(mha, 1))}
+    result = compare_decode(models, batch=2, n_prompt=4, n_new=3, rounds=3)
+    assert list(result) == list(models)
+    assert [r.n_kv_heads for r in result.values()] == [4, 1, 1]
+    assert result["mha"].cache_bytes == 4 * result["mqa"].cache_bytes == 2 * 1 * 2 * 4 * 7 * 4 * 4
+    assert all(r.timing.repeats == 3 for r in result.values())
+    with pytest.raises(ValueError, match="at least one"):
+        compare_decode({})
+    other = TinyGPT(dataclasses.replace(config, vocab_size=5))
+    with pytest.raises(ValueError, match="one vocabulary"):
+        compare_decode({"a": mha, "b": other})
+
+
+def test_bytes_allocated_sees_tensor_allocations():
+    result, n = bytes_allocated(torch.zeros, 1000, dtype=torch.float64)
+    assert result.shape == (1000,) and n >= 8000
+    _, n = bytes_allocated(lambda: None)
+    assert n == 0

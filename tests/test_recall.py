@@ -1,0 +1,115 @@
+"""The associative-recall experiment of chapter 3 (attnbook.experiments.recall)."""
+import numpy as np
+import pytest
+import torch
+
+from attnbook.experiments import recall
+
+
+def test_recall_batch_answers_are_the_values_of_the_matching_keys():
+    query, keys, values, target = recall.recall_batch(256, 6, 10, 5, torch.Generator().manual_seed(0))
+    assert query.shape == target.shape == (256,) and keys.shape == values.shape == (256, 6)
+    for b in range(256):
+        assert len(set(keys[b].tolist())) == 6  # distinct keys
+        (where,) = torch.nonzero(keys[b] == query[b], as_tuple=True)
+        assert where.numel() == 1 and values[b, where.item()] == target[b]
+    assert keys.max() < 10 and values.max() < 5
+    with pytest.raises(ValueError, match="n_pairs"):
+        recall.recall_batch(4, 11, 10, 5, torch.Generator())
+
+
+def test_the_model_divides_its_scores_by_sqrt_d_k_only_when_scaled():
+    torch.manual_seed(0)
+    scaled = recall.RecallAttention(10, 5, 8, 36, scaled=True)
+    unscaled = recall.RecallAttention(10, 5, 8, 36, scaled=False)
+    unscaled.load_state_dict(scaled.state_dict())
+    query, keys, values, _ = recall.recall_batch(4, 6, 10, 5, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(scaled.scores(query, keys) * 6.0, unscaled.scores(query, keys))
+    logits, weights = scaled(query, keys, values)
+    assert logits.shape == (4, 5) and weights.shape == (4, 6)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(4))
+
+
+def test_score_table_lookup_equals_projecting_every_token():
+    # The model looks scores up in a (n_symbols, n_symbols) table; recompute them the direct way:
+    # project the query token and every key token, then take their dot products.
+    torch.manual_seed(1)
+    for scaled in (True, False):
+        model = recall.RecallAttention(10, 5, 8, 36, scaled=scaled).double()
+        query, keys, values, _ = recall.recall_batch(6, 4, 10, 5, torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            q = model.key_embedding.weight[query] @ model.q_proj.weight.T     # (6, 36)
+            k = model.key_embedding.weight[keys] @ model.k_proj.weight.T      # (6, 4, 36)
+            direct = torch.einsum("bd,bpd->bp", q, k) / (6.0 if scaled else 1.0)
+            v = model.value_embedding.weight[values] @ model.v_proj.weight.T  # (6, 4, 8)
+            out = torch.einsum("bp,bpd->bd", torch.softmax(direct, -1), v)
+            logits_direct = out @ model.readout.weight.T + model.readout.bias
+            logits, weights = model(query, keys, values)
+        torch.testing.assert_close(model.scores(query, keys)[:, 0], direct, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(weights, torch.softmax(direct, -1), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(logits, logits_direct, rtol=1e-12, atol=1e-12)
+
+
+def test_nudge_parameters_moves_every_weight_by_exactly_one_ulp():
+    torch.manual_seed(0)
+    model = recall.RecallAttention(10, 5, 8, 12)
+    before = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+    recall.nudge_parameters(model, 1)
+    for name, p in model.named_parameters():
+        x, y = before[name], p.detach().numpy()
+        assert x.dtype == y.dtype == np.float32
+        # numpy's nextafter as the reference, and the bit patterns: one step of the integer code,
+        # up for positive numbers and down (towards 0) for negative ones
+        np.testing.assert_array_equal(y, np.nextafter(x, np.float32(np.inf)))
+        step = y.view(np.int32).astype(np.int64) - x.view(np.int32).astype(np.int64)
+        np.testing.assert_array_equal(step, np.where(x > 0, 1, -1))
+        assert np.all(np.abs(y - x) <= np.abs(x) * 2.0**-23)
+    recall.nudge_parameters(model, -1)  # one ulp back down undoes it exactly
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(p.detach().numpy(), before[name])
+    recall.nudge_parameters(model, 3)
+    np.testing.assert_array_equal(
+        model.readout.bias.detach().numpy(),
+        np.nextafter(np.nextafter(np.nextafter(before["readout.bias"], np.inf), np.inf), np.inf).astype(np.float32))
+
+
+def test_init_std_sets_the_projection_weights():
+    torch.manual_seed(0)
+    model = recall.RecallAttention(10, 5, 64, 256, init_std=0.5)
+    assert abs(model.q_proj.weight.std().item() - 0.5) < 0.02
+    assert abs(model.k_proj.weight.std().item() - 0.5) < 0.02
+
+
+def test_training_is_seeded_and_learns():
+    a = recall.train_recall(16, True, steps=150, lr=1e-2, seed=3)
+    b = recall.train_recall(16, True, steps=150, lr=1e-2, seed=3)
+    np.testing.assert_array_equal(a.losses, b.losses)
+    assert a.losses.shape == (150,)
+    assert np.mean(a.losses[-20:]) < 0.25 * np.mean(a.losses[:20])
+    assert a.accuracy > 0.9
+    assert a.entropy[1] < a.entropy[0]  # the attention sharpens as it learns where to look
+
+
+def test_a_perturbed_start_changes_the_weights_but_not_the_data():
+    base = recall.train_recall(16, True, steps=5, lr=1e-3, seed=0)
+    same = recall.train_recall(16, True, steps=5, lr=1e-3, seed=0, perturb_ulps=0)
+    nudged = recall.train_recall(16, True, steps=5, lr=1e-3, seed=0, perturb_ulps=1)
+    np.testing.assert_array_equal(base.losses, same.losses)
+    assert base.entropy[0] != nudged.entropy[0]                 # the start moved...
+    assert base.entropy[0] == pytest.approx(nudged.entropy[0], rel=1e-6)  # ...by a rounding error
+    np.testing.assert_allclose(base.losses, nudged.losses, rtol=1e-5)
+    assert 0 < base.held_out_loss and abs(base.held_out_loss - nudged.held_out_loss) < 1e-4
+
+
+def test_raw_logits_move_further_in_the_first_steps():
+    # Same seed: same initial weights (up to the scale) and the same batches.
+    scaled = recall.train_recall(256, True, steps=5, lr=1e-3, seed=0)
+    raw = recall.train_recall(256, False, steps=5, lr=1e-3, seed=0)
+    assert 0 < scaled.early_logit_change < raw.early_logit_change
+    # at initialisation the raw logits are exactly sqrt(d_k) = 16 times the scaled ones
+    assert raw.logit_std[0] == pytest.approx(16 * scaled.logit_std[0], rel=1e-5)
+
+
+def test_early_steps_must_fit_in_the_run():
+    with pytest.raises(ValueError, match=r"early_steps must lie in \[1, steps=3\]; got 4"):
+        recall.train_recall(16, True, steps=3, early_steps=4)

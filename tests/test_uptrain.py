@@ -1,0 +1,85 @@
+"""Uptraining and held-out loss of the tiny GPT (attnbook.experiments.uptrain, chapter 11), and the
+token windows they share with training (attnbook.gpt.text_windows, window_loss)."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbook.experiments.uptrain import heldout_loss, uptrain, uptrain_over_seeds
+from attnbook.gpt import GPTConfig, TinyGPT, text_windows, window_loss
+from attnbook.gqa import mha_to_gqa
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_windows_and_errors():
+    tokens = torch.arange(20)
+    x, y = text_windows(tokens, torch.tensor([0, 7]), 5)
+    assert torch.equal(x[1], torch.arange(7, 12)) and torch.equal(y[1], torch.arange(8, 13))
+    with pytest.raises(ValueError, match="do not fit"):
+        text_windows(tokens, torch.tensor([15]), 5)
+
+
+def test_uptraining_lowers_the_loss_reproducibly():
+    tokens = torch.tensor([0, 1, 2, 3, 2, 1] * 60)                   # a periodic text, easy to learn
+    def run():
+        torch.manual_seed(0)
+        model = TinyGPT(GPTConfig(vocab_size=4, context_length=16, n_layers=1, n_heads=2, d_model=16))
+        before = heldout_loss(model, tokens, n_windows=8, length=12)
+        losses = uptrain(model, tokens, steps=40, batch=4, length=12, lr=1e-2, seed=3)
+        return before, heldout_loss(model, tokens, n_windows=8, length=12), losses
+    before, after, losses = run()
+    assert len(losses) == 40 and after < 0.5 * before
+    assert run()[1:] == (after, losses)
+    with pytest.raises(ValueError, match="lr"):
+        uptrain(TinyGPT(GPTConfig(vocab_size=4, context_length=16)), tokens, 1, lr=0.0)
+
+
+def test_uptrain_over_seeds_matches_single_runs():
+    """Each seed's loss is what a separate uptrain + heldout_loss of a fresh copy gives; the
+    derived distributions are the arithmetic of their definitions."""
+    tokens = torch.tensor([0, 1, 2, 3, 2, 1] * 60)
+    torch.manual_seed(0)
+    mha = TinyGPT(GPTConfig(vocab_size=4, context_length=16, n_layers=1, n_heads=2, d_model=16)).eval()
+    models = {"mha": mha, "mqa": mha_to_gqa(mha, 1)}
+    ev = dict(n_windows=4, length=12)
+    kw = dict(steps=5, batch=2, length=12, lr=1e-2)
+    runs = uptrain_over_seeds(models, tokens, tokens, seeds=(3, 7), eval_kwargs=ev, **kw)
+    assert runs.seeds == (3, 7) and runs.reference == "mha"
+    for name, start in models.items():
+        assert runs.before[name] == heldout_loss(start, tokens, **ev)
+        assert runs.curves[name].shape == (2, 5)
+        for i, seed in enumerate((3, 7)):
+            m = copy.deepcopy(start)
+            curve = uptrain(m, tokens, seed=seed, **kw)
+            assert runs.curves[name][i].tolist() == curve
+            assert runs.after[name].values[i] == heldout_loss(m, tokens, **ev)
+    # the starting models are left untouched
+    assert heldout_loss(mha, tokens, **ev) == runs.before["mha"]
+    gain = runs.gain("mqa")
+    assert np.allclose(gain.values, runs.before["mqa"] - runs.after["mqa"].values)
+    gap = runs.before["mqa"] - runs.before["mha"]
+    assert np.allclose(runs.recovered("mqa").values, gain.values / gap)
+    assert np.allclose(runs.behind("mqa").values, runs.after["mqa"].values - runs.before["mha"])
+    with pytest.raises(ValueError, match="no gap"):
+        runs.recovered("mha")
+    with pytest.raises(ValueError, match="reference"):
+        uptrain_over_seeds(models, tokens, tokens, seeds=(0,), reference="gqa", **kw)
+    with pytest.raises(ValueError, match="at least one"):
+        uptrain_over_seeds({}, tokens, tokens, **kw)
+
+
+def test_window_loss_is_the_mean_cross_entropy_of_every_token():
+    """Against a direct per-window loop: the loss of each window's tokens, averaged over all."""
+    torch.manual_seed(0)
+    tokens = torch.randint(5, (200,))
+    model = TinyGPT(GPTConfig(vocab_size=5, context_length=16, n_layers=1, n_heads=2, d_model=8)).train()
+    starts = torch.tensor([0, 17, 50, 120, 183])
+    with torch.no_grad():
+        expected = torch.stack([F.cross_entropy(model.eval()(tokens[s:s + 10][None])[0], tokens[s + 1:s + 11],
+                                                reduction="sum") for s in starts.tolist()]).sum() / 50
+    model.train()
+    assert window_loss(model, tokens, starts, 10, batch=2) == pytest.approx(expected.item(), rel=1e-6)
+    assert model.training                      # the mode is restored
