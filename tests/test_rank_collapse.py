@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import attnbook
 from attnbook.experiments.rank_collapse import (attention_stack, ergodicity_coefficient, random_attention_layers,
-                                    rank_one_residual, token_diameter)
+                                                rank_one_residual, token_diameter)
 
 
 def test_rank_one_residual_against_the_centring_projection(rng):
