@@ -136,7 +136,7 @@ def test_keys_and_values_are_never_repeated():
 
 
 @pytest.mark.parametrize("shapes, match", [
-    (((1, 4, 3, 2), (1, 3, 3, 2), (1, 3, 3, 2)), "not a multiple"),
+    (((1, 4, 3, 2), (1, 3, 3, 2), (1, 3, 3, 2)), "n_heads=4 is not divisible by n_kv_heads=3 \\(the heads of q"),
     (((1, 4, 3, 2), (1, 2, 3, 2), (1, 2, 4, 2)), "k and v must agree"),
     (((1, 4, 3, 2), (1, 2, 3, 5), (1, 2, 3, 2)), "batch and d_k"),
     (((2, 4, 3, 2), (1, 2, 3, 2), (1, 2, 3, 2)), "batch and d_k"),

@@ -97,11 +97,14 @@ def repeat_kv_inputs(x, n_rep) -> int:
     return positive_int("n_rep", n_rep)
 
 
-def group_size(n_heads, n_kv_heads) -> int:
-    """Query heads per key/value head; raises unless ``n_kv_heads`` divides ``n_heads``."""
+def group_size(n_heads, n_kv_heads, where: str = "") -> int:
+    """Query heads per key/value head; raises unless ``n_kv_heads`` divides ``n_heads``.
+
+    ``where`` (e.g. the shapes the head counts come from) is added to the error message.
+    """
     n_heads = positive_int("n_heads", n_heads)
     n_kv_heads = positive_int("n_kv_heads", n_kv_heads)
     if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}{where}: "
                          "each key/value head must serve the same number of query heads")
     return n_heads // n_kv_heads

@@ -73,10 +73,8 @@ def grouped_shapes(q, k, v):
                          f"and v {tuple(v.shape)}")
     if bk != b or d_kk != d_k:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch and d_k")
-    if h % h_kv:
-        raise ValueError(f"q has {h} heads, not a multiple of the {h_kv} key/value heads of k "
-                         f"{tuple(k.shape)}: each key/value head must serve the same number of query heads")
-    return b, h, h_kv, h // h_kv, n_q, n_k, d_k, d_v
+    g = group_size(h, h_kv, f" (the heads of q {tuple(q.shape)} and of k {tuple(k.shape)})")
+    return b, h, h_kv, g, n_q, n_k, d_k, d_v
 
 
 def grouped_mask(mask, scores_shape, h_kv: int, g: int):
