@@ -12,6 +12,9 @@ from the log-sum-exp ``lse = m + log(l)`` saved by the forward pass.
 Causal attention uses :func:`attnbook.causal_mask`'s convention: the queries are
 the *last* ``n_q`` of ``n_k`` positions, so query ``i`` sees keys
 ``j <= i + n_k - n_q``. Tiles that are entirely above that diagonal are skipped.
+
+Chapter 9 (FlashAttention) shows :func:`attend_query_block`, :func:`flash_attention_numpy`,
+:func:`key_tiles` and the backward pass; chapter 10 checks its Triton kernels against them.
 """
 from __future__ import annotations
 
@@ -194,7 +197,7 @@ def _check_saved(out, lse, d_out, out_shape):
 def _flat(x, batch: tuple[int, ...], dtype) -> np.ndarray:
     """x (..., n, d) broadcast to ``batch`` and reshaped to (prod(batch), n, d); a view when it can be."""
     x = np.broadcast_to(x.astype(dtype, copy=False), batch + x.shape[-2:])
-    return x.reshape((-1,) + x.shape[-2:])
+    return x.reshape((int(np.prod(batch)),) + x.shape[-2:])     # not -1: n or d may be 0
 
 
 def _out_dtype(*arrays):

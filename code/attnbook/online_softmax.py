@@ -10,6 +10,8 @@ far; two states merge by moving both sums to the larger maximum:
 An empty piece (or one that is fully masked, all ``-inf``) has the state
 ``(-inf, 0)``, the identity of the merge. This is the recurrence of Milakov and
 Gimelshein (2018); FlashAttention applies it to tiles of the score matrix.
+Chapter 9 (FlashAttention) shows :func:`merge_softmax_states` and :func:`online_softmax_state`,
+and builds :mod:`attnbook.flash` on them.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._validate import positive_int
+from .softmax import stable_shift
 
 
 class SoftmaxState(NamedTuple):
@@ -31,16 +34,11 @@ class SoftmaxState(NamedTuple):
     sum: np.ndarray
 
 
-def _safe(m: np.ndarray) -> np.ndarray:
-    """``m`` with ``-inf`` replaced by 0, so that ``-inf - m`` is ``-inf`` (not NaN) for empty rows."""
-    return np.where(np.isneginf(m), 0.0, m)
-
-
 def softmax_state(x, axis: int = -1) -> SoftmaxState:
     """The state of one block of entries: x (..., n) -> max and sum of shape (...)."""
     x = np.asarray(x, dtype=np.result_type(np.asarray(x).dtype, np.float32))
     m = np.max(x, axis=axis, initial=-np.inf)
-    l = np.sum(np.exp(x - np.expand_dims(_safe(m), axis)), axis=axis)
+    l = np.sum(np.exp(x - np.expand_dims(stable_shift(m), axis)), axis=axis)
     return SoftmaxState(m, l)
 
 
@@ -51,7 +49,7 @@ def merge_softmax_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
     ``exp(m_old - m_new) <= 1``, so nothing overflows.
     """
     m = np.maximum(a.max, b.max)
-    m_safe = _safe(m)  # both empty: keep -inf - 0 = -inf, whose exp is an exact 0
+    m_safe = stable_shift(m)  # both empty: keep -inf - 0 = -inf, whose exp is an exact 0
     l = a.sum * np.exp(a.max - m_safe) + b.sum * np.exp(b.max - m_safe)
     return SoftmaxState(m, l)
 
@@ -78,5 +76,5 @@ def online_softmax(x, block: int = 1) -> np.ndarray:
     """
     x = np.asarray(x)
     m, l = online_softmax_state(x, block)
-    e = np.exp(x - _safe(m)[..., None])
+    e = np.exp(x - stable_shift(m)[..., None])
     return np.divide(e, l[..., None], out=np.zeros_like(e), where=l[..., None] > 0)

@@ -16,7 +16,8 @@ transformer injects position somewhere:
   RoPE's frequencies for contexts longer than the training length.
 
 Every frequency table here is ``pair_frequencies(d, base)``: pair ``i`` turns at
-``base ** (-2 i / d)`` radians per position.
+``base ** (-2 i / d)`` radians per position. Chapter 6 (positional encodings) derives and shows
+these functions; its models (:mod:`attnbook.experiments.extrapolation`) use them.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import math
 import numpy as np
 
 from ._validate import positive_int
+from .masks import queries_last
 
 LAYOUTS = ("half", "interleaved")
 
@@ -129,6 +131,22 @@ def _rope_angles(n: int, d: int, positions, base: float, frequencies, leading: t
     return (pos[..., None] * freqs).to(like.device)          # (..., n, d/2)
 
 
+def check_rope_inputs(x, layout: str) -> tuple[int, int]:
+    """Raise unless ``x`` is a floating torch tensor (..., n, d) with d even; return ``(n, d)``."""
+    import torch  # here, not at the top: the numpy half of this module must not load torch
+
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"apply_rope expects a torch tensor (..., n, d); got {type(x).__name__}")
+    if not x.is_floating_point():
+        # cos and sin cast to an integer dtype would be 0 or +-1: a silently wrong rotation
+        raise ValueError(f"apply_rope needs a floating-point tensor; got dtype {x.dtype}")
+    if x.ndim < 2:
+        raise ValueError(f"x must have at least 2 dimensions (..., n, d); got shape {tuple(x.shape)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+    return x.shape[-2], _even_dim("d (the last dimension of x)", x.shape[-1])
+
+
 def apply_rope(x, positions=None, base: float = 10000.0, layout: str = "half", frequencies=None):
     """Rotate the feature pairs of ``x (..., n, d)`` by angles proportional to position.
 
@@ -144,13 +162,7 @@ def apply_rope(x, positions=None, base: float = 10000.0, layout: str = "half", f
     """
     import torch  # here, not at the top: the numpy half of this module must not load torch
 
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"apply_rope expects a torch tensor (..., n, d); got {type(x).__name__}")
-    if x.ndim < 2:
-        raise ValueError(f"x must have at least 2 dimensions (..., n, d); got shape {tuple(x.shape)}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
-    n, d = x.shape[-2], _even_dim("d (the last dimension of x)", x.shape[-1])
+    n, d = check_rope_inputs(x, layout)
     angles = _rope_angles(n, d, positions, _positive_float("base", base), frequencies,
                           tuple(x.shape[:-2]), x)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # float64 angles, then cast
@@ -191,13 +203,7 @@ def alibi_bias(n_heads: int, n_q: int, n_k: int | None = None) -> np.ndarray:
     causal mask, which removes the keys after the query; without a mask, the same
     formula charges future keys by their distance too (a symmetric, bidirectional use).
     """
-    n_q = positive_int("n_q", n_q)
-    n_k = n_q if n_k is None else positive_int("n_k", n_k)
-    if n_q > n_k:
-        raise ValueError(
-            f"alibi_bias needs n_q <= n_k (queries are the last n_q of n_k positions); "
-            f"got n_q={n_q}, n_k={n_k}"
-        )
+    n_q, n_k = queries_last("alibi_bias", n_q, n_k)
     query_pos = np.arange(n_q)[:, None] + (n_k - n_q)
     distance = np.abs(query_pos - np.arange(n_k)[None, :])          # (n_q, n_k)
     return 0.0 - alibi_slopes(n_heads)[:, None, None] * distance   # 0.0 - : no negative zeros

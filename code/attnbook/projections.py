@@ -2,7 +2,8 @@
 
 The book stores a weight matrix as ``(d_in, d_out)`` so that a projection is
 ``x @ w`` with the tokens as rows. (``torch.nn.Linear`` stores the transpose,
-``(d_out, d_in)``, and computes ``x @ weight.T``.)
+``(d_out, d_in)``, and computes ``x @ weight.T``.) Chapter 2 (queries, keys and values)
+shows :func:`project_qkv` and :func:`single_head_attention`; chapter 5 builds heads from them.
 """
 from __future__ import annotations
 
@@ -27,13 +28,9 @@ def _check_weight(name: str, w: np.ndarray, source: str, source_shape: tuple, d_
     raise ValueError(message)
 
 
-def project_qkv(x, w_q, w_k, w_v, context=None):
-    """Queries from ``x``; keys and values from ``context`` (``x`` itself when omitted).
-
-    x: (..., n_q, d_model); context: (..., n_k, d_context), default ``x`` (self-attention);
-    w_q: (d_model, d_k), w_k: (d_context, d_k), w_v: (d_context, d_v).
-    Returns ``q (..., n_q, d_k)``, ``k (..., n_k, d_k)``, ``v (..., n_k, d_v)``.
-    """
+def check_projection_inputs(x, w_q, w_k, w_v, context=None):
+    """The inputs of :func:`project_qkv` as arrays, ``(x, source, w_q, w_k, w_v)``, after checking
+    their shapes; ``source`` is ``context``, or ``x`` for self-attention."""
     x, w_q, w_k, w_v = (np.asarray(a) for a in (x, w_q, w_k, w_v))
     source = x if context is None else np.asarray(context)
     source_name = "x" if context is None else "context"
@@ -51,6 +48,17 @@ def project_qkv(x, w_q, w_k, w_v, context=None):
     except ValueError:
         raise ValueError(f"the leading (batch) dimensions of x {tuple(x.shape)} and context "
                          f"{tuple(source.shape)} do not broadcast") from None
+    return x, source, w_q, w_k, w_v
+
+
+def project_qkv(x, w_q, w_k, w_v, context=None):
+    """Queries from ``x``; keys and values from ``context`` (``x`` itself when omitted).
+
+    x: (..., n_q, d_model); context: (..., n_k, d_context), default ``x`` (self-attention);
+    w_q: (d_model, d_k), w_k: (d_context, d_k), w_v: (d_context, d_v).
+    Returns ``q (..., n_q, d_k)``, ``k (..., n_k, d_k)``, ``v (..., n_k, d_v)``.
+    """
+    x, source, w_q, w_k, w_v = check_projection_inputs(x, w_q, w_k, w_v, context)
     return x @ w_q, source @ w_k, source @ w_v
 
 

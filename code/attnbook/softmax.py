@@ -2,21 +2,26 @@
 
 The trick throughout is shift invariance: ``softmax(x) == softmax(x - c)`` for
 any constant ``c``, so subtracting each row's maximum keeps every exponent
-``<= 0`` and nothing overflows.
+``<= 0`` and nothing overflows. Chapter 4 (softmax) derives and shows these functions;
+every later chapter calls them. The online softmax of chapter 9 (:mod:`attnbook.online_softmax`)
+shifts by :func:`stable_shift` too.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from . import _validate
 
-def _row_max(x: np.ndarray, axis: int) -> np.ndarray:
-    """Row maxima with ``-inf`` rows (everything masked) replaced by 0.
 
-    Subtracting ``-inf`` would give ``-inf - (-inf) = nan``; subtracting 0 keeps
-    the ``-inf`` entries at ``-inf`` so that they exponentiate to exactly 0.
+def stable_shift(m) -> np.ndarray:
+    """The shift to subtract before ``exp``: the maxima ``m``, with every non-finite entry made 0.
+
+    A row that is empty or entirely ``-inf`` (everything masked) has maximum ``-inf``, and
+    ``-inf - (-inf)`` would be NaN; subtracting 0 instead keeps the ``-inf`` entries at ``-inf``,
+    which exponentiate to exactly 0. A row holding ``+inf`` is not shifted either, so its sum is
+    ``inf`` and its log-sum-exp ``inf``, as they should be.
     """
-    m = np.max(x, axis=axis, keepdims=True)
-    return np.where(np.isneginf(m), 0, m)
+    return np.where(np.isfinite(m), m, 0)
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:
@@ -25,20 +30,19 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     x: any shape; the result has the same shape and floating dtype.
     A slice that is entirely ``-inf`` (a fully masked row) gives all zeros, not NaN.
     """
-    x = np.asarray(x)
-    if not np.issubdtype(x.dtype, np.floating):
-        x = x.astype(np.float64)
-    e = np.exp(x - _row_max(x, axis))
+    x = as_float(x)
+    e = np.exp(x - stable_shift(np.max(x, axis=axis, keepdims=True, initial=-np.inf)))
     total = np.sum(e, axis=axis, keepdims=True)
     return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
 
 
 def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
-    """``log(sum(exp(x)))`` along ``axis`` without overflow; ``-inf`` for an all ``-inf`` slice."""
-    x = np.asarray(x)
-    if not np.issubdtype(x.dtype, np.floating):
-        x = x.astype(np.float64)
-    m = _row_max(x, axis)
+    """``log(sum(exp(x)))`` along ``axis`` without overflow.
+
+    ``-inf`` for an empty or all ``-inf`` slice, ``inf`` for one that holds ``inf`` (as torch's).
+    """
+    x = as_float(x)
+    m = stable_shift(np.max(x, axis=axis, keepdims=True, initial=-np.inf))
     with np.errstate(divide="ignore"):  # log(0) = -inf is the right answer for a masked row
         out = m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
     return out if keepdims else np.squeeze(out, axis=axis)
@@ -57,7 +61,14 @@ def softmax_jacobian(p) -> np.ndarray:
     ``dp_i/dx_j = p_i (delta_ij - p_j)``, i.e. ``diag(p) - p p^T``.
     """
     p = np.asarray(p)
+    _validate.require_rank("p", p, 1, "(..., n)")
     return p[..., :, None] * np.eye(p.shape[-1], dtype=p.dtype) - p[..., :, None] * p[..., None, :]
+
+
+def as_float(x) -> np.ndarray:
+    """``x`` as an array of floats: integers and booleans become float64, floats keep their dtype."""
+    x = np.asarray(x)
+    return x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float64)
 
 
 def naive_softmax(x, axis: int = -1) -> np.ndarray:

@@ -1,0 +1,100 @@
+"""The numpy attention path at the edges: float16 beyond its range, empty axes, infinities.
+
+Every expected value comes from torch on the same input (torch.softmax, torch.logsumexp,
+torch.nn.functional.scaled_dot_product_attention in float16 and on empty tensors) or from float64.
+"""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnbook
+from attnbook.flash import flash_attention_backward_numpy, flash_attention_numpy
+from attnbook.online_softmax import online_softmax
+from attnbook.softmax import stable_shift
+
+
+def overflowing_float16(seed=0):
+    """q . k about 1.3e5 > 65504 before the 1/sqrt(d_k) scale; the scaled scores are ordinary."""
+    rng = np.random.default_rng(seed)
+    q = (60 + rng.random((2, 4, 64))).astype(np.float16)
+    k = (30 + rng.random((2, 6, 64))).astype(np.float16)
+    k[:, 3] += 1                                          # one key scores higher: the weights are not flat
+    v = rng.standard_normal((2, 6, 64)).astype(np.float16)
+    return q, k, v
+
+
+def test_float16_scores_beyond_its_range_match_torch():
+    q, k, v = overflowing_float16()
+    with np.errstate(over="ignore"):
+        assert np.isinf(q @ np.swapaxes(k, -1, -2)).any()    # the naive float16 product overflows
+    out, w = attnbook.scaled_dot_product_attention(q, k, v)
+    assert out.dtype == w.dtype == np.float16 and np.isfinite(out).all()
+    expected = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)))
+    np.testing.assert_allclose(out, expected.numpy(), rtol=2e-3, atol=2e-3)
+    ref, _ = attnbook.scaled_dot_product_attention(*(a.astype(np.float64) for a in (q, k, v)))
+    np.testing.assert_allclose(out, ref, rtol=2e-3, atol=2e-3)
+    assert w.max() > 0.9                                   # the weights are sharp, as they should be
+    np.testing.assert_allclose(flash_attention_numpy(q, k, v, block_k=4), ref, rtol=2e-3, atol=2e-3)
+    assert attnbook.attention_scores(q, k).dtype == np.float32
+
+
+@pytest.mark.parametrize("n_q, n_k", [(0, 5), (3, 0), (0, 0)])
+def test_no_queries_or_no_keys_match_torch(n_q, n_k):
+    rng = np.random.default_rng(1)
+    q, k, v = rng.standard_normal((2, n_q, 4)), rng.standard_normal((2, n_k, 4)), rng.standard_normal((2, n_k, 3))
+    # torch's math gives NaN for a query with no keys (0 / 0); the book's rule, as for a fully
+    # masked row, is "attends to nothing: zero output"
+    expected = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v))).nan_to_num(0.0).numpy()
+    out, w = attnbook.scaled_dot_product_attention(q, k, v)
+    assert out.shape == (2, n_q, 3) and w.shape == (2, n_q, n_k)
+    np.testing.assert_array_equal(out, expected)
+    flash, lse = flash_attention_numpy(q, k, v, return_lse=True)
+    np.testing.assert_array_equal(flash, expected)
+    np.testing.assert_array_equal(lse, torch.logsumexp(torch.from_numpy(q @ np.swapaxes(k, -1, -2)), -1).numpy())
+    grads = flash_attention_backward_numpy(q, k, v, flash, lse, np.ones_like(flash))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert all(np.all(g == 0) for g in grads)
+
+
+@pytest.mark.parametrize("shape, axis", [((0,), -1), ((3, 0), -1), ((0, 4), 0), ((2, 0, 3), 1)])
+def test_softmax_and_logsumexp_of_an_empty_axis_match_torch(shape, axis):
+    x = np.zeros(shape)
+    t = torch.from_numpy(x)
+    np.testing.assert_array_equal(attnbook.softmax(x, axis=axis), torch.softmax(t, dim=axis).numpy())
+    np.testing.assert_array_equal(attnbook.logsumexp(x, axis=axis), torch.logsumexp(t, dim=axis).numpy())
+    np.testing.assert_array_equal(attnbook.log_softmax(x, axis=axis), torch.log_softmax(t, dim=axis).numpy())
+
+
+@pytest.mark.parametrize("row", [[np.inf, 0.0], [np.inf, np.inf], [-np.inf, -np.inf], [-np.inf, 1.0],
+                                 [np.inf, -np.inf], [np.nan, 0.0], [1000.0, 1000.0], [-1000.0, 5.0]])
+def test_logsumexp_with_infinities_matches_torch(row):
+    x = np.array(row)
+    np.testing.assert_array_equal(attnbook.logsumexp(x), torch.logsumexp(torch.from_numpy(x), -1).numpy())
+
+
+@pytest.mark.parametrize("row", [[-np.inf, -np.inf], [-np.inf, 1.0], [1000.0, 999.0]])
+def test_softmax_of_masked_and_large_rows_matches_torch(row):
+    x = np.array(row)
+    expected = torch.softmax(torch.from_numpy(x), -1).nan_to_num(0.0).numpy()   # all -inf: 0, not NaN
+    np.testing.assert_allclose(attnbook.softmax(x), expected, rtol=1e-15)
+    np.testing.assert_allclose(online_softmax(x[None]), expected[None], rtol=1e-15)
+
+
+def test_stable_shift_replaces_only_non_finite_maxima():
+    m = np.array([2.0, -np.inf, np.inf, -3.5])
+    np.testing.assert_array_equal(stable_shift(m), [2.0, 0.0, 0.0, -3.5])
+
+
+def test_softmax_jacobian_of_a_scalar_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"p must have at least 1 dimensions \(\.\.\., n\); got shape \(\)"):
+        attnbook.softmax_jacobian(np.float64(1.0))
+    np.testing.assert_array_equal(attnbook.softmax_jacobian(np.array([1.0])), [[0.0]])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_apply_rope_refuses_integer_tensors(dtype):
+    with pytest.raises(ValueError, match=f"floating-point tensor; got dtype {dtype}"):
+        attnbook.apply_rope(torch.ones(3, 4, dtype=dtype))
+    x = torch.arange(12.0).view(3, 4)                     # the same values as floats are rotated
+    assert not torch.equal(attnbook.apply_rope(x), x)
