@@ -1,5 +1,5 @@
-"""Decoding costs: flop counts against torch's flop counter, published parameter counts, the
-concatenating cache against the preallocated one, and the decode benchmark's bookkeeping."""
+"""Decoding costs: flop counts against torch's flop counter, the concatenating cache against the
+preallocated one, and the decoding helpers."""
 import dataclasses
 
 import pytest
@@ -8,10 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnbook.decoding import (GPT2_SMALL, LLAMA2_7B, LLAMA2_70B, MODEL_SHAPES, ConcatKVCache, DecoderShape,
-                               greedy_decode, recording_attention_outputs, teacher_forced_logits,
-                               DecodeSpeed, append_one_by_one, as_multi_head, decode_benchmark, forward_flops,
-                               generation_flops, shape_of, time_generation)
+from attnbook.decoding import (ConcatKVCache, append_one_by_one, forward_flops, generation_flops, greedy_decode,
+                               recording_attention_outputs, teacher_forced_logits)
+from attnbook.model_shapes import GPT2_SMALL, LLAMA2_70B, as_multi_head, shape_of
 from attnbook.gpt import GPTConfig, TinyGPT
 from attnbook.kv_cache import KVCache
 
@@ -21,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def small_gpt(seed=0, **overrides):
     torch.manual_seed(seed)
-    config = dict(vocab_size=13, block_size=32, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16) | overrides
+    config = dict(vocab_size=13, context_length=32, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16) | overrides
     # use_sdpa=False: attention runs as two matmuls, which torch's flop counter sees
     return TinyGPT(GPTConfig(**config), use_sdpa=False).eval()
 
@@ -69,7 +68,7 @@ def test_generation_flops_closed_forms(n_prompt, n_new):
     for part, flops in per_token.items():
         assert cached[part] == flops * tokens_processed
         assert uncached[part] == flops * tokens_reprocessed
-    width = 4 * s.n_layers * s.n_heads * s.head_dim                            # attention flops per (query, key)
+    width = 4 * s.n_layers * s.n_heads * s.d_head                            # attention flops per (query, key)
     assert cached["attention"] == width * (n_prompt ** 2 + sum(n_prompt + i for i in range(1, n_new)))
     assert uncached["attention"] == width * sum((n_prompt + i) ** 2 for i in range(n_new))
 
@@ -80,38 +79,6 @@ def test_gqa_shrinks_only_the_key_value_projections():
     assert a["attention"] == b["attention"] and a["mlp"] == b["mlp"] and a["head"] == b["head"]
     d, hd, L = 8192, 128, 80
     assert a["qkv_out"] - b["qkv_out"] == L * 2 * 3 * 2 * d * (64 - 8) * hd
-
-
-# ---- published shapes -------------------------------------------------------------------------
-
-def test_published_parameter_counts():
-    """matmul_params plus embeddings, biases and norms gives the published totals exactly."""
-    g = GPT2_SMALL
-    biases_norms = g.n_layers * (3 * 768 + 768 + 3072 + 768 + 4 * 768) + 2 * 768
-    assert g.matmul_params() + g.n_ctx * g.d_model + biases_norms == 124_439_808    # GPT-2 small
-    for shape, total in ((LLAMA2_7B, 6_738_415_616), (LLAMA2_70B, 68_976_648_192)):
-        rms_norms = (2 * shape.n_layers + 1) * shape.d_model
-        assert shape.matrix_params() + rms_norms == total
-        assert shape.matrix_params() == shape.matmul_params() + shape.vocab_size * shape.d_model  # untied
-    assert g.matrix_params() == g.matmul_params()                                   # GPT-2 ties them
-
-
-def test_shapes_and_validation():
-    assert [s.name for s in MODEL_SHAPES] == ["GPT-2 small", "Llama-2-7B", "Llama-2-70B"]
-    assert LLAMA2_70B.kv_heads == 8 and as_multi_head(LLAMA2_70B).kv_heads == 64
-    assert GPT2_SMALL.kv_heads == 12
-    config = GPTConfig(vocab_size=73, block_size=256, n_layers=4, n_heads=4, d_model=96)
-    assert shape_of(config) == DecoderShape("tiny GPT", 4, 4, 24, 96, 384, 73, 256)
-    with pytest.raises(ValueError, match="n_heads=6 is not divisible by n_kv_heads=4"):
-        dataclasses.replace(GPT2_SMALL, n_heads=6, n_kv_heads=4)
-    with pytest.raises(ValueError, match="d_ff"):
-        dataclasses.replace(GPT2_SMALL, d_ff=0)
-    with pytest.raises(ValueError, match="n_new"):
-        forward_flops(GPT2_SMALL, 0)
-    with pytest.raises(ValueError, match="n_past"):
-        forward_flops(GPT2_SMALL, 1, -1)
-    with pytest.raises(ValueError, match="n_prompt"):
-        generation_flops(GPT2_SMALL, 0, 3, True)
 
 
 # ---- the concatenating cache ------------------------------------------------------------------
@@ -144,38 +111,6 @@ def test_concat_cache_drives_the_model_like_the_preallocated_one():
         full = model(ids)
     torch.testing.assert_close(logits["growing"], logits["fixed"], rtol=0, atol=0)
     torch.testing.assert_close(logits["growing"], full, rtol=1e-5, atol=1e-5)
-
-
-# ---- timing helpers ---------------------------------------------------------------------------
-
-def test_decode_benchmark_reports_both_modes():
-    model = small_gpt(seed=3)
-    prompt = torch.zeros(1, 1, dtype=torch.long)
-    rows = decode_benchmark(model, prompt, [4, 8], repeats=[2, 1])
-    assert [r.n_new for r in rows] == [4, 8]
-    assert [r.cached.repeats for r in rows] == [2, 1]
-    for r in rows:
-        assert r.cached.low <= r.cached.median <= r.cached.high
-        assert r.speedup == pytest.approx(r.uncached.low / r.cached.low)
-        assert r.cached_tokens_per_s == pytest.approx(r.n_new / r.cached.low)
-    timing = time_generation(model, prompt, 3, use_cache=True, repeats=2)
-    assert timing.repeats == 2 and timing.median > 0
-    with pytest.raises(ValueError, match="one count per length"):
-        decode_benchmark(model, prompt, [4, 8], repeats=[1])
-
-
-def test_decode_benchmark_refuses_when_the_modes_disagree():
-    class Broken:
-        def generate(self, prompt, n_new, temperature, use_cache):
-            return torch.full((1, n_new), int(use_cache))
-    with pytest.raises(AssertionError, match="disagree"):
-        decode_benchmark(Broken(), torch.zeros(1, 1, dtype=torch.long), [3])
-
-
-def test_decode_speed_ratio():
-    from attnbook.bench import Timing
-    row = DecodeSpeed(100, Timing(0.6, 0.5, 0.9, 3, 1), Timing(2.2, 2.0, 2.1, 3, 1))   # the fastest runs count
-    assert row.speedup == 4.0 and row.cached_tokens_per_s == 200.0 and row.uncached_tokens_per_s == 50.0
 
 
 # ---- decoding helpers -------------------------------------------------------------------------

@@ -13,25 +13,25 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # ---- kv_cache_bytes ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
-@pytest.mark.parametrize("n_layers,n_kv_heads,head_dim,seq_len,batch", [(1, 1, 1, 1, 1), (3, 2, 8, 17, 2),
+@pytest.mark.parametrize("n_layers,n_kv_heads,d_head,context_length,batch", [(1, 1, 1, 1, 1), (3, 2, 8, 17, 2),
                                                                         (2, 4, 5, 9, 3)])
-def test_kv_cache_bytes_counts_a_filled_cache(dtype, n_layers, n_kv_heads, head_dim, seq_len, batch):
-    caches = [KVCache(batch, n_kv_heads, seq_len, head_dim, dtype=dtype) for _ in range(n_layers)]
+def test_kv_cache_bytes_counts_a_filled_cache(dtype, n_layers, n_kv_heads, d_head, context_length, batch):
+    caches = [KVCache(batch, n_kv_heads, context_length, d_head, dtype=dtype) for _ in range(n_layers)]
     for cache in caches:                                    # fill every position, in two pieces
-        first = seq_len // 2
-        for n_new in (first, seq_len - first):
+        first = context_length // 2
+        for n_new in (first, context_length - first):
             if n_new:
-                k = torch.randn(batch, n_kv_heads, n_new, head_dim).to(dtype)
+                k = torch.randn(batch, n_kv_heads, n_new, d_head).to(dtype)
                 cache.update(k, k.clone())
-        assert cache.length == cache.max_len == seq_len
+        assert cache.length == cache.max_len == context_length
     counted = sum(c.keys.nbytes + c.values.nbytes for c in caches)
     element = torch.finfo(dtype).bits // 8
-    assert kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch, bytes_per_element=element) == counted
+    assert kv_cache_bytes(n_layers, n_kv_heads, d_head, context_length, batch, bytes_per_element=element) == counted
     assert sum(c.nbytes for c in caches) == counted
 
 
 def test_kv_cache_bytes_of_the_tiny_gpt_cache():
-    model = TinyGPT(GPTConfig(vocab_size=11, block_size=20, n_layers=3, n_heads=4, n_kv_heads=2, d_model=16))
+    model = TinyGPT(GPTConfig(vocab_size=11, context_length=20, n_layers=3, n_heads=4, n_kv_heads=2, d_model=16))
     caches = model.new_kv_cache(batch=2)
     with torch.no_grad():
         model(torch.zeros(2, 20, dtype=torch.long), caches)
@@ -48,11 +48,11 @@ def test_kv_cache_bytes_known_value():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(n_layers=0), "n_layers"), (dict(n_kv_heads=-1), "n_kv_heads"), (dict(head_dim=2.5), "head_dim"),
-    (dict(seq_len=0), "seq_len"), (dict(batch=0), "batch"), (dict(bytes_per_element=0), "bytes_per_element"),
+    (dict(n_layers=0), "n_layers"), (dict(n_kv_heads=-1), "n_kv_heads"), (dict(d_head=2.5), "d_head"),
+    (dict(context_length=0), "context_length"), (dict(batch=0), "batch"), (dict(bytes_per_element=0), "bytes_per_element"),
 ])
 def test_kv_cache_bytes_rejects_bad_input(kwargs, match):
-    args = dict(n_layers=2, n_kv_heads=2, head_dim=4, seq_len=8) | kwargs
+    args = dict(n_layers=2, n_kv_heads=2, d_head=4, context_length=8) | kwargs
     with pytest.raises(ValueError, match=match):
         kv_cache_bytes(**args)
 
@@ -60,7 +60,7 @@ def test_kv_cache_bytes_rejects_bad_input(kwargs, match):
 # ---- KVCache ----------------------------------------------------------------------------------
 
 def test_update_returns_everything_appended_so_far():
-    cache = KVCache(batch=2, n_kv_heads=3, max_len=10, head_dim=4)
+    cache = KVCache(batch=2, n_kv_heads=3, max_len=10, d_head=4)
     ks, vs = [], []
     for n_new in (4, 1, 1, 3):
         k, v = torch.randn(2, 3, n_new, 4), torch.randn(2, 3, n_new, 4)
@@ -120,7 +120,7 @@ def test_multihead_attention_with_cache_equals_causal_attention(n_kv_heads, use_
 
 def small_gpt(n_kv_heads=None, seed=0, use_sdpa=True):
     torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=13, block_size=32, n_layers=3, n_heads=4, n_kv_heads=n_kv_heads, d_model=24)
+    config = GPTConfig(vocab_size=13, context_length=32, n_layers=3, n_heads=4, n_kv_heads=n_kv_heads, d_model=24)
     return TinyGPT(config, use_sdpa=use_sdpa).double().eval()
 
 

@@ -173,16 +173,21 @@ class TinyGPT(nn.Module):
                              f"exceeds context_length + 1 = {self.config.context_length + 1}")
         return total
 
-    def new_kv_cache(self, batch: int = 1, max_len: int | None = None) -> list[KVCache]:
-        """Empty caches, one per layer, for ``max_len`` positions (default ``context_length``)."""
+    def new_kv_cache(self, batch: int = 1, max_len: int | None = None, cache_class=KVCache,
+                     **options) -> list:
+        """Empty caches, one per layer, for ``max_len`` positions (default ``context_length``).
+
+        ``cache_class`` is :class:`KVCache` or a class with its constructor and ``update``
+        (e.g. :class:`attnbook.quantized_cache.QuantizedKVCache`), given ``options`` too.
+        """
         cfg = self.config
         max_len = cfg.context_length if max_len is None else _validate.positive_int("max_len", max_len)
         if max_len > cfg.context_length:
             raise ValueError(f"max_len={max_len} exceeds context_length={cfg.context_length}: "
                              "there are no position embeddings beyond it")
         weight = self.tok_emb.weight
-        return [KVCache(batch, cfg.kv_heads, max_len, cfg.d_model // cfg.n_heads,
-                        dtype=weight.dtype, device=weight.device) for _ in range(cfg.n_layers)]
+        return [cache_class(batch, cfg.kv_heads, max_len, cfg.d_model // cfg.n_heads, dtype=weight.dtype,
+                            device=weight.device, **options) for _ in range(cfg.n_layers)]
 
     @torch.no_grad()
     def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

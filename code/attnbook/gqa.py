@@ -11,8 +11,8 @@ grouped-query attention (GQA, Ainslie et al. 2023).
 This module computes grouped attention without materialising the repeated keys and
 values (:func:`grouped_query_attention`, :class:`GroupedQueryAttention`), converts a
 multi-head checkpoint to fewer key/value heads by pooling each group's projections
-(:func:`mha_to_gqa`), and lists the attention shapes of published models
-(:data:`PUBLISHED_MODELS`). Chapter 11 (grouped-query attention) shows
+(:func:`mha_to_gqa`). The shapes of published GQA and MQA models are in
+:mod:`attnbook.model_shapes`. Chapter 11 (grouped-query attention) shows
 :func:`grouped_query_attention` and :func:`pool_kv_heads`; its measurements of decoding speed
 are in :mod:`attnbook.experiments.decode_speed`.
 """
@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from . import _validate
-from .kv_cache import kv_cache_bytes
 from ._validate import group_size
 from .multihead import MultiHeadAttention
 from .torch_attention import attend, with_causal
@@ -170,56 +168,3 @@ def _convert_layer(attn: MultiHeadAttention, n_kv_heads: int, method: str) -> No
                 new.bias.copy_(pool_kv_heads(old.bias, attn.n_heads, n_kv_heads, method))
         setattr(attn, name, new)
     attn.n_kv_heads, attn.n_rep = n_kv_heads, attn.n_heads // n_kv_heads
-
-
-# ---- published models --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """The attention shape of a published decoder: what sets the size of its KV cache.
-
-    ``context`` is the longest context the model was trained for; ``source`` is the
-    bibliography key of the paper that describes it.
-    """
-
-    name: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    context: int
-    source: str
-
-    def __post_init__(self):
-        for name in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "context"):
-            _validate.positive_int(name, getattr(self, name))
-        group_size(self.n_heads, self.n_kv_heads)
-
-    @property
-    def kind(self) -> str:
-        """"MHA", "GQA" or "MQA"."""
-        if self.n_kv_heads == self.n_heads:
-            return "MHA"
-        return "MQA" if self.n_kv_heads == 1 else "GQA"
-
-    def cache_bytes(self, seq_len: int | None = None, batch: int = 1, bytes_per_element: float = 2):
-        """:func:`attnbook.kv_cache_bytes` for this model; ``seq_len`` defaults to ``context``."""
-        return kv_cache_bytes(self.n_layers, self.n_kv_heads, self.head_dim,
-                              self.context if seq_len is None else seq_len, batch, bytes_per_element)
-
-    def bytes_per_token(self, bytes_per_element: float = 2) -> int | float:
-        """Cache bytes that one more token adds: 2 * n_layers * n_kv_heads * head_dim * bytes."""
-        return self.cache_bytes(1, 1, bytes_per_element)
-
-
-#: From each model's published configuration (the ``config.json`` or ``params.json`` released
-#: with its weights). Falcon-7B: 71 query heads of 64 features (hidden size 4544), one key/value
-#: head ("multi_query": true).
-PUBLISHED_MODELS = (
-    AttentionShape("GPT-2 small", 12, 12, 12, 64, 1024, "radford2019language"),
-    AttentionShape("Llama-2-7B", 32, 32, 32, 128, 4096, "touvron2023llama"),
-    AttentionShape("Llama-2-70B", 80, 64, 8, 128, 4096, "touvron2023llama"),
-    AttentionShape("Mistral-7B", 32, 32, 8, 128, 8192, "jiang2023mistral"),
-    AttentionShape("Llama-3-8B", 32, 32, 8, 128, 8192, "grattafiori2024llama3"),
-    AttentionShape("Falcon-7B", 32, 71, 1, 64, 2048, "almazrouei2023falcon"),
-)

@@ -54,7 +54,8 @@ class NotAttemptedError(ExerciseError):
     """The reader's function is still the stub that raises ``NotImplementedError``."""
 
 
-def _as_array(x) -> np.ndarray:
+def as_array(x) -> np.ndarray:
+    """A reader's value (numpy array, torch tensor, list) as a numpy array."""
     if hasattr(x, "detach"):  # a torch tensor
         x = x.detach().cpu().numpy()
     return np.asarray(x)
@@ -62,7 +63,7 @@ def _as_array(x) -> np.ndarray:
 
 def same(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
     """True when ``a`` and ``b`` have one shape and agree, NaN counting as equal to NaN."""
-    a, b = _as_array(a), _as_array(b)
+    a, b = as_array(a), as_array(b)
     if a.shape != b.shape:
         return False
     if a.dtype == bool or b.dtype == bool:
@@ -71,7 +72,8 @@ def same(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
                             equal_nan=True))
 
 
-def _diagnose(got, case: Case, mistakes: Sequence[Mistake], compare) -> Mistake | None:
+def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare) -> Mistake | None:
+    """The first mistake whose output on ``case`` matches the reader's, or None."""
     for mistake in mistakes:
         try:
             with np.errstate(all="ignore"):
@@ -85,11 +87,14 @@ def _diagnose(got, case: Case, mistakes: Sequence[Mistake], compare) -> Mistake 
 
 def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Callable,
                mistakes: Sequence[Mistake] = (), compare: Callable = same,
-               postprocess: Callable = lambda out: out) -> None:
+               postprocess: Callable = lambda out: out, describe: Callable | None = None,
+               hint: str = "compare your steps with the chapter's derivation") -> None:
     """Run ``fn`` on every case; raise :class:`ExerciseError` at the first wrong one.
 
     ``postprocess`` adapts the reader's return value (e.g. keeps the output of an
-    ``(output, weights)`` pair). On success prints one line.
+    ``(output, weights)`` pair); an exception it raises is reported as the reader's.
+    ``describe(got, expected, case)`` says what is wrong (default :func:`difference`);
+    ``hint`` is given when no mistake is recognised. On success prints one line.
     """
     __tracebackhide__ = True  # IPython and pytest show the verdict, not the checker's internals
     for case in cases:
@@ -105,19 +110,23 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
         expected = reference(*case.args, **case.kwargs)
         if compare(got, expected):
             continue
-        mistake = _diagnose(got, case, mistakes, compare)
-        got_a, expected_a = _as_array(got), _as_array(expected)
-        if got_a.shape != expected_a.shape:
-            problem = f"expected shape {expected_a.shape}, got {got_a.shape}"
-        elif got_a.dtype != bool and not np.all(np.isfinite(got_a.astype(float))) \
-                and np.all(np.isfinite(expected_a.astype(float))):
-            problem = "your output contains NaN or inf where the answer is finite"
-        else:
-            problem = "values differ from the reference"
-            if got_a.dtype != bool:
-                with np.errstate(invalid="ignore"):  # inf - inf where both overflow
-                    err = np.max(np.abs(got_a.astype(float) - expected_a.astype(float)))
-                problem += f" (largest difference {err:.3g})"
-        raise ExerciseError(exercise, case.name, problem, mistake=mistake,
-                            hint=None if mistake else "compare your steps with the chapter's derivation")
+        mistake = diagnose(got, case, mistakes, compare)
+        problem = (describe or difference)(got, expected, case)
+        raise ExerciseError(exercise, case.name, problem, mistake=mistake, hint=None if mistake else hint)
     print(f"Correct: {exercise} passes all {len(cases)} cases.")
+
+
+def difference(got, expected, case: Case | None = None) -> str:
+    """What differs between two arrays: the shape, non-finite values, or the largest difference."""
+    got_a, expected_a = as_array(got), as_array(expected)
+    if got_a.shape != expected_a.shape:
+        return f"expected shape {expected_a.shape}, got {got_a.shape}"
+    if got_a.dtype != bool and not np.all(np.isfinite(got_a.astype(float))) \
+            and np.all(np.isfinite(expected_a.astype(float))):
+        return "your output contains NaN or inf where the answer is finite"
+    problem = "values differ from the reference"
+    if got_a.dtype != bool:
+        with np.errstate(invalid="ignore"):  # inf - inf where both overflow
+            err = np.max(np.abs(got_a.astype(float) - expected_a.astype(float)))
+        problem += f" (largest difference {err:.3g})"
+    return problem

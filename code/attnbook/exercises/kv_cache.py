@@ -15,7 +15,7 @@ import numpy as np
 
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
-from ._framework import Case, ExerciseError, Mistake, NotAttemptedError, _as_array, _diagnose, same
+from ._framework import Case, Mistake, as_array, run_checks, same
 
 EXERCISE = "KV-cache decoding step"
 
@@ -118,7 +118,7 @@ def _unpack(out):
     if not isinstance(out, (tuple, list)) or len(out) != 3:
         raise TypeError(f"return a triple (out, k_cache, v_cache); got {type(out).__name__}"
                         + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
-    return tuple(_as_array(x).astype(np.float64) for x in out)
+    return tuple(as_array(x).astype(np.float64) for x in out)
 
 
 def _same_step(got, expected) -> bool:
@@ -127,6 +127,7 @@ def _same_step(got, expected) -> bool:
 
 def _problem(got, expected, case: Case) -> str:
     """What is wrong, shapes first: a cache of the wrong length says more than a wrong output."""
+    expected = _unpack(expected)
     t = case.args[3].shape[-2]
     names = ("the output", "the returned k_cache", "the returned v_cache")
     for name, g, e in zip(names, got, expected):
@@ -144,19 +145,5 @@ def _problem(got, expected, case: Case) -> str:
 def check_kv_cache_step(fn) -> None:
     """Check ``fn(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`` (module docstring)."""
     __tracebackhide__ = True
-    for case in cases():
-        try:
-            with np.errstate(all="ignore"):
-                got = _unpack(fn(*case.args))
-        except NotImplementedError:
-            raise NotAttemptedError(EXERCISE, case.name, "the function is still the stub",
-                                    hint="replace `raise NotImplementedError` with your code") from None
-        except Exception as err:
-            raise ExerciseError(EXERCISE, case.name, f"your function raised {type(err).__name__}: {err}") from err
-        expected = _unpack(_reference(*case.args))
-        if _same_step(got, expected):
-            continue
-        mistake = _diagnose(got, case, MISTAKES, _same_step)
-        raise ExerciseError(EXERCISE, case.name, _problem(got, expected, case), mistake=mistake,
-                            hint=None if mistake else "append first, then attend with the queries placed last")
-    print(f"Correct: {EXERCISE} passes all {len(cases())} cases.")
+    run_checks(EXERCISE, fn, cases(), _reference, MISTAKES, compare=_same_step, postprocess=_unpack,
+               describe=_problem, hint="append first, then attend with the queries placed last")

@@ -10,7 +10,7 @@ import numpy as np
 from ..attention import scaled_dot_product_attention
 from ..heads import merge_heads, split_heads
 from ..softmax import softmax
-from ._framework import Case, Mistake, _as_array, run_checks
+from ._framework import Case, Mistake, as_array, run_checks
 
 
 def _t(a):
@@ -36,7 +36,7 @@ def _stack(out):
     """The reader returns (q, k, v); the checker compares them stacked."""
     if not isinstance(out, (tuple, list)) or len(out) != 3:
         raise ValueError(f"return the three tensors (q, k, v); got {type(out).__name__}")
-    parts = [_as_array(t) for t in out]
+    parts = [as_array(t) for t in out]
     shapes = {p.shape for p in parts}
     if len(shapes) != 1:
         raise ValueError(f"q, k and v should have one shape; got {[p.shape for p in parts]}")

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from ..positional import alibi_bias, alibi_slopes, apply_rope
-from ._framework import Case, Mistake, _as_array, run_checks
+from ..torch_attention import attend
+from ._framework import Case, Mistake, as_array, run_checks
 
 _rng = np.random.default_rng
 
@@ -21,11 +22,6 @@ def _first(out):
 
 # --- attention with RoPE on queries and keys ----------------------------------------
 
-def _attend(q, k, v, scale=None):
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1) @ v
-
-
 def _rope_with(x, base=10000.0, sign=1.0, exponent=2.0):
     """Half-layout RoPE with a sign on the angle and an exponent ``e`` in ``base ** (-e i / d)``."""
     d = x.shape[-1]
@@ -35,39 +31,39 @@ def _rope_with(x, base=10000.0, sign=1.0, exponent=2.0):
 
 def rope_attention(q, k, v):
     """The reference: ``softmax(R(q) R(k)^T / sqrt(d_k)) v``, half layout, positions 0..n-1, no mask."""
-    return _attend(apply_rope(q), apply_rope(k), v)
+    return attend(apply_rope(q), apply_rope(k), v)
 
 
 ROPE_MISTAKES = [
     Mistake("rope_on_values", "RoPE was applied to the values as well as to the queries and keys",
             "rotate q and k only: the rotation is there to make the scores q.k depend on m - n; "
             "rotating v makes what each key hands on depend on its absolute position",
-            lambda q, k, v: _attend(apply_rope(q), apply_rope(k), apply_rope(v))),
+            lambda q, k, v: attend(apply_rope(q), apply_rope(k), apply_rope(v))),
     Mistake("q_only", "RoPE was applied to the queries but not to the keys",
             "rotate both: q_m . k_n depends on m - n only when q is turned by m*theta and k by n*theta",
-            lambda q, k, v: _attend(apply_rope(q), k, v)),
+            lambda q, k, v: attend(apply_rope(q), k, v)),
     Mistake("k_only", "RoPE was applied to the keys but not to the queries",
             "rotate both q and k, each by its own position",
-            lambda q, k, v: _attend(q, apply_rope(k), v)),
+            lambda q, k, v: attend(q, apply_rope(k), v)),
     Mistake("no_rope", "no rotation at all: this is plain attention, blind to position",
             "apply attnbook.positional.apply_rope (or your own rotation) to q and k before the scores",
-            lambda q, k, v: _attend(q, k, v)),
+            lambda q, k, v: attend(q, k, v)),
     Mistake("rope_on_output", "the rotation was applied to the attention output instead of to q and k",
             "rotate q and k before computing the scores; the output is not rotated",
-            lambda q, k, v: apply_rope(_attend(q, k, v))),
+            lambda q, k, v: apply_rope(attend(q, k, v))),
     Mistake("interleaved_layout", "the pairs are (2i, 2i+1) (interleaved layout); this exercise uses the half "
             "layout, pairs (i, i + d/2)",
             "use layout='half': pair i is feature i with feature i + d/2. A checkpoint cares which one you use",
-            lambda q, k, v: _attend(apply_rope(q, layout="interleaved"), apply_rope(k, layout="interleaved"), v)),
+            lambda q, k, v: attend(apply_rope(q, layout="interleaved"), apply_rope(k, layout="interleaved"), v)),
     Mistake("reversed_rotation", "each pair is rotated by -m*theta instead of +m*theta (a sign error in the sines)",
             "the first half becomes x1*cos - x2*sin and the second x1*sin + x2*cos",
-            lambda q, k, v: _attend(_rope_with(q, sign=-1.0), _rope_with(k, sign=-1.0), v)),
+            lambda q, k, v: attend(_rope_with(q, sign=-1.0), _rope_with(k, sign=-1.0), v)),
     Mistake("frequency_exponent", "the frequencies are base**(-i/d) instead of base**(-2i/d)",
             "pair i (i = 0 .. d/2 - 1) turns at base**(-2i/d) radians per position",
-            lambda q, k, v: _attend(_rope_with(q, exponent=1.0), _rope_with(k, exponent=1.0), v)),
+            lambda q, k, v: attend(_rope_with(q, exponent=1.0), _rope_with(k, exponent=1.0), v)),
     Mistake("no_scale", "the scores are not divided by sqrt(d_k)",
             "RoPE preserves lengths, so the scaling of chapter 3 is still needed",
-            lambda q, k, v: _attend(apply_rope(q), apply_rope(k), v, scale=1.0)),
+            lambda q, k, v: attend(apply_rope(q), apply_rope(k), v, scale=1.0)),
 ]
 
 
@@ -105,7 +101,7 @@ def visible_relative(bias) -> np.ndarray:
     entries above the diagonal; so two biases that agree here give the same attention.
     Above the diagonal the result is 0. Anything that is not ``(heads, n, n)`` is returned as is.
     """
-    b = _as_array(bias)
+    b = as_array(bias)
     if b.ndim != 3 or b.shape[-1] != b.shape[-2] or b.dtype == bool:
         return b
     b = b.astype(np.float64)
