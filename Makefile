@@ -2,12 +2,14 @@
 #   make book   builds the HTML book into _build/html from the committed notebook outputs
 #   make test   runs every check: package tests, checker tests, nbval, the book build, the browser check,
 #               then nbval a second time with another CPU's numerics (scripts/other_numerics.py)
+# CI also runs `make test-minimum`: the package tests and the numpy chapters at the minimum numpy and
+# matplotlib that pyproject.toml declares (scripts/minimum_requirements.py), in a venv of their own.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 
-.PHONY: book test execute nbval clean
+.PHONY: book test test-minimum execute nbval clean
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # The environment that makes this CPU compute like the other kind (AVX-512 <-> AVX2-only): the
@@ -28,6 +30,25 @@ test: $(READY)
 	$(BIN)/python -m pytest tests book $(NBVAL)
 	env $(OTHER_NUMERICS) $(BIN)/python -m pytest book $(NBVAL)
 
+MIN_VENV := .venv-minimum
+# Tests that need what only the full environment has (jupyter-book, myst-nb, a browser, transformers).
+FULL_ONLY := tests/test_book.py tests/test_notebooks.py tests/test_colab_setup.py tests/test_glue.py tests/test_minilm.py
+# Chapters that need only numpy, matplotlib and torch.
+MIN_CHAPTERS := book/02-queries-keys-values.ipynb book/04-softmax.ipynb book/09-flash-attention.ipynb
+
+$(MIN_VENV)/.ready: requirements.txt pyproject.toml scripts/minimum_requirements.py
+	test -x $(MIN_VENV)/bin/python || $(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MIN_VENV)/bin/python scripts/minimum_requirements.py > $(MIN_VENV)/requirements.txt
+	$(MIN_VENV)/bin/python -m pip install --quiet -r $(MIN_VENV)/requirements.txt
+	$(MIN_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+test-minimum: $(MIN_VENV)/.ready
+	$(MIN_VENV)/bin/python -c "import numpy, matplotlib; print('numpy', numpy.__version__, 'matplotlib', matplotlib.__version__)"
+	$(MIN_VENV)/bin/python -m pytest tests $(addprefix --ignore=,$(FULL_ONLY)) -W ignore::DeprecationWarning
+	$(MIN_VENV)/bin/python -m pytest $(NBVAL) $(MIN_CHAPTERS) -W ignore::DeprecationWarning
+
 # Authoring helpers: re-execute one notebook in place, or nbval it alone (both numerics).
 execute: $(READY)
 	$(BIN)/jupyter-execute --inplace $(NB)
@@ -37,4 +58,4 @@ nbval: $(READY)
 	env $(OTHER_NUMERICS) $(BIN)/python -m pytest $(NBVAL) $(NB)
 
 clean:
-	rm -rf _build
+	rm -rf _build $(MIN_VENV)

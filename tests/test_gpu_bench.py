@@ -12,8 +12,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import attnbook  # noqa: E402
-from attnbook import gpu_bench, triton_flash  # noqa: E402,F401  (before the next import: it imports triton)
+from attnbook import triton_flash  # noqa: E402,F401  (before the next import: it imports triton)
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from attnbook.cost import benchmark_flops  # noqa: E402
+from attnbook.experiments import gpu_bench  # noqa: E402
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA GPU")
 
@@ -33,26 +36,26 @@ def counted_flops(batch, heads, n, d):
 @pytest.mark.parametrize("batch, heads, n, d", [(1, 1, 8, 4), (2, 3, 16, 8), (1, 2, 32, 16)])
 def test_forward_flops_match_pytorchs_flop_counter(batch, heads, n, d):
     fwd, _ = counted_flops(batch, heads, n, d)
-    assert gpu_bench.benchmark_flops(batch, heads, n, d) == fwd
+    assert benchmark_flops(batch, heads, n, d) == fwd
 
 
 @pytest.mark.parametrize("batch, heads, n, d", [(1, 1, 8, 4), (2, 3, 16, 8)])
 def test_backward_is_naives_four_products_plus_the_recomputed_scores(batch, heads, n, d):
     fwd, bwd = counted_flops(batch, heads, n, d)
     recompute_scores = fwd / 2                      # FlashAttention recomputes S = Q K^T: one more product
-    assert gpu_bench.benchmark_flops(batch, heads, n, d, mode="bwd") == bwd + recompute_scores
-    assert gpu_bench.benchmark_flops(batch, heads, n, d, mode="fwd_bwd") == fwd + bwd + recompute_scores
+    assert benchmark_flops(batch, heads, n, d, mode="bwd") == bwd + recompute_scores
+    assert benchmark_flops(batch, heads, n, d, mode="fwd_bwd") == fwd + bwd + recompute_scores
 
 
 def test_causal_halves_every_mode():
     for mode in ("fwd", "bwd", "fwd_bwd"):
-        full = gpu_bench.benchmark_flops(2, 4, 1024, 64, mode=mode)
-        assert gpu_bench.benchmark_flops(2, 4, 1024, 64, causal=True, mode=mode) == full / 2
+        full = benchmark_flops(2, 4, 1024, 64, mode=mode)
+        assert benchmark_flops(2, 4, 1024, 64, causal=True, mode=mode) == full / 2
 
 
 def test_unknown_mode_raises():
     with pytest.raises(ValueError, match="mode must be one of"):
-        gpu_bench.benchmark_flops(1, 1, 8, 8, mode="backward")
+        benchmark_flops(1, 1, 8, 8, mode="backward")
 
 
 # --- the naive reference ------------------------------------------------------------------

@@ -209,7 +209,7 @@ def test_encoder_layer_matches_torch_transformer_encoder_layer(batch, n, d_model
 
 
 def test_embeddings_and_encoder_errors():
-    emb = EncoderEmbeddings(vocab_size=10, d_model=4, max_positions=3)
+    emb = EncoderEmbeddings(vocab_size=10, d_model=4, context_length=3)
     assert emb(torch.tensor([[1, 2, 3]])).shape == (1, 3, 4)
     with pytest.raises(ValueError, match="at most 3"):
         emb(torch.tensor([[1, 2, 3, 4]]))

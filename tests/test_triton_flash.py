@@ -245,10 +245,10 @@ def test_launch_reraises_when_no_configuration_fits(monkeypatch):
 
 
 @pytest.mark.parametrize("capability", [(7, 5), (8, 0), (9, 0)])
-@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
-def test_gpu_configurations_end_with_small_tiles(capability, head_dim):
+@pytest.mark.parametrize("d_head", [32, 64, 128, 256])
+def test_gpu_configurations_end_with_small_tiles(capability, d_head):
     for kind in ("forward", "backward"):
-        configs = triton_flash._gpu_configs(kind, head_dim, capability)
+        configs = triton_flash._gpu_configs(kind, d_head, capability)
         assert configs[-1] == (16, 16, 4, 1) and len(set(configs)) == len(configs)
         assert all(b >= 16 and b & (b - 1) == 0 for config in configs for b in config[:2])
 

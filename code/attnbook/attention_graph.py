@@ -6,6 +6,9 @@ adjacency matrix of a weighted directed graph: an edge from token ``j`` to token
 output. Stacking layers composes the graphs, and products of the matrices
 ``A_L ... A_1`` follow information through all of them (attention rollout,
 Abnar & Zuidema 2020).
+
+Chapter 12 (perspectives) draws attention graphs of the tiny GPT and rolls attention out across its
+layers.
 """
 from __future__ import annotations
 

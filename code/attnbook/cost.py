@@ -4,7 +4,9 @@ Naive attention ``softmax(q k^T / sqrt(d_k)) v`` materialises the whole
 ``n_q x n_k`` score matrix, so both counts grow with ``n_q * n_k``: quadratic in
 the sequence length for self-attention. The counts here are the model the
 softmax chapter checks against measurements (and the FlashAttention chapter sets
-out to beat).
+out to beat). Chapter 4 (softmax) shows :func:`attention_flop_breakdown` and
+:func:`attention_memory_breakdown`; chapter 5 counts multi-head layers with them, and chapter 10
+measures TFLOP/s with :func:`benchmark_flops`, the FlashAttention papers' convention.
 
 Conventions: a multiply-add is 2 flops (so an ``(m, k) @ (k, n)`` product is
 ``2 m k n``); every elementwise operation, ``exp`` included, is 1 flop; a
@@ -73,3 +75,24 @@ def attention_memory_bytes(n_q: int, n_k: int, d_k: int, d_v: int, batch: int = 
 def _positive(**values) -> list[int]:
     """Each named value as an int, or a ValueError naming the one that is not a positive integer."""
     return [positive_int(name, value) for name, value in values.items()]
+
+
+def benchmark_flops(batch: int, heads: int, n: int, d: int, causal: bool = False, mode: str = "fwd") -> float:
+    """Floating-point operations of attention as the FlashAttention papers count them for benchmarks.
+
+    Forward: two matrix products of ``n x n x d`` per head (``S = Q K^T`` and
+    ``O = P V``), each ``2 n^2 d`` FLOPs (a multiply and an add per term):
+    ``4 * batch * heads * n^2 * d``. Causal attention computes half the scores:
+    half of that. The backward pass does five such products (``S`` recomputed,
+    ``dV``, ``dP``, ``dQ``, ``dK``): 2.5 times the forward. ``mode`` is
+    ``"fwd"``, ``"bwd"`` or ``"fwd_bwd"`` (3.5 times the forward). Unlike
+    :func:`attnbook.cost.attention_flops`, the softmax's few operations per
+    score are not counted, so that TFLOP/s compare with published numbers.
+    """
+    factors = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+    if mode not in factors:
+        raise ValueError(f"mode must be one of {sorted(factors)}; got {mode!r}")
+    forward = 4.0 * batch * heads * n * n * d
+    if causal:
+        forward /= 2
+    return forward * factors[mode]

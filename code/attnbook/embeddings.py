@@ -13,6 +13,8 @@ To give the vectors meaning without downloading anything, the module also learns
 :func:`ppmi`, :func:`svd_embeddings`, tied together by
 :func:`static_word_vectors`) on a small corpus it generates itself
 (:func:`toy_corpus`), in which "bank" and "java" each occur in two senses.
+
+Chapter 1 (token embeddings) shows these functions and builds static word vectors with them.
 """
 from __future__ import annotations
 

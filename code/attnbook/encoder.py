@@ -29,14 +29,14 @@ class EncoderEmbeddings(nn.Module):
     """BERT's input layer: LayerNorm(token + position + token-type embedding).
 
     ids: (batch, n) int64 -> (batch, n, d_model). Positions are 0, 1, ..., n - 1 and must stay
-    below ``max_positions``; ``token_type_ids`` default to 0 (a single segment).
+    below ``context_length``; ``token_type_ids`` default to 0 (a single segment).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, max_positions: int, n_token_types: int = 2,
+    def __init__(self, vocab_size: int, d_model: int, context_length: int, n_token_types: int = 2,
                  eps: float = 1e-12):
         super().__init__()
         self.tokens = nn.Embedding(_validate.positive_int("vocab_size", vocab_size), d_model)
-        self.positions = nn.Embedding(_validate.positive_int("max_positions", max_positions), d_model)
+        self.positions = nn.Embedding(_validate.positive_int("context_length", context_length), d_model)
         self.token_types = nn.Embedding(_validate.positive_int("n_token_types", n_token_types), d_model)
         self.norm = nn.LayerNorm(d_model, eps=eps)
 

@@ -4,6 +4,8 @@ A timing or a speed-up ratio differs from machine to machine, so the prose must 
 cell that measures it calls ``glue("ch8-speedup", ratio)``, and the markdown says
 ``{glue:text}`ch8-speedup:.1f` ``. MyST-NB substitutes the committed output's value when the book
 is built, so the text and the table beside it always agree. Any chapter may use it.
+
+Chapters 1, 4, 5, 8, 9, 11 and 12 glue their timings into the prose with :func:`glue`.
 """
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ is attention with the query ``x``, the keys ``x_i`` and the values ``y_i``. This
 module computes the estimator directly from the kernel, without the attention
 code, so that the chapter can check the equivalence between two independent
 implementations.
+
+Chapter 12 (perspectives) shows :func:`nadaraya_watson` and :func:`gaussian_kernel_as_attention`.
 """
 from __future__ import annotations
 

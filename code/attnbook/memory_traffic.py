@@ -14,6 +14,9 @@ the HBM traffic of the two algorithms, in elements read or written:
 
 Specifications of real GPUs are from NVIDIA's whitepapers and datasheets; the
 ``sources`` of each entry are keys in the book's bibliography.
+
+Chapter 9 (FlashAttention) builds its roofline from these counts; chapter 11 reads the GPU table
+:data:`GPUS`.
 """
 from __future__ import annotations
 

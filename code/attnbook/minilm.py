@@ -47,7 +47,7 @@ class MiniLMConfig:
     n_heads: int = 12
     n_layers: int = 6
     d_ff: int = 1536
-    max_positions: int = 512
+    context_length: int = 512
     n_token_types: int = 2
     layer_norm_eps: float = 1e-12
 
@@ -61,7 +61,7 @@ class MiniLMConfig:
             raise ValueError(f"unsupported BERT variant: {unsupported}")
         return cls(vocab_size=config["vocab_size"], d_model=config["hidden_size"],
                    n_heads=config["num_attention_heads"], n_layers=config["num_hidden_layers"],
-                   d_ff=config["intermediate_size"], max_positions=config["max_position_embeddings"],
+                   d_ff=config["intermediate_size"], context_length=config["max_position_embeddings"],
                    n_token_types=config["type_vocab_size"], layer_norm_eps=config["layer_norm_eps"])
 
 
@@ -110,7 +110,7 @@ class MiniLM(nn.Module):
         super().__init__()
         self.config = config
         self.tokenizer = tokenizer
-        self.embeddings = EncoderEmbeddings(config.vocab_size, config.d_model, config.max_positions,
+        self.embeddings = EncoderEmbeddings(config.vocab_size, config.d_model, config.context_length,
                                             config.n_token_types, config.layer_norm_eps)
         self.layers = nn.ModuleList(EncoderLayer(config.d_model, config.n_heads, config.d_ff,
                                                  config.layer_norm_eps) for _ in range(config.n_layers))

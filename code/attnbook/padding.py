@@ -7,6 +7,9 @@ no real query may attend to a padding *key*. Convention (PyTorch's): True means
 them (the usual layout for training and encoders); ``side="left"`` puts the padding
 first (the usual layout for batched generation, where every sequence must end at
 the same column).
+
+Chapter 7 (masking) shows :func:`padding_mask`, :func:`key_padding_mask` and
+:func:`padded_causal_mask`.
 """
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 Every chapter calls :func:`use_book_style` in its setup cell and draws with the
 helpers below, so figures share sizes, fonts and colours.
+
+Every chapter draws its figures with it; no chapter shows it.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Results that move with rounding, reported as a distribution over seeds (all chapters with training runs).
+"""Results that move with rounding, reported as a distribution over seeds (all chapters with
+training runs).
 
 A small training run is a chaotic system: the last bit of one rounding, which differs between CPUs
 (AVX-512 or AVX2 kernels, MKL's or OpenBLAS's code paths), can send it to a different end. One run
@@ -12,6 +13,8 @@ and states as its checked claim only a verdict that holds with room to spare:
 
 ``count_at_least`` refuses to count a value that lies within ``margin`` of the threshold: which side
 of the line such a value falls on is decided by rounding, so a verdict built on it is not a result.
+
+Chapters 3, 5, 6, 7, 8 and 11 report their training runs with these tools.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ may attend to key ``j`` exactly when ``j <= i + (n_k - n_q)``.
 
 Without a CUDA GPU the kernels run under Triton's interpreter
 (``TRITON_INTERPRET=1``), which executes every program with numpy on CPU
-tensors: the same kernel code, only slow. See :func:`_use_interpreter_without_cuda`.
+tensors: the same kernel code, only slow. See :func:`use_interpreter_without_cuda`.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import os
 import torch
 
 
-def _use_interpreter_without_cuda() -> bool:
+def use_interpreter_without_cuda() -> bool:
     """Without a CUDA GPU, ask Triton to interpret its kernels on the CPU.
 
     Triton consults ``TRITON_INTERPRET`` each time ``@triton.jit`` turns a Python
@@ -39,7 +39,7 @@ def _use_interpreter_without_cuda() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-_use_interpreter_without_cuda()
+use_interpreter_without_cuda()
 
 try:
     import triton
@@ -57,7 +57,7 @@ except ImportError as err:  # pragma: no cover - triton ships with torch's CUDA 
 # ---------------------------------------------------------------------------
 
 @triton.jit
-def _may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL: tl.constexpr):
+def may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL: tl.constexpr):
     """(BLOCK_Q, BLOCK_K) booleans: may query row q_idx[i] attend to key row k_idx[j]?
 
     A key past the end of the sequence (the ragged last block) never may; with
@@ -71,7 +71,7 @@ def _may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _key_range(q_block, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
+def key_range(q_block, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
                BLOCK_K: tl.constexpr):
     """Which keys query block ``q_block`` must visit: ``(full_end, end)``.
 
@@ -97,26 +97,26 @@ def _key_range(q_block, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
 # ---------------------------------------------------------------------------
 
 @triton.jit
-def _forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
+def forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_K: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  D_HEAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold one block of keys into the running softmax of one block of queries.
 
     acc (BLOCK_Q, BLOCK_D), row_sum and row_max (BLOCK_Q,) live in registers,
     in float32; the function returns their updated values.
     """
     k_idx = key_start + tl.arange(0, BLOCK_K)                       # (BLOCK_K,) key rows of this tile
-    # Load mask: rows past n_k and columns past HEAD_DIM (the padding of the
+    # Load mask: rows past n_k and columns past D_HEAD (the padding of the
     # head dimension up to a power of two) read 0 instead of foreign memory.
-    tile_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < HEAD_DIM)
-    offsets = k_idx[:, None] * HEAD_DIM + d_idx[None, :]             # row-major (n_k, HEAD_DIM)
+    tile_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < D_HEAD)
+    offsets = k_idx[:, None] * D_HEAD + d_idx[None, :]             # row-major (n_k, D_HEAD)
     k = tl.load(K + offsets, mask=tile_ok, other=0.0)                # (BLOCK_K, BLOCK_D)
     v = tl.load(V + offsets, mask=tile_ok, other=0.0)                # (BLOCK_K, BLOCK_D)
 
     # Scores of this tile, accumulated in float32 by the matrix unit.
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (BLOCK_Q, BLOCK_K)
     if MASKED:  # score mask: -inf becomes a weight of exactly 0 below
-        s = tl.where(_may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), s, float("-inf"))
+        s = tl.where(may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), s, float("-inf"))
 
     # The online softmax (chapter 9). The first block visited always contains
     # a visible key for every row (key 0 is visible to every query), so
@@ -131,32 +131,32 @@ def _forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, 
 
 
 @triton.jit
-def _flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale,
+def flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale,
                           CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                          D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program: BLOCK_Q query rows of one (batch, head); writes their output rows and log-sum-exps.
 
-    Q, O: (batch * heads, n_q, HEAD_DIM) contiguous; K, V: (batch * heads, n_k, HEAD_DIM);
+    Q, O: (batch * heads, n_q, D_HEAD) contiguous; K, V: (batch * heads, n_k, D_HEAD);
     LSE: (batch * heads, n_q) float32. The grid is (cdiv(n_q, BLOCK_Q), batch * heads).
     """
     # -- Which tile is mine? Axis 0 of the grid counts query blocks, axis 1 (batch, head) pairs.
     q_block = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # int64: bh * n * HEAD_DIM can pass 2**31 for long sequences
+    bh = tl.program_id(1).to(tl.int64)  # int64: bh * n * D_HEAD can pass 2**31 for long sequences
 
     # -- Pointer arithmetic. A pointer plus an integer tensor is a tensor of
-    # pointers. Element (bh, i, j) of a contiguous (batch*heads, n, HEAD_DIM)
-    # tensor is at bh*n*HEAD_DIM + i*HEAD_DIM + j; move each base to my head.
-    Q += bh * n_q * HEAD_DIM
-    O += bh * n_q * HEAD_DIM
-    K += bh * n_k * HEAD_DIM
-    V += bh * n_k * HEAD_DIM
+    # pointers. Element (bh, i, j) of a contiguous (batch*heads, n, D_HEAD)
+    # tensor is at bh*n*D_HEAD + i*D_HEAD + j; move each base to my head.
+    Q += bh * n_q * D_HEAD
+    O += bh * n_q * D_HEAD
+    K += bh * n_k * D_HEAD
+    V += bh * n_k * D_HEAD
     LSE += bh * n_q
 
     q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)   # (BLOCK_Q,) my query rows
     d_idx = tl.arange(0, BLOCK_D)                        # (BLOCK_D,) feature columns, padded to a power of 2
-    q_offsets = q_idx[:, None] * HEAD_DIM + d_idx[None, :]
+    q_offsets = q_idx[:, None] * D_HEAD + d_idx[None, :]
     # Load mask: the last query block may hang past n_q; padded rows read 0 and are never stored.
-    q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < HEAD_DIM)
+    q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
     q = tl.load(Q + q_offsets, mask=q_ok, other=0.0)    # (BLOCK_Q, BLOCK_D), stays in registers
 
     # -- The running softmax state of my rows, in float32 registers.
@@ -167,15 +167,15 @@ def _flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale,
     # -- Walk over the key blocks: unmasked ones first, then the few that need
     # a mask. With CAUSAL, blocks after `end` are skipped altogether.
     causal_offset = n_k - n_q
-    full_end, end = _key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)
+    full_end, end = key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)
     for key_start in range(0, full_end, BLOCK_K):
-        acc, row_sum, row_max = _forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
+        acc, row_sum, row_max = forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
                                               n_k, causal_offset, scale, False, CAUSAL, BLOCK_K,
-                                              HEAD_DIM, DOT_PRECISION)
+                                              D_HEAD, DOT_PRECISION)
     for key_start in range(full_end, end, BLOCK_K):
-        acc, row_sum, row_max = _forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
+        acc, row_sum, row_max = forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
                                               n_k, causal_offset, scale, True, CAUSAL, BLOCK_K,
-                                              HEAD_DIM, DOT_PRECISION)
+                                              D_HEAD, DOT_PRECISION)
 
     # -- Normalise once at the end, and store. The backward pass needs only the
     # log-sum-exp of each row, max + log(sum), to rebuild any probability.
@@ -189,31 +189,31 @@ def _flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale,
 # ---------------------------------------------------------------------------
 
 @triton.jit
-def _backward_preprocess_kernel(O, DO, DELTA, n_q, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+def backward_preprocess_kernel(O, DO, DELTA, n_q, BLOCK_Q: tl.constexpr, D_HEAD: tl.constexpr,
                                 BLOCK_D: tl.constexpr):
     """delta_i = sum_j dO_ij * O_ij for BLOCK_Q rows of one (batch, head); DELTA: (batch * heads, n_q)."""
     q_block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    O += bh * n_q * HEAD_DIM
-    DO += bh * n_q * HEAD_DIM
+    O += bh * n_q * D_HEAD
+    DO += bh * n_q * D_HEAD
     DELTA += bh * n_q
     q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
     d_idx = tl.arange(0, BLOCK_D)
-    offsets = q_idx[:, None] * HEAD_DIM + d_idx[None, :]
-    ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < HEAD_DIM)
+    offsets = q_idx[:, None] * D_HEAD + d_idx[None, :]
+    ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
     o = tl.load(O + offsets, mask=ok, other=0.0).to(tl.float32)
     do = tl.load(DO + offsets, mask=ok, other=0.0).to(tl.float32)
     tl.store(DELTA + q_idx, tl.sum(o * do, axis=1), mask=q_idx < n_q)
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k, causal_offset, scale,
+def dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k, causal_offset, scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
-               HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               D_HEAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Add one block of queries' contributions to dK and dV of one block of keys."""
     q_idx = query_start + tl.arange(0, BLOCK_Q)
-    tile_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < HEAD_DIM)
-    offsets = q_idx[:, None] * HEAD_DIM + d_idx[None, :]
+    tile_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
+    offsets = q_idx[:, None] * D_HEAD + d_idx[None, :]
     q = tl.load(Q + offsets, mask=tile_ok, other=0.0)                # (BLOCK_Q, BLOCK_D)
     do = tl.load(DO + offsets, mask=tile_ok, other=0.0)              # (BLOCK_Q, BLOCK_D)
     # A padded query row (past n_q) loads q = 0, dO = 0, lse = 0 and delta = 0:
@@ -226,7 +226,7 @@ def _dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, 
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (BLOCK_Q, BLOCK_K)
     p = tl.exp(s - lse[:, None])
     if MASKED:
-        p = tl.where(_may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), p, 0.0)
+        p = tl.where(may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), p, 0.0)
 
     dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT_PRECISION)   # dV += P^T dO
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)                   # dP = dO V^T
@@ -236,9 +236,9 @@ def _dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, 
 
 
 @triton.jit
-def _flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale,
+def flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale,
                                 CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                                D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
                                 DOT_PRECISION: tl.constexpr):
     """One program: dK and dV for BLOCK_K key rows of one (batch, head). Grid (cdiv(n_k, BLOCK_K), batch * heads).
 
@@ -247,19 +247,19 @@ def _flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale
     """
     k_block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    Q += bh * n_q * HEAD_DIM
-    DO += bh * n_q * HEAD_DIM
-    K += bh * n_k * HEAD_DIM
-    V += bh * n_k * HEAD_DIM
-    DK += bh * n_k * HEAD_DIM
-    DV += bh * n_k * HEAD_DIM
+    Q += bh * n_q * D_HEAD
+    DO += bh * n_q * D_HEAD
+    K += bh * n_k * D_HEAD
+    V += bh * n_k * D_HEAD
+    DK += bh * n_k * D_HEAD
+    DV += bh * n_k * D_HEAD
     LSE += bh * n_q
     DELTA += bh * n_q
 
     k_idx = k_block * BLOCK_K + tl.arange(0, BLOCK_K)
     d_idx = tl.arange(0, BLOCK_D)
-    k_offsets = k_idx[:, None] * HEAD_DIM + d_idx[None, :]
-    k_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < HEAD_DIM)
+    k_offsets = k_idx[:, None] * D_HEAD + d_idx[None, :]
+    k_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < D_HEAD)
     k = tl.load(K + k_offsets, mask=k_ok, other=0.0)     # (BLOCK_K, BLOCK_D), stays in registers
     v = tl.load(V + k_offsets, mask=k_ok, other=0.0)
     dk = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
@@ -280,11 +280,11 @@ def _flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale
         start = 0
         full_start = 0
     for query_start in range(start, full_start, BLOCK_Q):
-        dk, dv = _dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k,
-                            causal_offset, scale, True, CAUSAL, BLOCK_Q, HEAD_DIM, DOT_PRECISION)
+        dk, dv = dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k,
+                            causal_offset, scale, True, CAUSAL, BLOCK_Q, D_HEAD, DOT_PRECISION)
     for query_start in range(full_start, n_q, BLOCK_Q):
-        dk, dv = _dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k,
-                            causal_offset, scale, False, CAUSAL, BLOCK_Q, HEAD_DIM, DOT_PRECISION)
+        dk, dv = dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k,
+                            causal_offset, scale, False, CAUSAL, BLOCK_Q, D_HEAD, DOT_PRECISION)
 
     # S = scale * Q K^T, so dK = scale * dS^T Q: the scale is applied once, here.
     tl.store(DK + k_offsets, (dk * scale).to(DK.dtype.element_ty), mask=k_ok)
@@ -292,20 +292,20 @@ def _flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale
 
 
 @triton.jit
-def _dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
+def dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_K: tl.constexpr,
-             HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+             D_HEAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Add one block of keys' contribution to dQ of one block of queries."""
     k_idx = key_start + tl.arange(0, BLOCK_K)
-    tile_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < HEAD_DIM)
-    offsets = k_idx[:, None] * HEAD_DIM + d_idx[None, :]
+    tile_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < D_HEAD)
+    offsets = k_idx[:, None] * D_HEAD + d_idx[None, :]
     k = tl.load(K + offsets, mask=tile_ok, other=0.0)
     v = tl.load(V + offsets, mask=tile_ok, other=0.0)
 
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale   # (BLOCK_Q, BLOCK_K)
     p = tl.exp(s - lse[:, None])
     if MASKED:
-        p = tl.where(_may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), p, 0.0)
+        p = tl.where(may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)          # dP = dO V^T
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)       # dQ += dS K (times scale, later)
@@ -313,9 +313,9 @@ def _dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_o
 
 
 @triton.jit
-def _flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale,
+def flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale,
                               CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                              D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
                               DOT_PRECISION: tl.constexpr):
     """One program: dQ for BLOCK_Q query rows of one (batch, head). Grid (cdiv(n_q, BLOCK_Q), batch * heads).
 
@@ -323,18 +323,18 @@ def _flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale,
     """
     q_block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    Q += bh * n_q * HEAD_DIM
-    DO += bh * n_q * HEAD_DIM
-    DQ += bh * n_q * HEAD_DIM
-    K += bh * n_k * HEAD_DIM
-    V += bh * n_k * HEAD_DIM
+    Q += bh * n_q * D_HEAD
+    DO += bh * n_q * D_HEAD
+    DQ += bh * n_q * D_HEAD
+    K += bh * n_k * D_HEAD
+    V += bh * n_k * D_HEAD
     LSE += bh * n_q
     DELTA += bh * n_q
 
     q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
     d_idx = tl.arange(0, BLOCK_D)
-    q_offsets = q_idx[:, None] * HEAD_DIM + d_idx[None, :]
-    q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < HEAD_DIM)
+    q_offsets = q_idx[:, None] * D_HEAD + d_idx[None, :]
+    q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
     q = tl.load(Q + q_offsets, mask=q_ok, other=0.0)
     do = tl.load(DO + q_offsets, mask=q_ok, other=0.0)
     lse = tl.load(LSE + q_idx, mask=q_idx < n_q, other=0.0)   # padded rows: finite, never stored
@@ -342,13 +342,13 @@ def _flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale,
     dq = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
 
     causal_offset = n_k - n_q
-    full_end, end = _key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)
+    full_end, end = key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)
     for key_start in range(0, full_end, BLOCK_K):
-        dq = _dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
-                      False, CAUSAL, BLOCK_K, HEAD_DIM, DOT_PRECISION)
+        dq = dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
+                      False, CAUSAL, BLOCK_K, D_HEAD, DOT_PRECISION)
     for key_start in range(full_end, end, BLOCK_K):
-        dq = _dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
-                      True, CAUSAL, BLOCK_K, HEAD_DIM, DOT_PRECISION)
+        dq = dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
+                      True, CAUSAL, BLOCK_K, D_HEAD, DOT_PRECISION)
     tl.store(DQ + q_offsets, (dq * scale).to(DQ.dtype.element_ty), mask=q_ok)
 
 
@@ -356,14 +356,14 @@ def _flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale,
 # Host side: validation, launch configuration, launchers
 # ---------------------------------------------------------------------------
 
-MAX_HEAD_DIM = 256
+MAX_D_HEAD = 256
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _INTERPRETER_CONFIG = (32, 32, 4, 1)  # (BLOCK_Q, BLOCK_K, num_warps, num_stages); the interpreter ignores the last two
-_chosen: dict = {}                    # (kernel, head_dim, dtype, device, blocks) -> the configuration that launched
+_chosen: dict = {}                    # (kernel, d_head, dtype, device, blocks) -> the configuration that launched
 
 
-def _gpu_configs(kind: str, head_dim: int, capability: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+def _gpu_configs(kind: str, d_head: int, capability: tuple[int, int]) -> list[tuple[int, int, int, int]]:
     """Candidate ``(BLOCK_Q, BLOCK_K, num_warps, num_stages)`` for a GPU, best first.
 
     Bigger tiles reuse each loaded tile for more products, but need more shared
@@ -373,10 +373,10 @@ def _gpu_configs(kind: str, head_dim: int, capability: tuple[int, int]) -> list[
     compiler prefetch the next tiles while computing (Ampere and newer).
     """
     if capability < (8, 0):  # Turing (T4): 64 KiB of shared memory, no asynchronous copies
-        forward, backward = ((64, 64, 4, 1), (64, 64, 4, 1)) if head_dim <= 64 else ((64, 32, 4, 1), (32, 32, 4, 1))
-    elif head_dim <= 64:
+        forward, backward = ((64, 64, 4, 1), (64, 64, 4, 1)) if d_head <= 64 else ((64, 32, 4, 1), (32, 32, 4, 1))
+    elif d_head <= 64:
         forward, backward = (128, 64, 4, 3), (64, 64, 4, 2)
-    elif head_dim <= 128:
+    elif d_head <= 128:
         forward, backward = (128, 64, 8, 3), (64, 64, 8, 2)
     else:
         forward, backward = (64, 64, 8, 2), (32, 32, 4, 2)
@@ -390,7 +390,7 @@ def _is_interpreted(fn) -> bool:
 
 def interpreted() -> bool:
     """True when this module's kernels run under Triton's interpreter (``TRITON_INTERPRET=1``)."""
-    return _is_interpreted(_flash_forward_kernel)
+    return _is_interpreted(flash_forward_kernel)
 
 
 def _check_interpreter() -> None:
@@ -400,7 +400,7 @@ def _check_interpreter() -> None:
     (or unset): the library was decorated one way, our kernels the other, and
     the first ``tl.zeros`` inside a kernel would fail with an obscure error.
     """
-    if _is_interpreted(_flash_forward_kernel) != _is_interpreted(tl.zeros):
+    if _is_interpreted(flash_forward_kernel) != _is_interpreted(tl.zeros):
         raise RuntimeError(
             "Triton was imported before TRITON_INTERPRET was set, so its library and this module's "
             "kernels disagree about the interpreter. Restart Python and import attnbook.triton_flash "
@@ -423,8 +423,8 @@ def _check_inputs(q, k, v, causal: bool) -> None:
         raise ValueError(f"q, k and v must have the same head dimension d (last dimension); got {shapes}")
     if min(q.shape) == 0 or min(k.shape) == 0:
         raise ValueError(f"q, k and v must not be empty; got {shapes}")
-    if q.shape[3] > MAX_HEAD_DIM:
-        raise ValueError(f"head dimension d must be at most {MAX_HEAD_DIM}; got {shapes}")
+    if q.shape[3] > MAX_D_HEAD:
+        raise ValueError(f"head dimension d must be at most {MAX_D_HEAD}; got {shapes}")
     if causal and q.shape[2] > k.shape[2]:
         raise ValueError(
             f"causal attention needs n_q <= n_k (the queries are the last n_q of the n_k positions); "
@@ -452,9 +452,9 @@ def _check_inputs(q, k, v, causal: bool) -> None:
         raise ValueError(f"tensors must be on a CUDA GPU or (interpreted) on the CPU; got {q.device}")
 
 
-def _block_d(head_dim: int) -> int:
+def _block_d(d_head: int) -> int:
     """The head dimension padded to a power of two, at least 16 (tl.arange and tl.dot need that)."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, triton.next_power_of_2(d_head))
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -462,23 +462,23 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _configs(kind: str, device: torch.device, head_dim: int, block_q, block_k):
+def _configs(kind: str, device: torch.device, d_head: int, block_q, block_k):
     if device.type == "cpu":
         candidates = [_INTERPRETER_CONFIG]
     else:
-        candidates = _gpu_configs(kind, head_dim, torch.cuda.get_device_capability(device))
+        candidates = _gpu_configs(kind, d_head, torch.cuda.get_device_capability(device))
     if block_q is None and block_k is None:
         return candidates
     _, _, num_warps, num_stages = candidates[-2] if len(candidates) > 1 else candidates[0]
     return [(block_q or candidates[0][0], block_k or candidates[0][1], num_warps, num_stages)]
 
 
-def _launch(kind: str, launch, head_dim: int, dtype, device, block_q=None, block_k=None):
+def _launch(kind: str, launch, d_head: int, dtype, device, block_q=None, block_k=None):
     """Call ``launch(BLOCK_Q, BLOCK_K, num_warps, num_stages)`` with the first configuration that fits."""
-    key = (kind, head_dim, dtype, str(device), block_q, block_k)
+    key = (kind, d_head, dtype, str(device), block_q, block_k)
     if key in _chosen:
         return launch(*_chosen[key])
-    configs = _configs(kind, device, head_dim, block_q, block_k)
+    configs = _configs(kind, device, d_head, block_q, block_k)
     for i, config in enumerate(configs):
         try:
             result = launch(*config)
@@ -515,9 +515,9 @@ def flash_forward(q, k, v, causal: bool = False, scale: float | None = None, *,
 
     def launch(bq, bk, num_warps, num_stages):
         grid = (triton.cdiv(n_q, bq), batch * heads)
-        _flash_forward_kernel[grid](
+        flash_forward_kernel[grid](
             q, k, v, out, lse, n_q, n_k, scale,
-            CAUSAL=bool(causal), BLOCK_Q=bq, BLOCK_K=bk, HEAD_DIM=d, BLOCK_D=_block_d(d),
+            CAUSAL=bool(causal), BLOCK_Q=bq, BLOCK_K=bk, D_HEAD=d, BLOCK_D=_block_d(d),
             DOT_PRECISION=_dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
 
     _launch("forward", launch, d, q.dtype, q.device, block_q, block_k)
@@ -538,18 +538,18 @@ def flash_backward(do, q, k, v, out, lse, causal: bool = False, scale: float | N
     do, q, k, v, out = (t.contiguous() for t in (do, q, k, v, out))
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM=d, BLOCK_D=_block_d(d))
+    common = dict(D_HEAD=d, BLOCK_D=_block_d(d))
     kernel_args = dict(CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype), **common)
 
     bq_pre = 64 if q.device.type == "cuda" else 32
-    _backward_preprocess_kernel[(triton.cdiv(n_q, bq_pre), batch * heads)](
+    backward_preprocess_kernel[(triton.cdiv(n_q, bq_pre), batch * heads)](
         out, do, delta, n_q, BLOCK_Q=bq_pre, **common)
 
     def launch(bq, bk, num_warps, num_stages):
-        _flash_backward_dkdv_kernel[(triton.cdiv(n_k, bk), batch * heads)](
+        flash_backward_dkdv_kernel[(triton.cdiv(n_k, bk), batch * heads)](
             q, k, v, do, lse, delta, dk, dv, n_q, n_k, scale, BLOCK_Q=bq, BLOCK_K=bk,
             num_warps=num_warps, num_stages=num_stages, **kernel_args)
-        _flash_backward_dq_kernel[(triton.cdiv(n_q, bq), batch * heads)](
+        flash_backward_dq_kernel[(triton.cdiv(n_q, bq), batch * heads)](
             q, k, v, do, lse, delta, dq, n_q, n_k, scale, BLOCK_Q=bq, BLOCK_K=bk,
             num_warps=num_warps, num_stages=num_stages, **kernel_args)
 
@@ -594,7 +594,7 @@ def triton_flash_attention(q, k, v, causal: bool = False, scale: float | None = 
 
 def key_block_bounds(q_block: int, n_q: int, n_k: int, block_q: int, block_k: int,
                      causal: bool = True) -> tuple[int, int]:
-    """The host-side twin of the kernels' ``_key_range``: ``(full_end, end)`` for one query block.
+    """The host-side twin of the kernels' ``key_range``: ``(full_end, end)`` for one query block.
 
     Key blocks starting before ``full_end`` are visited without a mask, those in
     ``[full_end, end)`` with one, and keys from ``end`` on are skipped. Used to

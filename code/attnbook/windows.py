@@ -7,6 +7,8 @@ positions that were themselves mixtures of earlier ones. :func:`receptive_field`
 computes exactly which inputs each output can depend on after ``n_layers`` layers.
 :func:`sink_window_mask` adds back the first few positions, the "attention sinks"
 of Xiao et al. (2024), which StreamingLLM keeps in the cache forever.
+
+Chapter 7 (masking) shows :func:`receptive_field` and :func:`sink_window_mask`.
 """
 from __future__ import annotations
 

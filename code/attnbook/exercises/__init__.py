@@ -3,6 +3,9 @@
 On success a checker prints one line; on failure it raises :class:`ExerciseError`
 (an ``AssertionError``) whose message names the failing case, the diagnosed
 classic mistake, and a hint.
+
+Every chapter's exercises import their checker from here; the checkers' mistakes are tested in
+``tests/test_exercises_*.py``.
 """
 from ._framework import Case, ExerciseError, Mistake, NotAttemptedError, run_checks
 from .attention import check_attention, check_causal_mask, check_softmax

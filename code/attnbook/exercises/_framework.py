@@ -6,6 +6,8 @@ each result with a reference solution. When they differ it also runs a list of
 error) on the same inputs: if the reader's output matches one of them, the
 verdict names that mistake and gives its hint. Diagnosing by *behaviour* means a
 checker recognises a mistake however the reader happened to write it.
+
+Every chapter's checker runs on it; no chapter shows it.
 """
 from __future__ import annotations
 

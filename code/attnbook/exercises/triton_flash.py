@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..gpu_bench import benchmark_flops
+from ..cost import benchmark_flops
 from ..triton_flash import key_block_bounds
 from ._framework import Case, Mistake, run_checks, same
 

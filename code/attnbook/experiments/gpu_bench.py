@@ -1,8 +1,11 @@
 """Measuring attention on a GPU: TFLOP/s and memory of the Triton kernel against PyTorch (chapter 10).
 
+Chapter 10 (FlashAttention on a GPU) runs these benchmarks; the FLOP convention is
+:func:`attnbook.cost.benchmark_flops`.
+
 Every implementation is timed on the same inputs, in the same run, with CUDA
 events. Throughput is reported in TFLOP/s with the convention of the
-FlashAttention papers (:func:`benchmark_flops`), so the numbers compare with
+FlashAttention papers (:func:`attnbook.cost.benchmark_flops`), so the numbers compare with
 published ones; memory is the peak that ``torch.cuda.max_memory_allocated``
 sees during a forward and backward pass.
 
@@ -25,33 +28,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..cost import benchmark_flops
+
 #: Sequence lengths of the sweep, 512 to 16384.
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 #: The numpy algorithm of chapter 9 runs on the CPU: only the shortest lengths.
 NUMPY_MAX_N = 1024
-
-
-# --- FLOPs -----------------------------------------------------------------
-
-def benchmark_flops(batch: int, heads: int, n: int, d: int, causal: bool = False, mode: str = "fwd") -> float:
-    """Floating-point operations of attention as the FlashAttention papers count them for benchmarks.
-
-    Forward: two matrix products of ``n x n x d`` per head (``S = Q K^T`` and
-    ``O = P V``), each ``2 n^2 d`` FLOPs (a multiply and an add per term):
-    ``4 * batch * heads * n^2 * d``. Causal attention computes half the scores:
-    half of that. The backward pass does five such products (``S`` recomputed,
-    ``dV``, ``dP``, ``dQ``, ``dK``): 2.5 times the forward. ``mode`` is
-    ``"fwd"``, ``"bwd"`` or ``"fwd_bwd"`` (3.5 times the forward). Unlike
-    :func:`attnbook.cost.attention_flops`, the softmax's few operations per
-    score are not counted, so that TFLOP/s compare with published numbers.
-    """
-    factors = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
-    if mode not in factors:
-        raise ValueError(f"mode must be one of {sorted(factors)}; got {mode!r}")
-    forward = 4.0 * batch * heads * n * n * d
-    if causal:
-        forward /= 2
-    return forward * factors[mode]
 
 
 # --- the device --------------------------------------------------------------
@@ -110,12 +92,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attnbook import triton_flash
 
-head_dim, block_q, block_k, *capabilities = map(int, sys.argv[1:])
-kernel = triton_flash._flash_forward_kernel
+d_head, block_q, block_k, *capabilities = map(int, sys.argv[1:])
+kernel = triton_flash.flash_forward_kernel
 types = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "O": "*fp16", "LSE": "*fp32",
          "n_q": "i32", "n_k": "i32", "scale": "fp32"}
 signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
-constants = dict(CAUSAL=False, BLOCK_Q=block_q, BLOCK_K=block_k, HEAD_DIM=head_dim, BLOCK_D=head_dim,
+constants = dict(CAUSAL=False, BLOCK_Q=block_q, BLOCK_K=block_k, D_HEAD=d_head, BLOCK_D=d_head,
                  DOT_PRECISION="tf32")
 counts = {}
 for capability in capabilities:
@@ -127,7 +109,7 @@ print(json.dumps(counts))
 """
 
 
-def ptx_instruction_counts(capabilities=(75, 80, 90), head_dim: int = 32, block_q: int = 64,
+def ptx_instruction_counts(capabilities=(75, 80, 90), d_head: int = 32, block_q: int = 64,
                            block_k: int = 32) -> dict[int, dict[str, int]]:
     """Compile the forward kernel (float16) for each ``sm_<capability>``; count its PTX instructions.
 
@@ -136,7 +118,7 @@ def ptx_instruction_counts(capabilities=(75, 80, 90), head_dim: int = 32, block_
     interprets cannot be compiled there. Returns ``{capability: {opcode: count}}``.
     """
     env = dict(os.environ, TRITON_INTERPRET="0")
-    args = [str(x) for x in (head_dim, block_q, block_k, *capabilities)]
+    args = [str(x) for x in (d_head, block_q, block_k, *capabilities)]
     result = subprocess.run([sys.executable, "-c", _PTX_PROBE, *args], env=env, capture_output=True,
                             text=True, timeout=600)
     if result.returncode != 0:
@@ -153,6 +135,8 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
     q: (batch, heads, n_q, d), k and v: (batch, heads, n_k, d). Causal with the
     book's convention (queries are the last n_q of the n_k positions).
     """
+    # The attention step of attnbook.attend, copied on purpose: this baseline is "what a plain
+    # implementation costs", so it must not pick up attend's float32 scores or its masked-row care.
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     scores = (q @ k.transpose(-1, -2)) * scale
@@ -174,7 +158,7 @@ def _sdpa_with(backend) -> Callable:
 
 def _numpy_flash(q, k, v, causal=False):
     """Chapter 9's numpy algorithm, on the CPU, on the same inputs (forward only)."""
-    from .flash import flash_attention_numpy
+    from ..flash import flash_attention_numpy
 
     out = flash_attention_numpy(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
                                 causal=causal)
@@ -190,7 +174,7 @@ def implementations(include_numpy: bool = True) -> dict[str, Callable]:
     """
     from torch.nn.attention import SDPBackend
 
-    from .triton_flash import triton_flash_attention
+    from ..triton_flash import triton_flash_attention
 
     impls: dict[str, Callable] = {"triton (ch. 10)": triton_flash_attention}
     for label, name in (("sdpa flash", "FLASH_ATTENTION"), ("sdpa efficient", "EFFICIENT_ATTENTION"),
@@ -263,7 +247,7 @@ def _measure(name, fn, batch, heads, n, d, causal, mode, dtype) -> tuple[float |
         torch.cuda.empty_cache()
 
 
-def benchmark(seq_lens=SEQ_LENS, head_dims=(64, 128), causal=(False, True), modes=("fwd", "fwd_bwd"),
+def benchmark(seq_lens=SEQ_LENS, d_heads=(64, 128), causal=(False, True), modes=("fwd", "fwd_bwd"),
               dtype=torch.float16, tokens: int = 16384, hidden: int = 2048,
               impls: dict[str, Callable] | None = None, verbose: bool = True) -> list[dict]:
     """TFLOP/s of every implementation over the sweep; a list of rows (dicts).
@@ -277,7 +261,7 @@ def benchmark(seq_lens=SEQ_LENS, head_dims=(64, 128), causal=(False, True), mode
     require_cuda()
     impls = implementations() if impls is None else impls
     rows = []
-    for d in head_dims:
+    for d in d_heads:
         for is_causal in causal:
             for mode in modes:
                 for n in seq_lens:
@@ -356,14 +340,14 @@ def speedups(rows: list[dict], over: str, of: str = "triton (ch. 10)") -> list[d
 
 def plot_tflops(rows: list[dict], mode: str = "fwd", title: str | None = None):
     """A 2 x 2 grid (head dimension x causal) of TFLOP/s against n, one line per implementation."""
-    from . import plotting
+    from .. import plotting
 
-    head_dims = sorted({r["d"] for r in rows})
+    d_heads = sorted({r["d"] for r in rows})
     causals = sorted({r["causal"] for r in rows})
-    fig, axes = plotting.figure(ncols=len(causals), nrows=len(head_dims), width=7.5,
-                                height=2.8 * len(head_dims), squeeze=False, sharex=True)
+    fig, axes = plotting.figure(ncols=len(causals), nrows=len(d_heads), width=7.5,
+                                height=2.8 * len(d_heads), squeeze=False, sharex=True)
     impls = list(dict.fromkeys(r["impl"] for r in rows))
-    for i, d in enumerate(head_dims):
+    for i, d in enumerate(d_heads):
         for j, causal in enumerate(causals):
             ax = axes[i][j]
             for c, impl in enumerate(impls):
@@ -384,7 +368,7 @@ def plot_tflops(rows: list[dict], mode: str = "fwd", title: str | None = None):
 
 def plot_memory(rows: list[dict], title: str | None = None):
     """Peak extra memory (MiB) of forward + backward against n, log-log, one line per implementation."""
-    from . import plotting
+    from .. import plotting
 
     fig, ax = plotting.figure(width=6.4, height=3.6)
     for c, impl in enumerate(dict.fromkeys(r["impl"] for r in rows)):
