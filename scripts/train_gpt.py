@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from attnbook.gpt import (CharTokenizer, GPTConfig, TinyGPT, load_training_text, save_checkpoint,
-                          text_windows, train_val_split, window_loss)
+                          train_val_split, training_step, window_loss)
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "code" / "attnbook" / "data" / "tiny_gpt.pt"
 PROMPT = "1:1 In the beginning"
@@ -124,16 +123,9 @@ def main(argv=None) -> None:
     recent = []                                                   # losses since the last progress line
     model.train()
     for step in range(args.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, args)
         starts = torch.randint(len(train) - args.context_length - 1, (args.batch_size,), generator=data_rng)
-        x, y = text_windows(train, starts, args.context_length)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        recent = recent[-(args.log_every - 1):] + [loss.item()]
+        loss = training_step(model, optimizer, train, starts, args.context_length, learning_rate(step, args))
+        recent = recent[-(args.log_every - 1):] + [loss]
         message = f"loss {sum(recent) / len(recent):.3f}"
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             train_loss = window_loss(model, train, train_eval_starts, args.context_length, args.batch_size)

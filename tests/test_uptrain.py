@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbook.experiments.uptrain import heldout_loss, uptrain, uptrain_over_seeds
-from attnbook.gpt import GPTConfig, TinyGPT, text_windows, window_loss
+from attnbook.gpt import GPTConfig, TinyGPT, text_windows, training_step, window_loss
 from attnbook.gqa import mha_to_gqa
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -83,3 +83,19 @@ def test_window_loss_is_the_mean_cross_entropy_of_every_token():
     model.train()
     assert window_loss(model, tokens, starts, 10, batch=2) == pytest.approx(expected.item(), rel=1e-6)
     assert model.training                      # the mode is restored
+
+
+def test_training_step_reports_the_loss_before_the_step_and_sets_the_learning_rate():
+    torch.manual_seed(0)
+    tokens = torch.randint(5, (100,))
+    model = TinyGPT(GPTConfig(vocab_size=5, context_length=16, n_layers=1, n_heads=2, d_model=8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    starts = torch.tensor([0, 40])
+    x, y = text_windows(tokens, starts, 10)
+    with torch.no_grad():
+        before = F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+    weight = model.head.weight.detach().clone()
+    loss = training_step(model, optimizer, tokens, starts, 10, lr=0.5, max_grad_norm=1e-3)
+    assert loss == pytest.approx(before, rel=1e-6) and optimizer.param_groups[0]["lr"] == 0.5
+    step = (model.head.weight.detach() - weight).norm().item()
+    assert 0 < step <= 0.5 * 1e-3 * (1 + 1e-5)            # SGD moves by lr times the clipped gradient

@@ -272,6 +272,23 @@ def window_loss(model, tokens, starts, length: int, batch: int = 16) -> float:
     return total / (len(starts) * length)
 
 
+def training_step(model, optimizer, tokens, starts, length: int, lr: float, max_grad_norm: float = 1.0) -> float:
+    """One optimiser step of next-token prediction on the windows of ``tokens`` at ``starts``.
+
+    Sets every parameter group's learning rate to ``lr``, clips the gradients to norm
+    ``max_grad_norm``, and returns the step's mean cross-entropy (nats per token).
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    x, y = text_windows(tokens, starts, length)
+    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
+
+
 def load_training_text() -> str:
     """The text the tiny GPT was trained on (see ``attnbook/data/README.md``)."""
     return resources.files("attnbook").joinpath("data").joinpath(TEXT_FILE).read_text(encoding="utf-8")

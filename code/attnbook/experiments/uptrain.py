@@ -20,10 +20,9 @@ from typing import Iterable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .. import _validate
-from ..gpt import text_windows, window_loss
+from ..gpt import training_step, window_loss
 from ..seeds import SeedDistribution
 
 
@@ -58,16 +57,9 @@ def uptrain(model, tokens, steps: int, batch: int = 8, length: int = 128, lr: fl
     losses = []
     model.train()
     for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr * min(1.0, (step + 1) / max(1, warmup))
         starts = torch.randint(len(tokens) - length - 1, (batch,), generator=gen)
-        x, y = text_windows(tokens, starts, length)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
+        warm_lr = lr * min(1.0, (step + 1) / max(1, warmup))
+        losses.append(training_step(model, optimizer, tokens, starts, length, warm_lr))
     model.eval()
     return losses
 
