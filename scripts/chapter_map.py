@@ -92,9 +92,10 @@ def rows() -> list[list[str]]:
         experiments = {m for m in uses if m.startswith("attnbook.experiments.")}
         checkers = {m for m in uses if m.startswith("attnbook.exercises.")}
         also = library - shows - TOOLS
-        cell = lambda ms: ", ".join(f"`{short(m)}`" for m in sorted(ms)) or "-"    # noqa: E731
-        table.append([path.stem[:2], cell(shows - {m for m in shows if m.startswith("attnbook.experiments.")}),
-                      cell(also), cell(experiments), cell(checkers),
+        def cell(ms):
+            return ", ".join(f"`{short(m)}`" + (" (shown)" if m in shows and m in experiments else "")
+                             for m in sorted(ms)) or "-"
+        table.append([path.stem[:2], cell(shows - experiments), cell(also), cell(experiments), cell(checkers),
                       ", ".join(tests_for(shows | also | experiments | checkers)) or "-"])
     return table
 
