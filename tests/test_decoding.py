@@ -1,7 +1,5 @@
 """Decoding costs: flop counts against torch's flop counter, the concatenating cache against the
 preallocated one, and the decoding helpers."""
-import dataclasses
-
 import pytest
 import torch
 from hypothesis import given, settings

@@ -4,7 +4,6 @@ References: a float64 numpy loop over query heads that looks up key/value head j
 explicitly, torch's F.scaled_dot_product_attention(..., enable_gqa=True), and the
 package's MultiHeadAttention (which repeats the keys and values with repeat_kv).
 """
-import copy
 import dataclasses
 import math
 
@@ -15,7 +14,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnbook import kv_cache_bytes
 from attnbook.experiments.decode_speed import bytes_allocated
 from attnbook.gpt import GPTConfig, TinyGPT
 from attnbook.gqa import (GroupedQueryAttention, group_size,
