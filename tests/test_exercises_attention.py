@@ -38,6 +38,11 @@ def whole_matrix_softmax(x):
     return e / np.sum(e)
 
 
+def whole_array_max_softmax(x):
+    e = np.exp(x - np.max(x))                       # one maximum for every row: what readers write
+    return e / e.sum(axis=-1, keepdims=True)
+
+
 def test_softmax_reference_passes(capsys):
     check_softmax(good_softmax)
     assert "Correct" in capsys.readouterr().out
@@ -52,6 +57,7 @@ def test_softmax_torch_passes():
     (column_softmax, "wrong_axis"),
     (unnormalised_softmax, "not_normalised"),
     (whole_matrix_softmax, "global_sum"),
+    (whole_array_max_softmax, "global_max"),
 ])
 def test_softmax_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:

@@ -6,6 +6,8 @@ its own code would fail these tests.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -34,6 +36,7 @@ SCORES_WRONG = {
     "w_q_for_both": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", x, w_q, x, w_q),
     "w_k_for_both": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", x, w_k, x, w_k),
     "scaled": lambda x, w_q, w_k: scores_loop(x, w_q, w_k) * w_q.shape[1] ** -0.5,
+    "scaled_by_d_model": lambda x, w_q, w_k: scores_loop(x, w_q, w_k) / math.sqrt(len(w_q)),
     "transposed_weights": lambda x, w_q, w_k: np.einsum("ia,ca,jb,cb->ij", x, w_q, x, w_k),
     "features_contracted": lambda x, w_q, w_k: np.einsum("ia,ac,ib,bd->cd", x, w_q, x, w_k),
     "softmax_applied": lambda x, w_q, w_k: _softmax_rows(scores_loop(x, w_q, w_k)),

@@ -75,8 +75,9 @@ def test_scores_stub_and_unrecognised_errors():
 
 def test_k_dot_T_on_a_batch_is_reported_not_crashed():
     # k.T reverses every axis of a 3-d array; the matmul then fails on the batch case
-    with pytest.raises(ExerciseError, match="a batch of 2.*your function raised"):
+    with pytest.raises(ExerciseError, match="a batch of 2.*your function raised") as err:
         check_scaled_scores(lambda q, k: q @ k.T / math.sqrt(q.shape[-1]))
+    assert "Hint: the shapes do not fit" in str(err.value) and "np.swapaxes(k, -1, -2)" in str(err.value)
 
 
 # --- check_dot_variance -------------------------------------------------------
@@ -91,6 +92,7 @@ WRONG_VARIANCES = {
     "trace_product": lambda cq, ck: np.diag(cq).sum() * np.diag(ck).sum(),
     "average_variances": lambda cq, ck: np.mean(np.diag(cq)) * np.mean(np.diag(ck)) * len(cq),
     "std": lambda cq, ck: math.sqrt(np.einsum("ij,ji->", cq, ck)),
+    "frobenius": lambda cq, ck: math.sqrt(sum(v * v for v in (cq @ ck).ravel())),
     "sum_of_product": lambda cq, ck: (cq @ ck).sum(),
     "d_k_only": lambda cq, ck: len(cq),
 }

@@ -74,16 +74,43 @@ def same(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
                             equal_nan=True))
 
 
-def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare) -> Mistake | None:
-    """The first mistake whose output on ``case`` matches the reader's, or None."""
-    for mistake in mistakes:
+def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare, fn: Callable | None = None,
+             others: Sequence[Case] = (), postprocess: Callable = lambda out: out) -> Mistake | None:
+    """The mistake whose output on ``case`` matches the reader's, or None.
+
+    When several match (a case can be blind to a difference: with ``d_model = d_k`` dividing by
+    either square root gives the same scores), the reader's ``fn`` is also run on the ``others``
+    cases and only the mistakes that keep matching it there are kept; the first of those wins.
+    """
+    candidates = [m for m in mistakes if _commits(m, case, got, compare)]
+    for other in others:
+        if len(candidates) <= 1 or fn is None:
+            break
         try:
             with np.errstate(all="ignore"):
-                wrong = mistake.commit(*case.args, **case.kwargs)
-        except Exception:  # this mistake cannot even run on this case, so it is not the one
+                theirs = postprocess(fn(*other.args, **other.kwargs))
+        except Exception:  # the reader's function fails here: this case cannot tell them apart
             continue
-        if compare(got, wrong):
-            return mistake
+        narrowed = [m for m in candidates if _commits(m, other, theirs, compare)]
+        candidates = narrowed or candidates
+    return candidates[0] if candidates else None
+
+
+def _commits(mistake: Mistake, case: Case, got, compare) -> bool:
+    """Whether ``mistake`` gives ``got`` on ``case``; False when the mistake cannot run there."""
+    try:
+        with np.errstate(all="ignore"):
+            wrong = mistake.commit(*case.args, **case.kwargs)
+    except Exception:
+        return False
+    return bool(compare(got, wrong))
+
+
+def error_hint(err: Exception) -> str | None:
+    """A hint for an error that readers' code commonly raises, or None."""
+    if isinstance(err, ValueError) and "matmul" in str(err):
+        return ("the shapes do not fit a matrix product. On a batch of matrices (3 or more axes), "
+                "k.T reverses every axis, not the last two: use np.swapaxes(k, -1, -2)")
     return None
 
 
@@ -107,12 +134,13 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
             raise NotAttemptedError(exercise, case.name, "the function is still the stub",
                                     hint="replace `raise NotImplementedError` with your code") from None
         except Exception as err:
-            raise ExerciseError(exercise, case.name,
-                                f"your function raised {type(err).__name__}: {err}") from err
+            raise ExerciseError(exercise, case.name, f"your function raised {type(err).__name__}: {err}",
+                                hint=error_hint(err)) from err
         expected = reference(*case.args, **case.kwargs)
         if compare(got, expected):
             continue
-        mistake = diagnose(got, case, mistakes, compare)
+        others = [c for c in cases if c is not case]
+        mistake = diagnose(got, case, mistakes, compare, fn, others, postprocess)
         problem = (describe or difference)(got, expected, case)
         raise ExerciseError(exercise, case.name, problem, mistake=mistake, hint=None if mistake else hint)
     print(f"Correct: {exercise} passes all {len(cases)} cases.")

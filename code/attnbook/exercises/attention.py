@@ -29,12 +29,18 @@ SOFTMAX_MISTAKES = [
             "divide exp(x - max) by its sum along the last axis", lambda x: np.exp(x - x.max(-1, keepdims=True))),
     Mistake("global_sum", "the exponentials are divided by the sum over the whole matrix, not per row",
             "sum along axis=-1 with keepdims=True", lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum()),
+    Mistake("global_max", "the maximum subtracted is the whole array's, not each row's: a row far below "
+            "it underflows to all zeros, and 0/0 is NaN",
+            "subtract each row's own maximum: x - x.max(axis=-1, keepdims=True)",
+            lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum(axis=-1, keepdims=True)),
 ]
 
 
 def softmax_cases() -> list[Case]:
     rng = _rng(0)
+    # Rows at different levels first: they tell a per-row shift from a global one.
     return [
+        Case("rows at very different levels, [[1000, 1001], [0, 1]]", (np.array([[1000.0, 1001.0], [0.0, 1.0]]),)),
         Case("one row of 5 scores", (rng.normal(size=5),)),
         Case("a 4 x 6 matrix of scores (softmax of each row)", (rng.normal(size=(4, 6)),)),
         Case("large scores near 1000 (float64 exp overflows above 709)", (1000 + 5 * rng.normal(size=(3, 4)),)),

@@ -36,6 +36,10 @@ SCORES_MISTAKES = [
     Mistake("scaled", "your scores are already divided by sqrt(d_k)",
             "this exercise asks for the raw dot products q_i . k_j; the 1/sqrt(d_k) comes later (chapter 3)",
             lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(w_q.shape[-1])),
+    Mistake("scaled_by_d_model", "your scores are divided by sqrt(d_model), the width of the tokens",
+            "this exercise asks for the raw dot products; and when chapter 3 scales them, the factor is "
+            "sqrt(d_k), the width of the queries and keys (w_q.shape[-1]), not of the tokens",
+            lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(x.shape[-1])),
     Mistake("transposed_weights", "the weight matrices are applied transposed (x @ w.T)",
             "the book's weights are (d_model, d_k) and project as x @ w; torch.nn.Linear stores the transpose",
             lambda x, w_q, w_k: (x @ _t(w_q)) @ _t(x @ _t(w_k))),

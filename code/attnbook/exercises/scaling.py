@@ -88,6 +88,9 @@ DOT_VARIANCE_MISTAKES = [
             lambda cq, ck: float(np.trace(cq) * np.trace(ck) / cq.shape[0])),
     Mistake("std", "you returned the standard deviation, the square root of the variance",
             "drop the square root", lambda cq, ck: float(np.sqrt(np.trace(cq @ ck)))),
+    Mistake("frobenius", "you returned the Frobenius norm of Cq @ Ck, sqrt(sum of its squared entries)",
+            "the variance is a sum of diagonal entries, trace(Cq @ Ck), with no squares and no square root",
+            lambda cq, ck: float(np.linalg.norm(cq @ ck))),
     Mistake("sum_of_product", "you summed every entry of Cq @ Ck instead of its diagonal",
             "E[(q . k)^2] = sum_ij Cq_ij Ck_ji = trace(Cq @ Ck)", lambda cq, ck: float(np.sum(cq @ ck))),
     Mistake("d_k_only", "you returned d_k, the answer for unit-variance independent components only",
@@ -104,13 +107,14 @@ def _rescale(corr, stds):
 def dot_variance_cases() -> list[Case]:
     rng = np.random.default_rng(4)
     a, b = rng.normal(size=(4, 4)), rng.normal(size=(4, 6))
+    # General covariances first: identities give the same number for several mistakes.
     return [
+        Case("general covariances Cq = A A^T, Ck = B B^T, d_k = 4", (a @ a.T, b @ b.T / 6)),
         Case("independent unit-variance components, d_k = 8", (np.eye(8), np.eye(8))),
         Case("sigma_q = 3, sigma_k = 0.5, independent components, d_k = 6", (9 * np.eye(6), 0.25 * np.eye(6))),
         Case("correlated features (correlation 0.3 between any two) with unequal variances, d_k = 5",
              (_rescale(equicorrelated_cov(5, 0.3), [1.0, 2.0, 0.5, 1.5, 1.0]),
               _rescale(equicorrelated_cov(5, 0.3), [2.0, 1.0, 1.0, 0.5, 1.0]))),
-        Case("general covariances Cq = A A^T, Ck = B B^T, d_k = 4", (a @ a.T, b @ b.T / 6)),
         Case("d_k = 1", (np.array([[2.0]]), np.array([[5.0]]))),
     ]
 
