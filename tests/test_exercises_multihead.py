@@ -90,6 +90,20 @@ def test_split_checker_rejects_a_result_that_is_not_three_tensors():
         check_split_qkv(lambda qkv, h: torch.stack(split_torch(qkv, h)))
 
 
+def test_split_checker_names_the_shape_of_each_tensor_not_its_own_stack():
+    with pytest.raises(ExerciseError) as info:
+        check_split_qkv(lambda qkv, h: tuple(t.transpose(1, 2) for t in split_torch(qkv, h)))
+    message = str(info.value)
+    assert "each of q, k, v should have shape (batch, n_heads, n, d_head) = (2, 3, 5, 4)" in message
+    assert "yours have (2, 5, 3, 4)" in message and "(3, 2, 3, 5, 4)" not in message
+
+
+def test_split_checker_calls_the_neox_packing_a_real_layout():
+    with pytest.raises(ExerciseError) as info:
+        check_split_qkv(SPLIT_WRONG["interleaved"])
+    assert "GPT-NeoX and BLOOM" in str(info.value)
+
+
 def test_split_checker_reports_the_stub():
     def stub(qkv, n_heads):
         raise NotImplementedError
@@ -170,7 +184,17 @@ MHA_WRONG = {
     "no_out_proj": _wrong(good_split, good_merge, out=False),
     "wrong_axis": _wrong(good_split, good_merge, softmax_dim=-2),
     "transposed_weights": _wrong(good_split, good_merge, weights=lambda w: w.T),
+    "no_scale": _wrong(good_split, good_merge, scale=lambda x: 1.0),
+    "causal_mask": lambda x, w_q, w_k, w_v, w_o, n_heads: _causal_mha(x, w_q, w_k, w_v, w_o, n_heads),
 }
+
+
+def _causal_mha(x, w_q, w_k, w_v, w_o, n_heads):
+    """A stray is_causal=True: what a reader copying decoder code writes."""
+    x, w_q, w_k, w_v, w_o = (torch.from_numpy(a) for a in (x, w_q, w_k, w_v, w_o))
+    q, k, v = (good_split(x @ w, n_heads) for w in (w_q, w_k, w_v))
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return good_merge(heads, x.shape) @ w_o
 
 
 @pytest.mark.parametrize("fn", [mha_torch, mha_loop, mha_nn_module])

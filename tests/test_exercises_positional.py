@@ -87,6 +87,7 @@ def test_rope_in_numpy_passes():
     (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, exponent_step=1), my_rope(k, exponent_step=1), v),
      "frequency_exponent"),
     (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), v, scale=1.0), "no_scale"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k, sign=-1.0), v), "opposite_rotations"),
 ])
 def test_rope_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
@@ -148,6 +149,7 @@ def test_alibi_reference_passes(capsys):
     lambda h, n: np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, loop_bias(h, n)),  # mask included
     lambda h, n: torch.from_numpy(loop_bias(h, n)),                                # a torch tensor
     lambda h, n: loop_bias(h, n, distance=lambda i, j: i - j + 1),                 # off by a row constant
+    lambda h, n: loop_bias(h, n, sign=1.0, distance=lambda i, j: j)[:, -1:],       # (h, 1, n): the original code
 ])
 def test_alibi_equivalent_forms_pass(equivalent):
     check_alibi_bias(equivalent)

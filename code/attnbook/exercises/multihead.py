@@ -9,8 +9,9 @@ import numpy as np
 
 from ..attention import scaled_dot_product_attention
 from ..heads import merge_heads, split_heads
+from ..masks import causal_mask
 from ..softmax import softmax
-from ._framework import Case, Mistake, as_array, run_checks
+from ._framework import Case, Mistake, as_array, difference, run_checks
 
 
 def _t(a):
@@ -84,10 +85,12 @@ SPLIT_QKV_MISTAKES = [
             "head r owns the contiguous features r * d_head ... (r + 1) * d_head - 1: reshape the feature "
             "axis as (n_heads, d_head), heads first",
             _heads_strided),
-    Mistake("interleaved", "the packed axis was read as (n_heads, 3, d_head): q, k and v were taken from "
-            "inside each head's block",
-            "the packed features are [all of q | all of k | all of v]: split them into three thirds "
-            "first, then split each third into heads",
+    Mistake("interleaved", "the packed axis was read as (n_heads, 3, d_head): q, k and v taken from inside "
+            "each head's block. That is a real layout (GPT-NeoX and BLOOM pack their fused projection "
+            "that way), but not this exercise's",
+            "here the packed features are [all of q | all of k | all of v], as in GPT-2: split them into "
+            "three thirds first, then each third into heads. Which packing a checkpoint uses is a fact "
+            "about the checkpoint; reading one layout as the other scrambles every head",
             _interleaved),
     Mistake("tokens_last", "the axes are (batch, n_heads, d_head, n): tokens and features are swapped",
             "after reshaping to (batch, n, n_heads, d_head), swap only axes 1 and 2",
@@ -111,6 +114,15 @@ def split_qkv_cases() -> list[Case]:
     ]
 
 
+def _split_problem(got, expected, case) -> str:
+    """What is wrong with the reader's (q, k, v), in the shapes the exercise asks for."""
+    if got.shape != expected.shape:
+        b, n, _ = case.args[0].shape
+        return (f"each of q, k, v should have shape (batch, n_heads, n, d_head) = {expected.shape[1:]} "
+                f"(batch {b}, n {n}); yours have {got.shape[1:]}")
+    return difference(got, expected)
+
+
 def check_split_qkv(fn) -> None:
     """Check ``fn(qkv, n_heads)`` splits a packed projection into per-head q, k, v.
 
@@ -120,7 +132,7 @@ def check_split_qkv(fn) -> None:
     of its third.
     """
     run_checks("split packed q, k, v into heads", fn, split_qkv_cases(), _split_qkv,
-               SPLIT_QKV_MISTAKES, postprocess=_stack)
+               SPLIT_QKV_MISTAKES, postprocess=_stack, describe=_split_problem)
 
 
 # --- multi-head attention ------------------------------------------------------------
@@ -146,13 +158,17 @@ def _merge(t):
     return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
 
 
-def _variant(split=_split, merge=_merge, scale=None, axis=-1, out=True, transpose_w=False):
+def _variant(split=_split, merge=_merge, scale=None, axis=-1, out=True, transpose_w=False, causal=False):
     def mha(x, w_q, w_k, w_v, w_o, h):
         if transpose_w:
             w_q, w_k, w_v, w_o = (w.T for w in (w_q, w_k, w_v, w_o))
         q, k, v = (split(x @ w, h) for w in (w_q, w_k, w_v))
         s = 1 / np.sqrt(q.shape[-1]) if scale is None else scale(x, h)
-        concat = merge(_attend(q, k, v, s, axis))
+        if causal:
+            n = q.shape[-2]
+            concat = merge(scaled_dot_product_attention(q, k, v, mask=causal_mask(n), scale=s)[0])
+        else:
+            concat = merge(_attend(q, k, v, s, axis))
         return concat @ w_o if out else concat
     return mha
 
@@ -184,6 +200,14 @@ MHA_MISTAKES = [
     Mistake("scale_d_model", "the scores were divided by sqrt(d_model) instead of sqrt(d_head)",
             "each head's dot products have d_head terms, so divide by sqrt(d_model // n_heads)",
             _variant(scale=lambda x, h: 1 / np.sqrt(x.shape[-1]))),
+    Mistake("no_scale", "the scores were not scaled: 1/sqrt(d_head) is missing",
+            "each head computes softmax(q_r k_r^T / sqrt(d_head)) v_r; without the scale its softmax "
+            "saturates as d_head grows (chapter 3)",
+            _variant(scale=lambda x, h: 1.0)),
+    Mistake("causal_mask", "a causal mask was applied: each token sees only itself and earlier tokens",
+            "this exercise is plain self-attention, every token seeing every token; the causal mask "
+            "belongs to decoders (chapter 7)",
+            _variant(causal=True)),
     Mistake("no_transpose", "the heads were split and merged by reshape alone, without transposes",
             "split: reshape to (batch, n, n_heads, d_head), then swap axes 1 and 2; merge: swap them back, "
             "then reshape",

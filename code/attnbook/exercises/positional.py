@@ -61,6 +61,10 @@ ROPE_MISTAKES = [
     Mistake("frequency_exponent", "the frequencies are base**(-i/d) instead of base**(-2i/d)",
             "pair i (i = 0 .. d/2 - 1) turns at base**(-2i/d) radians per position",
             lambda q, k, v: attend(_rope_with(q, exponent=1.0), _rope_with(k, exponent=1.0), v)),
+    Mistake("opposite_rotations", "the keys are rotated the opposite way (by -n*theta): the scores then "
+            "depend on m + n, the absolute positions, instead of on m - n",
+            "rotate q and k the same way, each by its own position: R(m) q . R(n) k = q . R(n - m) k",
+            lambda q, k, v: attend(apply_rope(q), _rope_with(k, sign=-1.0), v)),
     Mistake("no_scale", "the scores are not divided by sqrt(d_k)",
             "RoPE preserves lengths, so the scaling of chapter 3 is still needed",
             lambda q, k, v: attend(apply_rope(q), apply_rope(k), v, scale=1.0)),
@@ -98,10 +102,14 @@ def visible_relative(bias) -> np.ndarray:
     """What attention can see of a bias ``(heads, n, n)``: each row minus its diagonal, at or below it.
 
     Softmax ignores a constant added to a row (chapter 4), and a causal mask hides the
-    entries above the diagonal; so two biases that agree here give the same attention.
+    entries above the diagonal; so two biases that agree here give the same attention. A bias
+    ``(heads, 1, n)``, the same row for every query, is first broadcast to ``(heads, n, n)``.
     Above the diagonal the result is 0. Anything that is not ``(heads, n, n)`` is returned as is.
     """
     b = as_array(bias)
+    if b.ndim == 3 and b.shape[-2] == 1 and b.dtype != bool:
+        # (heads, 1, n): one row for every query, the form of the original ALiBi code (slope * j)
+        b = np.broadcast_to(b, b.shape[:1] + (b.shape[-1], b.shape[-1]))
     if b.ndim != 3 or b.shape[-1] != b.shape[-2] or b.dtype == bool:
         return b
     b = b.astype(np.float64)
