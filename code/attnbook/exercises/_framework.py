@@ -51,6 +51,11 @@ class ExerciseError(AssertionError):
             lines.append(f"Hint: {hint}")
         super().__init__("\n".join(lines))
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for this error: the verdict alone, without the checker's stack frames
+        (which say nothing to a reader and would print this machine's paths into the book)."""
+        return f"{type(self).__name__}: {self}".split("\n")
+
 
 class NotAttemptedError(ExerciseError):
     """The reader's function is still the stub that raises ``NotImplementedError``."""
