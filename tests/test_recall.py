@@ -113,3 +113,16 @@ def test_raw_logits_move_further_in_the_first_steps():
 def test_early_steps_must_fit_in_the_run():
     with pytest.raises(ValueError, match=r"early_steps must lie in \[1, steps=3\]; got 4"):
         recall.train_recall(16, True, steps=3, early_steps=4)
+
+
+@pytest.mark.parametrize("d_k", [16, 256])
+def test_the_scale_is_an_exact_reparametrisation(d_k):
+    """A twin without the scale, W_q sqrt(d_k) smaller, trained with a sqrt(d_k) smaller learning rate,
+    gives the scaled model's logits to the last bit; with the common learning rate it does not."""
+    assert recall.reparametrisation_gap(d_k, steps=20) == 0.0
+    assert recall.reparametrisation_gap(d_k, steps=20, rescale_lr=False) > 1e-3
+
+
+def test_reparametrisation_needs_a_power_of_four():
+    with pytest.raises(ValueError, match="power of 4"):
+        recall.reparametrisation_gap(32, steps=1)

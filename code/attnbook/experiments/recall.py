@@ -7,6 +7,7 @@ they did.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,6 +155,47 @@ def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, bat
                 early = (model.scores(held_out[0], held_out[1]) - start_logits).abs().mean().item()
     end = _recall_probe(model, held_out)
     return RecallRun(d_k, scaled, losses, end[0], end[3], (start[1], end[1]), (start[2], end[2]), early)
+
+
+def reparametrisation_gap(d_k: int, steps: int = 50, lr: float = 1e-3, batch: int = 32, n_pairs: int = 8,
+                          n_symbols: int = 16, n_values: int = 16, d_model: int = 32, seed: int = 0,
+                          rescale_lr: bool = True) -> float:
+    """Largest difference between the held-out logits of a scaled model and of its unscaled twin.
+
+    The twin has no ``1/sqrt(d_k)``; instead its ``W_q`` starts ``sqrt(d_k)`` times smaller and
+    trains with a ``sqrt(d_k)`` times smaller learning rate (and Adam's ``eps``
+    ``sqrt(d_k)`` times larger, so that Adam's step, which does not depend on the size of the
+    gradient, is the same). Both train in float64 on the same batches. With ``sqrt(d_k)`` a power
+    of two every one of these rescalings is exact in floating point, so the gap is exactly 0: the
+    scale is a reparametrisation of the unscaled model, not a different model. d_k must be a
+    power of 4.
+    """
+    root = math.isqrt(d_k)
+    if root * root != d_k or root & (root - 1):
+        raise ValueError(f"d_k must be a power of 4, so that sqrt(d_k) is a power of two; got {d_k}")
+    torch.manual_seed(seed)
+    scaled = RecallAttention(n_symbols, n_values, d_model, d_k, scaled=True).double()
+    twin = RecallAttention(n_symbols, n_values, d_model, d_k, scaled=False).double()
+    twin.load_state_dict(scaled.state_dict())
+    with torch.no_grad():
+        twin.q_proj.weight /= root
+    eps = 1e-8
+    factor = root if rescale_lr else 1
+    optimizers = [torch.optim.Adam(scaled.parameters(), lr=lr, eps=eps),
+                  torch.optim.Adam([{"params": [twin.q_proj.weight], "lr": lr / factor, "eps": eps * factor},
+                                    {"params": [p for n, p in twin.named_parameters() if n != "q_proj.weight"]}],
+                                   lr=lr, eps=eps)]
+    data = torch.Generator().manual_seed(seed + 1)
+    for _ in range(steps):
+        query, keys, values, target = recall_batch(batch, n_pairs, n_symbols, n_values, data)
+        for model, opt in zip((scaled, twin), optimizers):
+            loss = nn.functional.cross_entropy(model(query, keys, values)[0], target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    held_out = recall_batch(512, n_pairs, n_symbols, n_values, torch.Generator().manual_seed(seed + 2))
+    with torch.no_grad():
+        return (scaled(*held_out[:3])[0] - twin(*held_out[:3])[0]).abs().max().item()
 
 
 @torch.no_grad()
