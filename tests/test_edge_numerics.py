@@ -98,3 +98,61 @@ def test_apply_rope_refuses_integer_tensors(dtype):
         attnbook.apply_rope(torch.ones(3, 4, dtype=dtype))
     x = torch.arange(12.0).view(3, 4)                     # the same values as floats are rotated
     assert not torch.equal(attnbook.apply_rope(x), x)
+
+
+@pytest.mark.parametrize("row", [[np.nan, 0.0], [np.nan, -np.inf], [1.0, np.nan, 3.0], [np.nan, np.nan]])
+def test_a_nan_makes_the_whole_softmax_row_nan_as_in_torch(row):
+    x = np.array([row, [0.0] * len(row)])                 # the second row is ordinary
+    t = torch.from_numpy(x)
+    expected = torch.softmax(t, -1).numpy()
+    np.testing.assert_array_equal(attnbook.softmax(x), expected)
+    np.testing.assert_array_equal(online_softmax(x), expected)
+    np.testing.assert_array_equal(online_softmax(x, block=2), expected)
+    np.testing.assert_array_equal(attnbook.log_softmax(x), torch.log_softmax(t, -1).numpy())
+
+
+def test_a_plus_inf_score_is_never_silently_finite():
+    x = np.array([np.inf, 0.0, -np.inf])
+    expected = torch.softmax(torch.from_numpy(x), -1).numpy()
+    assert np.isnan(expected).all()                        # torch: the whole row is NaN
+    with np.errstate(invalid="ignore"):                   # inf / inf
+        got = attnbook.softmax(x)
+    assert np.isnan(got[0]) and not np.isfinite(got).all()
+
+
+def test_a_nan_query_gives_a_nan_output_row_as_in_torch():
+    rng = np.random.default_rng(2)
+    q, k, v = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 7, 4)), rng.standard_normal((2, 7, 3))
+    q[1, 2, 0] = np.nan
+    mask = attnbook.causal_mask(5, 7)
+    expected = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)),
+                                              attn_mask=torch.from_numpy(mask)).numpy()
+    assert np.isnan(expected[1, 2]).all() and np.isfinite(np.delete(expected[1], 2, axis=0)).all()
+    out, _ = attnbook.scaled_dot_product_attention(q, k, v, mask=mask)
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)   # NaNs compare equal here
+    flash = flash_attention_numpy(q, k, v, causal=True, block_q=2, block_k=3)
+    np.testing.assert_allclose(flash, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_integer_inputs_give_float64_attention_as_torch_on_their_float64_values():
+    q = np.arange(12).reshape(4, 3) % 5 - 2
+    k = np.arange(15).reshape(5, 3)[::-1] % 4 - 1
+    v = np.arange(10).reshape(5, 2)
+    expected = F.scaled_dot_product_attention(*(torch.from_numpy(a.astype(np.float64)) for a in (q, k, v)))
+    out, w = attnbook.scaled_dot_product_attention(q, k, v)
+    assert out.dtype == w.dtype == np.float64
+    np.testing.assert_allclose(out, expected.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-12)          # not truncated to integer zeros
+    np.testing.assert_allclose(flash_attention_numpy(q, k, v, block_k=2), expected.numpy(), rtol=1e-12)
+
+
+def test_softmax_jacobian_of_integers_is_the_float64_formula():
+    p = np.array([2, -1, 3])
+    expected = np.diag(p.astype(np.float64)) - np.outer(p, p).astype(np.float64)
+    got = attnbook.softmax_jacobian(p)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, expected)
+    x = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)        # and at a real softmax output:
+    autograd = torch.autograd.functional.jacobian(lambda t: torch.softmax(t, -1), x)
+    np.testing.assert_allclose(attnbook.softmax_jacobian(torch.softmax(x, -1).numpy()), autograd.numpy(),
+                               rtol=1e-12, atol=1e-15)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _validate
-from .softmax import softmax
+from .softmax import float_dtype, softmax
 
 
 def attention_scores(q, k, scale: float | None = None) -> np.ndarray:
@@ -36,14 +36,15 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale: float | None = None)
     mask: bool, broadcastable to (..., n_q, n_k), True = may attend.
     Returns ``(output (..., n_q, d_v), weights (..., n_q, n_k))``.
     A query whose whole row is masked, or that has no keys at all, gets zero weights and a zero
-    output. Both are returned in the inputs' dtype (float16 inputs are scored in float32).
+    output. Both are returned in the inputs' dtype (float16 inputs are scored in float32;
+    integer inputs give float64).
     """
     q, k, v, mask = check_attention_inputs(q, k, v, mask)
     scores = attention_scores(q, k, scale)                    # (..., n_q, n_k)
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
     weights = softmax(scores, axis=-1)                        # each row sums to 1 (or is all 0)
-    dtype = np.result_type(q, k, v)
+    dtype = float_dtype(q, k, v)
     return (weights @ v).astype(dtype, copy=False), weights.astype(dtype, copy=False)
 
 

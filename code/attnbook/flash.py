@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import _validate
+from .softmax import float_dtype
 
 
 # --- which tiles to visit --------------------------------------------------
@@ -84,7 +85,7 @@ def attend_query_block(q_blk, k, v, tiles, rows: slice, offset: int):
         acc *= alpha
         acc += p @ v[:, cols]
         m = m_new
-    out = np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
+    out = np.divide(acc, l, out=np.zeros_like(acc), where=l != 0)  # l = 0: the query saw no key
     with np.errstate(divide="ignore"):  # log(0) = -inf: the lse of a row that sees no key
         lse = (m + np.log(l))[..., 0]
     return out, lse
@@ -116,7 +117,7 @@ def flash_attention_numpy(q, k, v, causal: bool = False, block_q: int = 64, bloc
         out[:, rows], lse[:, rows] = attend_query_block(q_blk, k3, v3, tiles, rows, n_k - n_q)
 
     _run_in_threads(attend, [slice(i0, min(i0 + block_q, n_q)) for i0 in range(0, n_q, block_q)], workers)
-    out = out.reshape(batch + (n_q, d_v)).astype(_out_dtype(q, k, v), copy=False)
+    out = out.reshape(batch + (n_q, d_v)).astype(float_dtype(q, k, v), copy=False)
     return (out, lse.reshape(batch + (n_q,))) if return_lse else out
 
 
@@ -167,7 +168,7 @@ def flash_attention_backward_numpy(q, k, v, out, lse, d_out, causal: bool = Fals
         dq[:, rows] += scale * (ds @ k3[:, cols])
         dk[:, cols] += scale * (ds.transpose(0, 2, 1) @ q3[:, rows])
     grads = (dq, dk, dv)
-    return tuple(_unbroadcast(g.reshape(batch + g.shape[1:]), x.shape).astype(_out_dtype(q, k, v), copy=False)
+    return tuple(_unbroadcast(g.reshape(batch + g.shape[1:]), x.shape).astype(float_dtype(q, k, v), copy=False)
                  for g, x in zip(grads, (q, k, v)))
 
 
@@ -198,11 +199,6 @@ def _flat(x, batch: tuple[int, ...], dtype) -> np.ndarray:
     """x (..., n, d) broadcast to ``batch`` and reshaped to (prod(batch), n, d); a view when it can be."""
     x = np.broadcast_to(x.astype(dtype, copy=False), batch + x.shape[-2:])
     return x.reshape((int(np.prod(batch)),) + x.shape[-2:])     # not -1: n or d may be 0
-
-
-def _out_dtype(*arrays):
-    dtype = np.result_type(*arrays)
-    return dtype if np.issubdtype(dtype, np.floating) else np.float64
 
 
 def _unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -72,9 +72,10 @@ def online_softmax_state(x, block: int = 1) -> SoftmaxState:
 def online_softmax(x, block: int = 1) -> np.ndarray:
     """Softmax over the last axis, its normaliser found by :func:`online_softmax_state`.
 
-    x: (..., n) -> (..., n). A fully masked row (all ``-inf``) gives zeros.
+    x: (..., n) -> (..., n). A fully masked row (all ``-inf``) gives zeros; a row holding
+    a NaN gives NaNs, as :func:`attnbook.softmax` does.
     """
     x = np.asarray(x)
     m, l = online_softmax_state(x, block)
     e = np.exp(x - stable_shift(m)[..., None])
-    return np.divide(e, l[..., None], out=np.zeros_like(e), where=l[..., None] > 0)
+    return np.divide(e, l[..., None], out=np.zeros_like(e), where=l[..., None] != 0)

@@ -103,48 +103,59 @@ def rope_layout_permutation(d: int) -> np.ndarray:
     return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
 
 
-def _rope_angles(n: int, d: int, positions, base: float, frequencies, leading: tuple, like):
-    """Rotation angles ``(..., n, d/2)`` as float64 torch tensor, after checking ``positions``."""
+def rope_angles(n: int, d: int, positions=None, base: float = 10000.0, frequencies=None):
+    """The rotation angles ``positions[..., m] * w_i`` of RoPE, ``(..., n, d/2)`` float64 (a CPU tensor).
+
+    ``w_i`` is ``pair_frequencies(d, base)[i]``, or ``frequencies[i]`` when given; ``positions``
+    defaults to ``0, 1, ..., n-1``. The inputs are as :func:`check_rope_inputs` accepts them.
+    """
+    import torch  # here, not at the top: the numpy half of this module must not load torch
+
+    freqs = pair_frequencies(d, base) if frequencies is None else np.asarray(frequencies, dtype=np.float64)
+    pos = torch.arange(n, dtype=torch.float64) if positions is None else _positions_tensor(positions)
+    return pos[..., None] * torch.as_tensor(freqs)
+
+
+def _positions_tensor(positions):
     import torch
 
-    if frequencies is None:
-        freqs = torch.from_numpy(pair_frequencies(d, base))
-    else:
-        freqs = torch.as_tensor(np.asarray(frequencies, dtype=np.float64))
-        if tuple(freqs.shape) != (d // 2,):
-            raise ValueError(f"frequencies must have shape (d/2,) = ({d // 2},); got {tuple(freqs.shape)}")
-    if positions is None:
-        pos = torch.arange(n, dtype=torch.float64)
-    else:
-        pos = torch.as_tensor(positions).detach().to(device="cpu", dtype=torch.float64)
-        shape = tuple(pos.shape)
-        try:
-            ok = pos.ndim >= 1 and shape[-1] == n and \
-                np.broadcast_shapes(shape[:-1], leading) == tuple(leading)
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"positions must have shape (n,) = ({n},) or broadcast to x's leading shape "
-                f"{tuple(leading) + (n,)}; got {shape}"
-            )
-    return (pos[..., None] * freqs).to(like.device)          # (..., n, d/2)
+    return torch.as_tensor(positions).detach().to(device="cpu", dtype=torch.float64)
 
 
-def check_rope_inputs(x, layout: str) -> tuple[int, int]:
-    """Raise unless ``x`` is a floating torch tensor (..., n, d) with d even; return ``(n, d)``."""
+def check_rope_inputs(x, positions=None, base: float = 10000.0, layout: str = "half",
+                      frequencies=None) -> tuple[int, int]:
+    """Raise unless :func:`apply_rope` can rotate ``x`` with these arguments; return ``(n, d)``.
+
+    ``x`` must be a floating torch tensor (..., n, d) with d even (an integer tensor would cast
+    cos and sin to 0 or +-1: a silently wrong rotation); ``positions`` ``(n,)`` or broadcastable
+    to ``x.shape[:-1]``; ``base`` positive; ``frequencies`` of shape ``(d/2,)``.
+    """
     import torch  # here, not at the top: the numpy half of this module must not load torch
 
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"apply_rope expects a torch tensor (..., n, d); got {type(x).__name__}")
     if not x.is_floating_point():
-        # cos and sin cast to an integer dtype would be 0 or +-1: a silently wrong rotation
         raise ValueError(f"apply_rope needs a floating-point tensor; got dtype {x.dtype}")
     if x.ndim < 2:
         raise ValueError(f"x must have at least 2 dimensions (..., n, d); got shape {tuple(x.shape)}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
-    return x.shape[-2], _even_dim("d (the last dimension of x)", x.shape[-1])
+    n, d = x.shape[-2], _even_dim("d (the last dimension of x)", x.shape[-1])
+    _positive_float("base", base)
+    if frequencies is not None and tuple(np.shape(frequencies)) != (d // 2,):
+        raise ValueError(f"frequencies must have shape (d/2,) = ({d // 2},); got {tuple(np.shape(frequencies))}")
+    if positions is not None:
+        leading, shape = tuple(x.shape[:-2]), tuple(_positions_tensor(positions).shape)
+        try:
+            ok = len(shape) >= 1 and shape[-1] == n and np.broadcast_shapes(shape[:-1], leading) == leading
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"positions must have shape (n,) = ({n},) or broadcast to x's leading shape "
+                f"{leading + (n,)}; got {shape}"
+            )
+    return n, d
 
 
 def apply_rope(x, positions=None, base: float = 10000.0, layout: str = "half", frequencies=None):
@@ -162,9 +173,8 @@ def apply_rope(x, positions=None, base: float = 10000.0, layout: str = "half", f
     """
     import torch  # here, not at the top: the numpy half of this module must not load torch
 
-    n, d = check_rope_inputs(x, layout)
-    angles = _rope_angles(n, d, positions, _positive_float("base", base), frequencies,
-                          tuple(x.shape[:-2]), x)
+    n, d = check_rope_inputs(x, positions, base, layout, frequencies)
+    angles = rope_angles(n, d, positions, base, frequencies).to(x.device)  # (..., n, d/2)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # float64 angles, then cast
     if layout == "half":
         x1, x2 = x[..., : d // 2], x[..., d // 2:]

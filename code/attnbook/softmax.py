@@ -28,12 +28,13 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     """Softmax along ``axis``: ``exp(x_i) / sum_j exp(x_j)``.
 
     x: any shape; the result has the same shape and floating dtype.
-    A slice that is entirely ``-inf`` (a fully masked row) gives all zeros, not NaN.
+    A slice that is empty or entirely ``-inf`` (a fully masked row) gives all zeros, not NaN;
+    a NaN anywhere in a slice makes the whole slice NaN, as in torch.
     """
     x = as_float(x)
     e = np.exp(x - stable_shift(np.max(x, axis=axis, keepdims=True, initial=-np.inf)))
     total = np.sum(e, axis=axis, keepdims=True)
-    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return np.divide(e, total, out=np.zeros_like(e), where=total != 0)  # 0 only for a masked row
 
 
 def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
@@ -60,7 +61,7 @@ def softmax_jacobian(p) -> np.ndarray:
     p: (..., n) probabilities. Returns (..., n, n) with entries
     ``dp_i/dx_j = p_i (delta_ij - p_j)``, i.e. ``diag(p) - p p^T``.
     """
-    p = np.asarray(p)
+    p = as_float(p)
     _validate.require_rank("p", p, 1, "(..., n)")
     return p[..., :, None] * np.eye(p.shape[-1], dtype=p.dtype) - p[..., :, None] * p[..., None, :]
 
@@ -68,7 +69,17 @@ def softmax_jacobian(p) -> np.ndarray:
 def as_float(x) -> np.ndarray:
     """``x`` as an array of floats: integers and booleans become float64, floats keep their dtype."""
     x = np.asarray(x)
-    return x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float64)
+    return x.astype(float_dtype(x), copy=False)
+
+
+def float_dtype(*arrays) -> np.dtype:
+    """The dtype that ``arrays`` combine to, or float64 where that is not a float (integers, booleans).
+
+    The dtype of a result computed from the arrays: integer inputs never give an integer
+    softmax or attention output, which would truncate every weight to 0.
+    """
+    dtype = np.result_type(*arrays)
+    return dtype if np.issubdtype(dtype, np.floating) else np.dtype(np.float64)
 
 
 def naive_softmax(x, axis: int = -1) -> np.ndarray:
