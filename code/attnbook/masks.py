@@ -1,8 +1,8 @@
 """Boolean attention masks. Convention (PyTorch's): True means "may attend".
 
 Chapter 7 (masking) shows :func:`causal_mask` and :func:`sliding_window_mask`; the causal mask
-serves every causal model of the book, and the KV cache (chapter 8) relies on its placing the
-queries last.
+serves every causal model of the book (chapters 6 to 12 use it), and the KV cache (chapter 8)
+relies on its placing the queries last.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 The trick throughout is shift invariance: ``softmax(x) == softmax(x - c)`` for
 any constant ``c``, so subtracting each row's maximum keeps every exponent
 ``<= 0`` and nothing overflows. Chapter 4 (softmax) derives and shows these functions;
-every later chapter calls them. The online softmax of chapter 9 (:mod:`attnbook.online_softmax`)
-shifts by :func:`stable_shift` too.
+chapters 2 and 3 use :func:`softmax` before that, and most later chapters call it. The online
+softmax of chapter 9 (:mod:`attnbook.online_softmax`) shifts by :func:`stable_shift` too.
 """
 from __future__ import annotations
 
