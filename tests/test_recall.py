@@ -80,6 +80,33 @@ def test_init_std_sets_the_projection_weights():
     assert abs(model.k_proj.weight.std().item() - 0.5) < 0.02
 
 
+def test_additive_scores_are_w_dot_tanh_of_q_plus_k_for_every_pair():
+    torch.manual_seed(4)
+    model = recall.AdditiveRecallAttention(10, 5, 8, 12).double()
+    query, keys, values, _ = recall.recall_batch(5, 4, 10, 5, torch.Generator().manual_seed(5))
+    w = model.score_vector.weight[0]                                       # (12,)
+    with torch.no_grad():
+        for b in range(5):                                                  # one pair at a time
+            q = model.q_proj.weight @ model.key_embedding.weight[query[b]]  # (12,)
+            for p in range(4):
+                k = model.k_proj.weight @ model.key_embedding.weight[keys[b, p]]
+                expected = (w * torch.tanh(q + k)).sum()
+                torch.testing.assert_close(model.scores(query, keys)[b, 0, p], expected, rtol=1e-12, atol=1e-12)
+        logits, weights = model(query, keys, values)
+    assert logits.shape == (5, 5) and weights.shape == (5, 4)
+    with pytest.raises(ValueError, match="additive scores have no 1/sqrt"):
+        recall.AdditiveRecallAttention(10, 5, 8, 12, scaled=True)
+
+
+def test_additive_scores_start_with_a_spread_that_does_not_grow_with_d_k():
+    for d_k in (16, 1024):
+        torch.manual_seed(0)
+        table = recall.AdditiveRecallAttention(16, 16, 32, d_k).score_table().detach()
+        assert 0.1 < table.std().item() < 0.58         # var(w . tanh) <= d_k * 1/(3 d_k) = 1/3
+    run = recall.train_recall(256, False, steps=150, lr=5e-3, seed=0, additive=True)
+    assert run.accuracy > 0.95 and run.logit_std[0] < 0.58
+
+
 def test_training_is_seeded_and_learns():
     a = recall.train_recall(16, True, steps=150, lr=1e-2, seed=3)
     b = recall.train_recall(16, True, steps=150, lr=1e-2, seed=3)

@@ -17,7 +17,7 @@ def _t(a):
     return np.swapaxes(a, -1, -2)
 
 
-# --- scores S = (x W_q)(x W_k)^T -------------------------------------------
+# --- scores S = (x W_Q)(x W_K)^T -------------------------------------------
 
 def _scores(x, w_q, w_k):
     return (x @ w_q) @ _t(x @ w_k)

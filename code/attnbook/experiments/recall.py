@@ -43,7 +43,7 @@ class RecallAttention(nn.Module):
     ``v (batch, n_pairs, d_model)``; the attention output is read out as logits over values.
     ``scaled`` chooses ``q k^T / sqrt(d_k)`` or the raw ``q k^T``. Every layer keeps
     PyTorch's default initialisation (``nn.Embedding``: N(0, 1); ``nn.Linear``: uniform with
-    variance ``1 / (3 fan_in)``), unless ``init_std`` sets the std of ``W_q`` and ``W_k``.
+    variance ``1 / (3 fan_in)``), unless ``init_std`` sets the std of ``W_Q`` and ``W_K``.
     """
 
     def __init__(self, n_symbols: int, n_values: int, d_model: int, d_k: int,
@@ -86,6 +86,32 @@ class RecallAttention(nn.Module):
         return self.readout(out[:, 0]), weights[:, 0]
 
 
+class AdditiveRecallAttention(RecallAttention):
+    """:class:`RecallAttention` with additive scores (Bahdanau et al. 2015) instead of dot products.
+
+    The score of query symbol ``a`` against key symbol ``b`` is ``w . tanh(q_a + k_b)``, with ``q``
+    and ``k`` the same projections to ``d_k`` as the dot-product model and ``w (d_k,)`` a learned
+    vector (``score_vector``). Every ``tanh`` lies in (-1, 1) and ``w`` starts with variance
+    ``1 / (3 d_k)``, so the scores start with a spread that does not grow with ``d_k``: there is
+    nothing to scale, and ``scaled`` must be False. Britz et al. (2017) found that this kind of
+    attention beat unscaled dot products at large ``d_k``; chapter 3 repeats the comparison.
+    Only :meth:`score_table` changes.
+    """
+
+    def __init__(self, n_symbols: int, n_values: int, d_model: int, d_k: int,
+                 scaled: bool = False, init_std: float | None = None):
+        if scaled:
+            raise ValueError("additive scores have no 1/sqrt(d_k) scale; pass scaled=False")
+        super().__init__(n_symbols, n_values, d_model, d_k, scaled=False, init_std=init_std)
+        self.score_vector = nn.Linear(d_k, 1, bias=False)
+
+    def score_table(self) -> torch.Tensor:
+        symbols = self.key_embedding.weight                      # (n_symbols, d_model)
+        q, k = self.q_proj(symbols), self.k_proj(symbols)        # (n_symbols, d_k) each
+        hidden = torch.tanh(q[:, None, :] + k[None, :, :])       # (n_symbols, n_symbols, d_k)
+        return self.score_vector(hidden)[..., 0]                 # (n_symbols, n_symbols)
+
+
 def nudge_parameters(model: nn.Module, ulps: int = 1) -> None:
     """Move every parameter of ``model`` by ``ulps`` units in the last place, in place.
 
@@ -119,7 +145,7 @@ class RecallRun:
 def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, batch: int = 32,
                  n_pairs: int = 8, n_symbols: int = 16, n_values: int = 16, d_model: int = 32,
                  init_std: float | None = None, seed: int = 0, early_steps: int = 5,
-                 perturb_ulps: int = 0) -> RecallRun:
+                 perturb_ulps: int = 0, additive: bool = False) -> RecallRun:
     """Train :class:`RecallAttention` with Adam on fresh random batches; fully seeded.
 
     The model and the data use their own generators seeded from ``seed``, so two calls with
@@ -127,12 +153,14 @@ def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, bat
     differently, and an unscaled run can then end elsewhere). ``early_steps`` sets how many
     first steps the ``early_logit_change`` measurement (how far the first steps move the
     logits) covers. ``perturb_ulps`` moves every initial weight by that many float32 ulps
-    (:func:`nudge_parameters`) before training; the data stay the same.
+    (:func:`nudge_parameters`) before training; the data stay the same. ``additive`` trains
+    :class:`AdditiveRecallAttention` instead (``scaled`` must then be False).
     """
     if not 1 <= early_steps <= steps:
         raise ValueError(f"early_steps must lie in [1, steps={steps}]; got {early_steps}")
     torch.manual_seed(seed)
-    model = RecallAttention(n_symbols, n_values, d_model, d_k, scaled, init_std)
+    model_class = AdditiveRecallAttention if additive else RecallAttention
+    model = model_class(n_symbols, n_values, d_model, d_k, scaled, init_std)
     if perturb_ulps:
         nudge_parameters(model, perturb_ulps)
     data = torch.Generator().manual_seed(seed + 1)
@@ -162,7 +190,7 @@ def reparametrisation_gap(d_k: int, steps: int = 50, lr: float = 1e-3, batch: in
                           rescale_lr: bool = True) -> float:
     """Largest difference between the held-out logits of a scaled model and of its unscaled twin.
 
-    The twin has no ``1/sqrt(d_k)``; instead its ``W_q`` starts ``sqrt(d_k)`` times smaller and
+    The twin has no ``1/sqrt(d_k)``; instead its ``W_Q`` starts ``sqrt(d_k)`` times smaller and
     trains with a ``sqrt(d_k)`` times smaller learning rate (and Adam's ``eps``
     ``sqrt(d_k)`` times larger, so that Adam's step, which does not depend on the size of the
     gradient, is the same). Both train in float64 on the same batches. With ``sqrt(d_k)`` a power
