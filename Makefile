@@ -34,9 +34,6 @@ test: $(READY)
 MIN_VENV := .venv-minimum
 # Tests that need what only the full environment has (jupyter-book, myst-nb, a browser, sentence-transformers).
 FULL_ONLY := tests/test_book.py tests/test_notebooks.py tests/test_colab_setup.py tests/test_glue.py tests/test_minilm.py
-# A test whose reference is the transformers of requirements.txt (rope_parameters, transformers 5), not
-# the minilm extra's lowest transformers.
-NEWEST_ONLY := tests/test_positional.py::test_yarn_code_ramp_matches_transformers
 # Chapters whose outputs are compared there (numpy and matplotlib only, no training); every other
 # chapter runs there too, checked for errors only (--nbval-lax): its printed reprs may differ by version.
 MIN_CHAPTERS := book/02-queries-keys-values.ipynb book/04-softmax.ipynb book/09-flash-attention.ipynb
@@ -54,7 +51,7 @@ $(MIN_VENV)/.ready: requirements.txt pyproject.toml scripts/minimum_requirements
 
 test-minimum: $(MIN_VENV)/.ready
 	$(MIN_VENV)/bin/python -m pip freeze | grep -i -E '^(numpy|matplotlib|torch|safetensors|tokenizers|huggingface.hub|transformers)=='
-	$(MIN_VENV)/bin/python -m pytest tests $(addprefix --ignore=,$(FULL_ONLY)) $(addprefix --deselect=,$(NEWEST_ONLY))
+	$(MIN_VENV)/bin/python -m pytest tests $(addprefix --ignore=,$(FULL_ONLY))
 	$(MIN_VENV)/bin/python -m pytest $(NBVAL) $(MIN_CHAPTERS)
 	$(MIN_VENV)/bin/python -m pytest --nbval-lax --nbval-current-env $(MIN_LAX)
 

@@ -172,6 +172,38 @@ def test_evaluate_at_matches_the_runs_own_evaluation_and_restores_the_model():
     assert run.model.window is None and not run.model.clip_positions
 
 
+@pytest.mark.parametrize("n_q, n_k, max_offset", [(5, 5, 2), (3, 7, 1), (6, 6, 0), (4, 4, 10)])
+def test_clipped_offset_bias_scores_far_keys_at_the_clipped_offset(n_q, n_k, max_offset):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, n_q, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, n_k, 8, generator=g, dtype=torch.float64)
+    got = (P.apply_rope(q, torch.arange(n_k - n_q, n_k)) @ P.apply_rope(k).transpose(-2, -1)
+           + E.clipped_offset_bias(q, k, max_offset))
+    # independently, pair by pair: rotate q and k to positions whose difference is the clipped offset
+    for i in range(n_q):
+        for j in range(n_k):
+            offset = i + n_k - n_q - j
+            c = min(offset, max_offset)
+            expected = (P.apply_rope(q[..., i:i + 1, :], torch.tensor([c + j]))
+                        * P.apply_rope(k[..., j:j + 1, :], torch.tensor([j]))).sum(-1)[..., 0]
+            torch.testing.assert_close(got[..., i, j], expected, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="max_offset must be >= 0"):
+        E.clipped_offset_bias(q, k, -1)
+
+
+def test_evaluate_at_with_clipped_offsets():
+    task = E.ShiftedCopy(vocab=8, shift=2)
+    run = E.train_and_evaluate(task, "rope", 8, (16,), steps=20, seed=3)
+    full = E.evaluate_at(run.model, task, 16, seed=3)
+    assert E.evaluate_at(run.model, task, 16, seed=3, max_offset=15).loss == pytest.approx(full.loss, abs=1e-5)
+    clipped = E.evaluate_at(run.model, task, 16, seed=3, max_offset=3)
+    assert abs(clipped.loss - full.loss) > 1e-3
+    assert all(block.attn.max_offset is None for block in run.model.blocks)      # restored
+    learned = E.train_and_evaluate(task, "learned", 8, (8,), steps=2, seed=0)
+    with pytest.raises(ValueError, match="max_offset clips RoPE's offsets; this model is 'learned'"):
+        E.evaluate_at(learned.model, task, 16, max_offset=3)
+
+
 def test_lr_reaches_the_optimizer():
     task = E.ShiftedCopy(vocab=8, shift=2)
     torch.manual_seed(0)

@@ -121,19 +121,47 @@ class PositionalAttention(MultiHeadAttention):
         super().__init__(d_model, n_heads)
         self.scheme = scheme
         self.frequencies, self.logit_scale = None, 1.0     # RoPE's defaults; see set_rope_frequencies
+        self.max_offset: int | None = None                 # RoPE only; see clipped_offset_bias
 
     def attention(self, q, k, v, mask=None, is_causal: bool = False):
         """q, k, v: (b, heads, n, d_head) -> (out (b, heads, n, d_head), weights (b, heads, n, n))."""
         n_q, n_k = q.shape[2], k.shape[2]
+        scale = self.logit_scale / math.sqrt(self.d_head)
+        bias = None
         if self.scheme == "rope":
+            if self.max_offset is not None:       # before the rotation: it needs the unrotated q, k
+                bias = scale * clipped_offset_bias(q, k, self.max_offset, self.frequencies)
             # one call rotates both: (2, b, heads, n, d_head); values are left alone
             q, k = apply_rope(torch.stack((q, k)), frequencies=self.frequencies)
-        bias = None
         if self.scheme == "alibi":
             bias = torch.from_numpy(alibi_bias(self.n_heads, n_q, n_k)).to(q.dtype)   # (heads, n_q, n_k)
-        scale = self.logit_scale / math.sqrt(self.d_head)
         mask = with_causal(mask, is_causal, n_q, n_k, q.device)
         return attend(q, k, v, mask, scale, bias, return_weights=True)
+
+
+def clipped_offset_bias(q, k, max_offset: int, frequencies=None):
+    """What to add to RoPE's scores so that every key more than ``max_offset`` back scores as if
+    it were exactly ``max_offset`` back.
+
+    q: (..., n_q, d_head), k: (..., n_k, d_head), before rotation; the queries are the last
+    ``n_q`` of the ``n_k`` positions. Returns (..., n_q, n_k), before the ``1/sqrt(d_head)``:
+    0 for a key at offset ``<= max_offset``, and for a farther key the difference between its
+    score at offset ``max_offset`` and its real score. A RoPE score depends only on the offset,
+    so the first is the query rotated by ``max_offset`` against the unrotated key (position 0).
+    The keys all stay visible: the probe separates "offsets never seen in training" from "more
+    keys than in training" (a sliding window removes both). Chapter 6 uses it on trained models.
+    """
+    if max_offset < 0:
+        raise ValueError(f"max_offset must be >= 0; got {max_offset}")
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    q_positions = torch.arange(n_k - n_q, n_k)
+    offset = q_positions[:, None] - torch.arange(n_k)[None, :]                      # (n_q, n_k)
+    q_rot = apply_rope(q, q_positions, frequencies=frequencies)
+    k_rot = apply_rope(k, frequencies=frequencies)
+    real = q_rot @ k_rot.transpose(-2, -1)                                          # (..., n_q, n_k)
+    q_at_max = apply_rope(q, torch.full((n_q,), max_offset), frequencies=frequencies)
+    clipped = q_at_max @ k.transpose(-2, -1)                                        # every key at offset max_offset
+    return torch.where(offset > max_offset, clipped - real, torch.zeros_like(real))
 
 
 class Block(nn.Module):
@@ -284,20 +312,28 @@ def held_out(task, length: int, batch: int = 64, seed: int = 0):
 
 
 def evaluate_at(model: TinyCausalLM, task, length: int, seed: int = 0, window: int | None = None,
-                eval_batch: int = 64) -> Evaluation:
+                eval_batch: int = 64, max_offset: int | None = None) -> Evaluation:
     """Evaluate a trained model on the held-out sequences of ``length`` for ``seed``.
 
-    The sequences are those :func:`train_and_evaluate` used for the same ``seed``. ``window``
-    restricts every query to itself and the ``window - 1`` keys before it (a probe: which
-    part of the context does the model fail on?). Learned positions are clipped past their
-    table. The model's own ``window`` and ``clip_positions`` are restored afterwards.
+    The sequences are those :func:`train_and_evaluate` used for the same ``seed``. Two probes
+    ask which part of the context the model fails on: ``window`` restricts every query to itself
+    and the ``window - 1`` keys before it; ``max_offset`` (RoPE only) keeps every key visible
+    but scores each key farther back than ``max_offset`` as if it were ``max_offset`` back
+    (:func:`clipped_offset_bias`). Learned positions are clipped past their table. The model's
+    own settings are restored afterwards.
     """
+    if max_offset is not None and model.scheme != "rope":
+        raise ValueError(f"max_offset clips RoPE's offsets; this model is {model.scheme!r}")
     saved = model.window, model.clip_positions
     model.window, model.clip_positions = window, True
+    for block in model.blocks:
+        block.attn.max_offset = max_offset
     try:
         return evaluate(model, task, *held_out(task, length, eval_batch, seed))
     finally:
         model.window, model.clip_positions = saved
+        for block in model.blocks:
+            block.attn.max_offset = None
 
 
 def count_parameters(model: nn.Module) -> int:
