@@ -6,9 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnbook.decoding import (ConcatKVCache, append_one_by_one, forward_flops, generation_flops, greedy_decode,
-                               recording_attention_outputs, teacher_forced_logits)
-from attnbook.model_shapes import GPT2_SMALL, LLAMA2_70B, as_multi_head, shape_of
+from attnbook.decoding import (ConcatKVCache, append_one_by_one, forward_bytes, forward_flops, generation_flops,
+                               generation_passes, generation_seconds, greedy_decode, recording_attention_outputs,
+                               roofline_seconds, teacher_forced_logits)
+from attnbook.memory_traffic import GPUS
+from attnbook.model_shapes import GPT2_SMALL, LLAMA2_7B, LLAMA2_70B, as_multi_head, shape_of
 from attnbook.gpt import GPTConfig, TinyGPT
 from attnbook.kv_cache import KVCache
 
@@ -143,3 +145,65 @@ def test_teacher_forcing_and_recorded_attention_outputs():
     with torch.no_grad():
         model(ids)                                             # hooks removed: nothing more is recorded
     assert [len(r) for r in full_pass] == [1, 1]
+
+
+# ---- the roofline estimate of time on a GPU ---------------------------------------------------
+
+H100 = next(g for g in GPUS if g.name.startswith("H100"))
+
+
+def test_h100_figures_are_the_published_ones():
+    assert H100.fp16_flops == pytest.approx(989.4e12) and H100.hbm_bandwidth == pytest.approx(3.35e12)
+
+
+def test_roofline_of_one_pass_by_hand():
+    """Llama-2-7B in float16: 2 bytes per weight, 2 flops per weight and token."""
+    N = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 4096 * 32000
+    assert LLAMA2_7B.matmul_params() == N
+    kv = lambda n: 2 * 32 * n * 32 * 128 * 2                               # noqa: E731
+    decode = (2 * N + kv(101)) / 3.35e12                                    # one token after 100: memory-bound
+    assert roofline_seconds(LLAMA2_7B, H100, 1, 100) == pytest.approx(decode, rel=1e-9)
+    flops = 2 * N * 1000 + 4 * 32 * 32 * 128 * 1000 * 1000                  # 1000 tokens: compute-bound
+    assert roofline_seconds(LLAMA2_7B, H100, 1000) == pytest.approx(flops / 989.4e12, rel=1e-9)
+    assert forward_bytes(LLAMA2_7B, 1, 100, batch=3) == {"weights": 2 * N, "kv": 3 * kv(101)}
+
+
+def closed_form_speedup(T, ridge):
+    """Per-token work only: step t costs max(1, t / ridge) weight reads without a cache, 1 with it."""
+    return sum(max(1.0, t / ridge) for t in range(1, T + 1)) / T
+
+
+@pytest.mark.parametrize("T,expected", [(256, 1.0), (1024, 1.89), (4095, 7.14)])
+def test_cache_speedup_of_llama2_7b_on_an_h100(T, expected):
+    with_cache = generation_seconds(LLAMA2_7B, H100, 1, T, use_cache=True)
+    without = generation_seconds(LLAMA2_7B, H100, 1, T, use_cache=False)
+    assert without / with_cache == pytest.approx(expected, abs=0.01)
+    # the closed form that ignores attention and the cache's reads is within 8%
+    ridge = H100.fp16_flops / H100.hbm_bandwidth                          # flops per byte = tokens per pass
+    assert without / with_cache == pytest.approx(closed_form_speedup(T, ridge), rel=0.08)
+
+
+def test_batching_multiplies_the_recomputation_but_not_the_weight_reads():
+    for B in (4, 16):
+        weights, kv = 2 * LLAMA2_7B.matmul_params(), LLAMA2_7B.cache_bytes(201)
+        cached = roofline_seconds(LLAMA2_7B, H100, 1, 200, batch=B)       # still one read of the weights
+        assert cached == pytest.approx((weights + B * kv) / H100.hbm_bandwidth, rel=1e-9)
+        assert roofline_seconds(LLAMA2_7B, H100, 1000, batch=B) == pytest.approx(
+            B * roofline_seconds(LLAMA2_7B, H100, 1000), rel=1e-9)           # compute-bound: B times the flops
+
+
+def test_generation_passes_are_those_of_generate():
+    assert generation_passes(3, 4, use_cache=True) == [(3, 0), (1, 3), (1, 4), (1, 5)]
+    assert generation_passes(3, 4, use_cache=False) == [(3, 0), (4, 0), (5, 0), (6, 0)]
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: roofline_seconds(LLAMA2_7B, H100, 0), "n_new"),
+    (lambda: roofline_seconds(LLAMA2_7B, H100, 1, -1), "n_past"),
+    (lambda: roofline_seconds(LLAMA2_7B, H100, 1, batch=0), "batch"),
+    (lambda: generation_seconds(LLAMA2_7B, H100, 0, 5, True), "n_prompt"),
+    (lambda: forward_bytes(LLAMA2_7B, 1, bytes_per_element=0), "bytes_per_element"),
+])
+def test_roofline_rejects_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

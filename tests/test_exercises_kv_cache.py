@@ -81,6 +81,37 @@ def new_first(q, k_new, v_new, k_cache, v_cache):
     return attend_rows(q, keys, values, queries_last(q.shape[-2])), keys, values
 
 
+def mask_hides_own_key(q, k_new, v_new, k_cache, v_cache):
+    # off by one: query i stops one key short of its own position t + i
+    keys, values = np.append(k_cache, k_new, axis=-2), np.append(v_cache, v_new, axis=-2)
+    return attend_rows(q, keys, values, lambda i, n_k: n_k - q.shape[-2] + i), keys, values
+
+
+def tril_diagonal_t_minus_1(q, k_new, v_new, k_cache, v_cache):
+    q, k_new, v_new, k_cache, v_cache = (torch.as_tensor(x) for x in (q, k_new, v_new, k_cache, v_cache))
+    keys, values = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
+    mask = torch.ones(q.shape[-2], keys.shape[-2], dtype=torch.bool).tril(diagonal=k_cache.shape[-2] - 1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return out, keys, values
+
+
+def scale_by_value_width(q, k_new, v_new, k_cache, v_cache):
+    keys, values = np.append(k_cache, k_new, axis=-2), np.append(v_cache, v_new, axis=-2)
+    scores = q @ np.swapaxes(keys, -1, -2) / np.sqrt(values.shape[-1])
+    n_q, n_k = scores.shape[-2:]
+    scores = np.where(np.tril(np.ones((n_q, n_k), bool), k=n_k - n_q), scores, -np.inf)
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ values, keys, values
+
+
+def no_scale(q, k_new, v_new, k_cache, v_cache):
+    q, k_new, v_new, k_cache, v_cache = (torch.as_tensor(x) for x in (q, k_new, v_new, k_cache, v_cache))
+    keys, values = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
+    mask = torch.ones(q.shape[-2], keys.shape[-2], dtype=torch.bool).tril(diagonal=k_cache.shape[-2])
+    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=1.0)
+    return out, keys, values
+
+
 def test_correct_solutions_pass(capsys):
     check_kv_cache_step(good_loops)
     check_kv_cache_step(good_torch)
@@ -95,6 +126,10 @@ def test_correct_solutions_pass(capsys):
     (is_causal_alignment, "top_left_causal"),
     (unmasked_chunk, "no_causal_mask"),
     (new_first, "prepends"),
+    (mask_hides_own_key, "diagonal_hidden"),
+    (tril_diagonal_t_minus_1, "diagonal_hidden"),
+    (scale_by_value_width, "scaled_by_d_v"),
+    (no_scale, "unscaled"),
 ])
 def test_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
@@ -127,3 +162,19 @@ def test_stub_is_not_attempted():
         raise NotImplementedError
     with pytest.raises(NotAttemptedError):
         check_kv_cache_step(stub)
+
+
+def test_a_mask_hiding_the_diagonal_is_told_apart_from_appending_late():
+    """With one new token both leave the token's own key out; the chunk cases tell them apart."""
+    with pytest.raises(ExerciseError) as err:
+        check_kv_cache_step(mask_hides_own_key)
+    assert err.value.case.startswith("one new token") and "off by one" in str(err.value)
+    with pytest.raises(ExerciseError) as err:
+        check_kv_cache_step(attend_then_append)
+    assert err.value.mistake == "appends_after_attending"
+
+
+def test_a_d_v_scale_gets_a_hint_about_d_k():
+    with pytest.raises(ExerciseError, match=r"sqrt\(d_v\)") as err:
+        check_kv_cache_step(scale_by_value_width)
+    assert "d_k" in str(err.value).split("Hint:")[1]

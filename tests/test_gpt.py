@@ -107,6 +107,60 @@ def test_start_pos_shifts_the_positions():
         torch.testing.assert_close(model(ids, start_pos=7), expected)
 
 
+@pytest.mark.parametrize("use_sdpa", [False, True])
+def test_left_padded_batch_with_positions_gives_each_sequence_its_own_logits(use_sdpa):
+    """Per-sequence positions and a key-padding mask make a left-padded batch equal to each
+    sequence run alone, in the prefill and in cached decode steps after it."""
+    model = small_gpt(seed=5)
+    for block in model.blocks:
+        block.attn.use_sdpa = use_sdpa
+    gen = torch.Generator().manual_seed(5)
+    lengths, n, n_steps, pad_id = [7, 4, 1], 7, 3, 0
+    prompts = [torch.randint(1, 17, (1, length), generator=gen) for length in lengths]
+    steps = torch.randint(1, 17, (3, n_steps), generator=gen)          # tokens fed after the prompts
+    ids = torch.stack([torch.cat([torch.full((n - p.shape[1],), pad_id), p[0]]) for p in prompts])
+    real = ids.new_tensor([[c >= n - length for c in range(n)] for length in lengths], dtype=torch.bool)
+    positions = (real.long().cumsum(1) - 1).clamp(min=0)                 # 0 at each first real token
+    with torch.no_grad():
+        cache = model.new_kv_cache(batch=3)
+        keys_real = real[:, None, None, :]                                   # (3, 1, 1, n): padding keys hidden
+        batched = [model(ids, cache, mask=keys_real, positions=positions)]
+        for t in range(n_steps):
+            keys_real = torch.cat([keys_real, torch.ones(3, 1, 1, 1, dtype=torch.bool)], dim=-1)
+            step_positions = torch.tensor(lengths)[:, None] + t                # (3, 1)
+            batched.append(model(steps[:, t:t + 1], cache, start_pos=n + t, mask=keys_real,
+                                 positions=step_positions))
+        batched = torch.cat(batched, dim=1)                                   # (3, n + n_steps, vocab)
+        for i, (prompt, length) in enumerate(zip(prompts, lengths)):
+            alone = model(torch.cat([prompt, steps[i:i + 1]], dim=1))[0]      # (length + n_steps, vocab)
+            torch.testing.assert_close(batched[i, n - length:], alone, rtol=1e-5, atol=1e-5)
+        # without the positions the shorter prompts are shifted by their padding, and differ
+        shifted = model(ids, mask=real[:, None, None, :])
+        assert (shifted[1, n - 4:] - model(prompts[1])[0]).abs().max() > 1e-2
+
+
+def test_positions_default_to_the_columns_and_may_be_shared():
+    model = small_gpt()
+    ids = torch.randint(0, 17, (2, 5), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, start_pos=3), model(ids, start_pos=3, positions=torch.arange(3, 8)))
+        torch.testing.assert_close(model(ids, positions=torch.arange(3, 8).expand(2, 5)),
+                                   model(ids, start_pos=3))
+
+
+@pytest.mark.parametrize("positions,match", [
+    (torch.arange(4.0), "int64"),
+    ([0, 1, 2, 3], "int64"),
+    (torch.arange(5), r"shape of ids \(1, 4\) or \(4,\); got \(5,\)"),
+    (torch.zeros(2, 4, dtype=torch.long), r"got \(2, 4\)"),
+    (torch.tensor([0, 1, 2, 24]), r"\[0, 24\).*0\.\.24"),
+    (torch.tensor([-1, 0, 1, 2]), r"\[0, 24\)"),
+])
+def test_bad_positions_raise_value_error(positions, match):
+    with pytest.raises(ValueError, match=match):
+        small_gpt()(torch.zeros(1, 4, dtype=torch.long), positions=positions)
+
+
 def _blocks(model, x):
     for block in model.blocks:
         x = block(x)

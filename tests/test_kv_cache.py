@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from attnbook.gpt import GPTConfig, TinyGPT
-from attnbook.kv_cache import KVCache, kv_cache_bytes
+from attnbook.kv_cache import KVCache, RollingKVCache, kv_cache_bytes
+from attnbook.masks import sliding_window_mask
 from attnbook.multihead import MultiHeadAttention
 
 
@@ -160,3 +161,69 @@ def test_greedy_generation_is_the_same_with_and_without_cache(n_kv_heads):
     assert with_cache.shape == (3, 30)
     assert torch.equal(with_cache, without)
     assert torch.equal(with_cache[:, :5], prompt)
+
+
+# ---- the rolling buffer of sliding-window attention ------------------------------------------
+
+@pytest.mark.parametrize("window", [1, 3, 5, 32])
+@pytest.mark.parametrize("chunks", [[1] * 20, [7] + [1] * 13, [3, 8, 1, 1, 4, 3], [20]])
+@pytest.mark.parametrize("use_sdpa", [False, True])
+@torch.no_grad()
+def test_rolling_cache_decodes_like_a_sliding_window_mask(window, chunks, use_sdpa):
+    """A ring of `window` slots, fed in any chunks, gives the logits of full recomputation under
+    sliding_window_mask(n, window) (the model's learned positions are the absolute ones)."""
+    model = small_gpt(n_kv_heads=2, use_sdpa=use_sdpa)
+    ids = torch.randint(0, 13, (2, 20), generator=torch.Generator().manual_seed(4))
+    full = model(ids, mask=torch.from_numpy(sliding_window_mask(20, window)))
+    caches = model.new_kv_cache(batch=2, cache_class=RollingKVCache, window=window)
+    pieces, start = [], 0
+    for n_new in chunks:
+        mask = caches[0].window_mask(n_new)
+        assert mask.shape == (n_new, min(start, window - 1) + n_new)
+        pieces.append(model(ids[:, start:start + n_new], caches, start_pos=start, mask=mask))
+        start += n_new
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-9, atol=1e-10)
+    assert caches[0].length == 20 and caches[0].keys.shape[2] == window
+
+
+@torch.no_grad()
+def test_rolling_cache_holds_the_last_window_positions_in_its_slots():
+    cache = RollingKVCache(1, 1, 10, 2, window=3)
+    positions = torch.arange(8.0).view(1, 1, 8, 1).expand(1, 1, 8, 2)   # entry = its position
+    keys, _ = cache.update(positions[:, :, :5], positions[:, :, :5])
+    assert keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4]
+    assert sorted(cache.keys[0, 0, :, 0].tolist()) == [2, 3, 4]          # slot p % 3 holds position p
+    keys, values = cache.update(positions[:, :, 5:6], positions[:, :, 5:6])
+    assert keys[0, 0, :, 0].tolist() == [3, 4, 5] and torch.equal(keys, values)
+    assert cache.window_mask(1).all() and cache.window_mask(1).shape == (1, 3)
+    assert cache.window_mask(2).tolist() == [[True, True, True, False], [False, True, True, True]]
+    keys, _ = cache.update(positions[:, :, 6:8], positions[:, :, 6:8])   # a chunk: 2 earlier + 2 new
+    assert keys[0, 0, :, 0].tolist() == [4, 5, 6, 7]
+    assert sorted(cache.keys[0, 0, :, 0].tolist()) == [5, 6, 7]
+    assert cache.nbytes == 2 * 3 * 2 * 4 and cache.length == 8
+    assert "window=3" in repr(cache)
+    cache.reset()
+    assert cache.length == 0 and cache.update(positions[:, :, :1], positions[:, :, :1])[0].shape[2] == 1
+
+
+@torch.no_grad()
+def test_rolling_cache_decodes_one_token_at_a_time_without_a_mask():
+    model = small_gpt()
+    ids = torch.randint(0, 13, (1, 16), generator=torch.Generator().manual_seed(5))
+    full = model(ids, mask=torch.from_numpy(sliding_window_mask(16, 4)))
+    caches = model.new_kv_cache(cache_class=RollingKVCache, window=4)
+    steps = torch.cat([model(ids[:, t:t + 1], caches, start_pos=t) for t in range(16)], dim=1)
+    torch.testing.assert_close(steps, full, rtol=1e-9, atol=1e-10)
+
+
+def test_rolling_cache_rejects_bad_input():
+    with pytest.raises(ValueError, match="window"):
+        RollingKVCache(1, 1, 8, 2, window=0)
+    cache = RollingKVCache(1, 1, 4, 2, window=2)
+    cache.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
+    with pytest.raises(ValueError, match="max_len=4"):
+        cache.update(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+    with pytest.raises(ValueError, match="shape"):
+        cache.update(torch.zeros(1, 2, 1, 2), torch.zeros(1, 2, 1, 2))
+    with pytest.raises(ValueError, match="n_new"):
+        cache.window_mask(0)

@@ -5,8 +5,13 @@ A decoder generates one token per forward pass. Without a cache, the pass for th
 values that the previous pass had already computed; with a cache it runs over the
 one new token and reads the old keys and values from memory. The counts here make
 the difference exact; :mod:`attnbook.experiments.cache_speed` measures it on the tiny GPT.
-Chapter 8 (the KV cache) shows :func:`forward_flops`, :func:`greedy_decode` and
-:meth:`ConcatKVCache.update`; the shapes of published models are in :mod:`attnbook.model_shapes`.
+Chapter 8 (the KV cache) shows :func:`forward_flops`, :func:`roofline_seconds`, :func:`greedy_decode`
+and :meth:`ConcatKVCache.update`; the shapes of published models are in :mod:`attnbook.model_shapes`.
+
+Time on a GPU is estimated with the roofline model: a pass takes at least its flops over the
+GPU's peak flop/s and at least the bytes it must move between memory and the chip over the
+memory bandwidth, whichever is larger (:func:`roofline_seconds`). The GPU figures are the
+published ones of :data:`attnbook.memory_traffic.GPUS`.
 
 Flop conventions (as in :mod:`attnbook.cost`): a multiply-add is 2 flops, and only
 matrix products are counted, the ones that dominate: the projections, the two
@@ -22,6 +27,7 @@ import contextlib
 import torch
 
 from . import _validate
+from .memory_traffic import GPU
 from .model_shapes import ModelShape
 
 
@@ -60,17 +66,62 @@ def generation_flops(shape: ModelShape, n_prompt: int, n_new: int, use_cache: bo
     runs over the prompt (the *prefill*) and pass ``i > 0`` over one token after
     ``n_prompt + i - 1`` cached ones (a *decode step*).
     """
-    n_prompt = _validate.positive_int("n_prompt", n_prompt)
-    n_new = _validate.positive_int("n_new", n_new)
-    if use_cache:
-        passes = [(n_prompt, 0)] + [(1, n_prompt + i - 1) for i in range(1, n_new)]
-    else:
-        passes = [(n_prompt + i, 0) for i in range(n_new)]
     total = dict.fromkeys(("qkv_out", "attention", "mlp", "head"), 0)
-    for n, past in passes:
+    for n, past in generation_passes(n_prompt, n_new, use_cache):
         for part, flops in forward_flops(shape, n, past).items():
             total[part] += flops
     return total
+
+
+def generation_passes(n_prompt: int, n_new: int, use_cache: bool) -> list[tuple[int, int]]:
+    """``(n_new, n_past)`` of each forward pass that generating ``n_new`` tokens runs (see
+    :func:`generation_flops`): ``(n_prompt + i, 0)`` without a cache, the prefill
+    ``(n_prompt, 0)`` and then ``(1, n_prompt + i - 1)`` with one."""
+    n_prompt = _validate.positive_int("n_prompt", n_prompt)
+    n_new = _validate.positive_int("n_new", n_new)
+    if use_cache:
+        return [(n_prompt, 0)] + [(1, n_prompt + i - 1) for i in range(1, n_new)]
+    return [(n_prompt + i, 0) for i in range(n_new)]
+
+
+# ---- time on a GPU: the roofline ----------------------------------------------------------------
+
+def forward_bytes(shape: ModelShape, n_new: int, n_past: int = 0, batch: int = 1,
+                  bytes_per_element: float = 2) -> dict[str, float]:
+    """The least a forward pass must read from GPU memory: ``{"weights": ..., "kv": ...}``.
+
+    Every weight of :meth:`ModelShape.matmul_params` once, however many tokens and sequences
+    share it, and the keys and values of all ``n_past + n_new`` positions of each of ``batch``
+    sequences, which attention reads. Activations, which a fused implementation keeps mostly
+    on the chip, are left out, so the estimate is a lower bound.
+    """
+    n_new = _validate.positive_int("n_new", n_new)
+    if isinstance(n_past, bool) or not isinstance(n_past, int) or n_past < 0:
+        raise ValueError(f"n_past must be a non-negative integer; got {n_past!r}")
+    return {"weights": shape.matmul_params() * bytes_per_element,
+            "kv": shape.cache_bytes(n_past + n_new, batch, bytes_per_element)}
+
+
+def roofline_seconds(shape: ModelShape, gpu: GPU, n_new: int, n_past: int = 0, batch: int = 1,
+                     bytes_per_element: float = 2) -> float:
+    """Roofline time of one forward pass of ``batch`` sequences over ``n_new`` new tokens each.
+
+    A GPU cannot finish sooner than its arithmetic allows (flops / peak flop/s) nor sooner than
+    its memory can deliver the bytes (bytes / bandwidth); overlapped perfectly, the pass takes
+    the larger of the two. Flops from :func:`forward_flops`, bytes from :func:`forward_bytes`.
+    """
+    batch = _validate.positive_int("batch", batch)
+    flops = batch * sum(forward_flops(shape, n_new, n_past).values())
+    moved = sum(forward_bytes(shape, n_new, n_past, batch, bytes_per_element).values())
+    return max(flops / gpu.fp16_flops, moved / gpu.hbm_bandwidth)
+
+
+def generation_seconds(shape: ModelShape, gpu: GPU, n_prompt: int, n_new: int, use_cache: bool,
+                       batch: int = 1, bytes_per_element: float = 2) -> float:
+    """Roofline time of generating ``n_new`` tokens: :func:`roofline_seconds` summed over the passes
+    of :func:`generation_passes`."""
+    return sum(roofline_seconds(shape, gpu, n, past, batch, bytes_per_element)
+               for n, past in generation_passes(n_prompt, n_new, use_cache))
 
 
 # ---- decoding that shows its work ---------------------------------------------------------------

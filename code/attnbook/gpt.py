@@ -121,24 +121,27 @@ class TinyGPT(nn.Module):
                 nn.init.normal_(layer.weight, std=0.02 / math.sqrt(2 * self.config.n_layers))
 
     def forward(self, ids, kv_cache: list[KVCache] | None = None, start_pos: int = 0, mask=None,
-                is_causal: bool = True):
+                is_causal: bool = True, positions=None):
         """Next-token logits for every position of ``ids``.
 
-        ids: (batch, n) int64 token ids at positions ``start_pos .. start_pos + n - 1``;
+        ids: (batch, n) int64 token ids in columns ``start_pos .. start_pos + n - 1``;
         kv_cache: one :class:`KVCache` per layer (from :meth:`new_kv_cache`) holding the
-        ``start_pos`` earlier positions; the new keys and values are appended to it.
+        ``start_pos`` earlier columns; the new keys and values are appended to it.
         mask: bool, broadcastable to (batch, n_heads, n, n_k), True = may attend, used in every
-        layer; is_causal: also hide later positions (the default; chapter 7 turns it off to
-        run the model under other masks). Returns (batch, n, vocab_size).
+        layer; is_causal: also hide later columns (the default; chapter 7 turns it off to
+        run the model under other masks). positions: (batch, n) or (n,) int64, the position
+        whose embedding each token gets; default its column, ``start_pos + arange(n)``. A
+        left-padded batch passes each sequence's own count (chapter 7). Returns (batch, n, vocab_size).
         """
-        n = self._check_forward(ids, kv_cache, start_pos)
-        positions = torch.arange(start_pos, start_pos + n, device=ids.device)
+        n = self._check_forward(ids, kv_cache, start_pos, positions)
+        if positions is None:
+            positions = torch.arange(start_pos, start_pos + n, device=ids.device)
         x = self.tok_emb(ids) + self.pos_emb(positions)                   # (batch, n, d_model)
         for i, block in enumerate(self.blocks):
             x = block(x, None if kv_cache is None else kv_cache[i], mask, is_causal)
         return self.head(self.ln_f(x))                                    # (batch, n, vocab_size)
 
-    def _check_forward(self, ids, kv_cache, start_pos: int) -> int:
+    def _check_forward(self, ids, kv_cache, start_pos: int, positions=None) -> int:
         cfg = self.config
         if ids.ndim != 2 or ids.dtype != torch.long:
             raise ValueError(f"ids must be an int64 tensor (batch, n); got {ids.dtype} {tuple(ids.shape)}")
@@ -157,7 +160,21 @@ class TinyGPT(nn.Module):
             if lengths != {start_pos}:
                 raise ValueError(f"start_pos={start_pos} must equal the number of cached positions; "
                                  f"the caches hold {sorted(lengths)}")
+        if positions is not None:
+            self._check_positions(positions, ids)
         return n
+
+    def _check_positions(self, positions, ids) -> None:
+        """Raise unless ``positions`` is int64 of shape (batch, n) or (n,) with values in the table."""
+        if not isinstance(positions, torch.Tensor) or positions.dtype != torch.long:
+            raise ValueError(f"positions must be an int64 tensor; got {type(positions).__name__} "
+                             f"{getattr(positions, 'dtype', '')}")
+        if tuple(positions.shape) not in (tuple(ids.shape), (ids.shape[1],)):
+            raise ValueError(f"positions must have the shape of ids {tuple(ids.shape)} or ({ids.shape[1]},); "
+                             f"got {tuple(positions.shape)}")
+        if int(positions.min()) < 0 or int(positions.max()) >= self.config.context_length:
+            raise ValueError(f"positions must lie in [0, {self.config.context_length}) (context_length); "
+                             f"got {int(positions.min())}..{int(positions.max())}")
 
     def _check_generate(self, ids, max_new_tokens, temperature) -> int:
         """Raise unless :meth:`generate` can run; return the length of its result."""

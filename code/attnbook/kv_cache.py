@@ -4,15 +4,21 @@ In a causal decoder the keys and values of earlier tokens never change, so each
 layer keeps them and computes only the new token's. The price is memory that
 grows linearly with the sequence, counted by :func:`kv_cache_bytes`.
 
-Chapter 8 (the KV cache) shows :meth:`KVCache.update` and :func:`kv_cache_bytes`; chapter 11
-(grouped-query attention) sizes caches with fewer key/value heads. The int8 cache of chapter 8,
-:class:`attnbook.quantized_cache.QuantizedKVCache`, shares this module's checks.
+A model with sliding-window attention (each token sees itself and the ``window - 1`` before
+it) never reads a key older than the window, so :class:`RollingKVCache` keeps only ``window``
+positions and overwrites the oldest, the rolling buffer of Mistral 7B (Jiang et al. 2023).
+
+Chapter 8 (the KV cache) shows :meth:`KVCache.update`, :meth:`RollingKVCache.update` and
+:func:`kv_cache_bytes`; chapter 11 (grouped-query attention) sizes caches with fewer key/value
+heads. The int8 cache of chapter 8, :class:`attnbook.quantized_cache.QuantizedKVCache`, shares
+this module's checks.
 """
 from __future__ import annotations
 
 import torch
 
 from . import _validate
+from .masks import sliding_window_mask
 
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, d_head: int, context_length: int,
@@ -109,3 +115,74 @@ class KVCache:
         b, h_kv, max_len, d_head = self.keys.shape
         return (f"KVCache(batch={b}, n_kv_heads={h_kv}, max_len={max_len}, d_head={d_head}, "
                 f"length={self.length}, dtype={self.keys.dtype})")
+
+
+class RollingKVCache:
+    """Keys and values of one layer for sliding-window attention: a ring of ``window`` slots.
+
+    Position ``p`` (counted from the first token, as in :class:`KVCache`) lives in slot
+    ``p % window``, so once the ring is full each new position overwrites the one that has
+    just left every later query's window. ``length`` counts all positions seen (at most
+    ``max_len``); memory is ``window`` positions whatever the length. Same constructor and
+    ``update`` as :class:`KVCache` plus ``window``, so ``model.new_kv_cache(cache_class=
+    RollingKVCache, window=w)`` plugs it in. One new token per step needs no mask; a chunk of
+    several needs :meth:`window_mask`, because its first queries may not see all it returns.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, d_head: int, window: int,
+                 dtype: torch.dtype = torch.float32, device=None):
+        self.shape = cache_shape(batch, n_kv_heads, max_len, d_head)
+        ring = (batch, n_kv_heads, _validate.positive_int("window", window), d_head)
+        self.keys = torch.zeros(ring, dtype=dtype, device=device)     # (b, h_kv, window, d_head)
+        self.values = torch.zeros(ring, dtype=dtype, device=device)   # (b, h_kv, window, d_head)
+        self.length = 0
+
+    @property
+    def window(self) -> int:
+        return self.keys.shape[2]
+
+    @property
+    def max_len(self) -> int:
+        return self.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the ring: ``window`` positions, however many were seen."""
+        return self.keys.nbytes + self.values.nbytes
+
+    def update(self, k, v):
+        """Store new keys and values; return the earlier ones still in a window, then the new ones.
+
+        k, v: (batch, n_kv_heads, n_new, d_head). Returns ``(keys, values)``, each
+        (batch, n_kv_heads, m + n_new, d_head) in time order, where ``m = min(length, window - 1)``
+        counts the earlier positions the first new query may see (``length`` before the call).
+        With ``n_new = 1`` that is exactly the new token's window: itself and the ``window - 1``
+        before it.
+        """
+        check_update(self.shape, self.keys.dtype, self.length, k, v)
+        start, n_new, w = self.length, k.shape[2], self.window
+        held = torch.arange(start - min(start, w - 1), start, device=k.device) % w   # slots, oldest first
+        keys = torch.cat([self.keys[:, :, held], k], dim=2)
+        values = torch.cat([self.values[:, :, held], v], dim=2)
+        kept = min(n_new, w)                        # of a long chunk, only the last w stay
+        slots = torch.arange(start + n_new - kept, start + n_new, device=k.device) % w
+        self.keys[:, :, slots] = k[:, :, n_new - kept:]
+        self.values[:, :, slots] = v[:, :, n_new - kept:]
+        self.length = start + n_new
+        return keys, values
+
+    def window_mask(self, n_new: int):
+        """Bool (n_new, min(length, window - 1) + n_new), True = may attend: the sliding window of
+        the next :meth:`update`'s ``n_new`` queries over the keys it will return (call it before)."""
+        n_new = _validate.positive_int("n_new", n_new)
+        n_k = min(self.length, self.window - 1) + n_new
+        return sliding_window_mask(n_k, self.window)[-n_new:]
+
+    def reset(self) -> None:
+        """Forget every position (the memory stays allocated)."""
+        self.length = 0
+
+    def __repr__(self) -> str:
+        b, h_kv, _, d_head = self.shape
+        return (f"RollingKVCache(batch={b}, n_kv_heads={h_kv}, window={self.window}, d_head={d_head}, "
+                f"length={self.length}, max_len={self.max_len}, dtype={self.keys.dtype})")

@@ -20,8 +20,8 @@ from ._framework import Case, Mistake, as_array, run_checks, same
 EXERCISE = "KV-cache decoding step"
 
 
-def _attend(q, k, v, mask):
-    return scaled_dot_product_attention(q, k, v, mask=mask)[0]
+def _attend(q, k, v, mask, scale=None):
+    return scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)[0]
 
 
 def _reference(q, k_new, v_new, k_cache, v_cache):
@@ -39,6 +39,24 @@ def _forgets_to_append(q, k_new, v_new, k_cache, v_cache):
 def _appends_after_attending(q, k_new, v_new, k_cache, v_cache):
     out = _attend(q, k_cache, v_cache, None)               # the new tokens are not there yet
     return out, np.concatenate([k_cache, k_new], -2), np.concatenate([v_cache, v_new], -2)
+
+
+def _diagonal_hidden(q, k_new, v_new, k_cache, v_cache):
+    _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
+    t = k_cache.shape[-2]
+    mask = np.tril(np.ones((q.shape[-2], keys.shape[-2]), dtype=bool), k=t - 1)   # query i sees 0..t+i-1
+    return _attend(q, keys, values, mask), keys, values
+
+
+def _scaled_by_d_v(q, k_new, v_new, k_cache, v_cache):
+    _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
+    mask = causal_mask(q.shape[-2], keys.shape[-2])
+    return _attend(q, keys, values, mask, scale=1 / np.sqrt(v_new.shape[-1])), keys, values
+
+
+def _unscaled(q, k_new, v_new, k_cache, v_cache):
+    _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
+    return _attend(q, keys, values, causal_mask(q.shape[-2], keys.shape[-2]), scale=1.0), keys, values
 
 
 def _attends_to_new_only(q, k_new, v_new, k_cache, v_cache):
@@ -76,6 +94,18 @@ MISTAKES = [
     Mistake("appends_after_attending", "the cache is extended only after attending, so the new token "
             "cannot see itself (its own key and value are missing from its attention)",
             "append first, then attend: a token's query must meet its own key", _appends_after_attending),
+    Mistake("diagonal_hidden", "the cache is right, but the causal mask is off by one: it hides the "
+            "diagonal, so each new query misses its own key (query i sees keys 0..t+i-1)",
+            "new query i sits at position t + i and may see keys 0..t + i, itself included: "
+            "causal_mask(n_new, t + n_new), or np.tril(..., k=t), not k=t - 1 (with t = 0 the first "
+            "query would see no key at all)", _diagonal_hidden),
+    Mistake("scaled_by_d_v", "the scores are divided by sqrt(d_v), the width of the values, instead of "
+            "sqrt(d_k), the width of the vectors in the dot product",
+            "the scale belongs to the scores q . k, whose variance grows with d_k: divide by "
+            "np.sqrt(q.shape[-1]); d_v only sets the width of the output", _scaled_by_d_v),
+    Mistake("unscaled", "the scores are not divided by sqrt(d_k)",
+            "scale the scores q k^T by 1 / sqrt(d_k) before the softmax (the default of "
+            "attnbook.scaled_dot_product_attention)", _unscaled),
     Mistake("attends_to_new_only", "the new tokens attend only to each other, not to the cached past",
             "attend over the concatenation of the cache and the new keys/values, not over k_new alone",
             _attends_to_new_only),
@@ -146,4 +176,5 @@ def check_kv_cache_step(fn) -> None:
     """Check ``fn(q, k_new, v_new, k_cache, v_cache) -> (out, k_cache, v_cache)`` (module docstring)."""
     __tracebackhide__ = True
     run_checks(EXERCISE, fn, cases(), _reference, MISTAKES, compare=_same_step, postprocess=_unpack,
-               describe=_problem, hint="append first, then attend with the queries placed last")
+               describe=_problem, hint="append first, then attend over old and new keys with "
+               "softmax(q k^T / sqrt(d_k)) and the causal mask causal_mask(n_new, t + n_new)")
