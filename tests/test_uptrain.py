@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbook.experiments.uptrain import heldout_loss, uptrain, uptrain_over_seeds
+from attnbook.experiments.uptrain import (heldout_loss, heldout_loss_by_position, heldout_starts, uptrain,
+                                         uptrain_over_seeds)
 from attnbook.gpt import GPTConfig, TinyGPT, text_windows, training_step, window_loss
 from attnbook.gqa import mha_to_gqa
 
@@ -99,3 +100,52 @@ def test_training_step_reports_the_loss_before_the_step_and_sets_the_learning_ra
     assert loss == pytest.approx(before, rel=1e-6) and optimizer.param_groups[0]["lr"] == 0.5
     step = (model.head.weight.detach() - weight).norm().item()
     assert 0 < step <= 0.5 * 1e-3 * (1 + 1e-5)            # SGD moves by lr times the clipped gradient
+
+
+def test_heldout_loss_by_position_against_a_loop_over_windows_and_positions():
+    """Each range's loss is the mean over windows and positions of the per-token cross-entropy,
+    computed here one window at a time in float64; ranges that tile the window average (weighted
+    by their lengths) to heldout_loss."""
+    torch.manual_seed(0)
+    tokens = torch.randint(6, (300,))
+    model = TinyGPT(GPTConfig(vocab_size=6, context_length=32, n_layers=1, n_heads=2, d_model=8)).train()
+    ranges = [(0, 5), (5, 20), (3, 4), (0, 20)]
+    got = heldout_loss_by_position(model, tokens, ranges, n_windows=7, length=20, batch=3, seed=4)
+    assert model.training                                               # the mode is restored
+    model.eval()
+    starts = heldout_starts(tokens, n_windows=7, length=20, seed=4).tolist()
+    table = np.zeros((7, 20))
+    with torch.no_grad():
+        for w, s in enumerate(starts):
+            logits = model(tokens[s:s + 20][None])[0].double()          # (20, vocab)
+            log_p = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+            for t in range(20):
+                table[w, t] = -log_p[t, tokens[s + t + 1]].item()
+    expected = [table[:, a:b].mean() for a, b in ranges]
+    assert got.shape == (4,) and np.allclose(got, expected, rtol=1e-5)
+    whole = heldout_loss(model, tokens, n_windows=7, length=20, seed=4)
+    assert (5 * got[0] + 15 * got[1]) / 20 == pytest.approx(whole, rel=1e-5)
+    for bad in ([], [(5, 5)], [(-1, 3)], [(0, 21)]):
+        with pytest.raises(ValueError, match="ranges"):
+            heldout_loss_by_position(model, tokens, bad, n_windows=2, length=20)
+
+
+def test_uptrain_over_seeds_measures_position_ranges_with_the_same_windows():
+    tokens = torch.tensor([0, 1, 2, 3, 2, 1] * 60)
+    torch.manual_seed(0)
+    mha = TinyGPT(GPTConfig(vocab_size=4, context_length=16, n_layers=1, n_heads=2, d_model=16)).eval()
+    models = {"mha": mha, "mqa": mha_to_gqa(mha, 1)}
+    ev, kw, ranges = dict(n_windows=4, length=12), dict(steps=3, batch=2, length=12, lr=1e-2), [(0, 6), (6, 12)]
+    runs = uptrain_over_seeds(models, tokens, tokens, seeds=(3, 7), eval_kwargs=ev, position_ranges=ranges, **kw)
+    assert runs.position_ranges == ((0, 6), (6, 12))
+    for name, start in models.items():
+        assert np.array_equal(runs.before_by_position[name], heldout_loss_by_position(start, tokens, ranges, **ev))
+        assert runs.after_by_position[name].shape == (2, 2)
+        m = copy.deepcopy(start)
+        uptrain(m, tokens, seed=7, **kw)
+        assert np.array_equal(runs.after_by_position[name][1], heldout_loss_by_position(m, tokens, ranges, **ev))
+        assert runs.after_on_range(name, 1).values.tolist() == runs.after_by_position[name][:, 1].tolist()
+    plain = uptrain_over_seeds(models, tokens, tokens, seeds=(3,), eval_kwargs=ev, **kw)
+    assert plain.position_ranges == () and plain.after_by_position == {}
+    with pytest.raises(ValueError, match="position ranges"):
+        plain.after_on_range("mha", 0)

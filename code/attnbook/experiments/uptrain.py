@@ -5,6 +5,11 @@ continue its pre-training for a small fraction of the original steps, which they
 *uptraining*. :func:`uptrain` does that for :class:`attnbook.gpt.TinyGPT` on the text it
 was trained on; :func:`heldout_loss` measures the result on text it never saw.
 
+The uptraining windows should be as long as the text the model is judged on: the tiny GPT has
+learned absolute positions, and a window of 128 characters never shows the converted attention at
+positions 128 and later, which then stay unadapted (:func:`heldout_loss_by_position` measures the
+loss per range of positions; chapter 11 shows the difference).
+
 Which text windows a short uptraining sees changes where it ends, and a short training run may
 also be chaotic in the last bits of its arithmetic (chapter 3), so :func:`uptrain_over_seeds`
 repeats the uptraining over several seeds and returns a distribution per model
@@ -15,14 +20,15 @@ kernels. The seeds are there for the windows.)
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .. import _validate
-from ..gpt import training_step, window_loss
+from ..gpt import text_windows, training_step, window_loss
 from ..seeds import SeedDistribution
 
 
@@ -32,18 +38,54 @@ def heldout_loss(model, tokens, n_windows: int = 32, length: int = 256, batch: i
 
     The same seed gives the same windows, so models are compared on identical text.
     """
-    n_windows, length = (_validate.positive_int(name, value) for name, value in (
-        ("n_windows", n_windows), ("length", length)))
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(len(tokens) - length - 1, (n_windows,), generator=gen)
+    starts = heldout_starts(tokens, n_windows, length, seed)
     return window_loss(model, tokens, starts, length, batch)
 
 
-def uptrain(model, tokens, steps: int, batch: int = 8, length: int = 128, lr: float = 1e-3,
+def heldout_starts(tokens, n_windows: int = 32, length: int = 256, seed: int = 0):
+    """The first positions (n_windows,) of the seeded windows of :func:`heldout_loss`."""
+    n_windows, length = (_validate.positive_int(name, value) for name, value in (
+        ("n_windows", n_windows), ("length", length)))
+    if len(tokens) < length + 2:
+        raise ValueError(f"windows of length {length} + 1 need more than {len(tokens)} tokens")
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(len(tokens) - length - 1, (n_windows,), generator=gen)
+
+
+@torch.no_grad()
+def heldout_loss_by_position(model, tokens, ranges: Sequence[tuple[int, int]], n_windows: int = 32,
+                             length: int = 256, batch: int = 16, seed: int = 0) -> np.ndarray:
+    """The held-out loss of :func:`heldout_loss`'s windows, split by position within the window.
+
+    ``ranges``: pairs ``(start, stop)`` with ``0 <= start < stop <= length``. Returns
+    ``(len(ranges),)``: entry ``i`` is the mean cross-entropy (nats per token) of the predictions made
+    at positions ``start .. stop - 1`` of every window (position ``t`` predicts character ``t + 1``
+    from characters ``0 .. t``). The model runs in eval mode; its previous mode is restored.
+    """
+    ranges = [(int(a), int(b)) for a, b in ranges]
+    bad = [(a, b) for a, b in ranges if not 0 <= a < b <= length]
+    if not ranges or bad:
+        raise ValueError(f"ranges must be pairs (start, stop) with 0 <= start < stop <= length={length}; "
+                         f"got {ranges}")
+    starts = heldout_starts(tokens, n_windows, length, seed)
+    was_training = model.training
+    model.eval()
+    per_position = torch.zeros(length, dtype=torch.float64)                # summed over windows
+    for chunk in starts.split(_validate.positive_int("batch", batch)):
+        x, y = text_windows(tokens, chunk, length)                          # (b, length) each
+        losses = F.cross_entropy(model(x).transpose(1, 2), y, reduction="none")   # (b, length)
+        per_position += losses.sum(dim=0).double()
+    model.train(was_training)
+    per_position /= len(starts)
+    return np.array([per_position[a:b].mean().item() for a, b in ranges])
+
+
+def uptrain(model, tokens, steps: int, batch: int = 8, length: int = 256, lr: float = 1e-3,
             warmup: int = 5, seed: int = 0) -> list[float]:
     """Continue training ``model`` in place on random windows of ``tokens``; return the step losses.
 
-    AdamW (betas 0.9, 0.95, no weight decay: a few steps should move the weights little
+    Train on windows as long as those the model is evaluated on: positions beyond ``length`` are
+    never trained. AdamW (betas 0.9, 0.95, no weight decay: a few steps should move the weights little
     anyway), the learning rate warmed up linearly over ``warmup`` steps and then
     constant, gradients clipped to norm 1. ``seed`` fixes the windows; the model is
     left in eval mode.
@@ -71,7 +113,10 @@ class UptrainingRuns:
     ``before[name]`` is one number: the starting model is fixed, so it does not depend on the
     seed. ``after[name]`` holds one loss per seed, ``curves[name]`` the step losses of each seed
     ``(n_seeds, steps)``. ``reference`` names the model whose starting loss is the target
-    (the multi-head model), against which :meth:`recovered` measures the gap.
+    (the multi-head model), against which :meth:`recovered` measures the gap. Where
+    ``position_ranges`` were asked for, ``before_by_position[name]`` holds the starting model's loss
+    on each range ``(n_ranges,)`` and ``after_by_position[name]`` each seed's ``(n_seeds, n_ranges)``
+    (:func:`heldout_loss_by_position`).
     """
 
     seeds: tuple[int, ...]
@@ -79,6 +124,9 @@ class UptrainingRuns:
     after: dict
     curves: dict
     reference: str
+    position_ranges: tuple = ()
+    before_by_position: dict = field(default_factory=dict)
+    after_by_position: dict = field(default_factory=dict)
 
     def gain(self, name: str) -> SeedDistribution:
         """Held-out loss before minus after, per seed: positive when uptraining helped."""
@@ -98,9 +146,16 @@ class UptrainingRuns:
         """How far above the reference's starting loss the model ends, per seed."""
         return SeedDistribution(self.seeds, self.after[name].values - self.before[self.reference])
 
+    def after_on_range(self, name: str, i: int) -> SeedDistribution:
+        """Held-out loss after uptraining on the ``i``-th of ``position_ranges``, per seed."""
+        if not self.position_ranges:
+            raise ValueError("these runs measured no position ranges (pass position_ranges)")
+        return SeedDistribution(self.seeds, self.after_by_position[name][:, i])
+
 
 def uptrain_over_seeds(models: dict, train_tokens, val_tokens, seeds: Iterable[int] = range(5),
                        reference: str | None = None, eval_kwargs: dict | None = None,
+                       position_ranges: Sequence[tuple[int, int]] = (),
                        **uptrain_kwargs) -> UptrainingRuns:
     """Uptrain a fresh copy of every model once per seed; measure held-out losses before and after.
 
@@ -108,7 +163,8 @@ def uptrain_over_seeds(models: dict, train_tokens, val_tokens, seeds: Iterable[i
     name) is the model whose starting loss defines the gap. Seed ``s`` fixes the training windows
     (``uptrain(..., seed=s)``) and is the same for every model, so the models of one seed see the
     same text. ``eval_kwargs`` go to :func:`heldout_loss` (the same windows every time),
-    ``uptrain_kwargs`` to :func:`uptrain`.
+    ``uptrain_kwargs`` to :func:`uptrain`. With ``position_ranges`` the held-out loss is also
+    measured on each range of positions (:func:`heldout_loss_by_position`, same windows).
     """
     seeds = tuple(int(s) for s in seeds)
     if not models:
@@ -119,14 +175,22 @@ def uptrain_over_seeds(models: dict, train_tokens, val_tokens, seeds: Iterable[i
     if reference not in models:
         raise ValueError(f"reference {reference!r} is not one of the models {list(models)}")
     eval_kwargs = {} if eval_kwargs is None else dict(eval_kwargs)
+    position_ranges = tuple((int(a), int(b)) for a, b in position_ranges)
+
+    def by_position(m):
+        return heldout_loss_by_position(m, val_tokens, position_ranges, **eval_kwargs)
+
     before = {name: heldout_loss(m, val_tokens, **eval_kwargs) for name, m in models.items()}
-    after = {name: [] for name in models}
-    curves = {name: [] for name in models}
+    before_pos = {name: by_position(m) for name, m in models.items()} if position_ranges else {}
+    after, after_pos, curves = ({name: [] for name in models} for _ in range(3))
     for seed in seeds:
         for name, start in models.items():
             m = copy.deepcopy(start)
             curves[name].append(uptrain(m, train_tokens, seed=seed, **uptrain_kwargs))
             after[name].append(heldout_loss(m, val_tokens, **eval_kwargs))
+            if position_ranges:
+                after_pos[name].append(by_position(m))
     return UptrainingRuns(seeds, before,
                           {name: SeedDistribution(seeds, np.array(v)) for name, v in after.items()},
-                          {name: np.array(c) for name, c in curves.items()}, reference)
+                          {name: np.array(c) for name, c in curves.items()}, reference, position_ranges,
+                          before_pos, {name: np.array(v) for name, v in after_pos.items() if v})
