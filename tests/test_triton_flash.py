@@ -244,13 +244,20 @@ def test_launch_reraises_when_no_configuration_fits(monkeypatch):
         triton_flash._launch("backward", launch, 256, torch.float16, "cuda:0")
 
 
-@pytest.mark.parametrize("capability", [(7, 5), (8, 0), (9, 0)])
+@pytest.mark.parametrize("capability", [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0)])
 @pytest.mark.parametrize("d_head", [32, 64, 128, 256])
 def test_gpu_configurations_end_with_small_tiles(capability, d_head):
     for kind in ("forward", "backward"):
-        configs = triton_flash._gpu_configs(kind, d_head, capability)
-        assert configs[-1] == (16, 16, 4, 1) and len(set(configs)) == len(configs)
+        configs = triton_flash.gpu_configs(kind, d_head, capability)
+        assert configs[-1][:2] == (16, 16) and len(set(configs)) == len(configs)
         assert all(b >= 16 and b & (b - 1) == 0 for config in configs for b in config[:2])
+        assert all(config[3] == 1 for config in configs) or capability >= (8, 0)   # no cp.async on a T4
+
+
+@pytest.mark.parametrize("capability, expected", [((7, 5), (64, 32, 4, 1)), ((8, 0), (64, 32, 4, 2)),
+                                                  ((9, 0), (128, 64, 8, 2))])
+def test_user_tile_sizes_get_warps_and_stages_for_the_gpu(capability, expected):
+    assert triton_flash.user_config(expected[0], expected[1], capability) == expected
 
 
 # --- bad input ---------------------------------------------------------------------------

@@ -46,9 +46,10 @@ try:
     import triton.language as tl
     from triton.runtime.errors import OutOfResources
 except ImportError as err:  # pragma: no cover - triton ships with torch's CUDA wheels
+    # (attnbook is not on PyPI, so an install hint must name a package that is: triton itself)
     raise ImportError(
-        "attnbook.triton_flash needs Triton: `pip install triton` (Linux), "
-        "or `pip install attnbook[gpu]`"
+        "attnbook.triton_flash needs Triton: `pip install triton` (Linux). Without a GPU its "
+        "interpreter runs the kernels on the CPU, as on Colab's CPU runtime"
     ) from err
 
 
@@ -97,13 +98,15 @@ def key_range(q_block, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
 # ---------------------------------------------------------------------------
 
 @triton.jit
-def forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
+def forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale2,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_K: tl.constexpr,
                   D_HEAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold one block of keys into the running softmax of one block of queries.
 
     acc (BLOCK_Q, BLOCK_D), row_sum and row_max (BLOCK_Q,) live in registers,
-    in float32; the function returns their updated values.
+    in float32; the function returns their updated values. Scores are kept in
+    base-2 units: ``scale2 = scale * log2(e)``, so ``exp(scale * s) = exp2(scale2 * s)``
+    and row_max is a maximum of base-2 scores.
     """
     k_idx = key_start + tl.arange(0, BLOCK_K)                       # (BLOCK_K,) key rows of this tile
     # Load mask: rows past n_k and columns past D_HEAD (the padding of the
@@ -113,8 +116,10 @@ def forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, c
     k = tl.load(K + offsets, mask=tile_ok, other=0.0)                # (BLOCK_K, BLOCK_D)
     v = tl.load(V + offsets, mask=tile_ok, other=0.0)                # (BLOCK_K, BLOCK_D)
 
-    # Scores of this tile, accumulated in float32 by the matrix unit.
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (BLOCK_Q, BLOCK_K)
+    # Scores of this tile, accumulated in float32 by the matrix unit, in base-2 units: the GPU's
+    # exponential unit computes 2**x, so exp(x) would cost an extra multiply by log2(e) per entry;
+    # folded into the scale, it costs nothing (scale2 * s - m compiles to one fused multiply-add).
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale2  # (BLOCK_Q, BLOCK_K)
     if MASKED:  # score mask: -inf becomes a weight of exactly 0 below
         s = tl.where(may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), s, float("-inf"))
 
@@ -122,8 +127,8 @@ def forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, c
     # a visible key for every row (key 0 is visible to every query), so
     # new_max is finite from then on and no exp(-inf - (-inf)) = NaN can occur.
     new_max = tl.maximum(row_max, tl.max(s, axis=1))                 # (BLOCK_Q,)
-    correction = tl.exp(row_max - new_max)                           # rescales the old sums; 0 at the start
-    p = tl.exp(s - new_max[:, None])                                  # (BLOCK_Q, BLOCK_K), entries in [0, 1]
+    correction = tl.exp2(row_max - new_max)                          # rescales the old sums; 0 at the start
+    p = tl.exp2(s - new_max[:, None])                                 # (BLOCK_Q, BLOCK_K), entries in [0, 1]
     row_sum = row_sum * correction + tl.sum(p, axis=1)
     # p goes back to the input precision (float16 on the tensor cores), the sum stays float32.
     acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -167,21 +172,23 @@ def flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale,
     # -- Walk over the key blocks: unmasked ones first, then the few that need
     # a mask. With CAUSAL, blocks after `end` are skipped altogether.
     causal_offset = n_k - n_q
+    scale2 = scale * 1.4426950408889634                  # scale * log2(e): scores in base-2 units
     full_end, end = key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)
     for key_start in range(0, full_end, BLOCK_K):
         acc, row_sum, row_max = forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
-                                              n_k, causal_offset, scale, False, CAUSAL, BLOCK_K,
+                                              n_k, causal_offset, scale2, False, CAUSAL, BLOCK_K,
                                               D_HEAD, DOT_PRECISION)
     for key_start in range(full_end, end, BLOCK_K):
         acc, row_sum, row_max = forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
-                                              n_k, causal_offset, scale, True, CAUSAL, BLOCK_K,
+                                              n_k, causal_offset, scale2, True, CAUSAL, BLOCK_K,
                                               D_HEAD, DOT_PRECISION)
 
     # -- Normalise once at the end, and store. The backward pass needs only the
-    # log-sum-exp of each row, max + log(sum), to rebuild any probability.
+    # log-sum-exp of each row, max + log(sum), to rebuild any probability; it is
+    # stored in natural units (base 2 times ln 2), as torch.logsumexp gives it.
     out = acc / row_sum[:, None]
     tl.store(O + q_offsets, out.to(O.dtype.element_ty), mask=q_ok)
-    tl.store(LSE + q_idx, row_max + tl.log(row_sum), mask=q_idx < n_q)
+    tl.store(LSE + q_idx, (row_max + tl.log2(row_sum)) * 0.6931471805599453, mask=q_idx < n_q)
 
 
 # ---------------------------------------------------------------------------
@@ -219,12 +226,13 @@ def dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n
     # A padded query row (past n_q) loads q = 0, dO = 0, lse = 0 and delta = 0:
     # its p = exp(0) = 1 is finite, and it adds p * 0 to dV and
     # p * (0 - 0) = 0 to dK. So padded queries need no score mask here.
-    lse = tl.load(LSE + q_idx, mask=q_idx < n_q, other=0.0)
+    lse = tl.load(LSE + q_idx, mask=q_idx < n_q, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + q_idx, mask=q_idx < n_q, other=0.0)
 
-    # Recompute this tile of probabilities from the saved log-sum-exp.
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (BLOCK_Q, BLOCK_K)
-    p = tl.exp(s - lse[:, None])
+    # Recompute this tile of probabilities from the saved log-sum-exp, in base-2
+    # units as in the forward pass (lse here is already times log2(e)).
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (scale * 1.4426950408889634)
+    p = tl.exp2(s - lse[:, None])
     if MASKED:
         p = tl.where(may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), p, 0.0)
 
@@ -302,8 +310,8 @@ def dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_of
     k = tl.load(K + offsets, mask=tile_ok, other=0.0)
     v = tl.load(V + offsets, mask=tile_ok, other=0.0)
 
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale   # (BLOCK_Q, BLOCK_K)
-    p = tl.exp(s - lse[:, None])
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (scale * 1.4426950408889634)
+    p = tl.exp2(s - lse[:, None])                                        # lse in base-2 units
     if MASKED:
         p = tl.where(may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)          # dP = dO V^T
@@ -337,7 +345,8 @@ def flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale,
     q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
     q = tl.load(Q + q_offsets, mask=q_ok, other=0.0)
     do = tl.load(DO + q_offsets, mask=q_ok, other=0.0)
-    lse = tl.load(LSE + q_idx, mask=q_idx < n_q, other=0.0)   # padded rows: finite, never stored
+    # base-2 units, as the scores in dq_step; padded rows: finite, never stored
+    lse = tl.load(LSE + q_idx, mask=q_idx < n_q, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + q_idx, mask=q_idx < n_q, other=0.0)
     dq = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
 
@@ -363,25 +372,58 @@ _INTERPRETER_CONFIG = (32, 32, 4, 1)  # (BLOCK_Q, BLOCK_K, num_warps, num_stages
 _chosen: dict = {}                    # (kernel, d_head, dtype, device, blocks) -> the configuration that launched
 
 
-def _gpu_configs(kind: str, d_head: int, capability: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+# Launch configurations (BLOCK_Q, BLOCK_K, num_warps, num_stages), chosen from the compiler's
+# resource table (attnbook.kernel_resources, printed in chapter 10): every entry below compiles
+# with no register spills and within the target's shared memory, for d_head 64 and 128, in float16
+# and bfloat16; tests/test_kernel_resources.py checks that on every target. Keys: the GPU family
+# (T4 = 7.x; A100 = 8.0; other 8.x, e.g. L4 = 8.9, with 99 KiB of shared memory; H100 = 9.x) and
+# whether the head is padded to 64 or to 128 features.
+_BEST = {
+    # T4: no tensor cores in Triton and no asynchronous copies (num_stages 1); its FMA-based
+    # products need many registers, so small tiles and 8 warps (more threads share the tile).
+    ("sm75", 64): {"forward": (64, 32, 8, 1), "backward": (32, 32, 8, 1)},
+    ("sm75", 128): {"forward": (32, 32, 8, 1), "backward": (16, 16, 8, 1)},
+    ("sm80", 64): {"forward": (128, 64, 8, 3), "backward": (64, 64, 4, 2)},
+    ("sm80", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 2)},
+    ("sm8x", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 4, 2)},
+    ("sm8x", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 2)},
+    ("sm90", 64): {"forward": (128, 64, 8, 3), "backward": (128, 64, 8, 2)},
+    ("sm90", 128): {"forward": (128, 64, 8, 3), "backward": (128, 64, 8, 1)},
+}
+# Fallbacks, tried in order after the best one if it fails to launch; checked like the best.
+_FALLBACKS = {"sm75": [(16, 16, 8, 1)], "other": [(32, 32, 4, 1), (16, 16, 4, 1)]}
+
+
+def _family(capability: tuple[int, int]) -> str:
+    if capability < (8, 0):
+        return "sm75"
+    if capability == (8, 0):
+        return "sm80"
+    return "sm8x" if capability < (9, 0) else "sm90"
+
+
+def gpu_configs(kind: str, d_head: int, capability: tuple[int, int]) -> list[tuple[int, int, int, int]]:
     """Candidate ``(BLOCK_Q, BLOCK_K, num_warps, num_stages)`` for a GPU, best first.
 
-    Bigger tiles reuse each loaded tile for more products, but need more shared
-    memory: a T4 (compute capability 7.5) has 64 KiB per block, an A100 164 KiB,
-    an H100 228 KiB. A configuration that does not fit fails to launch with
-    ``OutOfResources`` and the launcher tries the next one. Stages > 1 let the
-    compiler prefetch the next tiles while computing (Ampere and newer).
+    Bigger tiles reuse each loaded tile for more products but need more registers and shared
+    memory: a T4 (compute capability 7.5) has 64 KiB of shared memory per block, an A100 163 KiB,
+    an L4 99 KiB, an H100 227 KiB. Stages > 1 let the compiler prefetch the next tiles while
+    computing (asynchronous copies: Ampere and newer). ``d_head`` above 128 is not covered by
+    the resource table and gets the smallest tiles.
     """
-    if capability < (8, 0):  # Turing (T4): 64 KiB of shared memory, no asynchronous copies
-        forward, backward = ((64, 64, 4, 1), (64, 64, 4, 1)) if d_head <= 64 else ((64, 32, 4, 1), (32, 32, 4, 1))
-    elif d_head <= 64:
-        forward, backward = (128, 64, 4, 3), (64, 64, 4, 2)
-    elif d_head <= 128:
-        forward, backward = (128, 64, 8, 3), (64, 64, 8, 2)
-    else:
-        forward, backward = (64, 64, 8, 2), (32, 32, 4, 2)
-    best = forward if kind == "forward" else backward
-    return list(dict.fromkeys([best, (32, 32, 4, 1), (16, 16, 4, 1)]))
+    family = _family(capability)
+    fallbacks = _FALLBACKS["sm75" if family == "sm75" else "other"]
+    if d_head > 128:
+        return fallbacks[-1:]
+    best = _BEST[family, 64 if d_head <= 64 else 128][kind]
+    return list(dict.fromkeys([best, *fallbacks]))
+
+
+def user_config(block_q: int, block_k: int, capability: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Warps and stages for tile sizes the caller chose: 8 warps from 128 x 64 up, else 4; one
+    stage on a T4 (no asynchronous copies), two from Ampere on."""
+    num_warps = 8 if block_q * block_k >= 128 * 64 else 4
+    return block_q, block_k, num_warps, 1 if capability < (8, 0) else 2
 
 
 def _is_interpreted(fn) -> bool:
@@ -464,13 +506,16 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _configs(kind: str, device: torch.device, d_head: int, block_q, block_k):
     if device.type == "cpu":
-        candidates = [_INTERPRETER_CONFIG]
+        candidates, capability = [_INTERPRETER_CONFIG], None
     else:
-        candidates = _gpu_configs(kind, d_head, torch.cuda.get_device_capability(device))
+        capability = torch.cuda.get_device_capability(device)
+        candidates = gpu_configs(kind, d_head, capability)
     if block_q is None and block_k is None:
         return candidates
-    _, _, num_warps, num_stages = candidates[-2] if len(candidates) > 1 else candidates[0]
-    return [(block_q or candidates[0][0], block_k or candidates[0][1], num_warps, num_stages)]
+    block_q, block_k = block_q or candidates[0][0], block_k or candidates[0][1]
+    if capability is None:                                   # the interpreter ignores warps and stages
+        return [(block_q, block_k, *_INTERPRETER_CONFIG[2:])]
+    return [user_config(block_q, block_k, capability)]
 
 
 def _launch(kind: str, launch, d_head: int, dtype, device, block_q=None, block_k=None):

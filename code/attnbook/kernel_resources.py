@@ -1,0 +1,214 @@
+"""What the compiler makes of the Triton kernels, for GPUs this machine does not have.
+
+Triton compiles ahead of time for any NVIDIA target, and its bundled ``ptxas -v`` reports what
+each compiled kernel needs from the hardware: registers per thread, the bytes it *spills* to
+slow local memory when the registers run out, and shared memory per block. Chapter 10 prints
+that table for every launch configuration :mod:`attnbook.triton_flash` can choose, on four
+targets, and the tests assert that no shipped configuration spills or overflows shared memory.
+
+The kernels are specialised as a real launch specialises them: pointers and lengths divisible
+by 16 (``tt.divisibility``), so the addresses and vector loads match what a GPU would run.
+Compiling needs a process in which Triton is *not* interpreted, so the work runs in child
+processes (``python -m attnbook.kernel_resources`` reads rows as JSON on stdin).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Target:
+    """One GPU generation: what a block may use on it."""
+
+    name: str
+    capability: int            # 75 for sm_75
+    shared_limit: int          # bytes of shared memory one block may use (opt-in maximum)
+    tensor_cores_in_triton: bool
+
+
+# Per-block shared memory limits: CUDA C Programming Guide, "Technical Specifications per
+# Compute Capability" (64 KiB on 7.5; 163 KiB on 8.0; 99 KiB on 8.6/8.9; 227 KiB on 9.0).
+TARGETS = {
+    75: Target("T4 (Turing, sm_75)", 75, 64 * 1024, False),
+    80: Target("A100 (Ampere, sm_80)", 80, 163 * 1024, True),
+    89: Target("L4 (Ada, sm_89)", 89, 99 * 1024, True),
+    90: Target("H100 (Hopper, sm_90)", 90, 227 * 1024, True),
+}
+MAX_REGISTERS = 255                  # per thread, on every target above
+
+KERNELS = ("forward", "backward_dkdv", "backward_dq")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compilation: a kernel, a head size, a dtype, a launch configuration and a target."""
+
+    kernel: str                # one of KERNELS
+    d_head: int
+    dtype: str                 # "fp16" or "bf16"
+    block_q: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    capability: int
+    causal: bool = True
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ``ptxas -v`` and the PTX say about one :class:`Row`."""
+
+    row: Row
+    registers: int             # per thread
+    spill_stores: int          # bytes per thread written to local memory because registers ran out
+    spill_loads: int
+    shared: int                # bytes of shared memory per block (Triton's own count)
+    mma: int                   # warp-level tensor-core instructions (mma.sync), sm_80 and newer
+    wgmma: int                 # warpgroup tensor-core instructions, sm_90
+    cp_async: int              # asynchronous global -> shared copies (cp.async / TMA bulk copies)
+
+    @property
+    def fits(self) -> bool:
+        """No spills, and shared memory within the target's per-block limit."""
+        return self.spill_stores == 0 and self.spill_loads == 0 and self.shared <= TARGETS[self.row.capability].shared_limit
+
+
+def _signature(kernel: str, dtype: str) -> dict[str, str]:
+    t = f"*{dtype}"
+    names = {
+        "forward": dict(Q=t, K=t, V=t, O=t, LSE="*fp32"),
+        "backward_dkdv": dict(Q=t, K=t, V=t, DO=t, LSE="*fp32", DELTA="*fp32", DK=t, DV=t),
+        "backward_dq": dict(Q=t, K=t, V=t, DO=t, LSE="*fp32", DELTA="*fp32", DQ=t),
+    }[kernel]
+    return {**names, "n_q": "i32", "n_k": "i32", "scale": "fp32"}
+
+
+def _compile(row: Row) -> Resources:
+    """Compile one row for its target and read its resources (in a process that does not interpret)."""
+    import contextlib
+    import io
+
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from . import triton_flash
+
+    kernel = {"forward": triton_flash.flash_forward_kernel,
+              "backward_dkdv": triton_flash.flash_backward_dkdv_kernel,
+              "backward_dq": triton_flash.flash_backward_dq_kernel}[row.kernel]
+    types = _signature(row.kernel, row.dtype)
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    constants = dict(CAUSAL=row.causal, BLOCK_Q=row.block_q, BLOCK_K=row.block_k, D_HEAD=row.d_head,
+                     BLOCK_D=triton_flash._block_d(row.d_head), DOT_PRECISION="tf32")
+    # what a real launch sees: every pointer and both lengths divisible by 16
+    divisible = [name for name, ty in types.items() if ty.startswith("*") or name in ("n_q", "n_k")]
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    # Triton's own ptxas run (its flags, its ptxas for the target) prints the report we read;
+    # the child's environment has TRITON_ALWAYS_COMPILE=1, so a cached kernel cannot skip it.
+    knobs.nvidia.dump_ptxas_log = True
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs=constants, attrs=attrs),
+                                  target=GPUTarget("cuda", row.capability, 32),
+                                  options=dict(num_warps=row.num_warps, num_stages=row.num_stages))
+    report, ptx = log.getvalue(), compiled.asm["ptx"]
+    if "Used" not in report:          # never read a missing report as "0 registers, no spills"
+        raise RuntimeError(f"ptxas printed no resource report for {row}:\n{report[-2000:]}")
+    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, report)) else 0
+    opcodes = re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)", ptx, re.M)
+    count = lambda prefix: sum(op.startswith(prefix) for op in opcodes)
+    return Resources(row, registers=number(r"Used (\d+) registers"),
+                     spill_stores=number(r"(\d+) bytes spill stores"), spill_loads=number(r"(\d+) bytes spill loads"),
+                     shared=int(compiled.metadata.shared), mma=count("mma."), wgmma=count("wgmma.mma_async"),
+                     cp_async=count("cp.async"))
+
+
+def _cache_path() -> str:
+    folder = os.environ.get("ATTNBOOK_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "attnbook"))
+    return os.path.join(folder, "kernel_resources.json")
+
+
+def _cache_key(row: Row) -> str:
+    """Changes whenever the answer could: the kernels' source, Triton's version, or the row."""
+    from importlib.metadata import version
+
+    kernels = (Path(__file__).with_name("triton_flash.py")).read_bytes()
+    text = json.dumps([version("triton"), hashlib.sha256(kernels).hexdigest(), asdict(row)], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compile_rows(rows, workers: int | None = None, cache: bool = True) -> list[Resources]:
+    """:class:`Resources` for every :class:`Row`, compiled in ``workers`` child processes.
+
+    Compiling takes a second or two per row, so results are kept in a cache file
+    (``$ATTNBOOK_CACHE`` or ``~/.cache/attnbook``) keyed by the kernels' source, Triton's
+    version and the row: an edit to a kernel recompiles everything.
+    """
+    rows = list(rows)
+    stored = {}
+    if cache and os.path.exists(_cache_path()):
+        with open(_cache_path()) as f:
+            stored = json.load(f)
+    keys = {row: _cache_key(row) for row in rows}
+    missing = list(dict.fromkeys(row for row in rows if keys[row] not in stored))
+    if missing:
+        workers = max(1, min(workers or os.cpu_count() or 1, len(missing)))
+        chunks = [missing[i::workers] for i in range(workers)]
+        env = dict(os.environ, TRITON_INTERPRET="0", TRITON_ALWAYS_COMPILE="1")
+
+        def run(chunk):
+            done = subprocess.run([sys.executable, "-m", "attnbook.kernel_resources"], env=env, text=True,
+                                  input=json.dumps([asdict(r) for r in chunk]), capture_output=True, timeout=3600)
+            if done.returncode != 0:
+                raise RuntimeError(f"compiling the kernels failed:\n{done.stderr[-3000:]}")
+            return json.loads(done.stdout.strip().splitlines()[-1])
+
+        with ThreadPoolExecutor(workers) as pool:
+            for chunk in pool.map(run, chunks):
+                for result in chunk:
+                    stored[keys[Row(**result["row"])]] = result
+        if cache:
+            os.makedirs(os.path.dirname(_cache_path()), exist_ok=True)
+            with open(_cache_path() + ".tmp", "w") as f:
+                json.dump(stored, f)
+            os.replace(_cache_path() + ".tmp", _cache_path())     # atomic: a reader never sees half a file
+    out = []
+    for row in rows:
+        fields = dict(stored[keys[row]])
+        fields.pop("row")
+        out.append(Resources(row, **fields))
+    return out
+
+
+def shipped_rows(capabilities=tuple(TARGETS), d_heads=(64, 128)) -> list[Row]:
+    """Every configuration :func:`attnbook.triton_flash.gpu_configs` may launch, on every target,
+    in float16 and (sm_80 and newer) bfloat16: the rows chapter 10 prints and the tests check."""
+    from .triton_flash import gpu_configs
+
+    rows = []
+    for capability in capabilities:
+        for d_head in d_heads:
+            for dtype in ("fp16", "bf16") if capability >= 80 else ("fp16",):
+                for kind, kernels in (("forward", ("forward",)), ("backward", ("backward_dkdv", "backward_dq"))):
+                    for block_q, block_k, num_warps, num_stages in gpu_configs(kind, d_head, (capability // 10, capability % 10)):
+                        rows += [Row(kernel, d_head, dtype, block_q, block_k, num_warps, num_stages, capability)
+                                 for kernel in kernels]
+    return rows
+
+
+if __name__ == "__main__":       # a child of compile_rows: rows in on stdin, resources out on stdout
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    results = [asdict(_compile(Row(**r))) for r in json.loads(sys.stdin.read())]
+    print(json.dumps(results))
