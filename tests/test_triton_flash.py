@@ -210,6 +210,48 @@ def test_non_causal_bounds_cover_every_key():
     assert key_block_bounds(0, 100, 100, 32, 32, causal=False) == (96, 100)
 
 
+# --- grouped-query attention and strided inputs, inside the kernels -------------------
+
+def check_gqa_against_reference(batch, heads, kv_heads, n_q, n_k, d, dtype, causal, layout="bhnd"):
+    """The kernels with kv_heads < heads against float64 SDPA on keys and values repeated per group."""
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(batch, heads, n_q, d), (batch, kv_heads, n_k, d), (batch, kv_heads, n_k, d)]
+    if layout == "bnhd":          # stored (batch, n, heads, d), seen as (batch, heads, n, d): not contiguous
+        q, k, v = (torch.randn(b, n, h, dd, generator=gen).to(DEVICE, dtype).transpose(1, 2).requires_grad_()
+                   for b, h, n, dd in shapes)
+    else:
+        q, k, v = (torch.randn(*s, generator=gen).to(DEVICE, dtype).requires_grad_() for s in shapes)
+    out = triton_flash_attention(q, k, v, causal=causal)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    group = heads // kv_heads
+    out64 = reference(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1), causal)
+    grads64 = torch.autograd.grad(out64, (q64, k64, v64), grad_out.double())   # summed over each group
+    for name, got, want in zip(("output", "dq", "dk", "dv"), (out, *grads), (out64, *grads64)):
+        assert got.shape == want.shape, name
+        torch.testing.assert_close(got.double(), want, **TOL[dtype], msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, d", [
+    pytest.param(2, 4, 2, 37, 37, 16, id="GQA 4:2, ragged"),
+    pytest.param(1, 6, 2, 20, 45, 32, id="GQA 6:2, n_q < n_k"),
+    pytest.param(2, 3, 1, 33, 50, 16, id="MQA 3:1"),
+])
+def test_grouped_query_attention_inside_the_kernels(batch, heads, kv_heads, n_q, n_k, d, causal):
+    check_gqa_against_reference(batch, heads, kv_heads, n_q, n_k, d, torch.float32, causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+def test_batch_n_heads_d_layout_is_read_in_place(dtype):
+    check_gqa_against_reference(2, 4, 2, 40, 40, 16, dtype, True, layout="bnhd")
+    x = torch.zeros(2, 40, 4, 16).transpose(1, 2)          # (batch, heads, n, d) view, not contiguous
+    assert not x.is_contiguous() and triton_flash._rows_of(x) is x        # no copy
+    columns_apart = torch.zeros(2, 4, 16, 40).transpose(2, 3)             # last dimension has stride 40
+    assert triton_flash._rows_of(columns_apart).is_contiguous()            # the one case that copies
+
+
 # --- launch configurations --------------------------------------------------------------
 
 def test_launch_falls_back_to_smaller_tiles_when_shared_memory_runs_out(monkeypatch):
@@ -270,7 +312,9 @@ def _t(*shape, dtype=torch.float32):
     ((_t(2, 8, 16), _t(2, 8, 16), _t(2, 8, 16)), {}, r"4-D .*q \(2, 8, 16\)"),
     ((_t(1, 2, 8, 16), _t(1, 2, 8, 32), _t(1, 2, 8, 32)), {}, r"head dimension.*q \(1, 2, 8, 16\), k \(1, 2, 8, 32\)"),
     ((_t(1, 2, 8, 16), _t(1, 2, 8, 16), _t(1, 2, 9, 16)), {}, r"n_k.*k \(1, 2, 8, 16\), v \(1, 2, 9, 16\)"),
-    ((_t(1, 2, 8, 16), _t(2, 2, 8, 16), _t(2, 2, 8, 16)), {}, r"batch and heads.*k \(2, 2, 8, 16\)"),
+    ((_t(1, 2, 8, 16), _t(2, 2, 8, 16), _t(2, 2, 8, 16)), {}, r"batch size.*k \(2, 2, 8, 16\)"),
+    ((_t(1, 4, 8, 16), _t(1, 2, 8, 16), _t(1, 1, 8, 16)), {}, r"k and v must have the same number of heads"),
+    ((_t(1, 3, 8, 16), _t(1, 2, 8, 16), _t(1, 2, 8, 16)), {}, r"multiple of the key/value heads.*q \(1, 3, 8, 16\)"),
     ((_t(1, 1, 9, 16), _t(1, 1, 8, 16), _t(1, 1, 8, 16)), dict(causal=True), r"n_q <= n_k.*q \(1, 1, 9, 16\)"),
     ((_t(1, 1, 0, 16), _t(1, 1, 8, 16), _t(1, 1, 8, 16)), {}, r"empty.*q \(1, 1, 0, 16\)"),
     ((_t(1, 1, 8, 512), _t(1, 1, 8, 512), _t(1, 1, 8, 512)), {}, r"at most 256.*q \(1, 1, 8, 512\)"),

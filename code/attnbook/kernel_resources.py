@@ -81,14 +81,17 @@ class Resources:
         return self.spill_stores == 0 and self.spill_loads == 0 and self.shared <= TARGETS[self.row.capability].shared_limit
 
 
-def _signature(kernel: str, dtype: str) -> dict[str, str]:
+def kernel_signature(kernel: str, dtype: str) -> dict[str, str]:
+    """Triton types of the kernel's runtime arguments (every other argument is a constexpr)."""
     t = f"*{dtype}"
     names = {
         "forward": dict(Q=t, K=t, V=t, O=t, LSE="*fp32"),
         "backward_dkdv": dict(Q=t, K=t, V=t, DO=t, LSE="*fp32", DELTA="*fp32", DK=t, DV=t),
         "backward_dq": dict(Q=t, K=t, V=t, DO=t, LSE="*fp32", DELTA="*fp32", DQ=t),
     }[kernel]
-    return {**names, "n_q": "i32", "n_k": "i32", "scale": "fp32"}
+    ints = ["n_q", "n_k", "n_heads", "n_kv_heads", "group"] + [
+        f"stride_{x}{axis}" for x in ("q", "k", "v", "do") for axis in "bhn"]
+    return {**names, **{name: "i32" for name in ints}, "scale": "fp32"}
 
 
 def _compile(row: Row) -> Resources:
@@ -106,12 +109,13 @@ def _compile(row: Row) -> Resources:
     kernel = {"forward": triton_flash.flash_forward_kernel,
               "backward_dkdv": triton_flash.flash_backward_dkdv_kernel,
               "backward_dq": triton_flash.flash_backward_dq_kernel}[row.kernel]
-    types = _signature(row.kernel, row.dtype)
+    types = {name: ty for name, ty in kernel_signature(row.kernel, row.dtype).items() if name in kernel.arg_names}
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     constants = dict(CAUSAL=row.causal, BLOCK_Q=row.block_q, BLOCK_K=row.block_k, D_HEAD=row.d_head,
                      BLOCK_D=triton_flash._block_d(row.d_head), DOT_PRECISION="tf32")
-    # what a real launch sees: every pointer and both lengths divisible by 16
-    divisible = [name for name, ty in types.items() if ty.startswith("*") or name in ("n_q", "n_k")]
+    # what a real launch sees: every pointer, both lengths and the strides divisible by 16
+    divisible = [name for name, ty in types.items()
+                 if ty.startswith("*") or name in ("n_q", "n_k") or name.startswith("stride")]
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
     # Triton's own ptxas run (its flags, its ptxas for the target) prints the report we read;
     # the child's environment has TRITON_ALWAYS_COMPILE=1, so a cached kernel cannot skip it.

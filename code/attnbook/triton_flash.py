@@ -6,7 +6,10 @@ is written for a GPU, in Triton (Tillet et al. 2019). A Triton kernel describes
 what ONE *program* does to a few tiles; the GPU runs a grid of such programs in
 parallel, one per block of query rows (forward) or of key rows (backward).
 
-Layout: ``q (batch, heads, n_q, d)``, ``k`` and ``v (batch, heads, n_k, d)``.
+Layout: ``q (batch, heads, n_q, d)``, ``k`` and ``v (batch, kv_heads, n_k, d)`` with ``heads`` a
+multiple of ``kv_heads`` (grouped-query attention: query head ``h`` reads key/value head
+``h // (heads // kv_heads)``, never a repeated copy). Any strides whose last one is 1 are read in
+place: a (batch, n, heads, d) tensor passed as ``x.transpose(1, 2)`` is not copied.
 Causal attention follows the book's convention (:func:`attnbook.causal_mask`):
 the queries are the *last* ``n_q`` of the ``n_k`` positions, so query ``i``
 may attend to key ``j`` exactly when ``j <= i + (n_k - n_q)``.
@@ -98,8 +101,8 @@ def key_range(q_block, n_q, n_k, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
 # ---------------------------------------------------------------------------
 
 @triton.jit
-def forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale2,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_K: tl.constexpr,
+def forward_step(acc, row_sum, row_max, q, K, V, stride_kn, stride_vn, key_start, q_idx, d_idx, n_k,
+                  causal_offset, scale2, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_K: tl.constexpr,
                   D_HEAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold one block of keys into the running softmax of one block of queries.
 
@@ -112,9 +115,9 @@ def forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, c
     # Load mask: rows past n_k and columns past D_HEAD (the padding of the
     # head dimension up to a power of two) read 0 instead of foreign memory.
     tile_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < D_HEAD)
-    offsets = k_idx[:, None] * D_HEAD + d_idx[None, :]             # row-major (n_k, D_HEAD)
-    k = tl.load(K + offsets, mask=tile_ok, other=0.0)                # (BLOCK_K, BLOCK_D)
-    v = tl.load(V + offsets, mask=tile_ok, other=0.0)                # (BLOCK_K, BLOCK_D)
+    # row k_idx, column d_idx of my head: rows stride_n apart, columns adjacent
+    k = tl.load(K + k_idx[:, None] * stride_kn + d_idx[None, :], mask=tile_ok, other=0.0)  # (BLOCK_K, BLOCK_D)
+    v = tl.load(V + k_idx[:, None] * stride_vn + d_idx[None, :], mask=tile_ok, other=0.0)  # (BLOCK_K, BLOCK_D)
 
     # Scores of this tile, accumulated in float32 by the matrix unit, in base-2 units: the GPU's
     # exponential unit computes 2**x, so exp(x) would cost an extra multiply by log2(e) per entry;
@@ -136,30 +139,37 @@ def forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx, n_k, c
 
 
 @triton.jit
-def flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale,
+def flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale, n_heads, group,
+                          stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                          stride_vb, stride_vh, stride_vn,
                           CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                           D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program: BLOCK_Q query rows of one (batch, head); writes their output rows and log-sum-exps.
 
-    Q, O: (batch * heads, n_q, D_HEAD) contiguous; K, V: (batch * heads, n_k, D_HEAD);
-    LSE: (batch * heads, n_q) float32. The grid is (cdiv(n_q, BLOCK_Q), batch * heads).
+    Q, O: (batch, n_heads, n_q, D_HEAD); K, V: (batch, n_heads // group, n_k, D_HEAD), any strides
+    with adjacent columns (O has Q's strides); LSE: (batch, n_heads, n_q) float32, contiguous.
+    Query head h reads key/value head h // group (grouped-query attention; group 1 is ordinary
+    multi-head attention). The grid is (cdiv(n_q, BLOCK_Q), batch * n_heads).
     """
     # -- Which tile is mine? Axis 0 of the grid counts query blocks, axis 1 (batch, head) pairs.
     q_block = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # int64: bh * n * D_HEAD can pass 2**31 for long sequences
+    bh = tl.program_id(1).to(tl.int64)  # int64: offsets such as b * stride_qb can pass 2**31
+    b, h = bh // n_heads, bh % n_heads
+    kv_h = h // group                   # the key/value head my query head shares with its group
 
     # -- Pointer arithmetic. A pointer plus an integer tensor is a tensor of
-    # pointers. Element (bh, i, j) of a contiguous (batch*heads, n, D_HEAD)
-    # tensor is at bh*n*D_HEAD + i*D_HEAD + j; move each base to my head.
-    Q += bh * n_q * D_HEAD
-    O += bh * n_q * D_HEAD
-    K += bh * n_k * D_HEAD
-    V += bh * n_k * D_HEAD
+    # pointers. Element (b, h, i, j) of a tensor with strides (stride_b, stride_h,
+    # stride_n, 1) is at b*stride_b + h*stride_h + i*stride_n + j: move each base
+    # to the first row of my head, then index rows and columns from there.
+    Q += b * stride_qb + h * stride_qh
+    O += b * stride_qb + h * stride_qh
+    K += b * stride_kb + kv_h * stride_kh
+    V += b * stride_vb + kv_h * stride_vh
     LSE += bh * n_q
 
     q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)   # (BLOCK_Q,) my query rows
     d_idx = tl.arange(0, BLOCK_D)                        # (BLOCK_D,) feature columns, padded to a power of 2
-    q_offsets = q_idx[:, None] * D_HEAD + d_idx[None, :]
+    q_offsets = q_idx[:, None] * stride_qn + d_idx[None, :]
     # Load mask: the last query block may hang past n_q; padded rows read 0 and are never stored.
     q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
     q = tl.load(Q + q_offsets, mask=q_ok, other=0.0)    # (BLOCK_Q, BLOCK_D), stays in registers
@@ -175,12 +185,12 @@ def flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale,
     scale2 = scale * 1.4426950408889634                  # scale * log2(e): scores in base-2 units
     full_end, end = key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)
     for key_start in range(0, full_end, BLOCK_K):
-        acc, row_sum, row_max = forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
-                                              n_k, causal_offset, scale2, False, CAUSAL, BLOCK_K,
+        acc, row_sum, row_max = forward_step(acc, row_sum, row_max, q, K, V, stride_kn, stride_vn, key_start,
+                                              q_idx, d_idx, n_k, causal_offset, scale2, False, CAUSAL, BLOCK_K,
                                               D_HEAD, DOT_PRECISION)
     for key_start in range(full_end, end, BLOCK_K):
-        acc, row_sum, row_max = forward_step(acc, row_sum, row_max, q, K, V, key_start, q_idx, d_idx,
-                                              n_k, causal_offset, scale2, True, CAUSAL, BLOCK_K,
+        acc, row_sum, row_max = forward_step(acc, row_sum, row_max, q, K, V, stride_kn, stride_vn, key_start,
+                                              q_idx, d_idx, n_k, causal_offset, scale2, True, CAUSAL, BLOCK_K,
                                               D_HEAD, DOT_PRECISION)
 
     # -- Normalise once at the end, and store. The backward pass needs only the
@@ -196,33 +206,33 @@ def flash_forward_kernel(Q, K, V, O, LSE, n_q, n_k, scale,
 # ---------------------------------------------------------------------------
 
 @triton.jit
-def backward_preprocess_kernel(O, DO, DELTA, n_q, BLOCK_Q: tl.constexpr, D_HEAD: tl.constexpr,
-                                BLOCK_D: tl.constexpr):
-    """delta_i = sum_j dO_ij * O_ij for BLOCK_Q rows of one (batch, head); DELTA: (batch * heads, n_q)."""
+def backward_preprocess_kernel(O, DO, DELTA, n_q, n_heads, stride_ob, stride_oh, stride_on,
+                                stride_dob, stride_doh, stride_don, BLOCK_Q: tl.constexpr,
+                                D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta_i = sum_j dO_ij * O_ij for BLOCK_Q rows of one (batch, head); DELTA: (batch, n_heads, n_q)."""
     q_block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    O += bh * n_q * D_HEAD
-    DO += bh * n_q * D_HEAD
+    b, h = bh // n_heads, bh % n_heads
+    O += b * stride_ob + h * stride_oh
+    DO += b * stride_dob + h * stride_doh
     DELTA += bh * n_q
     q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
     d_idx = tl.arange(0, BLOCK_D)
-    offsets = q_idx[:, None] * D_HEAD + d_idx[None, :]
     ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
-    o = tl.load(O + offsets, mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + offsets, mask=ok, other=0.0).to(tl.float32)
+    o = tl.load(O + q_idx[:, None] * stride_on + d_idx[None, :], mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + q_idx[:, None] * stride_don + d_idx[None, :], mask=ok, other=0.0).to(tl.float32)
     tl.store(DELTA + q_idx, tl.sum(o * do, axis=1), mask=q_idx < n_q)
 
 
 @triton.jit
-def dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k, causal_offset, scale,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
+def dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qn, stride_don, query_start, k_idx, d_idx, n_q, n_k,
+               causal_offset, scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
                D_HEAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Add one block of queries' contributions to dK and dV of one block of keys."""
     q_idx = query_start + tl.arange(0, BLOCK_Q)
     tile_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
-    offsets = q_idx[:, None] * D_HEAD + d_idx[None, :]
-    q = tl.load(Q + offsets, mask=tile_ok, other=0.0)                # (BLOCK_Q, BLOCK_D)
-    do = tl.load(DO + offsets, mask=tile_ok, other=0.0)              # (BLOCK_Q, BLOCK_D)
+    q = tl.load(Q + q_idx[:, None] * stride_qn + d_idx[None, :], mask=tile_ok, other=0.0)     # (BLOCK_Q, BLOCK_D)
+    do = tl.load(DO + q_idx[:, None] * stride_don + d_idx[None, :], mask=tile_ok, other=0.0)  # (BLOCK_Q, BLOCK_D)
     # A padded query row (past n_q) loads q = 0, dO = 0, lse = 0 and delta = 0:
     # its p = exp(0) = 1 is finite, and it adds p * 0 to dV and
     # p * (0 - 0) = 0 to dK. So padded queries need no score mask here.
@@ -244,32 +254,35 @@ def dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n
 
 
 @triton.jit
-def flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale,
+def flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale, n_kv_heads, group,
+                                stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                                 CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                                 D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
                                 DOT_PRECISION: tl.constexpr):
-    """One program: dK and dV for BLOCK_K key rows of one (batch, head). Grid (cdiv(n_k, BLOCK_K), batch * heads).
+    """One program: dK and dV for BLOCK_K key rows of one (batch, key/value head).
+    Grid (cdiv(n_k, BLOCK_K), batch * n_kv_heads).
 
     Each program owns its rows of dK and dV, so no two programs write the same
-    memory: the sums over queries happen in registers, without atomics.
+    memory: the sums over queries happen in registers, without atomics. With
+    grouped-query attention (group > 1) the key/value head serves `group` query
+    heads, and the program sums over all of them: dK and dV of a shared head are
+    the sums of what each of its query heads sends back. DK and DV have K's and
+    V's strides.
     """
     k_block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    Q += bh * n_q * D_HEAD
-    DO += bh * n_q * D_HEAD
-    K += bh * n_k * D_HEAD
-    V += bh * n_k * D_HEAD
-    DK += bh * n_k * D_HEAD
-    DV += bh * n_k * D_HEAD
-    LSE += bh * n_q
-    DELTA += bh * n_q
+    b, kv_h = bh // n_kv_heads, bh % n_kv_heads
+    K += b * stride_kb + kv_h * stride_kh
+    V += b * stride_vb + kv_h * stride_vh
+    DK += b * stride_kb + kv_h * stride_kh
+    DV += b * stride_vb + kv_h * stride_vh
 
     k_idx = k_block * BLOCK_K + tl.arange(0, BLOCK_K)
     d_idx = tl.arange(0, BLOCK_D)
-    k_offsets = k_idx[:, None] * D_HEAD + d_idx[None, :]
     k_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < D_HEAD)
-    k = tl.load(K + k_offsets, mask=k_ok, other=0.0)     # (BLOCK_K, BLOCK_D), stays in registers
-    v = tl.load(V + k_offsets, mask=k_ok, other=0.0)
+    k = tl.load(K + k_idx[:, None] * stride_kn + d_idx[None, :], mask=k_ok, other=0.0)  # stays in registers
+    v = tl.load(V + k_idx[:, None] * stride_vn + d_idx[None, :], mask=k_ok, other=0.0)
     dk = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
 
@@ -287,28 +300,35 @@ def flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, n_q, n_k, scale,
     else:
         start = 0
         full_start = 0
-    for query_start in range(start, full_start, BLOCK_Q):
-        dk, dv = dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k,
-                            causal_offset, scale, True, CAUSAL, BLOCK_Q, D_HEAD, DOT_PRECISION)
-    for query_start in range(full_start, n_q, BLOCK_Q):
-        dk, dv = dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, query_start, k_idx, d_idx, n_q, n_k,
-                            causal_offset, scale, False, CAUSAL, BLOCK_Q, D_HEAD, DOT_PRECISION)
+    for g in range(group):                      # the query heads that share my key/value head
+        h = kv_h * group + g
+        Q_h = Q + b * stride_qb + h * stride_qh
+        DO_h = DO + b * stride_dob + h * stride_doh
+        LSE_h = LSE + (b * n_kv_heads * group + h) * n_q
+        DELTA_h = DELTA + (b * n_kv_heads * group + h) * n_q
+        for query_start in range(start, full_start, BLOCK_Q):
+            dk, dv = dkdv_step(dk, dv, k, v, Q_h, DO_h, LSE_h, DELTA_h, stride_qn, stride_don, query_start,
+                                k_idx, d_idx, n_q, n_k, causal_offset, scale, True, CAUSAL, BLOCK_Q,
+                                D_HEAD, DOT_PRECISION)
+        for query_start in range(full_start, n_q, BLOCK_Q):
+            dk, dv = dkdv_step(dk, dv, k, v, Q_h, DO_h, LSE_h, DELTA_h, stride_qn, stride_don, query_start,
+                                k_idx, d_idx, n_q, n_k, causal_offset, scale, False, CAUSAL, BLOCK_Q,
+                                D_HEAD, DOT_PRECISION)
 
     # S = scale * Q K^T, so dK = scale * dS^T Q: the scale is applied once, here.
-    tl.store(DK + k_offsets, (dk * scale).to(DK.dtype.element_ty), mask=k_ok)
-    tl.store(DV + k_offsets, dv.to(DV.dtype.element_ty), mask=k_ok)
+    tl.store(DK + k_idx[:, None] * stride_kn + d_idx[None, :], (dk * scale).to(DK.dtype.element_ty), mask=k_ok)
+    tl.store(DV + k_idx[:, None] * stride_vn + d_idx[None, :], dv.to(DV.dtype.element_ty), mask=k_ok)
 
 
 @triton.jit
-def dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
-             MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_K: tl.constexpr,
+def dq_step(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, key_start, q_idx, d_idx, n_k, causal_offset,
+             scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_K: tl.constexpr,
              D_HEAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Add one block of keys' contribution to dQ of one block of queries."""
     k_idx = key_start + tl.arange(0, BLOCK_K)
     tile_ok = (k_idx[:, None] < n_k) & (d_idx[None, :] < D_HEAD)
-    offsets = k_idx[:, None] * D_HEAD + d_idx[None, :]
-    k = tl.load(K + offsets, mask=tile_ok, other=0.0)
-    v = tl.load(V + offsets, mask=tile_ok, other=0.0)
+    k = tl.load(K + k_idx[:, None] * stride_kn + d_idx[None, :], mask=tile_ok, other=0.0)
+    v = tl.load(V + k_idx[:, None] * stride_vn + d_idx[None, :], mask=tile_ok, other=0.0)
 
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (scale * 1.4426950408889634)
     p = tl.exp2(s - lse[:, None])                                        # lse in base-2 units
@@ -321,30 +341,35 @@ def dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_of
 
 
 @triton.jit
-def flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale,
+def flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale, n_heads, group,
+                              stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                              stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                               CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                               D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
                               DOT_PRECISION: tl.constexpr):
-    """One program: dQ for BLOCK_Q query rows of one (batch, head). Grid (cdiv(n_q, BLOCK_Q), batch * heads).
+    """One program: dQ for BLOCK_Q query rows of one (batch, head). Grid (cdiv(n_q, BLOCK_Q), batch * n_heads).
 
-    It visits the same key blocks as the forward program of the same rows.
+    It visits the same key blocks as the forward program of the same rows, in the
+    key/value head its query head shares (h // group). DQ has Q's strides.
     """
     q_block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    Q += bh * n_q * D_HEAD
-    DO += bh * n_q * D_HEAD
-    DQ += bh * n_q * D_HEAD
-    K += bh * n_k * D_HEAD
-    V += bh * n_k * D_HEAD
+    b, h = bh // n_heads, bh % n_heads
+    kv_h = h // group
+    Q += b * stride_qb + h * stride_qh
+    DQ += b * stride_qb + h * stride_qh
+    DO += b * stride_dob + h * stride_doh
+    K += b * stride_kb + kv_h * stride_kh
+    V += b * stride_vb + kv_h * stride_vh
     LSE += bh * n_q
     DELTA += bh * n_q
 
     q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
     d_idx = tl.arange(0, BLOCK_D)
-    q_offsets = q_idx[:, None] * D_HEAD + d_idx[None, :]
+    q_offsets = q_idx[:, None] * stride_qn + d_idx[None, :]
     q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
     q = tl.load(Q + q_offsets, mask=q_ok, other=0.0)
-    do = tl.load(DO + q_offsets, mask=q_ok, other=0.0)
+    do = tl.load(DO + q_idx[:, None] * stride_don + d_idx[None, :], mask=q_ok, other=0.0)
     # base-2 units, as the scores in dq_step; padded rows: finite, never stored
     lse = tl.load(LSE + q_idx, mask=q_idx < n_q, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + q_idx, mask=q_idx < n_q, other=0.0)
@@ -353,11 +378,11 @@ def flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale,
     causal_offset = n_k - n_q
     full_end, end = key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)
     for key_start in range(0, full_end, BLOCK_K):
-        dq = dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
-                      False, CAUSAL, BLOCK_K, D_HEAD, DOT_PRECISION)
+        dq = dq_step(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, key_start, q_idx, d_idx, n_k,
+                      causal_offset, scale, False, CAUSAL, BLOCK_K, D_HEAD, DOT_PRECISION)
     for key_start in range(full_end, end, BLOCK_K):
-        dq = dq_step(dq, q, do, lse, delta, K, V, key_start, q_idx, d_idx, n_k, causal_offset, scale,
-                      True, CAUSAL, BLOCK_K, D_HEAD, DOT_PRECISION)
+        dq = dq_step(dq, q, do, lse, delta, K, V, stride_kn, stride_vn, key_start, q_idx, d_idx, n_k,
+                      causal_offset, scale, True, CAUSAL, BLOCK_K, D_HEAD, DOT_PRECISION)
     tl.store(DQ + q_offsets, (dq * scale).to(DQ.dtype.element_ty), mask=q_ok)
 
 
@@ -383,15 +408,15 @@ _BEST = {
     # products need many registers, so small tiles and 8 warps (more threads share the tile).
     ("sm75", 64): {"forward": (64, 32, 8, 1), "backward": (32, 32, 8, 1)},
     ("sm75", 128): {"forward": (32, 32, 8, 1), "backward": (16, 16, 8, 1)},
-    ("sm80", 64): {"forward": (128, 64, 8, 3), "backward": (64, 64, 4, 2)},
-    ("sm80", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 2)},
-    ("sm8x", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 4, 2)},
-    ("sm8x", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 2)},
-    ("sm90", 64): {"forward": (128, 64, 8, 3), "backward": (128, 64, 8, 2)},
-    ("sm90", 128): {"forward": (128, 64, 8, 3), "backward": (128, 64, 8, 1)},
+    ("sm80", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 8, 2)},
+    ("sm80", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 1)},
+    ("sm8x", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 8, 2)},
+    ("sm8x", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 1)},
+    ("sm90", 64): {"forward": (128, 64, 8, 3), "backward": (128, 64, 8, 1)},
+    ("sm90", 128): {"forward": (128, 64, 8, 3), "backward": (32, 64, 8, 2)},
 }
 # Fallbacks, tried in order after the best one if it fails to launch; checked like the best.
-_FALLBACKS = {"sm75": [(16, 16, 8, 1)], "other": [(32, 32, 4, 1), (16, 16, 4, 1)]}
+_FALLBACKS = {"sm75": [(16, 16, 8, 1)], "other": [(32, 32, 8, 1), (16, 16, 4, 1)]}
 
 
 def _family(capability: tuple[int, int]) -> str:
@@ -457,8 +482,13 @@ def _check_inputs(q, k, v, causal: bool) -> None:
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
     if not (q.ndim == k.ndim == v.ndim == 4):
         raise ValueError(f"q, k and v must be 4-D (batch, heads, n, d); got {shapes}")
-    if not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
-        raise ValueError(f"q, k and v must have the same batch and heads (first two dimensions); got {shapes}")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(f"q, k and v must have the same batch size (first dimension); got {shapes}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same number of heads (second dimension); got {shapes}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"the query heads must be a multiple of the key/value heads (grouped-query "
+                         f"attention); got {shapes}")
     if k.shape[2] != v.shape[2]:
         raise ValueError(f"k and v must have the same number of positions n_k (third dimension); got {shapes}")
     if not (q.shape[3] == k.shape[3] == v.shape[3]):
@@ -535,6 +565,21 @@ def _launch(kind: str, launch, d_head: int, dtype, device, block_q=None, block_k
         return result
 
 
+def _rows_of(x):
+    """``x`` itself when its last dimension is contiguous (the kernels index rows by a stride and
+    columns by 1), so that a (batch, n, heads, d) tensor seen as (batch, heads, n, d) through
+    ``.transpose(1, 2)`` is read in place; a copy only otherwise. ``torch.empty_like`` of the
+    result has the same strides (it is dense), which the kernels rely on for O, dQ, dK and dV."""
+    if x.stride(-1) != 1 or torch.empty_like(x).stride() != x.stride():
+        return x.contiguous()
+    return x
+
+
+def _strides(x) -> tuple[int, int, int]:
+    """(stride of batch, of head, of row) of a (batch, heads, n, d) tensor; columns are adjacent."""
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
 def _validate_blocks(block_q, block_k) -> None:
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1)):
@@ -554,14 +599,15 @@ def flash_forward(q, k, v, causal: bool = False, scale: float | None = None, *,
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = torch.empty_like(q)
+    q, k, v = (_rows_of(t) for t in (q, k, v))       # any strides; a copy only if columns are not adjacent
+    out = torch.empty_like(q)                        # q's strides (see _rows_of)
     lse = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
 
     def launch(bq, bk, num_warps, num_stages):
         grid = (triton.cdiv(n_q, bq), batch * heads)
         flash_forward_kernel[grid](
-            q, k, v, out, lse, n_q, n_k, scale,
+            q, k, v, out, lse, n_q, n_k, scale, heads, heads // k.shape[1],
+            *_strides(q), *_strides(k), *_strides(v),
             CAUSAL=bool(causal), BLOCK_Q=bq, BLOCK_K=bk, D_HEAD=d, BLOCK_D=_block_d(d),
             DOT_PRECISION=_dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
 
@@ -578,25 +624,27 @@ def flash_backward(do, q, k, v, out, lse, causal: bool = False, scale: float | N
     dQ (a program per query block).
     """
     batch, heads, n_q, d = q.shape
-    n_k = k.shape[2]
+    n_k, kv_heads = k.shape[2], k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    do, q, k, v, out = (t.contiguous() for t in (do, q, k, v, out))
+    do, q, k, v, out = (_rows_of(t) for t in (do, q, k, v, out))
     delta = torch.empty_like(lse)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)   # the inputs' strides
     common = dict(D_HEAD=d, BLOCK_D=_block_d(d))
     kernel_args = dict(CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype), **common)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do))
 
     bq_pre = 64 if q.device.type == "cuda" else 32
     backward_preprocess_kernel[(triton.cdiv(n_q, bq_pre), batch * heads)](
-        out, do, delta, n_q, BLOCK_Q=bq_pre, **common)
+        out, do, delta, n_q, heads, *_strides(out), *_strides(do), BLOCK_Q=bq_pre, **common)
 
     def launch(bq, bk, num_warps, num_stages):
-        flash_backward_dkdv_kernel[(triton.cdiv(n_k, bk), batch * heads)](
-            q, k, v, do, lse, delta, dk, dv, n_q, n_k, scale, BLOCK_Q=bq, BLOCK_K=bk,
-            num_warps=num_warps, num_stages=num_stages, **kernel_args)
+        # one program per key block of each key/value head: it sums over the heads of its group
+        flash_backward_dkdv_kernel[(triton.cdiv(n_k, bk), batch * kv_heads)](
+            q, k, v, do, lse, delta, dk, dv, n_q, n_k, scale, kv_heads, heads // kv_heads, *strides,
+            BLOCK_Q=bq, BLOCK_K=bk, num_warps=num_warps, num_stages=num_stages, **kernel_args)
         flash_backward_dq_kernel[(triton.cdiv(n_q, bq), batch * heads)](
-            q, k, v, do, lse, delta, dq, n_q, n_k, scale, BLOCK_Q=bq, BLOCK_K=bk,
-            num_warps=num_warps, num_stages=num_stages, **kernel_args)
+            q, k, v, do, lse, delta, dq, n_q, n_k, scale, heads, heads // kv_heads, *strides,
+            BLOCK_Q=bq, BLOCK_K=bk, num_warps=num_warps, num_stages=num_stages, **kernel_args)
 
     _launch("backward", launch, d, q.dtype, q.device, block_q, block_k)
     return dq, dk, dv
@@ -625,8 +673,8 @@ def triton_flash_attention(q, k, v, causal: bool = False, scale: float | None = 
                            block_q: int | None = None, block_k: int | None = None):
     """FlashAttention in Triton, differentiable: ``softmax(scale * q k^T [+ causal mask]) v``.
 
-    q: (batch, heads, n_q, d); k, v: (batch, heads, n_k, d); returns (batch, heads, n_q, d).
-    ``scale`` defaults to ``1/sqrt(d)``. With ``causal``, the queries are the last
+    q: (batch, heads, n_q, d); k, v: (batch, kv_heads, n_k, d) with ``heads`` a multiple of
+    ``kv_heads`` (grouped-query attention); returns (batch, heads, n_q, d). ``scale`` defaults to ``1/sqrt(d)``. With ``causal``, the queries are the last
     ``n_q`` of the ``n_k`` positions (as :func:`attnbook.causal_mask`; PyTorch's
     ``is_causal`` aligns them with the first ``n_q`` instead, which differs when
     ``n_q != n_k``). ``block_q``/``block_k`` override the tile sizes (powers of

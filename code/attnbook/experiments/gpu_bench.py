@@ -91,11 +91,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attnbook import triton_flash
+from attnbook.kernel_resources import kernel_signature
 
 d_head, block_q, block_k, *capabilities = map(int, sys.argv[1:])
 kernel = triton_flash.flash_forward_kernel
-types = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "O": "*fp16", "LSE": "*fp32",
-         "n_q": "i32", "n_k": "i32", "scale": "fp32"}
+types = kernel_signature("forward", "fp16")
 signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
 constants = dict(CAUSAL=False, BLOCK_Q=block_q, BLOCK_K=block_k, D_HEAD=d_head, BLOCK_D=d_head,
                  DOT_PRECISION="tf32")
