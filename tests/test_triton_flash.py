@@ -257,6 +257,8 @@ def test_batch_n_heads_d_layout_is_read_in_place(dtype):
 def test_launch_falls_back_to_smaller_tiles_when_shared_memory_runs_out(monkeypatch):
     from triton.runtime.errors import OutOfResources
 
+    monkeypatch.setenv("ATTNBOOK_AUTOTUNE", "0")
+
     monkeypatch.setattr(triton_flash, "_configs", lambda *args: [(128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)])
     monkeypatch.setattr(triton_flash, "_chosen", {})
     tried = []
@@ -271,6 +273,32 @@ def test_launch_falls_back_to_smaller_tiles_when_shared_memory_runs_out(monkeypa
     tried.clear()
     triton_flash._launch("forward", launch, 64, torch.float16, "cuda:0")
     assert tried == [(64, 64)]                      # remembered: no second failed attempt
+
+
+def test_autotuning_keeps_the_fastest_configuration_that_launches(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    monkeypatch.delenv("ATTNBOOK_AUTOTUNE", raising=False)
+    monkeypatch.setattr(triton_flash, "_configs", lambda *args: [(128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)])
+    monkeypatch.setattr(triton_flash, "_chosen", {})
+    seconds = {(64, 64): 2.0, (32, 32): 3.0}          # (128, 64) does not fit; (64, 64) is the fastest
+    last = []
+
+    def launch(block_q, block_k, num_warps, num_stages):
+        if (block_q, block_k) == (128, 64):
+            raise OutOfResources(1 << 20, 65536, "shared memory")
+        last.append((block_q, block_k))
+        return seconds[block_q, block_k]
+
+    monkeypatch.setattr(triton_flash, "_timer", lambda run: run())     # a fake clock: the launch's "time"
+    assert triton_flash._launch("forward", launch, 64, torch.float16, "cuda:0") == 2.0
+    assert last[-1] == (64, 64)                       # the outputs come from the chosen configuration
+    last.clear()
+    triton_flash._launch("forward", launch, 64, torch.float16, "cuda:0")
+    assert last == [(64, 64)]                         # remembered: no second round of timing
+    assert not triton_flash.autotuning("cpu")
+    monkeypatch.setenv("ATTNBOOK_AUTOTUNE", "0")
+    assert not triton_flash.autotuning("cuda:0")
 
 
 def test_launch_reraises_when_no_configuration_fits(monkeypatch):

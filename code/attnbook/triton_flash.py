@@ -548,12 +548,53 @@ def _configs(kind: str, device: torch.device, d_head: int, block_q, block_k):
     return [user_config(block_q, block_k, capability)]
 
 
+def _cuda_seconds(run) -> float:
+    """Median time of ``run()`` over 5 calls on the GPU, after one call that compiles and warms up."""
+    run()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+_timer = _cuda_seconds      # how _launch times a candidate (a test substitutes a fake clock)
+
+
+def autotuning(device) -> bool:
+    """Whether the first launch of a kernel times every candidate configuration and keeps the
+    fastest: on a GPU, unless the environment sets ``ATTNBOOK_AUTOTUNE=0``."""
+    return str(device).startswith("cuda") and os.environ.get("ATTNBOOK_AUTOTUNE", "1") != "0"
+
+
 def _launch(kind: str, launch, d_head: int, dtype, device, block_q=None, block_k=None):
-    """Call ``launch(BLOCK_Q, BLOCK_K, num_warps, num_stages)`` with the first configuration that fits."""
+    """Call ``launch(BLOCK_Q, BLOCK_K, num_warps, num_stages)`` with a configuration that fits.
+
+    The first call for a (kernel, head size, dtype, device, tiles) key chooses and remembers the
+    configuration. On a GPU (see :func:`autotuning`) it runs every candidate that launches and
+    keeps the fastest: the candidates are all free of spills (chapter 10's resource table), but
+    which is fastest depends on the GPU. Otherwise it keeps the first that launches. Every launch
+    overwrites the same outputs, so running several candidates changes nothing but the time.
+    """
     key = (kind, d_head, dtype, str(device), block_q, block_k)
     if key in _chosen:
         return launch(*_chosen[key])
     configs = _configs(kind, device, d_head, block_q, block_k)
+    if autotuning(device) and len(configs) > 1:
+        seconds = {}
+        for config in configs:
+            try:
+                seconds[config] = _timer(lambda: launch(*config))
+            except OutOfResources:
+                continue
+        if not seconds:
+            return launch(*configs[-1])             # raises the last OutOfResources again
+        _chosen[key] = min(seconds, key=seconds.get)
+        return launch(*_chosen[key])
     for i, config in enumerate(configs):
         try:
             result = launch(*config)
