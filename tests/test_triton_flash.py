@@ -206,6 +206,21 @@ def test_key_block_bounds_agree_with_the_causal_mask(n_q, n_k, block_q, block_k)
         assert full_end == seen_by_all // block_k * block_k  # the whole blocks inside that prefix
 
 
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k", [(256, 256, 32, 32), (100, 100, 32, 16), (37, 90, 16, 32),
+                                                      (1, 64, 16, 16), (96, 256, 64, 32)])
+def test_query_block_bounds_agree_with_the_causal_mask(n_q, n_k, block_q, block_k):
+    visible = attnbook.causal_mask(n_q, n_k)                      # (n_q, n_k), True = query sees key
+    for k_block in range(-(-n_k // block_k)):
+        keys = slice(k_block * block_k, min((k_block + 1) * block_k, n_k))
+        start, full_start = triton_flash.query_block_bounds(k_block, n_q, n_k, block_q, block_k)
+        assert start % block_q == 0 and full_start % block_q == 0 and start <= full_start
+        assert not visible[:start, keys].any()                   # skipped blocks see nothing of these keys
+        assert visible[full_start:, keys].all()                  # unmasked blocks see all of them
+        if start < n_q:                                          # the first visited block sees some key
+            assert visible[start:start + block_q, keys].any()
+    assert triton_flash.query_block_bounds(3, 100, 100, 32, 32, causal=False) == (0, 0)
+
+
 def test_non_causal_bounds_cover_every_key():
     assert key_block_bounds(0, 100, 100, 32, 32, causal=False) == (96, 100)
 

@@ -738,3 +738,22 @@ def key_block_bounds(q_block: int, n_q: int, n_k: int, block_q: int, block_k: in
         first_query = q_block * block_q + (n_k - n_q)
         return min(first_query + 1, n_k) // block_k * block_k, min(first_query + block_q, n_k)
     return n_k // block_k * block_k, n_k
+
+
+def query_block_bounds(k_block: int, n_q: int, n_k: int, block_q: int, block_k: int,
+                       causal: bool = True) -> tuple[int, int]:
+    """The host-side twin of the dK/dV kernel's bounds: ``(start, full_start)`` for one key block.
+
+    Query blocks starting before ``start`` see none of this block's keys and are skipped; those in
+    ``[start, full_start)`` are visited with a mask; those from ``full_start`` to the end see every
+    key of the block and need none. The transpose of :func:`key_block_bounds`, for drawing the
+    backward pass's staircase.
+    """
+    if not causal:
+        return 0, 0
+    causal_offset = n_k - n_q
+    first_key = k_block * block_k
+    start = max(first_key - causal_offset, 0) // block_q * block_q
+    full_start = -(-max(first_key + block_k - 1 - causal_offset, 0) // block_q) * block_q
+    return start, min(full_start, -(-n_q // block_q) * block_q)
+
