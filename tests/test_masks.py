@@ -49,3 +49,45 @@ def test_sliding_window(n, window):
         assert set(np.flatnonzero(mask[i])) == set(range(max(0, i - window + 1), i + 1))
     if window >= n:
         np.testing.assert_array_equal(mask, attnbook.causal_mask(n))
+
+
+# --- packed documents and prefix language models -------------------------------------------
+
+@pytest.mark.parametrize("lengths", [[5], [3, 4], [1, 6, 2, 1]])
+def test_packed_attention_equals_each_document_alone(lengths, rng):
+    from attnbook.masks import packed_causal_mask
+
+    mask = packed_causal_mask(lengths)
+    n = sum(lengths)
+    assert mask.shape == (n, n) and mask.dtype == bool
+    x = rng.normal(size=(n, 8))
+    packed, _ = attnbook.scaled_dot_product_attention(x, x, x, mask=mask)
+    start = 0
+    for length in lengths:                        # run each document on its own, with a causal mask
+        doc = x[start:start + length]
+        alone, _ = attnbook.scaled_dot_product_attention(doc, doc, doc, mask=attnbook.causal_mask(length))
+        np.testing.assert_allclose(packed[start:start + length], alone, rtol=1e-12, atol=1e-12)
+        assert not mask[start:start + length, :start].any()        # nothing of earlier documents
+        start += length
+
+
+def test_packed_mask_rejects_empty_documents():
+    from attnbook.masks import packed_causal_mask
+
+    with pytest.raises(ValueError, match="each document length"):
+        packed_causal_mask([3, 0, 2])
+
+
+@pytest.mark.parametrize("n, prefix", [(6, 0), (6, 1), (6, 3), (6, 6)])
+def test_prefix_lm_mask_by_rows(n, prefix):
+    from attnbook.masks import prefix_lm_mask
+
+    mask = prefix_lm_mask(n, prefix)
+    for i in range(n):
+        sees = set(np.flatnonzero(mask[i]))
+        expected = set(range(prefix)) | set(range(i + 1))    # the whole prefix, and the causal past
+        assert sees == expected, (i, sees)
+    if prefix <= 1:
+        np.testing.assert_array_equal(mask, attnbook.causal_mask(n))
+    with pytest.raises(ValueError, match=r"prefix must be an integer in \[0, n=6\]"):
+        prefix_lm_mask(6, 7)

@@ -1,6 +1,8 @@
 """Boolean attention masks. Convention (PyTorch's): True means "may attend".
 
-Chapter 7 (masking) shows :func:`causal_mask` and :func:`sliding_window_mask`; the causal mask
+Chapter 7 (masking) shows :func:`causal_mask` and :func:`sliding_window_mask`, and the masks of
+packed documents (:func:`packed_causal_mask`) and of prefix language models
+(:func:`prefix_lm_mask`); the causal mask
 serves every causal model of the book (chapters 6 to 12 use it), and the KV cache (chapter 8)
 relies on its placing the queries last.
 """
@@ -44,3 +46,30 @@ def sliding_window_mask(n: int, window: int) -> np.ndarray:
     window = positive_int("window", window)
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     return (j <= i) & (j > i - window)
+
+
+def packed_causal_mask(lengths) -> np.ndarray:
+    """Causal attention within each of several documents packed into one row, none across them.
+
+    lengths: the documents' lengths, in the order they are packed. Returns bool (n, n) with
+    n = sum(lengths): block-diagonal, each block a causal mask. Training on packed rows avoids
+    padding; without this mask a document would attend to the end of the one before it.
+    """
+    lengths = [positive_int("each document length", n) for n in np.atleast_1d(lengths).tolist()]
+    document = np.repeat(np.arange(len(lengths)), lengths)           # (n,) which document each position is in
+    i, j = np.arange(len(document))[:, None], np.arange(len(document))[None, :]
+    return (document[:, None] == document[None, :]) & (j <= i)
+
+
+def prefix_lm_mask(n: int, prefix: int) -> np.ndarray:
+    """A prefix language model's mask (n, n): the first ``prefix`` positions see one another in
+    both directions, every later position sees everything before it and itself (causal).
+
+    The prefix (a prompt, an input to condition on) is read bidirectionally, as an encoder
+    would; the continuation is generated causally, as a decoder would.
+    """
+    n = positive_int("n", n)
+    if isinstance(prefix, bool) or not isinstance(prefix, (int, np.integer)) or not 0 <= prefix <= n:
+        raise ValueError(f"prefix must be an integer in [0, n={n}]; got {prefix!r}")
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    return (j <= i) | (j < prefix)
