@@ -96,3 +96,21 @@ def test_stub_and_crash():
         check_padding_mask(stub)
     with pytest.raises(ExerciseError, match="ZeroDivisionError"):
         check_padding_mask(lambda lengths, n: 1 / 0)
+
+
+def test_an_additive_mask_is_named_and_converted():
+    from attnbook.exercises.masking import check_padding_mask
+    from attnbook.exercises import check_causal_mask
+
+    def additive_padding(lengths, n):              # right, but in the form added to the scores
+        keep = np.arange(n)[None, None, :] < np.asarray(lengths)[:, None, None]
+        return np.where(np.broadcast_to(keep, (len(lengths), n, n)), 0.0, -np.inf)
+
+    with pytest.raises(AssertionError, match=r"your mask is additive.*`mask == 0`.*It is right as an additive mask"):
+        check_padding_mask(additive_padding)
+
+    def additive_causal_off_by_one(n):             # additive and hiding the diagonal
+        return np.where(np.tril(np.ones((n, n), bool), k=-1), 0.0, -np.inf)
+
+    with pytest.raises(AssertionError, match=r"your mask is additive.*still wrong"):
+        check_causal_mask(additive_causal_off_by_one)

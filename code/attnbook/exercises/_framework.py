@@ -151,11 +151,23 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
     print(f"Correct: {exercise} passes all {len(cases)} cases.")
 
 
+def _is_additive_mask(a: np.ndarray) -> bool:
+    """A float array of 0s and -infs (at least one of each is not required): an additive mask."""
+    return a.dtype.kind == "f" and a.size > 0 and bool(np.all((a == 0) | (a == -np.inf))) and bool(np.any(a == -np.inf))
+
+
 def difference(got, expected, case: Case | None = None) -> str:
     """What differs between two arrays: the shape, non-finite values, or the largest difference."""
     got_a, expected_a = as_array(got), as_array(expected)
     if got_a.shape != expected_a.shape:
         return f"expected shape {expected_a.shape}, got {got_a.shape}"
+    if expected_a.dtype == bool and _is_additive_mask(got_a):
+        as_bool = got_a == 0
+        verdict = ("it is right as an additive mask" if np.array_equal(as_bool, expected_a)
+                   else "read as a boolean mask (mask == 0) it is still wrong: " + difference(as_bool, expected_a))
+        return ("your mask is additive (0 where attention is allowed, -inf where it is not), the form that is "
+                "added to the scores; this exercise wants the boolean form, True = may attend, which "
+                f"`mask == 0` gives. {verdict[0].upper() + verdict[1:]}")
     if got_a.dtype != bool and not np.all(np.isfinite(got_a.astype(float))) \
             and np.all(np.isfinite(expected_a.astype(float))):
         return "your output contains NaN or inf where the answer is finite"
