@@ -54,6 +54,11 @@ def blocks_one_too_many(n_q, n_k, block_q, block_k):
     return counts
 
 
+def blocks_unclamped(n_q, n_k, block_q, block_k):
+    # counts the keys up to the block's last row as if every row existed: past n_k on a ragged end
+    return [math.ceil(((b + 1) * block_q + n_k - n_q) / block_k) for b in range(math.ceil(n_q / block_q))]
+
+
 def test_key_blocks_reference_style_solution_passes(capsys):
     check_key_blocks(blocks_by_loop)
     assert "Correct" in capsys.readouterr().out
@@ -70,6 +75,7 @@ def test_key_blocks_accepts_numpy_floats():
     (blocks_top_left, "top_left"),
     (blocks_b_plus_one, "equal_blocks"),
     (blocks_one_too_many, "one_past"),
+    (blocks_unclamped, "no_clamp"),
 ])
 def test_key_block_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
@@ -127,6 +133,11 @@ def flops_swapped(batch, heads, n, d, causal=False, mode="fwd"):
     return flops_good(batch, heads, d, n, causal, mode)
 
 
+def flops_exact_causal(batch, heads, n, d, causal=False, mode="fwd"):
+    pairs = n * (n + 1) // 2 if causal else n * n      # every score on and below the diagonal, exactly
+    return batch * heads * 4 * pairs * d * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+
+
 def test_flops_good_solution_passes(capsys):
     check_benchmark_flops(flops_good)
     assert "Correct" in capsys.readouterr().out
@@ -142,6 +153,7 @@ def test_flops_integer_answer_passes():
     (flops_backward_double, "backward_two"),
     (flops_forgot_forward, "fwd_bwd_without_fwd"),
     (flops_swapped, "d_squared"),
+    (flops_exact_causal, "exact_causal"),
 ])
 def test_flops_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:

@@ -50,6 +50,10 @@ BLOCK_COUNT_MISTAKES = [
             "convert positions, not block numbers: the block's last query is at q_block * block_q + block_q - 1 "
             "(plus n_k - n_q), and the key blocks it needs are cdiv(last + 1, block_k)",
             _per_block(lambda a0, qb, n_q, n_k, bq, bk: qb + 1)),
+    Mistake("no_clamp", "past the last key: the count is not clamped to the key blocks that exist",
+            "the last query block can hang past n_q; its rows past the end see keys past n_k, which do not "
+            "exist: cap the keys to cover at n_k, cdiv(min(a0 + block_q, n_k), block_k)",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(a0 + bq, bk))),
     Mistake("one_past", "one key block too many where the last visible key ends a block",
             "the last visible key of the block is at a0 + block_q - 1; the keys to cover are "
             "0 .. a0 + block_q - 1, that is a0 + block_q of them, not one more",
@@ -66,6 +70,8 @@ def block_count_cases() -> list[Case]:
         Case("64 new queries after 192 cached keys: n_q = 64, n_k = 256, block_q = 32, block_k = 64",
              (64, 256, 32, 64)),
         Case("one query, n_k = 300, block_q = 16, block_k = 64", (1, 300, 16, 64)),
+        Case("n_q = n_k = 65 (the last query block hangs past the end), block_q = 64, block_k = 16",
+             (65, 65, 64, 16)),
     ]
 
 
@@ -118,6 +124,12 @@ FLOPS_MISTAKES = [
     Mistake("d_squared", "n and d are swapped in the count (n d^2 instead of n^2 d)",
             "each of the n^2 scores is a dot product of length d",
             _flops_with(lambda b, h, n, d: 4.0 * b * h * n * d * d)),
+    Mistake("exact_causal", "causal attention is counted exactly, n (n + 1) / 2 scores, not by the papers' convention",
+            "your count is the true one, but benchmarks report n^2 / 2 for causal attention (the convention "
+            "of the FlashAttention papers, which the chapter's plots use), so that causal and full TFLOP/s "
+            "compare; use half of the full count",
+            lambda batch, heads, n, d, causal=False, mode="fwd":
+                4.0 * batch * heads * (n * (n + 1) / 2 if causal else n * n) * d * _MODE_FACTOR[mode]),
 ]
 
 
