@@ -79,3 +79,17 @@ def test_every_gpu_source_is_in_the_bibliography():
         assert gpu.sources
         for key in gpu.sources:
             assert "{" + key + "," in bib, key
+
+
+@pytest.mark.parametrize("n_q, n_k, d, block_q", [(256, 256, 64, 64), (100, 300, 32, 32), (4096, 4096, 128, 128)])
+def test_l2_aware_traffic_reads_each_input_once(n_q, n_k, d, block_q):
+    from attnbook.memory_traffic import flash_traffic_l2
+
+    l2 = flash_traffic_l2(n_q, n_k, d, block_q, batch=2, bytes_per_element=2)
+    hbm = flash_traffic(n_q, n_k, d, block_q, batch=2, bytes_per_element=2)
+    assert l2.flops == hbm.flops
+    assert l2.bytes == 2 * ((2 * n_q * d + 2 * n_k * d) * 2 + 4 * n_q)      # Q, K, V, O once; the LSE
+    assert l2.bytes <= hbm.bytes and (l2.bytes < hbm.bytes) == (n_q > block_q)  # equal with one query block
+    # square, long: intensity about n / bytes_per_element, far above both GPUs' ridge points
+    if n_q == n_k >= 4096:
+        assert l2.intensity > 5 * max(g.ridge_point for g in GPUS)

@@ -112,6 +112,22 @@ def flash_traffic(n_q: int, n_k: int, d: int, block_q: int, block_k: int | None 
     return Traffic(batch * flops, batch * (elements * size + 4 * n_q))
 
 
+def flash_traffic_l2(n_q: int, n_k: int, d: int, block_q: int, block_k: int | None = None,
+                     batch: int = 1, bytes_per_element: int = 2, causal: bool = False) -> Traffic:
+    """The tiled algorithm when the L2 cache serves the repeated reads of K and V.
+
+    The programs of one head run at about the same time, so after the first query block has
+    read a block of K and V from HBM the others find it in L2 (tens of MB on an A100 or H100,
+    against ``2 n_k d`` elements per head). Then Q, K and V are each read from HBM once and O
+    written once: the fewest bytes any algorithm can move, and so an upper bound on the
+    intensity, where :func:`flash_traffic` (every re-read from HBM) is the lower bound. The
+    flops are those of :func:`flash_traffic`.
+    """
+    tiled = flash_traffic(n_q, n_k, d, block_q, block_k, batch, bytes_per_element, causal)
+    elements = 2 * n_q * d + 2 * n_k * d                  # Q, O, K, V once each
+    return Traffic(tiled.flops, batch * (elements * bytes_per_element + 4 * n_q))
+
+
 def attainable_flops(intensity: float, gpu: GPU) -> float:
     """The roofline: flop/s a kernel of this intensity can reach, ``min(peak, intensity * bandwidth)``."""
     return min(gpu.fp16_flops, intensity * gpu.hbm_bandwidth)

@@ -121,6 +121,9 @@ ONLINE_MISTAKES = [
             "the old sum is relative to m_old; relative to a larger m_new it shrinks by exp(m_old - m_new)",
             _online_with(lambda l, m, m_new, xj: l * np.exp(m_new - m if np.isfinite(m) else 0.0)
                          + np.exp(xj - m_new))),
+    Mistake("unshifted", "no maximum is subtracted at all: exp(x_j) overflows to inf for scores above ~710, and inf / inf is NaN",
+            "keep the running maximum m and compute exp(x_j - m), rescaling the sum whenever m grows",
+            lambda x: (lambda e: e / np.sum(e))(np.exp(np.asarray(x, float)))),
     Mistake("max_not_updated", "the maximum is never updated, so exp(x_j - m) overflows once x_j exceeds it by ~710",
             "update m_new = max(m_old, x_j) at every step, and rescale the sum to it",
             lambda x: (lambda x, m: np.exp(x - m) / np.sum(np.exp(x - m)))(np.asarray(x, float), float(np.asarray(x)[0]))),
@@ -134,6 +137,7 @@ def online_cases() -> list[Case]:
     return [
         Case("a row of 8 scores", (rng.normal(scale=2, size=8),)),
         Case("a single score", (np.array([0.7]),)),
+        Case("scores near 1000 (exp overflows past ~710)", (np.array([1000.0, 1000.5, 999.0, 1001.0]),)),
         Case("scores growing to 3000 (exp overflows past ~710)", (np.array([0.0, 800.0, 1600.0, 2400.0, 3000.0]),)),
         Case("a row that starts with masked scores (-inf)", (np.array([-_inf, -_inf, 0.3, 1.2, -_inf, 0.8]),)),
     ]
