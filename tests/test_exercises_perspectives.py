@@ -65,12 +65,25 @@ def test_linear_reference_passes(capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-def test_quadratic_form_and_pair_pass():
-    def quadratic(q, k, v):
+def test_the_quadratic_form_is_rejected_by_its_memory():
+    def quadratic_torch(q, k, v):              # right values, an n x n matrix of weights
         w = phi(q) @ phi(k).transpose(-1, -2)
         return (w / w.sum(-1, keepdim=True)) @ torch.as_tensor(v), w
 
-    check_linear_attention(quadratic)
+    def quadratic_numpy(q, k, v):
+        f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))     # elu(x) + 1
+        w = f(np.asarray(q)) @ np.swapaxes(f(np.asarray(k)), -1, -2)
+        return (w / w.sum(-1, keepdims=True)) @ np.asarray(v)
+
+    for quadratic in (quadratic_torch, quadratic_numpy):
+        with pytest.raises(ExerciseError, match=r"n x n matrix.*quadratic form") as err:
+            check_linear_attention(quadratic)
+        assert "phi(K)^T V is d_k x d_v" in str(err.value)
+
+
+def test_a_linear_answer_that_returns_a_pair_passes(capsys):
+    check_linear_attention(lambda q, k, v: (good_linear(q, k, v), None))
+    assert "Correct" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("wrong, key", [
@@ -149,6 +162,12 @@ def nw_naive_exp(x_query, x_train, y_train, h):
     return k @ y_train / k.sum(axis=1)
 
 
+def nw_global_max(x_query, x_train, y_train, h):
+    logs = -(np.subtract.outer(x_query, x_train)) ** 2 / (2 * h * h)
+    w = np.exp(logs - logs.max())                  # one maximum for the whole matrix
+    return (w * y_train).sum(1) / w.sum(1)
+
+
 def test_nw_reference_passes(capsys):
     check_nadaraya_watson(good_nw)
     assert "Correct" in capsys.readouterr().out
@@ -160,6 +179,7 @@ def test_nw_reference_passes(capsys):
     (nw_without_half, "no_half"),
     (nw_over_queries, "wrong_axis"),
     (nw_naive_exp, "underflow"),
+    (nw_global_max, "global_shift"),
 ])
 def test_nw_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:

@@ -99,20 +99,67 @@ def check_linear_attention(fn) -> None:
     """Check ``fn(q, k, v)`` computes non-causal linear attention with ``phi(x) = elu(x) + 1``.
 
     q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v) -> (..., n_q, d_v).
+    Besides the values, the checker measures the memory of one long case (n = 4096): linear
+    attention never forms the n x n matrix phi(Q) phi(K)^T, and an answer that does (the
+    quadratic form, right values at quadratic cost) is rejected. The measurement uses
+    :mod:`tracemalloc`, which sees numpy's arrays.
     """
     run_checks("linear attention", fn, linear_attention_cases(),
                lambda q, k, v: linear_attention(q, k, v), LINEAR_ATTENTION_MISTAKES, postprocess=_first)
+    _check_linear_memory(fn)
+
+
+def _largest_torch_allocation(fn, *args):
+    """``(fn(*args), the largest single allocation torch made during the call)``: tracemalloc does
+    not see torch's CPU allocator, its profiler does (0 when the answer uses numpy only)."""
+    import warnings
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # the profiler's own notices, not the reader's
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = fn(*args)
+    sizes = [e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0]
+    return out, max(sizes, default=0)
+
+
+def _check_linear_memory(fn, n: int = 4096, d: int = 8) -> None:
+    """Reject an answer whose peak memory on a long sequence is that of an n x n matrix."""
+    from ..bench import format_bytes, peak_memory
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    rng = _rng(13)
+    q, k, v = (rng.normal(size=(n, d)) for _ in range(3))
+    out, peak = peak_memory(fn, q, k, v)                          # numpy's arrays
+    if hasattr(_first(out), "detach"):                            # a torch answer: torch's allocations too
+        _, torch_largest = _largest_torch_allocation(fn, q, k, v)
+        peak = max(peak, torch_largest)
+    case = f"n = {n}, d_k = d_v = {d} (memory)"
+    square = n * n * 4                                # one float32 n x n matrix (float64: twice that)
+    if peak >= square // 2:
+        raise ExerciseError("linear attention", case,
+                            f"the values may be right, but your function's peak memory was {format_bytes(peak)}, "
+                            f"about that of an n x n matrix ({format_bytes(square)}): this is the quadratic "
+                            "form phi(Q) phi(K)^T V, at the cost linear attention exists to avoid",
+                            hint="multiply the other way round: phi(K)^T V is d_k x d_v and sum_j phi(k_j) is d_k, "
+                                 "both independent of n; then multiply phi(Q) by them")
+    if not np.allclose(_first(out), linear_attention(q, k, v), rtol=1e-6, atol=1e-8):
+        raise ExerciseError("linear attention", case, "values differ from the reference on a long sequence")
 
 
 # --- the Nadaraya-Watson estimator with a Gaussian kernel --------------------------------
 
-def _gaussian_nw(log_kernel, normalise=True, axis=-1, stable=True):
-    """A 1-D estimator built from ``log_kernel(diff, h)``, with switchable mistakes."""
+def _gaussian_nw(log_kernel, normalise=True, axis=-1, stable=True, shift_axis="same"):
+    """A 1-D estimator built from ``log_kernel(diff, h)``, with switchable mistakes (``shift_axis``:
+    the axis of the maximum subtracted for stability, by default the normalised one)."""
     def estimate(x_query, x_train, y_train, bandwidth):
         diff = np.asarray(x_query, float)[:, None] - np.asarray(x_train, float)[None, :]   # (m, n)
         s = log_kernel(diff, bandwidth)
         if stable:
-            s = s - s.max(axis=axis, keepdims=True)
+            s = s - s.max(axis=axis if shift_axis == "same" else shift_axis, keepdims=True)
         k = np.exp(s)
         if normalise:
             k = k / k.sum(axis=axis, keepdims=True)
@@ -139,6 +186,10 @@ NADARAYA_WATSON_MISTAKES = [
             "subtract, for each query, the largest log-kernel value before exponentiating: the common "
             "factor cancels in the ratio (as in a stable softmax)",
             _gaussian_nw(_gauss, stable=False)),
+    Mistake("global_shift", "the largest log-kernel value of the whole matrix is subtracted, not each query's own",
+            "a query far from every training point has all its kernel values far below the global maximum, and "
+            "they underflow to 0 / 0: subtract each row's maximum (keepdims=True along the training points)",
+            _gaussian_nw(_gauss, shift_axis=None)),
 ]
 
 
@@ -154,6 +205,8 @@ def nadaraya_watson_cases() -> list[Case]:
         Case("queries between training points spaced 0.1 apart, h = 0.001 (every exp underflows)",
              (grid[:-1] + 0.05, grid, np.cos(grid), 0.001)),
         Case("a single training point", (x_query, x_train[:1], y_train[:1], 0.3)),
+        Case("one query far from every training point, one close, h = 0.005 (rows at different levels)",
+             (np.array([0.3, 0.5]), np.array([0.0, 0.52, 1.0]), np.array([1.0, 2.0, 3.0]), 0.005)),
     ]
 
 
