@@ -21,6 +21,8 @@ def glue(name: str, value) -> None:
         from IPython.display import display
     except ImportError:  # plain Python, no notebook: nothing to record into
         return
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        value = value.item()         # np.float64(0.1) would be glued as its repr, which no format spec reads
     bundle, metadata = format_display_data(value)
     metadata["scrapbook"] = {"name": name, "mime_prefix": _GLUE_PREFIX}
     display({_GLUE_PREFIX + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
