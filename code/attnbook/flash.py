@@ -75,17 +75,17 @@ def attend_query_block(q_blk, k, v, tiles, rows: slice, offset: int):
     acc = np.zeros((batch, b_q, v.shape[-1]), q_blk.dtype)  # running sum of exp(score - m) * v
     for cols, partial in tiles:
         s = q_blk @ k[:, cols].transpose(0, 2, 1)       # (B, b_q, b_k): the only scores in memory
-        if partial:
-            np.copyto(s, -np.inf, where=~_tile_mask(rows, cols, offset))
+        if partial:                                     # hide the keys these queries may not see
+            s = np.where(_tile_mask(rows, cols, offset), s, -np.inf)
         # m_new is finite: the first tile holds key 0, which every query sees (n_q <= n_k when causal)
         m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
         alpha = np.exp(m - m_new)                       # moves the old sums to the new max; <= 1
-        p = np.exp(np.subtract(s, m_new, out=s), out=s)  # in place: s becomes the tile of exp's
-        l = l * alpha + p.sum(axis=-1, keepdims=True)
-        acc *= alpha
-        acc += p @ v[:, cols]
+        p = np.exp(s - m_new)                           # (B, b_q, b_k), entries in [0, 1]
+        l = alpha * l + p.sum(axis=-1, keepdims=True)
+        acc = alpha * acc + p @ v[:, cols]
         m = m_new
-    out = np.divide(acc, l, out=np.zeros_like(acc), where=l != 0)  # l = 0: the query saw no key
+    seen = l != 0                                       # l = 0: the query saw no key, its output is 0
+    out = np.where(seen, acc / np.where(seen, l, 1), 0).astype(acc.dtype, copy=False)
     with np.errstate(divide="ignore"):  # log(0) = -inf: the lse of a row that sees no key
         lse = (m + np.log(l))[..., 0]
     return out, lse
