@@ -102,82 +102,103 @@ def test_merge_stub_is_not_attempted():
         check_merge_softmax_states(stub)
 
 
-# --- the one-pass online softmax ------------------------------------------------
+# --- the one-pass online softmax (a stream read once; the answer is the state (m, l)) --------
 
-def online_good(x):
+def online_good(scores):
     m, l = -math.inf, 0.0
-    for xj in x:
+    for xj in scores:
         m_new = max(m, xj)
         if m_new == -math.inf:      # nothing visible yet
             continue
         l = l * math.exp(m - m_new) + math.exp(xj - m_new)
         m = m_new
-    return np.exp(np.asarray(x) - m) / l
+    return m, l
 
 
-def online_torch(x):
-    return torch.softmax(torch.as_tensor(x), dim=-1)
+def online_good_blocks(scores):
+    # the same recurrence, a block of 4 scores at a time, with the package's state type
+    from attnbook.online_softmax import SoftmaxState, merge_softmax_states, softmax_state
+    state, block = SoftmaxState(np.float64(-np.inf), np.float64(0.0)), []
+    for xj in scores:
+        block.append(xj)
+        if len(block) == 4:
+            state, block = merge_softmax_states(state, softmax_state(np.array(block))), []
+    return merge_softmax_states(state, softmax_state(np.array(block))) if block else state
 
 
-def online_forgets_rescale(x):
+def online_two_pass(scores):
+    m = max(scores)                                    # first pass
+    return m, sum(math.exp(xj - m) for xj in scores)   # second pass: the stream is empty now
+
+
+def online_stored(scores):
+    x = np.fromiter(scores, float)                     # keeps the whole row, then two passes over it
+    m = x.max()
+    return m, np.exp(x - m).sum()
+
+
+def online_forgets_rescale(scores):
     m, l = -math.inf, 0.0
-    for xj in x:
+    for xj in scores:
         m = max(m, xj)
         if m > -math.inf:
             l += math.exp(xj - m)
-    return np.exp(np.asarray(x) - m) / l
+    return m, l
 
 
-def online_upside_down(x):
-    m, l = x[0], 1.0
-    for xj in x[1:]:
+def online_upside_down(scores):
+    m, l = -math.inf, 0.0
+    for xj in scores:
         m_new = max(m, xj)
-        l = l * np.exp(m_new - m) + np.exp(xj - m_new)
+        if m_new == -math.inf:
+            continue
+        l = (l * math.exp(m_new - m) if m > -math.inf else 0.0) + math.exp(xj - m_new)
         m = m_new
-    return np.exp(np.asarray(x) - m) / l
+    return m, l
 
 
-def online_fixed_max(x):
-    m, l = x[0], 0.0
-    for xj in x:
-        l += np.exp(xj - m)
-    return np.exp(np.asarray(x) - m) / l
+def online_fixed_max(scores):
+    first, l = None, 0.0
+    for xj in scores:
+        first = xj if first is None else first
+        l += np.exp(xj - first)
+    return first, l
 
 
-def online_no_division(x):
-    m = -np.inf
-    for xj in x:
-        m = max(m, xj)
-    return np.exp(np.asarray(x) - m)
-
-
-def online_unguarded(x):
+def online_unguarded(scores):
     m, l = -np.inf, 0.0
-    for xj in x:
+    for xj in scores:
         m_new = max(m, xj)
         l = l * np.exp(m - m_new) + np.exp(xj - m_new)
         m = m_new
-    return np.exp(np.asarray(x) - m) / l
+    return m, l
 
 
-def online_unshifted(x):
-    # the textbook formula, one term at a time: no maximum anywhere
-    total = 0.0
-    for value in x:
-        total += math.exp(value) if value < 710 else float("inf")
-    return np.array([math.exp(v) if v < 710 else float("inf") for v in x]) / total
+def online_unshifted(scores):
+    m, l = -math.inf, 0.0
+    for xj in scores:                                  # the textbook sum, one term at a time
+        m = max(m, xj)
+        l += math.exp(xj) if xj < 710 else math.inf
+    return m, l
 
 
-def test_online_correct_solutions_pass():
+def test_online_correct_solutions_pass(capsys):
     check_online_softmax(online_good)
-    check_online_softmax(online_torch)
+    check_online_softmax(online_good_blocks)
+    assert capsys.readouterr().out.count("reads a long stream once") == 2
+
+
+def test_online_stored_scores_are_rejected_by_memory():
+    with pytest.raises(ExerciseError, match=r"stored the scores") as err:
+        check_online_softmax(online_stored)
+    assert "keep only m and l" in str(err.value)
 
 
 @pytest.mark.parametrize("wrong, key", [
+    (online_two_pass, "two_pass"),
     (online_forgets_rescale, "no_rescale"),
     (online_upside_down, "inverted_factor"),
     (online_fixed_max, "max_not_updated"),
-    (online_no_division, "not_normalised"),
     (online_unguarded, "nan_on_masked_start"),
     (online_unshifted, "unshifted"),
 ])
@@ -189,5 +210,5 @@ def test_online_mistakes_are_diagnosed(wrong, key):
 
 def test_online_unknown_error_is_still_rejected():
     with pytest.raises(ExerciseError) as err:
-        check_online_softmax(lambda x: online_good(np.asarray(x) / 2))
+        check_online_softmax(lambda scores: online_good(xj / 2 for xj in scores))
     assert err.value.mistake is None

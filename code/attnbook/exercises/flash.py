@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..online_softmax import SoftmaxState, merge_softmax_states, online_softmax
-from ._framework import Case, Mistake, run_checks, same
+from ..online_softmax import SoftmaxState, merge_softmax_states, softmax_state
+from ._framework import Case, ExerciseError, Mistake, run_checks, same
 
 _inf = np.inf
 
@@ -96,39 +96,67 @@ def check_merge_softmax_states(fn) -> None:
 
 # --- the one-pass online softmax -------------------------------------------
 
-def _online_with(update, guard=True):
-    """A one-pass softmax over a row whose running sum follows ``update(l, m_old, m_new, x_j)``."""
-    def online(x):
-        x = np.asarray(x, float)
+class ScoreStream:
+    """The scores of one row, handed out one at a time and readable ONCE, as a row that streams
+    past from memory: iterating a second time yields nothing. ``len`` is not available."""
+
+    def __init__(self, scores):
+        self._scores = iter([float(s) for s in np.asarray(scores, float).ravel()])
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> float:
+        return next(self._scores)
+
+
+def _state_with(update, guard=True):
+    """A one-pass state (m, l) whose running sum follows ``update(l, m_old, m_new, x_j)``."""
+    def state(x):
         m, l = -np.inf, 0.0
-        for xj in x:
+        for xj in np.asarray(x, float):
             m_new = max(m, xj)
             base = 0.0 if (guard and m_new == -np.inf) else m_new
             l, m = update(l, m, base, xj), m_new
-        base = 0.0 if (guard and m == -np.inf) else m
-        return np.exp(x - base) / l
-    return online
+        return m, l
+    return state
+
+
+def _as_pair(out) -> np.ndarray:
+    """The reader's (m, l) as a float array of two entries (a SoftmaxState is such a pair too)."""
+    pair = np.asarray([float(np.asarray(part)) for part in out], float)
+    if pair.shape != (2,):
+        raise ValueError(f"return the pair (m, l); got {len(pair)} values")
+    return pair
+
+
+def _same_pair(got, expected) -> bool:
+    got, expected = np.asarray(got, float), np.asarray(expected, float)
+    return got.shape == expected.shape and bool(np.allclose(got, expected, rtol=1e-9, atol=0, equal_nan=True))
 
 
 ONLINE_MISTAKES = [
+    Mistake("two_pass", "the scores were read twice: the second pass over the stream found nothing, so the sum is 0",
+            "a stream can be read once: update the maximum and the sum in the same loop, rescaling the sum "
+            "by exp(m_old - m_new) whenever the maximum grows",
+            lambda x: (float(np.max(x)), 0.0)),
     Mistake("nan_on_masked_start", "a row that starts with -inf gives NaN: exp(-inf - (-inf)) is exp(NaN)",
             "while the maximum is still -inf, rescale with a finite stand-in (e.g. 0) instead of m",
-            _online_with(lambda l, m, m_new, xj: l * np.exp(m - m_new) + np.exp(xj - m_new), guard=False)),
+            _state_with(lambda l, m, m_new, xj: l * np.exp(m - m_new) + np.exp(xj - m_new), guard=False)),
     Mistake("no_rescale", "the running sum is never rescaled when the maximum grows",
             "before adding exp(x_j - m_new), multiply the old sum by exp(m_old - m_new)",
-            _online_with(lambda l, m, m_new, xj: l + np.exp(xj - m_new))),
+            _state_with(lambda l, m, m_new, xj: l + np.exp(xj - m_new))),
     Mistake("inverted_factor", "the running sum is rescaled by exp(m_new - m_old) instead of exp(m_old - m_new)",
             "the old sum is relative to m_old; relative to a larger m_new it shrinks by exp(m_old - m_new)",
-            _online_with(lambda l, m, m_new, xj: l * np.exp(m_new - m if np.isfinite(m) else 0.0)
-                         + np.exp(xj - m_new))),
-    Mistake("unshifted", "no maximum is subtracted at all: exp(x_j) overflows to inf for scores above ~710, and inf / inf is NaN",
-            "keep the running maximum m and compute exp(x_j - m), rescaling the sum whenever m grows",
-            lambda x: (lambda e: e / np.sum(e))(np.exp(np.asarray(x, float)))),
-    Mistake("max_not_updated", "the maximum is never updated, so exp(x_j - m) overflows once x_j exceeds it by ~710",
+            _state_with(lambda l, m, m_new, xj: l * np.exp(m_new - m if np.isfinite(m) else 0.0)
+                        + np.exp(xj - m_new))),
+    Mistake("unshifted", "no maximum is subtracted: the sum is of exp(x_j), which overflows to inf past ~710",
+            "keep the running maximum m and add exp(x_j - m), rescaling the sum whenever m grows",
+            lambda x: (float(np.max(x)), float(np.sum(np.exp(np.asarray(x, float)))))),
+    Mistake("max_not_updated", "the maximum stays at the first score, so exp(x_j - m) overflows once x_j exceeds "
+            "it by ~710",
             "update m_new = max(m_old, x_j) at every step, and rescale the sum to it",
-            lambda x: (lambda x, m: np.exp(x - m) / np.sum(np.exp(x - m)))(np.asarray(x, float), float(np.asarray(x)[0]))),
-    Mistake("not_normalised", "the outputs are exp(x - m) without the division by the sum l",
-            "the probabilities are exp(x_j - m) / l", lambda x: np.exp(np.asarray(x, float) - np.max(x))),
+            lambda x: (float(np.asarray(x)[0]), float(np.sum(np.exp(np.asarray(x, float) - np.asarray(x)[0]))))),
 ]
 
 
@@ -143,6 +171,44 @@ def online_cases() -> list[Case]:
     ]
 
 
+def _reference_state(x) -> tuple[float, float]:
+    state = softmax_state(np.asarray(x, float))
+    return float(state.max), float(state.sum)
+
+
 def check_online_softmax(fn) -> None:
-    """Check ``fn(x)`` returns the softmax of the 1-D row ``x`` (to be computed with the online recurrence)."""
-    run_checks("online softmax", fn, online_cases(), lambda x: online_softmax(x), ONLINE_MISTAKES)
+    """Check ``fn(scores)`` returns the softmax state ``(m, l)`` of a row read ONCE.
+
+    ``scores`` is a :class:`ScoreStream`: an iterator over the row that can be read only once.
+    The answer is ``m = max_j x_j`` and ``l = sum_j exp(x_j - m)`` (``(-inf, 0)`` for a fully
+    masked row). On a long row the checker also measures memory: storing the scores (a list or an
+    array) to read them again is a second pass in disguise.
+    """
+    import contextlib
+    import io
+
+    __tracebackhide__ = True
+    with contextlib.redirect_stdout(io.StringIO()):   # its "Correct" line waits for the memory check
+        run_checks("online softmax", lambda x: fn(ScoreStream(x)), online_cases(), _reference_state,
+                   ONLINE_MISTAKES, compare=_same_pair, postprocess=_as_pair)
+    _check_one_pass_memory(fn)
+    print(f"Correct: online softmax passes all {len(online_cases())} cases and reads a long stream once, "
+          "in constant memory.")
+
+
+def _check_one_pass_memory(fn, n: int = 100_000) -> None:
+    """Reject an answer that keeps the scores: a one-pass state needs O(1) memory, a stored row O(n)."""
+    from ..bench import format_bytes, peak_memory
+
+    __tracebackhide__ = True
+    x = np.random.default_rng(11).normal(scale=3, size=n)
+    stream = ScoreStream(x)                           # built before measuring: the row is the checker's
+    out, peak = peak_memory(fn, stream)
+    case = f"a stream of {n:,} scores (memory)"
+    if peak > 400 * 1024:                             # a stored row: 800 KB as an array, more as a list
+        raise ExerciseError("online softmax", case,
+                            f"your function's peak memory was {format_bytes(peak)}: it stored the scores "
+                            "(8 bytes or more each), so that it could read them twice",
+                            hint="keep only m and l: the loop that reads each score must update both at once")
+    if not _same_pair(_as_pair(out), np.array(_reference_state(x))):
+        raise ExerciseError("online softmax", case, "the state differs from the reference on a long row")
