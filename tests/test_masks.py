@@ -1,4 +1,5 @@
-"""causal_mask and sliding_window_mask, including the alignment against PyTorch's is_causal."""
+"""causal_mask, sliding_window_mask, packed and prefix-LM masks, including the alignment against
+PyTorch's is_causal and the masks inside torch SDPA."""
 import numpy as np
 import pytest
 import torch
@@ -91,3 +92,35 @@ def test_prefix_lm_mask_by_rows(n, prefix):
         np.testing.assert_array_equal(mask, attnbook.causal_mask(n))
     with pytest.raises(ValueError, match=r"prefix must be an integer in \[0, n=6\]"):
         prefix_lm_mask(6, 7)
+
+
+@pytest.mark.parametrize("lengths", [[4], [3, 5], [2, 1, 4]])
+def test_packed_mask_in_torch_sdpa_equals_is_causal_per_document(lengths):
+    """PyTorch's SDPA with the packed mask gives each document what SDPA's is_causal gives it alone."""
+    from attnbook.masks import packed_causal_mask
+
+    torch.manual_seed(0)
+    n = sum(lengths)
+    q, k, v = (torch.randn(2, 3, n, 8, dtype=torch.float64) for _ in range(3))   # (batch, heads, n, d)
+    packed = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(packed_causal_mask(lengths)))
+    start = 0
+    for length in lengths:
+        part = slice(start, start + length)
+        alone = F.scaled_dot_product_attention(q[:, :, part], k[:, :, part], v[:, :, part], is_causal=True)
+        torch.testing.assert_close(packed[:, :, part], alone, rtol=1e-12, atol=1e-12)
+        start += length
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 3, 7])
+def test_prefix_lm_mask_in_torch_sdpa(prefix):
+    """Prefix rows equal unmasked attention over the prefix alone; later rows equal causal attention."""
+    from attnbook.masks import prefix_lm_mask
+
+    torch.manual_seed(1)
+    n = 7
+    q, k, v = (torch.randn(2, n, 8, dtype=torch.float64) for _ in range(3))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(prefix_lm_mask(n, prefix)))
+    bidirectional = F.scaled_dot_product_attention(q[:, :prefix], k[:, :prefix], v[:, :prefix])
+    causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out[:, :prefix], bidirectional, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out[:, prefix:], causal[:, prefix:], rtol=1e-12, atol=1e-12)
