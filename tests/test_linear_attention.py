@@ -1,4 +1,7 @@
-"""Linear attention against quadratic references in torch, its causal forms, and random features."""
+"""Linear attention against quadratic references in torch, its causal forms, random features, and
+the decayed (gated) forms against sums written with loops."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -8,9 +11,11 @@ from hypothesis import strategies as st
 
 import attnbook
 from attnbook.bench import peak_memory
-from attnbook.linear_attention import (attention_from_features, draw_random_features, elu_feature_map,
+from attnbook.linear_attention import (attention_from_features, decay_mask, decayed_linear_attention,
+                                       decayed_linear_attention_recurrent, draw_random_features, elu_feature_map,
                                        linear_attention, linear_attention_recurrent, performer_attention,
                                        softmax_kernel_features, softmax_kernel_log_features)
+from attnbook.masks import packed_causal_mask
 from attnbook.experiments.linear_attention_timing import time_against_softmax
 
 
@@ -229,3 +234,109 @@ def test_leading_dimensions_broadcast(rng, causal):
     for a in range(2):
         for b in range(3):
             np.testing.assert_allclose(got[a, b], quadratic_reference(q[a, 0], k[0, b], v[b], causal), rtol=1e-10)
+
+
+# --- decayed and gated linear attention ------------------------------------------------
+
+def decayed_by_loops(q, k, v, decay):
+    """out_i = sum_{j <= i} (decay[j+1] * ... * decay[i]) (q_i . k_j) v_j, in plain Python floats."""
+    n, d_v = len(q), len(v[0])
+    out = np.zeros((n, d_v))
+    for i in range(n):
+        for j in range(i + 1):
+            weight = math.prod(float(g) for g in decay[j + 1:i + 1]) * float(np.dot(q[i], k[j]))
+            out[i] += weight * np.asarray(v[j], dtype=np.float64)
+    return out
+
+
+@pytest.mark.parametrize("form", [decayed_linear_attention, decayed_linear_attention_recurrent])
+def test_decayed_forms_equal_the_sum_written_with_loops(rng, form):
+    n, d_k, d_v = 9, 3, 2
+    q, k, v = rng.normal(size=(n, d_k)), rng.normal(size=(n, d_k)), rng.normal(size=(n, d_v))
+    decay = rng.uniform(0, 1, size=n)
+    decay[4] = 0.0                                                     # a gate that forgets everything
+    np.testing.assert_allclose(form(q, k, v, decay), decayed_by_loops(q, k, v, decay), rtol=1e-12, atol=1e-12)
+
+
+def test_a_fixed_decay_gives_retnets_powers():
+    n, gamma = 50, 0.9
+    i, j = np.indices((n, n))
+    expected = np.where(j <= i, gamma ** (i - j).astype(float), 0.0)
+    np.testing.assert_allclose(decay_mask(np.full(n, gamma)), expected, rtol=1e-12, atol=0)
+
+
+def test_decay_mask_stays_accurate_on_long_sequences():
+    """Summing each column's logarithms keeps every entry accurate where differences of one running
+    sum would not: gamma = 0.999 over 3000 steps, and a tiny decay at the start."""
+    n = 3000
+    decay = np.full(n, 0.999)
+    decay[1] = 1e-300
+    d = decay_mask(decay)
+    assert np.all(np.isfinite(d))
+    np.testing.assert_allclose(np.diag(d, k=-5)[2:], 0.999 ** 5, rtol=1e-12)   # away from the tiny decay
+    np.testing.assert_allclose(d[n - 1, 1], 0.999 ** (n - 2), rtol=1e-9)
+
+
+def test_decay_one_is_unnormalised_causal_linear_attention(rng):
+    q, k, v = (rng.normal(size=(2, 3, 12, 4)) for _ in range(3))
+    tq, tk, tv = (torch.as_tensor(x) for x in (q, k, v))
+    expected = ((tq @ tk.transpose(-1, -2)).tril() @ tv).numpy()
+    for form in (decayed_linear_attention, decayed_linear_attention_recurrent):
+        np.testing.assert_allclose(form(q, k, v, 1.0), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_zero_gates_at_document_starts_give_the_packed_mask(rng):
+    lengths = [3, 4, 2]
+    starts = np.cumsum([0] + lengths[:-1])
+    decay = np.ones(sum(lengths))
+    decay[starts] = 0.0
+    np.testing.assert_array_equal(decay_mask(decay) != 0, packed_causal_mask(lengths))
+    q, k, v = (rng.normal(size=(9, 3)) for _ in range(3))
+    packed = decayed_linear_attention_recurrent(q, k, v, decay)
+    for start, length in zip(starts, lengths):
+        part = slice(start, start + length)
+        np.testing.assert_allclose(packed[part], decayed_linear_attention(q[part], k[part], v[part], 1.0),
+                                   rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_recurrent_and_quadratic_decayed_forms_agree(data):
+    lead = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2)))
+    n, d_k, d_v = data.draw(st.integers(1, 25)), data.draw(st.integers(1, 6)), data.draw(st.integers(1, 6))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    q, k, v = rng.normal(size=lead + (n, d_k)), rng.normal(size=lead + (n, d_k)), rng.normal(size=lead + (n, d_v))
+    decay = data.draw(st.sampled_from(["scalar", "per position", "per batch and position"]))
+    gates = {"scalar": rng.uniform(0, 1),
+             "per position": rng.choice([0.0, 0.5, 0.97, 1.0], size=n),
+             "per batch and position": rng.uniform(0, 1, size=lead + (n,))}[decay]
+    np.testing.assert_allclose(decayed_linear_attention_recurrent(q, k, v, gates),
+                               decayed_linear_attention(q, k, v, gates), rtol=1e-10, atol=1e-10)
+
+
+def test_decayed_forms_keep_float32(rng):
+    q, k, v = (rng.normal(size=(6, 4)).astype(np.float32) for _ in range(3))
+    for form in (decayed_linear_attention, decayed_linear_attention_recurrent):
+        out = form(q, k, v, np.float32(0.8))
+        assert out.dtype == np.float32
+        np.testing.assert_allclose(out, decayed_by_loops(q, k, v, np.full(6, 0.8)), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("decay, match", [
+    (1.5, r"every decay must lie in \[0, 1\].*got 1.5"),
+    (-0.1, r"every decay must lie in \[0, 1\]"),
+    (np.nan, r"every decay must lie in \[0, 1\].*got nan"),
+    (np.ones(4), r"decay must be a number or broadcast to \(..., n\) = \(5,\); got shape \(4,\)"),
+])
+def test_decayed_bad_decay_raises(decay, match):
+    x = np.ones((5, 3))
+    for form in (decayed_linear_attention, decayed_linear_attention_recurrent):
+        with pytest.raises(ValueError, match=match):
+            form(x, x, x, decay)
+
+
+def test_decayed_needs_self_attention_shapes():
+    with pytest.raises(ValueError, match=r"same length n; got q \(4, 3\) and k \(5, 3\)"):
+        decayed_linear_attention(np.ones((4, 3)), np.ones((5, 3)), np.ones((5, 2)), 0.5)
+    with pytest.raises(ValueError, match=r"decay must have at least 1 dimensions"):
+        decay_mask(0.5)

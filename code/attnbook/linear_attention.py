@@ -18,9 +18,17 @@ with a state of fixed size. Two feature maps:
   are unbiased estimates of ``exp(x . y)``, so :func:`performer_attention`
   approximates softmax attention itself.
 
+Models that replace attention by such a recurrence let the state forget: RetNet (Sun et al.
+2023), gated linear attention (Yang et al. 2024) and Mamba-2 (Dao & Gu 2024) multiply it by a
+decay before each update, ``S_t = gamma_t S_{t-1} + k_t v_t^T``.
+:func:`decayed_linear_attention_recurrent` runs that recurrence and
+:func:`decayed_linear_attention` computes the same outputs as a quadratic form under the
+decay-weighted causal mask of :func:`decay_mask`.
+
 Chapter 12 (perspectives) shows :func:`elu_feature_map`, :func:`attention_from_features`,
-:func:`linear_attention_recurrent` and :func:`performer_attention`; its timing against softmax
-attention is :mod:`attnbook.experiments.linear_attention_timing`.
+:func:`linear_attention_recurrent`, :func:`performer_attention`, :func:`decay_mask`,
+:func:`decayed_linear_attention_recurrent` and :func:`decayed_linear_attention`; its timing
+against softmax attention is :mod:`attnbook.experiments.linear_attention_timing`.
 """
 from __future__ import annotations
 
@@ -234,3 +242,89 @@ def performer_attention(q, k, v, omega, causal: bool = False, scale: float | Non
     phi_q = np.exp(log_q - np.max(log_q, axis=-1, keepdims=True))
     phi_k = np.exp(log_k - np.max(log_k, axis=(-2, -1), keepdims=True))
     return attention_from_features(phi_q, phi_k, v, causal=causal, chunk_size=chunk_size)
+
+
+# --- forgetting: decayed and gated linear attention ------------------------------------
+
+def check_decayed_inputs(q, k, v, decay):
+    """Validate the inputs of the decayed forms; return them as float arrays, decay as (..., n).
+
+    q, k: (..., n, d_k), v: (..., n, d_v) with one ``n`` for all three (causal self-attention);
+    decay: a number or an array broadcastable to (..., n), every entry in [0, 1].
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    batch, n_q, n_k, _, _ = _validate.attention_shapes(q, k, v)
+    if n_q != n_k:
+        raise ValueError(f"decayed linear attention is causal self-attention: q and k need the same "
+                         f"length n; got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    dtype = _float_dtype(q, k, v)
+    decay = np.asarray(decay, dtype=dtype)
+    try:
+        decay = np.broadcast_to(decay, batch + (n_q,))
+    except ValueError:
+        raise ValueError(f"decay must be a number or broadcast to (..., n) = {batch + (n_q,)}; got shape "
+                         f"{tuple(decay.shape)}") from None
+    check_decay(decay)
+    return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), decay
+
+
+def check_decay(decay) -> np.ndarray:
+    """Decays as a float array of rank >= 1 with every entry in [0, 1]; ValueError otherwise."""
+    decay = np.asarray(decay)
+    if not np.issubdtype(decay.dtype, np.floating):
+        decay = decay.astype(np.float64)
+    _validate.require_rank("decay", decay, 1, "(..., n)")
+    inside = (decay >= 0) & (decay <= 1)                   # False for NaN too
+    if not np.all(inside):
+        raise ValueError(f"every decay must lie in [0, 1] (1 keeps the state, 0 forgets it); "
+                         f"got {decay[~inside].ravel()[0]}")
+    return decay
+
+
+def decay_mask(decay) -> np.ndarray:
+    """The decay-weighted causal mask D (..., n, n) of decays (..., n), each in [0, 1].
+
+    ``D[i, j] = decay[j + 1] * ... * decay[i]`` for ``j <= i`` (1 on the diagonal, an empty
+    product) and 0 for ``j > i``: how much of key ``j`` is left in the state at step ``i``.
+    ``decay[0]`` is never used. One fixed decay gives ``gamma ** (i - j)`` (RetNet); all ones
+    give the causal mask; a 0 at position ``t`` cuts every key before ``t`` off from every
+    query from ``t`` on.
+    """
+    decay = check_decay(decay)
+    with np.errstate(divide="ignore"):
+        log_decay = np.log(decay)                                  # -inf where the decay is 0
+    n = log_decay.shape[-1]
+    later = np.tril(np.ones((n, n), dtype=bool), k=-1)             # [s, j]: step s comes after key j
+    # sums[i, j] = log_decay[j+1] + ... + log_decay[i], summed down each column. Differences of
+    # one running sum, cumsum[i] - cumsum[j], would give the same in exact arithmetic, but lose
+    # the small sums to rounding once the running sum is long, and give -inf - -inf = NaN.
+    sums = np.cumsum(np.where(later, log_decay[..., :, None], 0.0), axis=-2)
+    return np.where(np.tril(np.ones((n, n), dtype=bool)), np.exp(sums), 0.0)
+
+
+def decayed_linear_attention_recurrent(q, k, v, decay) -> np.ndarray:
+    """Linear attention with a fading state, run as a recurrent network, one position at a time.
+
+    q, k: (..., n, d_k), v: (..., n, d_v), decay: a number or (..., n) in [0, 1] -> (..., n, d_v).
+    ``S_t = decay_t S_{t-1} + k_t v_t^T`` (d_k, d_v) and ``out_t = q_t^T S_t``. A fixed decay is
+    RetNet's retention; a decay computed from the input at each step is a gate (GLA, Mamba-2).
+    No feature map and no denominator: these models normalise the output by other means.
+    """
+    q, k, v, decay = check_decayed_inputs(q, k, v, decay)
+    s = np.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)   # (..., d_k, d_v)
+    out = np.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for t in range(q.shape[-2]):
+        s = decay[..., t, None, None] * s + k[..., t, :, None] * v[..., t, None, :]   # forget, then write
+        out[..., t, :] = np.einsum("...d,...de->...e", q[..., t, :], s)              # read
+    return out
+
+
+def decayed_linear_attention(q, k, v, decay) -> np.ndarray:
+    """The same outputs as a quadratic form: ``out = ((q k^T) * decay_mask(decay)) v``.
+
+    q, k: (..., n, d_k), v: (..., n, d_v), decay: a number or (..., n) in [0, 1] -> (..., n, d_v).
+    Attention with the decay-weighted causal mask in place of the 0/1 one and no softmax:
+    O(n^2) time and memory, but matrix products throughout (the "dual" form of Dao & Gu 2024).
+    """
+    q, k, v, decay = check_decayed_inputs(q, k, v, decay)
+    return ((q @ np.swapaxes(k, -1, -2)) * decay_mask(decay)) @ v
