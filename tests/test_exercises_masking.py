@@ -114,3 +114,37 @@ def test_an_additive_mask_is_named_and_converted():
 
     with pytest.raises(AssertionError, match=r"your mask is additive.*still wrong"):
         check_causal_mask(additive_causal_off_by_one)
+
+
+def test_a_classic_mistake_in_additive_form_is_still_named():
+    """The additive mask is judged as the boolean mask it stands for, so its mistake gets its name."""
+    from attnbook.exercises.masking import check_padding_mask
+    from attnbook.exercises import check_causal_mask
+
+    def additive_diagonal_hidden(n):            # written with loops: key j allowed for query i when j < i
+        return np.array([[0.0 if j < i else -np.inf for j in range(n)] for i in range(n)])
+
+    def additive_future(n):                     # each query sees itself and the keys after it
+        return np.array([[0.0 if j >= i else -np.inf for j in range(n)] for i in range(n)])
+
+    def additive_first_pad_visible(lengths, n):  # one padding key too many
+        return np.array([[[0.0 if j <= length else -np.inf for j in range(n)] for _ in range(n)]
+                         for length in lengths])
+
+    for fn, check, key in ((additive_diagonal_hidden, check_causal_mask, "diagonal_hidden"),
+                           (additive_future, check_causal_mask, "transposed"),
+                           (additive_first_pad_visible, check_padding_mask, "pad_visible")):
+        with pytest.raises(ExerciseError, match=r"your mask is additive.*still wrong") as err:
+            check(fn)
+        assert err.value.mistake == key, (fn.__name__, err.value.mistake)
+
+
+def test_a_right_additive_mask_gets_the_conversion_as_hint():
+    from attnbook.exercises import check_causal_mask
+
+    def additive(n):
+        return np.array([[0.0 if j <= i else -np.inf for j in range(n)] for i in range(n)])
+
+    with pytest.raises(ExerciseError, match=r"right as an additive mask\nHint: return `mask == 0`") as err:
+        check_causal_mask(additive)
+    assert err.value.mistake is None

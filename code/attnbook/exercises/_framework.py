@@ -145,7 +145,15 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
         if compare(got, expected):
             continue
         others = [c for c in cases if c is not case]
-        mistake = diagnose(got, case, mistakes, compare, fn, others, postprocess)
+        if _is_array(expected) and _is_array(got) and as_array(expected).dtype == bool \
+                and _is_additive_mask(as_array(got)):
+            # judge the mask the reader meant (0 = may attend), so that a classic mistake made in
+            # the additive form is still named as that mistake
+            mistake = diagnose(as_array(got) == 0, case, mistakes, compare, fn, others,
+                               lambda out: _additive_as_bool(postprocess(out)))
+            hint = "return `mask == 0`, the boolean form of your additive mask"
+        else:
+            mistake = diagnose(got, case, mistakes, compare, fn, others, postprocess)
         problem = (describe or difference)(got, expected, case)
         raise ExerciseError(exercise, case.name, problem, mistake=mistake, hint=None if mistake else hint)
     print(f"Correct: {exercise} passes all {len(cases)} cases.")
@@ -154,6 +162,17 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
 def _is_additive_mask(a: np.ndarray) -> bool:
     """A float array of 0s and -infs (at least one of each is not required): an additive mask."""
     return a.dtype.kind == "f" and a.size > 0 and bool(np.all((a == 0) | (a == -np.inf))) and bool(np.any(a == -np.inf))
+
+
+def _is_array(x) -> bool:
+    """Whether ``x`` is one array (or tensor), not a tuple of several results."""
+    return isinstance(x, np.ndarray) or hasattr(x, "detach")
+
+
+def _additive_as_bool(out) -> np.ndarray:
+    """A float mask read as additive (0 = may attend); anything else unchanged."""
+    a = as_array(out)
+    return a == 0 if a.dtype.kind == "f" else a
 
 
 def difference(got, expected, case: Case | None = None) -> str:
