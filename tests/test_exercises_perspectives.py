@@ -65,7 +65,7 @@ def test_linear_reference_passes(capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-def test_the_quadratic_form_is_rejected_by_its_memory():
+def test_the_quadratic_form_is_rejected_by_its_memory(capsys):
     def quadratic_torch(q, k, v):              # right values, an n x n matrix of weights
         w = phi(q) @ phi(k).transpose(-1, -2)
         return (w / w.sum(-1, keepdim=True)) @ torch.as_tensor(v), w
@@ -79,6 +79,7 @@ def test_the_quadratic_form_is_rejected_by_its_memory():
         with pytest.raises(ExerciseError, match=r"n x n matrix.*quadratic form") as err:
             check_linear_attention(quadratic)
         assert "phi(K)^T V is d_k x d_v" in str(err.value)
+        assert "Correct" not in capsys.readouterr().out       # no "Correct" line before the rejection
 
 
 def test_a_linear_answer_that_returns_a_pair_passes(capsys):

@@ -104,9 +104,16 @@ def check_linear_attention(fn) -> None:
     quadratic form, right values at quadratic cost) is rejected. The measurement uses
     :mod:`tracemalloc`, which sees numpy's arrays.
     """
-    run_checks("linear attention", fn, linear_attention_cases(),
-               lambda q, k, v: linear_attention(q, k, v), LINEAR_ATTENTION_MISTAKES, postprocess=_first)
+    import contextlib
+    import io
+
+    __tracebackhide__ = True
+    with contextlib.redirect_stdout(io.StringIO()):   # its "Correct" line waits for the memory check
+        run_checks("linear attention", fn, linear_attention_cases(),
+                   lambda q, k, v: linear_attention(q, k, v), LINEAR_ATTENTION_MISTAKES, postprocess=_first)
     _check_linear_memory(fn)
+    print(f"Correct: linear attention passes all {len(linear_attention_cases())} cases, and on n = 4096 "
+          "it never needed the memory of an n x n matrix.")
 
 
 def _largest_torch_allocation(fn, *args):
