@@ -80,35 +80,110 @@ def same(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
 
 
 def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare, fn: Callable | None = None,
-             others: Sequence[Case] = (), postprocess: Callable = lambda out: out) -> Mistake | None:
+             others: Sequence[Case] = (), postprocess: Callable = lambda out: out,
+             expected=None) -> Mistake | None:
     """The mistake whose output on ``case`` matches the reader's, or None.
 
     When several match (a case can be blind to a difference: with ``d_model = d_k`` dividing by
     either square root gives the same scores), the reader's ``fn`` is also run on the ``others``
     cases and only the mistakes that keep matching it there are kept; the first of those wins.
+
+    A match through NaN or inf is weak evidence: ``compare`` counts NaN as equal to NaN, so on a
+    case where the reader's output breaks, *every* mistake that breaks the same entries matches,
+    whatever its cause (an exponential that was never shifted and a maximum that was never updated
+    both overflow to NaN on large scores). So when the reader's output is wrong only by NaN or inf
+    (right wherever it is finite, compared with ``expected``, the reference's output on ``case``), a
+    mistake is named only if it also agrees with the reader's function on every other case where
+    both run: a mistake that breaks elsewhere, or not where the reader's function does, is not the
+    reader's.
     """
     candidates = [m for m in mistakes if _commits(m, case, got, compare)]
+    outputs = _ReaderOutputs(fn, postprocess)
+    if candidates and expected is not None and _breaks_only(got, expected):
+        candidates = [m for m in candidates
+                      if all(_agrees(m, other, outputs, compare) for other in others)]
     for other in others:
-        if len(candidates) <= 1 or fn is None:
+        if len(candidates) <= 1:
             break
-        try:
-            with np.errstate(all="ignore"):
-                theirs = postprocess(fn(*other.args, **other.kwargs))
-        except Exception:  # the reader's function fails here: this case cannot tell them apart
+        theirs = outputs(other)
+        if theirs is _FAILED:  # the reader's function fails here: this case cannot tell them apart
             continue
         narrowed = [m for m in candidates if _commits(m, other, theirs, compare)]
         candidates = narrowed or candidates
     return candidates[0] if candidates else None
 
 
+_FAILED = object()  # a function that raised (or no function to run)
+
+
+class _ReaderOutputs:
+    """The reader's (postprocessed) output on a case, computed once; ``_FAILED`` if it raises."""
+
+    def __init__(self, fn: Callable | None, postprocess: Callable):
+        self.fn, self.postprocess, self.cache = fn, postprocess, {}
+
+    def __call__(self, case: Case):
+        if id(case) not in self.cache:
+            self.cache[id(case)] = self._run(case)
+        return self.cache[id(case)]
+
+    def _run(self, case: Case):
+        if self.fn is None:
+            return _FAILED
+        try:
+            with np.errstate(all="ignore"):
+                return self.postprocess(self.fn(*case.args, **case.kwargs))
+        except Exception:
+            return _FAILED
+
+
 def _commits(mistake: Mistake, case: Case, got, compare) -> bool:
     """Whether ``mistake`` gives ``got`` on ``case``; False when the mistake cannot run there."""
+    wrong = _mistake_output(mistake, case)
+    return wrong is not _FAILED and bool(compare(got, wrong))
+
+
+def _agrees(mistake: Mistake, case: Case, outputs: _ReaderOutputs, compare) -> bool:
+    """False only when both the mistake and the reader's function run on ``case`` and differ."""
+    theirs, wrong = outputs(case), _mistake_output(mistake, case)
+    return theirs is _FAILED or wrong is _FAILED or bool(compare(theirs, wrong))
+
+
+def _mistake_output(mistake: Mistake, case: Case):
     try:
         with np.errstate(all="ignore"):
-            wrong = mistake.commit(*case.args, **case.kwargs)
+            return mistake.commit(*case.args, **case.kwargs)
     except Exception:
-        return False
-    return bool(compare(got, wrong))
+        return _FAILED
+
+
+def _breaks_only(got, expected) -> bool:
+    """Whether the reader's output is wrong only by NaN or inf: it holds one where ``expected`` is
+    finite, and agrees with ``expected`` wherever it is finite itself. Then matching a mistake
+    says only *that* the output broke there. (False when the two cannot be compared entry by entry.)"""
+    parts = (isinstance(got, (tuple, list)) and isinstance(expected, (tuple, list))
+             and len(got) == len(expected))
+    verdicts = ([_entry_verdict(a, e) for a, e in zip(got, expected)] if parts
+                else [_entry_verdict(got, expected)])
+    return None not in verdicts and "wrong" not in verdicts and "broken" in verdicts
+
+
+def _entry_verdict(got, expected) -> str | None:
+    """'broken' (NaN/inf where the answer is finite, right elsewhere), 'wrong' (a finite entry
+    differs), 'right', or None (not comparable)."""
+    try:
+        a, e = as_array(got), as_array(expected)
+    except Exception:
+        return None
+    if a.shape != e.shape or a.dtype.kind != "f" or e.dtype.kind != "f":
+        return None
+    a, e = a.astype(np.float64), e.astype(np.float64)
+    finite = np.isfinite(a)
+    with np.errstate(invalid="ignore"):
+        right = np.isclose(a, e, rtol=1e-5, atol=1e-6, equal_nan=True)
+    if not right[finite].all():
+        return "wrong"
+    return "broken" if bool((~finite & np.isfinite(e)).any()) else "right"
 
 
 def error_hint(err: Exception) -> str | None:
@@ -150,10 +225,10 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
             # judge the mask the reader meant (0 = may attend), so that a classic mistake made in
             # the additive form is still named as that mistake
             mistake = diagnose(as_array(got) == 0, case, mistakes, compare, fn, others,
-                               lambda out: _additive_as_bool(postprocess(out)))
+                               lambda out: _additive_as_bool(postprocess(out)), expected)
             hint = "return `mask == 0`, the boolean form of your additive mask"
         else:
-            mistake = diagnose(got, case, mistakes, compare, fn, others, postprocess)
+            mistake = diagnose(got, case, mistakes, compare, fn, others, postprocess, expected)
         problem = (describe or difference)(got, expected, case)
         raise ExerciseError(exercise, case.name, problem, mistake=mistake, hint=None if mistake else hint)
     print(f"Correct: {exercise} passes all {len(cases)} cases.")

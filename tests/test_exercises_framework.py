@@ -1,0 +1,137 @@
+"""The diagnosis shared by every checker: a NaN in the reader's output is not evidence of *which*
+mistake made it.
+
+``same`` counts NaN as equal to NaN, so on a case where the reader's softmax overflows, every
+mistake that also overflows there matches it. These tests build a small checker of the kind the
+book had (an online softmax returning probabilities) and feed it wrong answers written here,
+independently of its Mistake functions.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from attnbook.exercises import ExerciseError
+from attnbook.exercises._framework import Case, Mistake, diagnose, run_checks, same
+from attnbook.exercises.flash import check_online_softmax
+
+
+def _softmax(x):
+    x = np.asarray(x, float)
+    if np.all(np.isneginf(x)):
+        return np.zeros_like(x)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+MAX_NOT_UPDATED = Mistake(
+    "max_not_updated", "the maximum stays at the first score", "update the maximum",
+    lambda x: (lambda x: np.exp(x - x[0]) / np.sum(np.exp(x - x[0])))(np.asarray(x, float)))
+UNSHIFTED = Mistake(
+    "unshifted", "no maximum is subtracted: exp(x) overflows to inf past ~710, and inf / inf is NaN",
+    "subtract the running maximum",
+    lambda x: (lambda e: e / e.sum())(np.exp(np.asarray(x, float))))
+
+
+def _unguarded_recurrence(x):
+    x = np.asarray(x, float)
+    m, l = -np.inf, 0.0
+    for v in x:
+        m_new = max(m, v)
+        l, m = l * np.exp(m - m_new) + np.exp(v - m_new), m_new
+    return np.exp(x - m) / l
+
+
+NAN_ON_MASKED_START = Mistake("nan_on_masked_start", "a row that starts masked gives NaN",
+                              "guard the -inf maximum", _unguarded_recurrence)
+
+CASES = [  # no case here tells an unshifted exponential from a stale maximum by finite values
+    Case("a row of 8 scores", (np.random.default_rng(0).normal(size=8),)),
+    Case("scores growing to 3000", (np.array([0.0, 800.0, 1600.0, 2400.0, 3000.0]),)),
+    Case("a row that starts masked", (np.array([-np.inf, -np.inf, 0.3, 1.2, -np.inf, 0.8]),)),
+]
+
+
+def check(fn, mistakes):
+    run_checks("softmax of a row", fn, CASES, _softmax, mistakes)
+
+
+def reader_unshifted(x):
+    """The textbook formula in a loop: exp of each score, no maximum anywhere."""
+    terms = [math.exp(v) if v < 710 else math.inf for v in x]
+    total = sum(terms)
+    return np.array([t / total for t in terms])   # inf / inf is NaN in Python too
+
+
+def reader_first_score_as_max(x):
+    m = x[0]
+    terms = [math.exp(v - m) if v - m < 710 else math.inf for v in x]
+    total = sum(terms)
+    return np.array([t / total for t in terms])   # inf / inf is NaN in Python too
+
+
+def reader_unguarded(x):
+    """Right, except that a row starting with -inf computes exp(-inf - (-inf)) = NaN."""
+    m, l, acc = -math.inf, 0.0, []
+    for v in x:
+        m_new = max(m, v)
+        scale = math.nan if m_new == -math.inf else math.exp(m - m_new)
+        l = l * scale + (math.nan if m_new == -math.inf else math.exp(v - m_new))
+        m = m_new
+    return np.array([math.exp(v - m) / l for v in x])
+
+
+def test_a_nan_match_alone_does_not_name_a_mistake():
+    # Both overflow on 'growing to 3000', so NaN == NaN made the stale maximum match there. But on
+    # a row that starts masked the stale maximum (-inf) gives NaN where the reader is right: it
+    # is not the reader's mistake, and no mistake is named.
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check(reader_unshifted, [MAX_NOT_UPDATED])
+    assert err.value.case == "scores growing to 3000"
+    assert err.value.mistake is None
+    assert "NaN or inf where the answer is finite" in str(err.value)
+
+
+def test_the_unshifted_exponential_is_named_as_overflow():
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check(reader_unshifted, [MAX_NOT_UPDATED, UNSHIFTED])
+    assert err.value.mistake == "unshifted"
+    assert "overflows" in str(err.value)
+
+
+def test_a_stale_maximum_is_still_named():
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check(reader_first_score_as_max, [UNSHIFTED, MAX_NOT_UPDATED])
+    assert err.value.mistake == "max_not_updated"
+
+
+def test_a_mistake_whose_signature_is_nan_is_still_named():
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check(reader_unguarded, [MAX_NOT_UPDATED, UNSHIFTED, NAN_ON_MASKED_START])
+    assert err.value.case == "a row that starts masked"
+    assert err.value.mistake == "nan_on_masked_start"
+
+
+def test_wrong_finite_values_keep_a_match_strong():
+    # A NaN beside wrong finite values: the finite values identify the mistake, even though the
+    # mistake's function also breaks on another case where the reader's does not.
+    halve = Mistake("halved", "halved", "do not halve",
+                    lambda x: np.where(np.asarray(x) > 5, np.nan, np.asarray(x) / 2) if len(x) > 1 else np.nan)
+    case = Case("a row", (np.array([1.0, 2.0, 9.0]),))
+    other = Case("one score", (np.array([4.0]),))
+    reader = lambda x: np.where(x > 5, np.nan, x / 2)  # noqa: E731
+    got = reader(*case.args)
+    assert diagnose(got, case, [halve], same, reader, [other], expected=np.array([1.0, 2.0, 9.0])) is halve
+
+
+def test_the_online_softmax_exercise_names_an_unshifted_exponential():
+    def online_exp_sum(scores):
+        m, l = -math.inf, 0.0
+        for v in scores:
+            m = max(m, v)
+            l += math.exp(v) if v < 710 else math.inf
+        return m, l
+
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check_online_softmax(online_exp_sum)
+    assert err.value.mistake == "unshifted" and "overflows" in str(err.value)
