@@ -159,8 +159,8 @@ def flash_attention_backward_numpy(q, k, v, out, lse, d_out, causal: bool = Fals
     dq, dk, dv = np.zeros_like(q3), np.zeros_like(k3), np.zeros_like(v3)
     for rows, cols, partial in tile_schedule(n_q, n_k, block_q, block_k, causal):
         s = scale * (q3[:, rows] @ k3[:, cols].transpose(0, 2, 1))
-        if partial:
-            np.copyto(s, -np.inf, where=~_tile_mask(rows, cols, n_k - n_q))
+        if partial:                                            # the forward pass's mask
+            s = np.where(_tile_mask(rows, cols, n_k - n_q), s, -np.inf)
         p = np.exp(s - lse3[:, rows])                          # the forward's weights, recomputed
         dv[:, cols] += p.transpose(0, 2, 1) @ do3[:, rows]
         dp = do3[:, rows] @ v3[:, cols].transpose(0, 2, 1)
