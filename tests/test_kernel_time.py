@@ -1,0 +1,136 @@
+"""The time model of chapter 10's kernels: its counts against independent ones, its rates against
+published peaks, and the shape it predicts."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("triton")
+
+from attnbook import cost, kernel_time as kt, memory_traffic as mt  # noqa: E402
+from attnbook.triton_flash import gpu_configs, key_block_bounds, query_block_bounds  # noqa: E402
+
+T4, A100, H100 = kt.HARDWARE
+SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def first_choices(hw, programs_per_sm=2):
+    def configs_for(d):
+        fwd, bwd = (gpu_configs(kind, d, hw.capability)[0] for kind in ("forward", "backward"))
+        return {"forward": (fwd[0], fwd[1], programs_per_sm), "backward_dkdv": (bwd[0], bwd[1], programs_per_sm),
+                "backward_dq": (bwd[0], bwd[1], programs_per_sm)}
+    return configs_for
+
+
+def brute_force_visits(n, block_q, block_k, causal, keys_outer):
+    """Scores and streamed rows from the kernels' own host-side bounds (triton_flash)."""
+    scores = rows = 0
+    if keys_outer:
+        for kb in range(-(-n // block_k)):
+            width = min(block_k, n - kb * block_k)
+            start = query_block_bounds(kb, n, n, block_q, block_k, causal)[0]
+            scores, rows = scores + width * (n - start), rows + (n - start)
+    else:
+        for qb in range(-(-n // block_q)):
+            height = min(block_q, n - qb * block_q)
+            end = key_block_bounds(qb, n, n, block_q, block_k, causal)[1] if causal else n
+            end = min(n, -(-end // block_k) * block_k)            # whole tiles
+            scores, rows = scores + height * end, rows + end
+    return scores, rows
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 64, 100, 257])
+@pytest.mark.parametrize("blocks", [(16, 16), (64, 32), (32, 64), (128, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("keys_outer", [False, True])
+def test_tile_visits_match_the_kernels_bounds(n, blocks, causal, keys_outer):
+    block_q, block_k = blocks
+    outer, inner = (block_k, block_q) if keys_outer else (block_q, block_k)
+    assert kt.tile_visits(n, outer, inner, causal, keys_outer) == brute_force_visits(n, block_q, block_k, causal, keys_outer)
+
+
+def test_causal_tiles_cover_the_triangle_and_no_more_than_a_diagonal_band():
+    for n, bq, bk in [(512, 128, 64), (1000, 64, 32)]:
+        scores, _ = kt.tile_visits(n, bq, bk, causal=True)
+        assert n * (n + 1) // 2 <= scores <= n * (n + 1) // 2 + n * max(bq, bk)
+        assert kt.tile_visits(n, bq, bk, causal=False) == (n * n, n * -(-n // bq))
+
+
+@pytest.mark.parametrize("n", [100, 512, 4096])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_bytes_are_chapter_9s_traffic_models(n, causal):
+    """In L2 the forward moves flash_traffic_l2's bytes; with no L2, flash_traffic's (independent counts)."""
+    for hw, model in ((A100, mt.flash_traffic_l2), (dataclasses.replace(A100, l2_bytes=0), mt.flash_traffic)):
+        t = kt.kernel_time("forward", hw, 2, 3, n, 64, causal, 128, 64)
+        assert t.in_l2 == (hw.l2_bytes > 0)
+        expected = model(n, n, 64, 128, 64, batch=6, causal=causal).bytes
+        assert t.memory * hw.gpu.hbm_bandwidth == pytest.approx(expected, rel=1e-12)
+
+
+def test_rates_reproduce_the_published_peaks():
+    assert T4.fp32_flops == pytest.approx(8.1e12, rel=0.01)        # T4 datasheet
+    assert T4.gpu.fp16_flops == pytest.approx(40 * 1024 * T4.clock, rel=0.01)
+    assert A100.fp32_flops == pytest.approx(19.5e12, rel=0.01)     # A100 datasheet
+    assert A100.gpu.fp16_flops == pytest.approx(108 * 2048 * A100.clock, rel=0.01)
+    assert H100.gpu.fp16_flops == pytest.approx(132 * 4096 * H100.clock, rel=0.01)
+    assert H100.exp2_rate == pytest.approx(3.9e12, rel=0.02)       # FlashAttention-3: 3.9 TFLOPS of exponentials
+    assert T4.dot_flops == T4.fp32_flops and A100.dot_flops == A100.gpu.fp16_flops
+
+
+def test_occupancy():
+    assert kt.occupancy(255, 4, 0, A100) == 2          # 4 warps at 255 registers: two programs (chapter 10)
+    assert kt.occupancy(128, 8, 100 * 1024, A100) == 1   # shared memory decides
+    assert kt.occupancy(32, 4, 0, T4) == 8              # the T4's 32 warps per SM decide
+    with pytest.raises(ValueError, match="does not fit"):
+        kt.occupancy(255, 16, 0, A100)
+
+
+@pytest.mark.parametrize("hw", kt.HARDWARE, ids=lambda hw: hw.gpu.name)
+def test_the_shape_of_the_predicted_plots(hw):
+    rows = kt.predict(hw, first_choices(hw), SEQ_LENS)
+    tf = {(r["d"], r["causal"], r["mode"], r["n"]): r["tflops"] for r in rows}
+    in_l2 = {(r["d"], r["causal"], r["mode"], r["n"]): r["in_l2"] for r in rows}
+    for d in (64, 128):
+        for mode in ("fwd", "fwd_bwd"):
+            # rising with n, as long as the L2 holds the keys and values of the heads in flight
+            for c in (False, True):
+                curve = [tf[d, c, mode, n] for n in SEQ_LENS if in_l2[d, c, mode, n]]
+                assert len(curve) >= 5 and curve == sorted(curve)
+            full = [tf[d, False, mode, n] for n in SEQ_LENS]
+            causal = [tf[d, True, mode, n] for n in SEQ_LENS]
+            assert causal[0] < full[0] and causal[-1] > 0.97 * full[-1]   # the diagonal matters less and less
+        for causal_ in (False, True):
+            for n in SEQ_LENS:
+                assert tf[d, causal_, "fwd_bwd", n] < tf[d, causal_, "fwd", n]
+                # never above the units the products run on; the backward recomputes S and dP,
+                # so 9 products run where 7 are counted
+                assert tf[d, causal_, "fwd", n] < hw.dot_flops / 1e12
+                assert tf[d, causal_, "fwd_bwd", n] < hw.dot_flops * 7 / 9 / 1e12
+    if hw.capability >= (8, 0):   # tensor cores: exp2 costs relatively less with more d per score
+        assert all(tf[128, c, m, n] > tf[64, c, m, n] for c in (False, True) for m in ("fwd", "fwd_bwd") for n in SEQ_LENS)
+
+
+def test_the_t4s_l2_stops_holding_a_head_at_d_128_and_n_16384():
+    """K and V of one head at n = 16384, d = 128 are 8 MiB against the T4's 4 MiB of L2; the backward's
+    16-row tiles then re-read them from memory, and its dQ kernel waits on memory, not arithmetic."""
+    configs = first_choices(T4)(128)
+    launches = kt.pass_time(T4, 1, 16, 16384, 128, False, "fwd_bwd", configs)
+    assert not any(k.in_l2 for k in launches)
+    dq = next(k for k in launches if k.kernel == "backward_dq")
+    assert dq.memory > dq.compute
+    assert all(k.in_l2 for k in kt.pass_time(T4, 2, 16, 8192, 128, False, "fwd_bwd", configs)[:3])
+
+
+def test_time_grows_linearly_with_n_at_fixed_tokens():
+    """batch * n is fixed, so the work is proportional to n: twice the length, about twice the time."""
+    rows = kt.predict(H100, first_choices(H100), (8192, 16384), d_heads=(64,), causal=(False,), modes=("fwd",))
+    assert rows[1]["ms"] / rows[0]["ms"] == pytest.approx(2.0, rel=0.03)
+    assert cost.benchmark_flops(1, 32, 16384, 64) == 2 * cost.benchmark_flops(2, 32, 8192, 64)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="mode"):
+        kt.pass_time(A100, 1, 1, 64, 64, False, "bwd", {})
+    with pytest.raises(ValueError, match="n"):
+        kt.tile_visits(0, 64, 64, False)
