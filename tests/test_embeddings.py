@@ -366,3 +366,16 @@ def test_nearest_neighbours_sorted_and_exclusive(learned):
     sims = [s for _, s in result]
     assert len(result) == 8 and sims == sorted(sims, reverse=True)
     assert "river" not in [w for w, _ in result] and UNK not in [w for w, _ in result]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.uint64])
+def test_ids_become_the_platform_index_type(dtype):
+    """np.bincount takes only np.intp: in the browser (Pyodide, wasm32) that is int32, and int64 ids
+    made cooccurrence_counts fail there (tests/test_lite.py runs it in Pyodide itself)."""
+    from attnbook.embeddings import _checked_ids
+
+    ids = _checked_ids(np.array([[0, 2], [1, 2]], dtype=dtype), 3)
+    assert ids.dtype == np.intp
+    np.testing.assert_array_equal(ids, [[0, 2], [1, 2]])
+    counts = cooccurrence_counts([np.array([0, 1, 2], dtype=dtype)], 3, window=1)
+    np.testing.assert_array_equal(counts, [[0, 1, 0], [1, 0, 1], [0, 1, 0]])

@@ -97,7 +97,10 @@ class Vocabulary:
 # --- ids -> vectors --------------------------------------------------------
 
 def _checked_ids(ids, vocab_size: int) -> np.ndarray:
-    """``ids`` as an integer array, or a ValueError naming the first id outside ``0..V-1``."""
+    """``ids`` as an array of the platform's index type, or a ValueError naming the first id outside ``0..V-1``.
+
+    The index type (``np.intp``) is what ``np.bincount`` counts and what indexing uses; it is 32 bits wide
+    in the browser (Pyodide, wasm32), where ``np.bincount`` refuses int64 arrays."""
     ids = np.asarray(ids)
     if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
         if ids.size == 0 and ids.dtype != bool:
@@ -111,7 +114,7 @@ def _checked_ids(ids, vocab_size: int) -> np.ndarray:
             f"token id {ids.ravel()[bad[0]]} at position {tuple(int(i) for i in where)} is out of range "
             f"for a vocabulary of V={vocab_size} (valid ids are 0..{vocab_size - 1})"
         )
-    return ids
+    return ids.astype(np.intp, copy=False)
 
 
 def one_hot(ids, vocab_size: int) -> np.ndarray:
