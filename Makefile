@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 
-.PHONY: book test test-minimum execute nbval clean
+.PHONY: book pdf test test-minimum execute nbval clean
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # The environment that makes this CPU compute like the other kind (AVX-512 <-> AVX2-only): the
@@ -26,6 +26,13 @@ $(READY): requirements.txt pyproject.toml
 
 book: $(READY)
 	$(BIN)/jupyter-book build --warningiserror --nitpick --keep-going .
+
+# The book as one PDF, _build/latex/attention-derived.pdf (xelatex; it needs Debian's TeX packages,
+# the apt-get line in .ci/run). The old PDF is removed first, so that a failed run leaves none behind.
+pdf: $(READY)
+	rm -f _build/latex/attention-derived.pdf
+	$(BIN)/jupyter-book build --builder pdflatex --warningiserror --nitpick --keep-going .
+	test -s _build/latex/attention-derived.pdf
 
 test: $(READY)
 	$(BIN)/python -m pytest tests book $(NBVAL)

@@ -1,0 +1,95 @@
+"""What the PDF of the book (``make pdf``, Sphinx's LaTeX builder) needs that the HTML does not.
+
+Every change here acts on the LaTeX builder only; the HTML book is untouched.
+
+1. Proofs read as proofs. sphinx-proof wraps a ``{prf:proof}`` in an admonition with no title,
+   which LaTeX draws as a box with an empty title bar. In print a proof follows its theorem as
+   plain text: "*Proof.*" in italics, and a square at its end.
+2. Solutions show their code. A solution's text says "the code is in the cell below", and the HTML
+   folds that cell's source (``hide-input``) so that a reader on the page meets the answer only on
+   request; sphinx-jupyterbook-latex drops hidden sources from the PDF altogether. In a section
+   that holds solutions, a hidden source is printed. (Elsewhere ``hide-input`` hides plotting code,
+   and the PDF keeps hiding it: the figure is what the reader needs.)
+3. Long lines fit the page. Code and outputs are set in ``\\small`` monospace, which holds about
+   82 characters across the text block; a longer line is wrapped with a continuation arrow, which
+   breaks up tables and aligned columns. A block whose longest line is too long for ``\\small`` is
+   set in the largest smaller size at which it fits, down to 6 pt (122 characters); a block with
+   longer lines still is set in 6 pt and wrapped.
+"""
+from __future__ import annotations
+
+from docutils import nodes
+from sphinx.transforms.post_transforms import SphinxPostTransform
+
+# Characters of monospace that fit across a code or output block, by font size: measured in the
+# PDF at \small (9 pt: 82 characters in an output box, a few more in an input box); the smaller
+# sizes scale by the ratio of the font sizes, less a character of safety.
+FITS = ((None, 81), (r"\footnotesize", 91), (r"\scriptsize", 104), (r"\fontsize{6}{7.5}\selectfont", 122))
+
+
+def font_size_for(text: str) -> str | None:
+    """The LaTeX font size to set a verbatim block in, or None for the default (``\\small``)."""
+    longest = max((len(line.rstrip()) for line in text.splitlines()), default=0)
+    for size, width in FITS:
+        if longest <= width:
+            return size
+    return FITS[-1][0]
+
+
+def _is_solution(node: nodes.Node) -> bool:
+    return type(node).__name__ in ("solution_node", "solution_start_node")
+
+
+class PrintFixes(SphinxPostTransform):
+    """Runs before sphinx-jupyterbook-latex (priority 400), which drops hidden cell sources."""
+
+    default_priority = 350
+    builders = ("latex",)
+
+    def run(self, **kwargs) -> None:
+        self.show_solution_sources()
+        self.plain_proofs()
+        self.fit_verbatim()
+
+    def show_solution_sources(self) -> None:
+        for section in list(self.document.findall(nodes.section)):
+            if not any(_is_solution(child) for child in section.children):
+                continue
+            for child in section.children:
+                if isinstance(child, nodes.container) and "tag_hide-input" in child["classes"]:
+                    child["classes"].remove("tag_hide-input")
+
+    def plain_proofs(self) -> None:
+        for box in list(self.document.findall(nodes.admonition)):
+            if "proof" not in box["classes"] or any(isinstance(c, nodes.title) for c in box.children):
+                continue
+            body = list(box.children)
+            first = body[0] if body else None
+            if isinstance(first, nodes.paragraph) and first.children \
+                    and isinstance(first[0], nodes.Text) and first[0].astext().startswith("Proof. "):
+                # sphinx-proof puts "Proof. " before the proof's first line
+                rest = first[0].astext()[len("Proof. "):]
+                first.replace(first[0], nodes.Text(rest))
+                first.insert(0, nodes.emphasis(text="Proof."))
+                first.insert(1, nodes.Text(" "))
+            qed = nodes.raw("", r"\nobreak\hfill\ensuremath{\square}", format="latex")
+            if body and isinstance(body[-1], nodes.paragraph):
+                body[-1] += qed
+            else:
+                body.append(nodes.paragraph("", "", qed))
+            box.replace_self(body)
+
+    def fit_verbatim(self) -> None:
+        for block in list(self.document.findall(nodes.literal_block)):
+            size = font_size_for(block.astext())
+            if size is None or block.parent is None:
+                continue
+            parent, index = block.parent, block.parent.index(block)
+            parent.insert(index + 1, nodes.raw("", "\\endgroup\n", format="latex"))
+            parent.insert(index, nodes.raw("", f"\\begingroup\\fvset{{fontsize={size}}}\n",
+                                           format="latex"))
+
+
+def setup(app):
+    app.add_post_transform(PrintFixes)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
