@@ -1,6 +1,7 @@
 """What the PDF of the book (``make pdf``, Sphinx's LaTeX builder) needs that the HTML does not.
 
-Every change here acts on the LaTeX builder only; the HTML book is untouched.
+The print fixes 1-3 act on the LaTeX builder only; the HTML book is untouched by them. Item 4 is the
+HTML book's link to the PDF.
 
 1. Proofs read as proofs. sphinx-proof wraps a ``{prf:proof}`` in an admonition with no title,
    which LaTeX draws as a box with an empty title bar. In print a proof follows its theorem as
@@ -15,8 +16,15 @@ Every change here acts on the LaTeX builder only; the HTML book is untouched.
    breaks up tables and aligned columns. A block whose longest line is too long for ``\\small`` is
    set in the largest smaller size at which it fits, down to 6 pt (122 characters); a block with
    longer lines still is set in 6 pt and wrapped.
+4. The link to the PDF. The GitHub Pages workflow publishes the PDF beside the HTML book, at the
+   site's root; the substitution ``{{ pdf_link }}`` (book/intro.md) links to it there, at the
+   address GitHub Pages gives the repository of ``_config.yml`` (https://OWNER.github.io/REPO/).
+   The address is absolute, so that ``make book`` and the link check, which run without the PDF
+   (``make pdf`` needs TeX), see an external link instead of a missing file.
 """
 from __future__ import annotations
+
+import re
 
 from docutils import nodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
@@ -34,6 +42,24 @@ def font_size_for(text: str) -> str | None:
         if longest <= width:
             return size
     return FITS[-1][0]
+
+
+PDF_NAME = "attention-derived.pdf"  # latex_documents' targetname in _config.yml, as a PDF
+
+
+def published_pdf_url(repository_url: str) -> str:
+    """Where the Pages workflow publishes the PDF, for the repository at ``repository_url``."""
+    match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", repository_url)
+    if not match:
+        raise ValueError(f"not a GitHub repository address: {repository_url!r}")
+    owner, repo = match.groups()
+    return f"https://{owner.lower()}.github.io/{repo}/{PDF_NAME}"
+
+
+def _link_the_pdf(app, config) -> None:
+    url = published_pdf_url(config.html_theme_options.get("repository_url", ""))
+    config.myst_substitutions = {**config.myst_substitutions,
+                                 "pdf_link": f"[the whole book as one PDF]({url})"}
 
 
 def _is_solution(node: nodes.Node) -> bool:
@@ -92,4 +118,5 @@ class PrintFixes(SphinxPostTransform):
 
 def setup(app):
     app.add_post_transform(PrintFixes)
+    app.connect("config-inited", _link_the_pdf)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
