@@ -153,3 +153,24 @@ def test_exercise_stubs_print_short_errors(tex):
         lines = output.strip().splitlines()[1:]  # after \begin{sphinxVerbatim}
         assert len(lines) <= 8, plain_code("\n".join(lines[:12]))
     assert "Traceback (most recent call last)" not in plain_code(tex)
+
+
+def test_the_book_links_to_the_published_pdf():
+    """The introduction's link, the PDF's name and the Pages workflow agree (no build needed)."""
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import book_latex
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["latex"]["latex_documents"]["targetname"] == f"{TARGET}.tex"
+    assert book_latex.PDF_NAME == f"{TARGET}.pdf"
+    owner, repo = config["repository"]["url"].removeprefix("https://github.com/").strip("/").split("/")
+    assert book_latex.published_pdf_url(config["repository"]["url"]) == \
+        f"https://{owner.lower()}.github.io/{repo}/{TARGET}.pdf"  # GitHub Pages' address of the site root
+    assert "{{ pdf_link }}" in (ROOT / "book" / "intro.md").read_text()
+    steps = yaml.safe_load((ROOT / ".github" / "workflows" / "publish.yml").read_text())["jobs"]["build"]["steps"]
+    runs = [step.get("run", "") for step in steps]
+    upload = next(i for i, step in enumerate(steps) if "upload-pages-artifact" in step.get("uses", ""))
+    assert steps[upload]["with"]["path"] == "_build/html"
+    pdf = next(i for i, run in enumerate(runs) if "make pdf" in run)
+    copy = next(i for i, run in enumerate(runs) if f"_build/latex/{TARGET}.pdf _build/html/{TARGET}.pdf" in run)
+    assert pdf < copy < upload
