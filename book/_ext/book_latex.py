@@ -35,9 +35,13 @@ from sphinx.transforms.post_transforms import SphinxPostTransform
 FITS = ((None, 81), (r"\footnotesize", 91), (r"\scriptsize", 104), (r"\fontsize{6}{7.5}\selectfont", 122))
 
 
-def font_size_for(text: str) -> str | None:
-    """The LaTeX font size to set a verbatim block in, or None for the default (``\\small``)."""
-    longest = max((len(line.rstrip()) for line in text.splitlines()), default=0)
+def font_size_for(text: str, boxed: bool = False) -> str | None:
+    """The LaTeX font size to set a verbatim block in, or None for the default (``\\small``).
+
+    ``boxed``: the block is inside a box (an exercise, a solution), whose padding takes about
+    four characters of the width.
+    """
+    longest = max((len(line.rstrip()) for line in text.splitlines()), default=0) + (4 if boxed else 0)
     for size, width in FITS:
         if longest <= width:
             return size
@@ -60,6 +64,12 @@ def _link_the_pdf(app, config) -> None:
     url = published_pdf_url(config.html_theme_options.get("repository_url", ""))
     config.myst_substitutions = {**config.myst_substitutions,
                                  "pdf_link": f"[the whole book as one PDF]({url})"}
+
+
+def _ancestors(node: nodes.Node):
+    while node.parent is not None:
+        node = node.parent
+        yield node
 
 
 def _is_solution(node: nodes.Node) -> bool:
@@ -107,7 +117,8 @@ class PrintFixes(SphinxPostTransform):
 
     def fit_verbatim(self) -> None:
         for block in list(self.document.findall(nodes.literal_block)):
-            size = font_size_for(block.astext())
+            boxed = any(isinstance(a, nodes.Admonition) for a in _ancestors(block))
+            size = font_size_for(block.astext(), boxed)
             if size is None or block.parent is None:
                 continue
             parent, index = block.parent, block.parent.index(block)
