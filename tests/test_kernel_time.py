@@ -134,3 +134,20 @@ def test_bad_arguments_are_named():
         kt.pass_time(A100, 1, 1, 64, 64, False, "bwd", {})
     with pytest.raises(ValueError, match="n"):
         kt.tile_visits(0, 64, 64, False)
+
+
+def test_launch_configs_take_the_first_choice_and_its_occupancy():
+    from attnbook.kernel_resources import Resources, Row
+
+    def resources(kernel, config, registers, shared):
+        return Resources(Row(kernel, 64, "fp16", *config, 80), registers, 0, 0, shared, 0, 0, 0)
+
+    fwd, bwd = (gpu_configs(kind, 64, (8, 0))[0] for kind in ("forward", "backward"))
+    table = [resources("forward", fwd, 128, 48 * 1024), resources("backward_dkdv", bwd, 200, 30 * 1024),
+             resources("backward_dq", bwd, 120, 24 * 1024),
+             resources("forward", (16, 16, 4, 1), 32, 1024)]          # a fallback: not the first choice
+    configs = kt.launch_configs(A100, 64, table)
+    assert configs["forward"] == (fwd[0], fwd[1], kt.occupancy(128, fwd[2], 48 * 1024, A100))
+    assert configs["backward_dkdv"] == (bwd[0], bwd[1], kt.occupancy(200, bwd[2], 30 * 1024, A100))
+    with pytest.raises(ValueError, match="no compiled resources for backward_dq"):
+        kt.launch_configs(A100, 64, table[:2])

@@ -146,6 +146,26 @@ def occupancy(registers: int, num_warps: int, shared: int, hw: Hardware) -> int:
     return fits
 
 
+def launch_configs(hw: Hardware, d: int, resources) -> dict[str, tuple[int, int, int]]:
+    """kernel -> (block_q, block_k, programs per SM) for the configuration that
+    :func:`attnbook.triton_flash.gpu_configs` chooses first on ``hw``, in float16, with the occupancy
+    that the compiler's registers and shared memory allow (``resources``: the
+    :class:`attnbook.kernel_resources.Resources` of :func:`attnbook.kernel_resources.compile_rows`)."""
+    from .triton_flash import gpu_configs
+
+    capability = hw.capability[0] * 10 + hw.capability[1]
+    configs = {}
+    for kernel in KERNELS:
+        config = gpu_configs("forward" if kernel == "forward" else "backward", d, hw.capability)[0]
+        found = [r for r in resources if (r.row.kernel, r.row.d_head, r.row.dtype, r.row.capability) ==
+                 (kernel, d, "fp16", capability) and (r.row.block_q, r.row.block_k, r.row.num_warps,
+                                                      r.row.num_stages) == config]
+        if not found:
+            raise ValueError(f"no compiled resources for {kernel}, d = {d}, float16, {config} on sm_{capability}")
+        configs[kernel] = (config[0], config[1], occupancy(found[0].registers, config[2], found[0].shared, hw))
+    return configs
+
+
 @dataclass(frozen=True)
 class KernelTime:
     """The model's account of one kernel launch, seconds."""
