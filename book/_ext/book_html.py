@@ -13,6 +13,7 @@
    every page's navigation, and stayed raw TeX on pages without math.
 4. Give the theme a default colour mode ("auto", the reader's system setting):
    without one, pydata-sphinx-theme logs "Got invalid theme mode" as an error.
+5. Build the "Run in your browser" site with the book, and link chapters to it (``browser_lite``).
 """
 from __future__ import annotations
 
@@ -62,4 +63,5 @@ def setup(app):
     app.connect("build-finished", _copy_mathjax)
     app.connect("html-page-context", _page_context)
     app.connect("env-updated", _every_page_has_math)
+    app.setup_extension("browser_lite")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

