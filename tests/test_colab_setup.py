@@ -85,8 +85,6 @@ def test_copied_chapter_installs_attnbook_and_runs(wheel, bare_python, tmp_path)
 # --- the same setup cells in the browser (JupyterLite's Pyodide kernel) ----------------------------------
 
 NOTEBOOKS = sorted((ROOT / "book").glob("[0-9][0-9]-*.ipynb"))
-# the GPU chapter's setup cell is edited by its own author; until it has the browser branch, this says so
-BROWSER_BRANCH_PENDING = {"10-flash-attention-gpu"}
 
 
 def setup_cell(path: Path) -> str:
@@ -105,9 +103,7 @@ def install_block(source: str) -> str:
     return "\n".join(lines[start:end])
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="the browser branch is not in this setup cell yet"))
-    if p.stem in BROWSER_BRANCH_PENDING else p for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_setup_cell_installs_with_piplite_in_the_browser(path, monkeypatch):
     """Under Emscripten (sys.platform == "emscripten") the cell runs no process (Pyodide has none) and
     installs the wheel that the book's site serves with piplite, without dependencies (torch has no build
