@@ -1,6 +1,7 @@
-"""attnbook.browser: in the browser, a cell that fails for want of PyTorch ends with a note, not a traceback.
+"""attnbook.browser: in the browser, a cell that fails for want of PyTorch stops with a note, not a traceback.
 
-The handler is exercised in a real IPython shell here; tests/test_lite.py runs it in Pyodide itself."""
+The handler is exercised in a real IPython shell here; tests/test_lite.py runs it in Pyodide itself, where
+"Run All" must go on past such a cell."""
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,17 @@ def shell():
 
 def run(shell, capsys, code):
     result = shell.run_cell(code)
-    return result, capsys.readouterr().out
+    captured = capsys.readouterr()
+    return result, captured.out + captured.err
+
+
+def shown_traceback(shell, monkeypatch):
+    """Record whether the shell showed a traceback: JupyterLite's Pyodide kernel reports a cell as failed
+    (and "Run All" stops) exactly when its shell's _showtraceback is called."""
+    shown = []
+    original = shell._showtraceback
+    monkeypatch.setattr(shell, "_showtraceback", lambda *args: (shown.append(args[0]), original(*args)))
+    return shown
 
 
 @pytest.mark.parametrize("code, what", [
@@ -35,12 +46,53 @@ def run(shell, capsys, code):
     ("x = 1\nF.softmax(x)", "F is a PyTorch name"),
     ("torch.manual_seed(0)", "torch is a PyTorch name"),
 ])
-def test_a_missing_torch_gets_the_note(shell, capsys, code, what):
+def test_a_missing_torch_gets_the_note(shell, capsys, monkeypatch, code, what):
+    shown = shown_traceback(shell, monkeypatch)
     result, out = run(shell, capsys, code)
-    assert result.error_in_exec is not None          # the cell still fails (its later lines did not run)
+    assert result.error_in_exec is not None          # the cell still stops there (its later lines do not run)
     assert what in out and "does not run in the browser" in out, out
     assert browser.colab_url(NOTEBOOK) in out
     assert "Traceback" not in out
+    assert shown == []                               # no traceback: the Pyodide kernel reports the cell ok
+
+
+def test_names_a_stopped_cell_would_bind_get_the_note(shell, capsys, monkeypatch):
+    shown = shown_traceback(shell, monkeypatch)
+    run(shell, capsys, "before = 1\nraise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n"
+                       "model = torch.nn.Linear(2, 2)\nfor row in range(2):\n"
+                       "    weights = [2 * i for i in range(3)]\n"
+                       "def helper(x):\n    local = x\n    return local")
+    result, out = run(shell, capsys, "print(before)\nprint(model)")
+    assert out.startswith("1\n") and "uses model, which a cell above would have defined" in out, out
+    # a cell stopped that way passes its own names on
+    run(shell, capsys, "derived = model.weight\nshape = derived.shape")
+    _, out = run(shell, capsys, "shape")
+    assert "uses shape" in out and "Traceback" not in out, out
+    for name in ("weights", "row", "helper"):
+        _, out = run(shell, capsys, name)
+        assert f"uses {name}," in out, out
+    assert shown == []
+    # a name local to the stopped cell's function, or never bound, keeps its traceback
+    for name in ("local", "i", "undefined_name"):
+        result, out = run(shell, capsys, name)
+        assert "NameError" in out and "does not run in the browser" not in out, out
+    assert len(shown) == 3
+
+
+def test_skip_in_browser_is_a_no_op_here(shell, capsys):
+    result, out = run(shell, capsys, "from attnbook.browser import skip_in_browser\n"
+                                     "skip_in_browser('needs about 1.5 GiB.')\nprint('ran')")
+    assert result.success and out == "ran\n"
+
+
+def test_skip_in_browser_stops_the_cell_there(shell, capsys, monkeypatch):
+    shown = shown_traceback(shell, monkeypatch)
+    monkeypatch.setattr(browser.sys, "platform", "emscripten")
+    result, out = run(shell, capsys, "from attnbook.browser import skip_in_browser\nbig = 0\n"
+                                     "skip_in_browser('This needs about 1.5 GiB.')\nbig = 1\nprint('ran')")
+    assert "ran" not in out and shell.user_ns["big"] == 0
+    assert "This cell stops here in the browser: This needs about 1.5 GiB." in out, out
+    assert browser.colab_url(NOTEBOOK) in out and shown == []
 
 
 @pytest.mark.parametrize("code, shown", [
@@ -48,10 +100,12 @@ def test_a_missing_torch_gets_the_note(shell, capsys, code, what):
     ("undefined_name + 1", "undefined_name"),
     ("1 / 0", "ZeroDivisionError"),
 ])
-def test_other_errors_keep_their_traceback(shell, capsys, code, shown):
+def test_other_errors_keep_their_traceback(shell, capsys, monkeypatch, code, shown):
+    tracebacks = shown_traceback(shell, monkeypatch)
     result, out = run(shell, capsys, code)
     assert result.error_in_exec is not None
     assert shown in out and "does not run in the browser" not in out, out
+    assert len(tracebacks) == 1                      # the kernel reports these as errors
 
 
 def test_colab_url_is_the_books_repository():
