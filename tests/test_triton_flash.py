@@ -267,6 +267,83 @@ def test_batch_n_heads_d_layout_is_read_in_place(dtype):
     assert triton_flash._rows_of(columns_apart).is_contiguous()            # the one case that copies
 
 
+# --- decoding with the keys split across programs (flash_decode) ---------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, d, n_splits", [
+    pytest.param(2, 2, 2, 1, 100, 16, None, id="one query row, default splits"),
+    pytest.param(1, 4, 2, 1, 257, 32, 3, id="GQA 4:2, ragged last run"),
+    pytest.param(1, 2, 1, 17, 70, 16, 5, id="17 rows: a run holds no key some causal rows may see"),
+    pytest.param(1, 1, 1, 3, 5, 16, 8, id="more runs asked for than key blocks"),
+    pytest.param(1, 2, 2, 1, 1, 64, 1, id="one key"),
+    pytest.param(1, 2, 2, 40, 300, 48, 2, id="two query blocks, d padded"),
+])
+def test_decode_with_split_keys_matches_sdpa(batch, heads, kv_heads, n_q, n_k, d, n_splits, causal, dtype):
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(batch, heads, n_q, d, generator=gen).to(DEVICE, dtype)
+    k, v = (torch.randn(batch, kv_heads, n_k, d, generator=gen).to(DEVICE, dtype) for _ in range(2))
+    out, lse = triton_flash.flash_decode(q, k, v, causal, n_splits=n_splits)
+    group = heads // kv_heads
+    k64, v64 = (x.double().repeat_interleave(group, 1) for x in (k, v))
+    assert out.shape == q.shape and out.dtype == dtype and lse.shape == q.shape[:3]
+    torch.testing.assert_close(out.double(), reference(q, k64, v64, causal), **TOL[dtype])
+    scores = q.double() @ k64.transpose(-2, -1) / d ** 0.5
+    if causal:
+        scores = scores.masked_fill(~torch.from_numpy(attnbook.causal_mask(n_q, n_k)).to(DEVICE), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), **TOL[dtype])
+
+
+def test_decode_agrees_with_the_forward_kernel_it_splits():
+    q, k, v = (x.detach() for x in random_qkv(1, 2, 1, 200, 32, torch.float32, seed=3))
+    for n_splits in (1, 2, 7):
+        out, lse = triton_flash.flash_decode(q, k, v, n_splits=n_splits, block_k=16)
+        want, want_lse = flash_forward(q, k, v, block_k=16)
+        torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(lse, want_lse, atol=1e-6, rtol=1e-6)
+
+
+def test_merge_splits_is_chapter_9s_merge_of_softmax_states():
+    """Each run's (output, lse) is a softmax state; folding the states with merge_softmax_states (numpy,
+    chapter 9) gives the merged lse, and re-weighting the outputs by exp(lse_s - lse) gives the output."""
+    from attnbook.online_softmax import SoftmaxState, merge_softmax_states
+
+    rng = np.random.default_rng(0)
+    scores, values = rng.normal(size=(3, 50)) * 3, rng.normal(size=(50, 4))
+    runs = [slice(0, 7), slice(7, 7), slice(7, 31), slice(31, 50)]       # an empty run among them
+    o_part, lse_part = [], []
+    for run in runs:
+        s = scores[:, run]
+        lse = np.log(np.exp(s).sum(-1)) if s.shape[1] else np.full(3, -np.inf)
+        w = np.exp(s - lse[:, None]) if s.shape[1] else np.zeros_like(s)
+        o_part.append(w @ values[run])
+        lse_part.append(lse)
+    out, lse = triton_flash.merge_splits(torch.tensor(np.array(o_part)), torch.tensor(np.array(lse_part)))
+    state = SoftmaxState(np.full(3, -np.inf), np.zeros(3))
+    for run_lse in lse_part:                    # the state (m, l) = (lse_s, 1) has the run's mass
+        state = merge_softmax_states(state, SoftmaxState(run_lse, np.where(np.isfinite(run_lse), 1.0, 0.0)))
+    np.testing.assert_allclose(lse.numpy(), state.max + np.log(state.sum), rtol=1e-12)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), (weights / weights.sum(-1, keepdims=True)) @ values, rtol=1e-12)
+
+
+def test_decode_splits_cut_whole_key_blocks_and_leave_no_run_empty():
+    assert triton_flash.decode_splits(1000, 64, n_programs=8, target=64) == (8, 128)
+    assert triton_flash.decode_splits(100, 64, n_programs=1, target=100) == (2, 64)       # at most one per block
+    assert triton_flash.decode_splits(100, 64, n_programs=500, target=64) == (1, 128)    # already enough programs
+    for n_k in range(1, 300, 7):
+        for target in (1, 5, 64):
+            splits, split_len = triton_flash.decode_splits(n_k, 16, 2, target)
+            assert split_len % 16 == 0 and (splits - 1) * split_len < n_k <= splits * split_len
+
+
+def test_decode_refuses_a_bad_number_of_splits():
+    q, k, v = (x.detach() for x in random_qkv(1, 1, 1, 8, 16, torch.float32))
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="n_splits must be a positive integer"):
+            triton_flash.flash_decode(q, k, v, n_splits=bad)
+
+
 # --- launch configurations --------------------------------------------------------------
 
 def test_launch_falls_back_to_smaller_tiles_when_shared_memory_runs_out(monkeypatch):

@@ -44,7 +44,7 @@ TARGETS = {
 }
 MAX_REGISTERS = 255                  # per thread, on every target above
 
-KERNELS = ("forward", "backward_dkdv", "backward_dq")
+KERNELS = ("forward", "backward_dkdv", "backward_dq", "decode_split")
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,9 @@ def kernel_signature(kernel: str, dtype: str) -> dict[str, str]:
         "forward": dict(Q=t, K=t, V=t, O=t, LSE="*fp32"),
         "backward_dkdv": dict(Q=t, K=t, V=t, DO=t, LSE="*fp32", DELTA="*fp32", DK=t, DV=t),
         "backward_dq": dict(Q=t, K=t, V=t, DO=t, LSE="*fp32", DELTA="*fp32", DQ=t),
+        "decode_split": dict(Q=t, K=t, V=t, O_PART="*fp32", LSE_PART="*fp32"),
     }[kernel]
-    ints = ["n_q", "n_k", "n_heads", "n_kv_heads", "group"] + [
+    ints = ["n_q", "n_k", "n_heads", "n_kv_heads", "group", "n_rows", "split_len", "n_splits"] + [
         f"stride_{x}{axis}" for x in ("q", "k", "v", "do") for axis in "bhn"]
     return {**names, **{name: "i32" for name in ints}, "scale": "fp32"}
 
@@ -108,7 +109,8 @@ def _compile(row: Row) -> Resources:
 
     kernel = {"forward": triton_flash.flash_forward_kernel,
               "backward_dkdv": triton_flash.flash_backward_dkdv_kernel,
-              "backward_dq": triton_flash.flash_backward_dq_kernel}[row.kernel]
+              "backward_dq": triton_flash.flash_backward_dq_kernel,
+              "decode_split": triton_flash.flash_decode_split_kernel}[row.kernel]
     types = {name: ty for name, ty in kernel_signature(row.kernel, row.dtype).items() if name in kernel.arg_names}
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     constants = dict(CAUSAL=row.causal, BLOCK_Q=row.block_q, BLOCK_K=row.block_k, D_HEAD=row.d_head,
@@ -203,7 +205,8 @@ def shipped_rows(capabilities=tuple(TARGETS), d_heads=(64, 128)) -> list[Row]:
     for capability in capabilities:
         for d_head in d_heads:
             for dtype in ("fp16", "bf16") if capability >= 80 else ("fp16",):
-                for kind, kernels in (("forward", ("forward",)), ("backward", ("backward_dkdv", "backward_dq"))):
+                for kind, kernels in (("forward", ("forward",)), ("backward", ("backward_dkdv", "backward_dq")),
+                                      ("decode", ("decode_split",))):
                     for block_q, block_k, num_warps, num_stages in gpu_configs(kind, d_head, (capability // 10, capability % 10)):
                         rows += [Row(kernel, d_head, dtype, block_q, block_k, num_warps, num_stages, capability)
                                  for kernel in kernels]

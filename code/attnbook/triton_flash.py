@@ -387,6 +387,71 @@ def flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, scale, n_hea
 
 
 # ---------------------------------------------------------------------------
+# Decoding: the keys split across programs (Flash-Decoding)
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def flash_decode_split_kernel(Q, K, V, O_PART, LSE_PART, n_q, n_k, scale, n_heads, group, n_rows,
+                               split_len, n_splits,
+                               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                               stride_vb, stride_vh, stride_vn,
+                               CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                               D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One program: one query block of one (batch, head) against ONE split of the keys.
+
+    The forward kernel gives a program all the keys of its query block; when there are few query
+    rows (decoding: n_q = 1) that is a handful of programs for a GPU with 100 SMs. Here the keys
+    are cut into ``n_splits`` runs of ``split_len`` (a multiple of BLOCK_K), and each program
+    writes the softmax state of its run: its output normalised over the run, O_PART
+    (n_splits, n_rows, n_q, D_HEAD) float32, and the run's log-sum-exp, LSE_PART (n_splits,
+    n_rows, n_q), ``n_rows = batch * n_heads``. :func:`merge_splits` then combines the runs with
+    chapter 9's merge. Grid (cdiv(n_q, BLOCK_Q) * n_splits, batch * n_heads).
+    """
+    # -- Which tile is mine: a query block and a run of keys, of one (batch, head).
+    q_block, split = tl.program_id(0) // n_splits, tl.program_id(0) % n_splits
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // n_heads, bh % n_heads
+    kv_h = h // group
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + kv_h * stride_kh
+    V += b * stride_vb + kv_h * stride_vh
+    part = (split * n_rows + bh) * n_q                   # my rows of the partial results
+    O_PART += part * D_HEAD
+    LSE_PART += part
+
+    q_idx = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    d_idx = tl.arange(0, BLOCK_D)
+    q_ok = (q_idx[:, None] < n_q) & (d_idx[None, :] < D_HEAD)
+    q = tl.load(Q + q_idx[:, None] * stride_qn + d_idx[None, :], mask=q_ok, other=0.0)
+
+    # -- The running state starts at a finite, hugely negative maximum, not -inf: unlike the
+    # forward's first block, a run may hold no key that a row may see (causal rows before the
+    # run starts), and exp2(-inf - (-inf)) would be NaN. No base-2 score comes near -1e30.
+    row_max = tl.full([BLOCK_Q], -1e30, tl.float32)
+    row_sum = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+
+    causal_offset = n_k - n_q
+    scale2 = scale * 1.4426950408889634
+    _, end = key_range(q_block, n_q, n_k, CAUSAL, BLOCK_Q, BLOCK_K)   # causal: later keys hidden from all rows
+    start = split * split_len
+    stop = tl.minimum(start + split_len, end)
+    # every tile masked: a run's first rows may see none of it, and its last tile may pass n_k
+    for key_start in range(start, stop, BLOCK_K):
+        acc, row_sum, row_max = forward_step(acc, row_sum, row_max, q, K, V, stride_kn, stride_vn, key_start,
+                                              q_idx, d_idx, n_k, causal_offset, scale2, True, CAUSAL, BLOCK_K,
+                                              D_HEAD, DOT_PRECISION)
+
+    # -- The run's state as an output and a log-sum-exp (natural units). A row that saw nothing
+    # here has the empty state: output 0 and log-sum-exp -inf, a weight of exactly 0 in the merge.
+    seen = row_sum > 0
+    out = tl.where(seen[:, None], acc / tl.where(seen, row_sum, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    tl.store(O_PART + q_idx[:, None] * D_HEAD + d_idx[None, :], out, mask=q_ok)
+    tl.store(LSE_PART + q_idx, lse, mask=q_idx < n_q)
+
+
+# ---------------------------------------------------------------------------
 # Host side: validation, launch configuration, launchers
 # ---------------------------------------------------------------------------
 
@@ -406,14 +471,17 @@ _chosen: dict = {}                    # (kernel, d_head, dtype, device, blocks) 
 _BEST = {
     # T4: no tensor cores in Triton and no asynchronous copies (num_stages 1); its FMA-based
     # products need many registers, so small tiles and 8 warps (more threads share the tile).
-    ("sm75", 64): {"forward": (64, 32, 8, 1), "backward": (32, 32, 8, 1)},
-    ("sm75", 128): {"forward": (32, 32, 8, 1), "backward": (16, 16, 8, 1)},
-    ("sm80", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 8, 2)},
-    ("sm80", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 1)},
-    ("sm8x", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 8, 2)},
-    ("sm8x", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 1)},
-    ("sm90", 64): {"forward": (128, 64, 8, 3), "backward": (128, 64, 8, 1)},
-    ("sm90", 128): {"forward": (128, 64, 8, 3), "backward": (32, 64, 8, 2)},
+    # decode (flash_decode): 16 query rows, the fewest tl.dot takes, since a decoding step has one
+    # query row per head; long key tiles and (from Ampere on) two stages of prefetch, since it
+    # waits on memory far more than on arithmetic. (On the T4, 4 warps spilled: 8 share the tiles.)
+    ("sm75", 64): {"forward": (64, 32, 8, 1), "backward": (32, 32, 8, 1), "decode": (16, 64, 8, 1)},
+    ("sm75", 128): {"forward": (32, 32, 8, 1), "backward": (16, 16, 8, 1), "decode": (16, 32, 8, 1)},
+    ("sm80", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 8, 2), "decode": (16, 64, 4, 2)},
+    ("sm80", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 1), "decode": (16, 64, 4, 2)},
+    ("sm8x", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 8, 2), "decode": (16, 64, 4, 2)},
+    ("sm8x", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 1), "decode": (16, 64, 4, 2)},
+    ("sm90", 64): {"forward": (128, 64, 8, 3), "backward": (128, 64, 8, 1), "decode": (16, 64, 4, 2)},
+    ("sm90", 128): {"forward": (128, 64, 8, 3), "backward": (32, 64, 8, 2), "decode": (16, 64, 4, 2)},
 }
 # Fallbacks, tried in order after the best one if it fails to launch; checked like the best.
 _FALLBACKS = {"sm75": [(16, 16, 8, 1)], "other": [(32, 32, 8, 1), (16, 16, 4, 1)]}
@@ -724,6 +792,67 @@ def triton_flash_attention(q, k, v, causal: bool = False, scale: float | None = 
     _check_inputs(q, k, v, causal)
     _validate_blocks(block_q, block_k)
     return FlashAttentionFunction.apply(q, k, v, bool(causal), scale, block_q, block_k)
+
+
+def merge_splits(o_part, lse_part):
+    """Combine the runs of keys of :func:`flash_decode`: chapter 9's merge of softmax states, for S at once.
+
+    o_part: (S, ..., d) the output of each run normalised over that run, lse_part: (S, ...) each
+    run's log-sum-exp. A run's state ``(m, l)`` has ``lse = m + log l``, so the merge
+    ``l = sum_s l_s exp(m_s - m)`` is ``lse = logsumexp_s lse_s``, and the output, which each run
+    normalised by its own ``l_s``, is re-weighted by the run's share of the row's mass,
+    ``exp(lse_s - lse)``. Returns ``(out, lse)``: (..., d) and (...).
+    """
+    lse = torch.logsumexp(lse_part, dim=0)                  # (...)
+    share = torch.exp(lse_part - lse)                       # (S, ...): sums to 1 over the runs
+    return (share[..., None] * o_part).sum(dim=0), lse
+
+
+def decode_splits(n_k: int, block_k: int, n_programs: int, target: int) -> tuple[int, int]:
+    """``(n_splits, split_len)``: cut ``n_k`` keys into runs of whole key blocks so that the
+    ``n_programs`` programs of the plain kernel become about ``target`` (never an empty run)."""
+    blocks = -(-n_k // block_k)
+    n_splits = max(1, min(blocks, -(-target // max(n_programs, 1))))
+    split_len = -(-blocks // n_splits) * block_k
+    return -(-n_k // split_len), split_len
+
+
+def flash_decode(q, k, v, causal: bool = False, scale: float | None = None, *, n_splits: int | None = None,
+                 block_q: int | None = None, block_k: int | None = None):
+    """Attention with the keys split across programs (Flash-Decoding): returns ``(output, lse)``.
+
+    Same inputs and results as :func:`flash_forward`, for inference (no autograd): q (batch, heads,
+    n_q, d), k and v (batch, kv_heads, n_k, d). Made for few query rows and many keys (KV-cache
+    decoding), where the plain forward kernel runs one program per query block and head. ``n_splits``
+    defaults to enough runs for about two programs per SM (four under the interpreter); the runs
+    are combined by :func:`merge_splits`.
+    """
+    _check_inputs(q, k, v, causal)
+    _validate_blocks(block_q, block_k)
+    if n_splits is not None and (isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 1):
+        raise ValueError(f"n_splits must be a positive integer; got {n_splits!r}")
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    q, k, v = (_rows_of(t) for t in (q, k, v))
+    result = {}
+
+    def launch(bq, bk, num_warps, num_stages):
+        programs = triton.cdiv(n_q, bq) * batch * heads
+        target = 2 * torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        splits, split_len = decode_splits(n_k, bk, programs, target if n_splits is None else n_splits * programs)
+        o_part = torch.empty((splits, batch * heads, n_q, d), device=q.device, dtype=torch.float32)
+        lse_part = torch.empty((splits, batch * heads, n_q), device=q.device, dtype=torch.float32)
+        flash_decode_split_kernel[(triton.cdiv(n_q, bq) * splits, batch * heads)](
+            q, k, v, o_part, lse_part, n_q, n_k, scale, heads, heads // k.shape[1], batch * heads,
+            split_len, splits, *_strides(q), *_strides(k), *_strides(v),
+            CAUSAL=bool(causal), BLOCK_Q=bq, BLOCK_K=bk, D_HEAD=d, BLOCK_D=_block_d(d),
+            DOT_PRECISION=_dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
+        result["parts"] = (o_part, lse_part)
+
+    _launch("decode", launch, d, q.dtype, q.device, block_q, block_k)
+    out, lse = merge_splits(*result["parts"])
+    return out.to(q.dtype).view(batch, heads, n_q, d), lse.view(batch, heads, n_q)
 
 
 def key_block_bounds(q_block: int, n_q: int, n_k: int, block_q: int, block_k: int,
