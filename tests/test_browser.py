@@ -79,6 +79,27 @@ def test_names_a_stopped_cell_would_bind_get_the_note(shell, capsys, monkeypatch
     assert len(shown) == 3
 
 
+STUB = """
+from attnbook.exercises import check_softmax
+
+def my_softmax(x):
+    {body}
+
+check_softmax(my_softmax)
+print("after the checker")
+"""
+
+
+def test_an_untouched_stub_prints_its_verdict_and_a_wrong_answer_stays_an_error(shell, capsys, monkeypatch):
+    shown = shown_traceback(shell, monkeypatch)
+    result, out = run(shell, capsys, STUB.format(body="raise NotImplementedError  # your code here"))
+    assert result.error_in_exec is not None and "after the checker" not in out
+    assert out.startswith("NotAttemptedError: ") and "the function is still the stub" in out, out
+    assert "Traceback" not in out and shown == []
+    result, out = run(shell, capsys, STUB.format(body="return x"))
+    assert "ExerciseError" in out and len(shown) == 1, out
+
+
 def test_skip_in_browser_is_a_no_op_here(shell, capsys):
     result, out = run(shell, capsys, "from attnbook.browser import skip_in_browser\n"
                                      "skip_in_browser('needs about 1.5 GiB.')\nprint('ran')")

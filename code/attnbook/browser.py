@@ -7,12 +7,16 @@ the handler installed, such a cell stops with a note that says so and where the 
 (Colab) instead of a traceback about a missing module, and "Run All" goes on to the next cell. A later
 cell that uses a name such a cell would have defined stops with the same kind of note. Chapter 9 also
 calls ``skip_in_browser`` in the few measurements that need more memory or time than a browser tab has:
-a no-op anywhere else, it stops the cell there with a note.
+a no-op anywhere else, it stops the cell there with a note. An exercise stub that is still a stub
+(``NotAttemptedError``) prints its verdict the same way, so that "Run All" goes on past the exercises as
+it does in Jupyter (those cells are tagged ``raises-exception``, which JupyterLite does not honour).
 """
 from __future__ import annotations
 
 import ast
 import sys
+
+from .exercises._framework import NotAttemptedError
 
 # the packages that come with PyTorch or need it (the minilm extra's), none of which Pyodide has
 TORCH_PACKAGES = ("torch", "triton", "transformers", "safetensors", "tokenizers", "huggingface_hub")
@@ -92,11 +96,13 @@ def bound_names(source: str) -> set[str]:
 def explain_missing_torch(notebook: str, shell=None) -> None:
     """Make a cell that fails for want of PyTorch stop with a note (``missing_torch_note``), not a traceback.
 
-    ``shell`` is the IPython shell (the running one by default); every other error keeps its usual
-    traceback. The note is printed (to stderr), not shown as the cell's error: JupyterLite's Pyodide kernel
-    reports a cell as failed only when a traceback was shown, so "Run All" goes on past it. (IPython still
-    records the exception as the cell's ``error_in_exec``.) The names such a cell binds are remembered,
-    so that a later cell that needs one of them gets the note too."""
+    ``shell`` is the IPython shell (the running one by default). The note is printed (to stderr), not shown
+    as the cell's error: JupyterLite's Pyodide kernel reports a cell as failed only when a traceback was
+    shown, and JupyterLite cancels every queued cell after a failed one, so a shown error would end "Run
+    All" there. (IPython still records the exception as the cell's ``error_in_exec``.) The names such a
+    cell binds are remembered, so that a later cell that needs one of them gets the note too. An exercise
+    stub's ``NotAttemptedError`` prints its verdict the same way; every other error, a wrong answer to an
+    exercise included, keeps its usual traceback and stops "Run All"."""
     if shell is None:
         from IPython import get_ipython
 
@@ -109,6 +115,9 @@ def explain_missing_torch(notebook: str, shell=None) -> None:
 
     def handler(shell, etype, value, tb, tb_offset=None):
         # IPython shows nothing itself for an exception it hands to a custom handler
+        if isinstance(value, NotAttemptedError):
+            print("\n".join(value._render_traceback_()), file=sys.stderr, flush=True)
+            return
         note = missing_torch_note(value, notebook, skipped=skipped)
         if note is None:
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
@@ -120,4 +129,4 @@ def explain_missing_torch(notebook: str, shell=None) -> None:
         print(note, file=sys.stderr, flush=True)
 
     shell.events.register("pre_run_cell", remember_cell)
-    shell.set_custom_exc((ModuleNotFoundError, NameError, SkippedInBrowser), handler)
+    shell.set_custom_exc((ModuleNotFoundError, NameError, SkippedInBrowser, NotAttemptedError), handler)
