@@ -306,7 +306,7 @@ def test_run_all_goes_through_a_browser_chapter(chapter_run, chapter):
     errors = {i: o for i, c in enumerate(cells) for o in c["outputs"] if o["output_type"] == "error"}
     assert not errors and not not_run and run["ok"] is True, (errors, not_run)
 
-    stopped_before = False
+    stopped_before, kinds = False, {"stopped with a note": [], "stub": [], "verdicts only": []}
     for i, (cell, expected) in enumerate(zip(cells, committed)):
         tags = expected["metadata"].get("tags", [])
         source = "".join(expected["source"])
@@ -315,6 +315,7 @@ def test_run_all_goes_through_a_browser_chapter(chapter_run, chapter):
         if "raises-exception" in tags:   # the untouched stub: the verdict the committed chapter shows
             (error,) = [o for o in expected["outputs"] if o["output_type"] == "error"]
             assert stderr == "\n".join(error["traceback"]) + "\n", (i, stderr)
+            kinds["stub"].append(i)
             continue
         stopped = any(note in stderr for note in NOTES)
         if stopped:
@@ -327,11 +328,16 @@ def test_run_all_goes_through_a_browser_chapter(chapter_run, chapter):
             # a cell stopped above would have drawn from the chapter's generator in CPython: after it,
             # a cell that draws from it gets other numbers, and only its verdicts must agree
             exact = not (stopped_before and "rng." in source)
+            if not exact:
+                kinds["verdicts only"].append(i)
             if stopped:
                 assert want.startswith(got) if exact else set(verdicts(got)) <= set(verdicts(want)), (i, got, want)
             else:
                 assert got == want if exact else verdicts(got) == verdicts(want), (i, got, want)
         stopped_before |= stopped
+        if stopped:
+            kinds["stopped with a note"].append(i)
+    print(f"{chapter}: {len(cells)} code cells ran; " + "; ".join(f"{k}: {v}" for k, v in kinds.items()))
 
     outside = [url for url in run["requests"] if urlsplit(url).scheme not in ("data", "blob")
                and urlsplit(url).hostname != "127.0.0.1"]
