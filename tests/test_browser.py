@@ -137,3 +137,13 @@ def test_colab_url_is_the_books_repository():
 
 def test_in_browser_is_false_here():
     assert browser.in_browser() is False
+
+
+def test_bound_names_are_the_top_level_ones():
+    source = ("import numpy as np, os.path\nfrom math import sqrt as root\n(a, [b, *c]) = 1, [2, 3]\n"
+              "with open('x') as handle:\n    inner = 1\nclass Model:\n    field = 1\n"
+              "try:\n    pass\nexcept ValueError as err:\n    caught = 1\n"
+              "squares = {k: k * k for k in range(3)}\nf = lambda arg: arg\nx += 1\n")
+    assert browser.bound_names(source) == {"np", "os", "root", "a", "b", "c", "handle", "inner", "Model",
+                                           "err", "caught", "squares", "f", "x"}
+    assert browser.bound_names("%pip install attnbook") == set()      # not Python: nothing known

@@ -122,10 +122,7 @@ def explain_missing_torch(notebook: str, shell=None) -> None:
         if note is None:
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
             return
-        try:
-            skipped.update(bound_names(shell.transform_cell(cell["source"])))
-        except Exception:   # a cell IPython cannot transform binds nothing we could know of
-            pass
+        skipped.update(bound_names(shell.transform_cell(cell["source"])))   # IPython ran it, so it transforms
         print(note, file=sys.stderr, flush=True)
 
     shell.events.register("pre_run_cell", remember_cell)
