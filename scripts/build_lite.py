@@ -216,6 +216,153 @@ def joined(notebook: dict) -> dict:
     return notebook
 
 
+# --- the exercises of the chapters that need PyTorch ----------------------------------------------------
+# Those chapters cannot run in the browser, but many of their exercises are checked by numpy alone. Each
+# such chapter gets a notebook of those exercises in the site: its statement and its stub, as the chapter
+# has them, after a setup cell that installs attnbook and imports the checkers and those names of the
+# chapter's own setup cell that the chapter's solutions use and that load without torch.
+
+EXERCISE = re.compile(r"```\{exercise\}[ \t]*(?P<title>[^\n]*)\n(?P<body>.*?)\n```", re.S)
+ROLE = re.compile(r"\{[a-z:]+\}`(?:[^`<]*<)?([^`>]*)>?`")    # {eq}`label`, {doc}`text <target>`: the text
+EXERCISE_SETUP = """# Setup. In the browser (JupyterLite) this installs attnbook; numpy and matplotlib come with Pyodide.
+import sys
+
+if sys.platform == "emscripten":
+    %pip install --no-deps attnbook
+    from attnbook.browser import explain_missing_torch
+    explain_missing_torch("book/{chapter}.ipynb")
+
+import math
+
+import numpy as np
+{imports}
+from attnbook.exercises import {checkers}
+"""
+
+
+def imports_without_torch(statements: list[str]) -> list[str]:
+    """The import statements (of a chapter's setup cell) that succeed with PyTorch missing, as in Pyodide,
+    tried one by one in a child Python in which ``import torch`` fails; the solutions use those names."""
+    code = ("import json, sys\nsys.modules['torch'] = None\n"
+            "for i, statement in enumerate(json.loads(sys.stdin.read())):\n    try:\n        exec(statement, {})\n"
+            "        print(i)\n    except ImportError:\n        pass\n")
+    found = subprocess.run([sys.executable, "-c", code], input=json.dumps(statements), capture_output=True,
+                           text=True, check=True, cwd=ROOT).stdout
+    return [statements[int(i)] for i in found.split()]
+
+
+def setup_imports(chapter: str) -> list[str]:
+    """The top-level import statements of a chapter's setup cell (its first code cell)."""
+    import ast
+
+    cells = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text())["cells"]
+    source = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+    tree = ast.parse(source.replace("%pip", "pass  # %pip"))   # the browser branch's magic is not Python
+    return [ast.get_source_segment(source, node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def solution_source(chapter: str, stub: str) -> str:
+    """The chapter's solution to an exercise: the code cell, not a stub, that makes the stub's checker call."""
+    call = re.search(r"^check_\w+\(\w+\)", stub, re.M)[0]
+    cells = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if c["cell_type"] == "code" and call in "".join(c["source"])
+                and "raises-exception" not in c.get("metadata", {}).get("tags", []))
+
+
+def used_names(source: str) -> set[str]:
+    import ast
+
+    return {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+
+
+def bound_names(statement: str) -> set[str]:
+    """The names an import statement binds."""
+    import ast
+
+    return {(alias.asname or alias.name).split(".")[0] for node in ast.parse(statement).body for alias in node.names}
+
+
+def checkers_without_torch(names) -> set[str]:
+    """The checkers among ``names`` that load with PyTorch missing, as in Pyodide: tried in a child Python
+    in which ``import torch`` fails."""
+    code = ("import sys\nsys.modules['torch'] = None\nimport attnbook.exercises as exercises\n"
+            "for name in sys.argv[1:]:\n    try:\n        getattr(exercises, name)\n        print(name)\n"
+            "    except ImportError:\n        pass\n")
+    found = subprocess.run([sys.executable, "-c", code, *sorted(names)], capture_output=True, text=True,
+                           check=True, cwd=ROOT).stdout
+    return set(found.split())
+
+
+def exercise_statement(markdown: str, function: str | None = None) -> str:
+    """The ``{exercise}`` block of a chapter's markdown cell that asks for ``function`` (the last block
+    when none names it), as plain Markdown: the title as a heading, the options (``:label:``) dropped,
+    MyST's roles reduced to their text."""
+    blocks = list(EXERCISE.finditer(markdown))
+    if not blocks:
+        raise ValueError(f"no {{exercise}} block in: {markdown[:200]!r}")
+    block = next((b for b in reversed(blocks) if function and f"`{function}" in b["body"]), blocks[-1])
+    body = "\n".join(line for line in block["body"].splitlines() if not line.startswith(":"))
+    return ROLE.sub(r"\1", f"### Exercise: {block['title'].strip()}\n\n{body.strip()}\n")
+
+
+def exercise_stubs(chapter: str) -> list[tuple[str, str, list[str]]]:
+    """``(statement, stub source, checkers)`` of each exercise stub of a chapter (its cells tagged
+    raises-exception) that does not itself use torch; the statement is the last exercise before it."""
+    cells = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text())["cells"]
+    stubs = []
+    for i, cell in enumerate(cells):
+        source = "".join(cell["source"])
+        if (cell["cell_type"] == "code" and "raises-exception" in cell.get("metadata", {}).get("tags", [])
+                and "torch" not in source):
+            statement = next("".join(c["source"]) for c in reversed(cells[:i])
+                             if c["cell_type"] == "markdown" and "{exercise}" in "".join(c["source"]))
+            function = re.search(r"^def (\w+)\(", source, re.M)
+            stubs.append((exercise_statement(statement, function and function[1]), source,
+                          re.findall(r"\b(check_\w+)\(", source)))
+    return stubs
+
+
+def exercise_notebooks() -> dict[str, dict]:
+    """chapter -> the notebook of its numpy-checked exercises, for every chapter that needs PyTorch and has
+    some (the chapters of BROWSER_CHAPTERS run whole in the browser)."""
+    chapters = [p.stem for p in sorted((ROOT / "book").glob("[0-9][0-9]-*.ipynb")) if p.stem not in BROWSER_CHAPTERS]
+    stubs = {chapter: exercise_stubs(chapter) for chapter in chapters}
+    usable = checkers_without_torch({name for found in stubs.values() for _, _, names in found for name in names})
+    notebooks = {}
+    for chapter, found in stubs.items():
+        picked = [(text, source, names) for text, source, names in found if names and set(names) <= usable]
+        if not picked:
+            continue
+        book = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text())
+        title = "".join(book["cells"][0]["source"]).splitlines()[0].lstrip("# ")
+        checkers = ", ".join(sorted({name for _, _, names in picked for name in names}))
+        # the chapter's imports that its solutions to these exercises use, if they load without torch
+        used = set().union(*(used_names(solution_source(chapter, source)) for _, source, _ in picked))
+        imports = [i for i in imports_without_torch(setup_imports(chapter))
+                   if bound_names(i) & used and not i.startswith(("import numpy", "from attnbook.exercises"))]
+        cells = [("markdown", f"# {title}: exercises in your browser\n\nThe chapter needs PyTorch, which "
+                              f"does not run in the browser: read it in the book, or run it whole on Colab "
+                              f"({colab_link(chapter)}). These are its exercises that numpy alone checks. Run "
+                              f"the setup cell, write your answer in place of `raise NotImplementedError`, and "
+                              f"run the cell: the checker says whether the answer is right, or names the "
+                              f"mistake it sees.\n"),
+                 ("code", EXERCISE_SETUP.format(chapter=chapter, checkers=checkers, imports="\n".join(imports)))]
+        for text, source, _ in picked:
+            cells += [("markdown", text), ("code", source)]
+        notebooks[chapter] = {
+            "cells": [{"cell_type": kind, "id": f"exercise-{i}", "metadata": {}, "source": source,
+                       **({"execution_count": None, "outputs": []} if kind == "code" else {})}
+                      for i, (kind, source) in enumerate(cells)],
+            "metadata": book["metadata"], "nbformat": 4, "nbformat_minor": 5}
+    return notebooks
+
+
+def colab_link(chapter: str) -> str:
+    from attnbook.browser import colab_url
+
+    return colab_url(f"book/{chapter}.ipynb")
+
+
 def stage(staging: Path) -> dict[str, int]:
     """Assemble JupyterLite's input folder: configuration, Pyodide, wheels, chapters. Returns sizes."""
     shutil.copytree(LITE, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns("README.md"))
@@ -242,6 +389,8 @@ def stage(staging: Path) -> dict[str, int]:
     for chapter in BROWSER_CHAPTERS:
         notebook = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text())
         (files / f"{chapter}.ipynb").write_text(json.dumps(joined(notebook), ensure_ascii=False))
+    for chapter, notebook in exercise_notebooks().items():
+        (files / f"{chapter}-exercises.ipynb").write_text(json.dumps(notebook, ensure_ascii=False))
     return {"pyodide runtime": sum(map(len, core.values())), "pyodide packages": package_bytes}
 
 

@@ -94,6 +94,31 @@ def test_every_chapter_offers_colab_and_download(html):
         assert f"_sources/{page}.ipynb" in text, f"{page}: no notebook download link"
 
 
+def test_launch_menus_open_the_browser_site_where_it_runs(html):
+    """"Run in your browser" on the chapters that run there, "Exercises in your browser" on the torch
+    chapters whose exercises do, and each points to a notebook that the built site holds."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_lite", ROOT / "scripts" / "build_lite.py")
+    build_lite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_lite)
+    exercises = build_lite.exercise_notebooks()
+    for page in toc_pages():
+        if not (ROOT / f"{page}.ipynb").exists():
+            continue
+        name = page.rsplit("/", 1)[-1]
+        links = {a.get_text(strip=True): a["href"] for a in
+                 BeautifulSoup((html / f"{page}.html").read_text(), "html.parser").find_all("a", href=True)}
+        wanted = {"Run in your browser": name} if name in build_lite.BROWSER_CHAPTERS else {}
+        if name in exercises:
+            wanted["Exercises in your browser"] = f"{name}-exercises"
+        assert ("Browser: needs PyTorch, use Colab" in links) == (name not in build_lite.BROWSER_CHAPTERS), page
+        for text, notebook in wanted.items():
+            assert links.get(text, "").endswith(f"lite/notebooks/index.html?path={notebook}.ipynb"), (page, text)
+            assert (html / "lite" / "files" / f"{notebook}.ipynb").exists(), notebook
+        assert "Exercises in your browser" in links or name not in exercises, page
+
+
 # --- the headless browser --------------------------------------------------
 
 @pytest.fixture(scope="session")

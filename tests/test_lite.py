@@ -26,6 +26,9 @@ import importlib.util
 import io
 import json
 import os
+import re
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -367,3 +370,68 @@ def test_a_chapter_runs_in_pyodide_offline(chapter_run):
     from attnbook.embeddings import cooccurrence_counts
     expected = cooccurrence_counts([np.array(s) for s in IDS], 3).astype(int).tolist()
     assert extra["counts"].strip() == str(expected), extra["counts"]
+
+
+# --- the exercises of the chapters that need PyTorch ---------------------------------------------------
+
+EXERCISE_NOTEBOOKS = build_lite.exercise_notebooks()
+# run in the browser below (each costs a kernel start, ~20 s): the masks, and the chapter with most imports
+EXERCISE_CHAPTERS_IN_BROWSER = ("07-masking", "12-perspectives")
+
+# A child Python in which `import torch` fails, as in Pyodide: it runs an exercise notebook's setup cell,
+# then each stub (which must raise NotAttemptedError: the checker ran) and the chapter's own solution.
+SOLVE_WITHOUT_TORCH = r"""
+import json, sys
+sys.modules["torch"] = None
+from IPython.core.inputtransformer2 import TransformerManager
+from attnbook.exercises import NotAttemptedError
+setup, pairs = json.loads(sys.stdin.read())
+names = {}
+exec(TransformerManager().transform_cell(setup), names)
+for stub, solution in pairs:
+    try:
+        exec(stub, names)
+    except NotAttemptedError:
+        print("the stub was checked")
+    exec(solution, names)
+"""
+
+
+def test_only_the_torch_chapters_get_exercise_notebooks():
+    assert EXERCISE_NOTEBOOKS and not set(EXERCISE_NOTEBOOKS) & set(build_lite.BROWSER_CHAPTERS)
+    assert set(EXERCISE_CHAPTERS_IN_BROWSER) <= set(EXERCISE_NOTEBOOKS)
+
+
+@pytest.mark.parametrize("chapter", sorted(EXERCISE_NOTEBOOKS))
+def test_exercise_notebooks_check_their_stubs_and_solutions_without_torch(chapter):
+    """Every exercise put in the site runs where torch cannot be imported: its stub reaches the checker,
+    and the chapter's solution passes it."""
+    code = [c["source"] for c in EXERCISE_NOTEBOOKS[chapter]["cells"] if c["cell_type"] == "code"]
+    setup, stubs = code[0], code[1:]
+    pairs = []
+    for stub in stubs:
+        call = re.search(r"^check_\w+\(\w+\)", stub, re.M)[0]
+        solution = find_cell(chapter, lambda s, c: call in s and "raises-exception" not in c["metadata"].get("tags", []))
+        pairs.append((stub, "".join(code_cells(chapter)[solution]["source"])))
+    assert [s for _, s in pairs] == [build_lite.solution_source(chapter, stub) for stub in stubs]
+    done = subprocess.run([sys.executable, "-c", SOLVE_WITHOUT_TORCH], input=json.dumps([setup, pairs]),
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("the stub was checked") == len(stubs), done.stdout
+    assert done.stdout.count("Correct") == len(stubs), done.stdout
+
+
+@pytest.mark.parametrize("chapter", EXERCISE_CHAPTERS_IN_BROWSER)
+def test_a_torch_chapters_exercises_run_in_the_browser(chapter_run, chapter):
+    """The exercise notebook of a chapter that needs PyTorch, in Pyodide: Run All goes through, and each
+    stub reaches its checker and prints what the chapter's committed stub prints."""
+    run = chapter_run(f"{chapter}-exercises")
+    assert run["ok"] is True and all(c["count"] is not None for c in run["cells"]), run["cells"]
+    committed = {"".join(c["source"]): c for c in code_cells(chapter)}
+    stubs = [c["source"] for c in EXERCISE_NOTEBOOKS[chapter]["cells"] if c["cell_type"] == "code"][1:]
+    for cell, stub in zip(run["cells"][1:], stubs):
+        (error,) = [o for o in committed[stub]["outputs"] if o["output_type"] == "error"]
+        assert shown_text(cell["outputs"], "stderr") == "\n".join(error["traceback"]) + "\n", cell["outputs"]
+    outside = [url for url in run["requests"] if urlsplit(url).scheme not in ("data", "blob")
+               and urlsplit(url).hostname != "127.0.0.1"]
+    assert not outside and not run["problems"], (outside, run["problems"])

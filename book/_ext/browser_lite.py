@@ -4,11 +4,13 @@ After an HTML build, ``scripts/build_lite.py`` writes JupyterLite with its Pyodi
 Pyodide 0.27.7 and attnbook's wheel to ``lite/`` in the output folder, with the chapters that run in
 the browser (numpy throughout). Each of those chapters' launch menu (the rocket) gets "Run in your
 browser", which opens the chapter there; every other chapter's menu says that it needs PyTorch, which
-does not run in the browser, and links to Colab instead. A failure of the site's build (a file that
+does not run in the browser, and links to Colab instead, and, where some of its exercises are checked by
+numpy alone, gets "Exercises in your browser", a notebook of those exercises in the site. A failure of the site's build (a file that
 does not match its pinned digest, above all) fails the book's build.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -24,6 +26,12 @@ def _build_lite_module():
 
 BUILD_LITE = _build_lite_module()
 SITE = "lite"
+
+
+@functools.lru_cache(maxsize=None)
+def _exercise_chapters() -> frozenset[str]:
+    """The chapters that need PyTorch but have exercises numpy alone checks (their notebooks are in the site)."""
+    return frozenset(BUILD_LITE.exercise_notebooks())
 
 
 def _build_site(app, exception) -> None:
@@ -50,6 +58,16 @@ def _launch_entry(app, pagename, templatename, context, doctree) -> None:
             "label": "launch-browser-button",
         })
     else:
+        if name in _exercise_chapters():
+            group["buttons"].append({
+                "type": "link",
+                "text": "Exercises in your browser",
+                "tooltip": "The chapter needs PyTorch; its exercises that numpy alone checks run in JupyterLite, "
+                           "inside the page (no install, no account)",
+                "icon": "_static/images/logo_jupyterlite.svg",
+                "url": f"{context['pathto'](SITE + '/notebooks/index.html', 1)}?path={name}-exercises.ipynb",
+                "label": "launch-browser-exercises-button",
+            })
         colab = next((b["url"] for b in group["buttons"] if b.get("text") == "Colab"), None)
         if colab:
             group["buttons"].append({
