@@ -242,8 +242,10 @@ from attnbook.exercises import {checkers}
 
 def imports_without_torch(statements: list[str]) -> list[str]:
     """The import statements (of a chapter's setup cell) that succeed with PyTorch missing, as in Pyodide,
-    tried one by one in a child Python in which ``import torch`` fails; the solutions use those names."""
-    code = ("import json, sys\nsys.modules['torch'] = None\n"
+    tried one by one in a child Python in which ``import torch`` (and Triton, transformers, ...: the
+    packages of :data:`attnbook.browser.TORCH_PACKAGES`) fails; the solutions use those names."""
+    code = ("import json, sys\nfrom attnbook.browser import TORCH_PACKAGES\n"
+            "sys.modules.update(dict.fromkeys(TORCH_PACKAGES))\n"
             "for i, statement in enumerate(json.loads(sys.stdin.read())):\n    try:\n        exec(statement, {})\n"
             "        print(i)\n    except ImportError:\n        pass\n")
     found = subprocess.run([sys.executable, "-c", code], input=json.dumps(statements), capture_output=True,
@@ -284,8 +286,9 @@ def bound_names(statement: str) -> set[str]:
 
 def checkers_without_torch(names) -> set[str]:
     """The checkers among ``names`` that load with PyTorch missing, as in Pyodide: tried in a child Python
-    in which ``import torch`` fails."""
-    code = ("import sys\nsys.modules['torch'] = None\nimport attnbook.exercises as exercises\n"
+    in which ``import torch`` (and the rest of :data:`attnbook.browser.TORCH_PACKAGES`) fails."""
+    code = ("import sys\nfrom attnbook.browser import TORCH_PACKAGES\nsys.modules.update(dict.fromkeys(TORCH_PACKAGES))\n"
+            "import attnbook.exercises as exercises\n"
             "for name in sys.argv[1:]:\n    try:\n        getattr(exercises, name)\n        print(name)\n"
             "    except ImportError:\n        pass\n")
     found = subprocess.run([sys.executable, "-c", code, *sorted(names)], capture_output=True, text=True,

@@ -228,3 +228,27 @@ def test_mha_checker_reports_the_stub():
         raise NotImplementedError
     with pytest.raises(NotAttemptedError):
         check_multihead_attention(stub)
+
+
+def test_the_checkers_own_head_split_agrees_with_the_library():
+    """The references cut heads with reshapes of their own (independent, and free of torch): they agree
+    with attnbook.heads on several shapes, and undo each other."""
+    from attnbook import heads
+    from attnbook.exercises import multihead as reference
+
+    rng = np.random.default_rng(3)
+    for shape, h in [((2, 5, 12), 3), ((7, 8), 2), ((1, 1, 4), 4), ((2, 3, 6, 16), 4)]:
+        x = rng.normal(size=shape)
+        split = reference.split_heads(x, h)
+        np.testing.assert_array_equal(split, heads.split_heads(x, h))
+        np.testing.assert_array_equal(reference.merge_heads(split), heads.merge_heads(split))
+        np.testing.assert_array_equal(reference.merge_heads(split), x)
+
+
+def test_the_checkers_load_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from attnbook.exercises import check_multihead_attention, check_split_qkv; print('loaded')")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "loaded\n"

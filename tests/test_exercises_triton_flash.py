@@ -64,6 +64,29 @@ def test_key_blocks_reference_style_solution_passes(capsys):
     assert "Correct" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k", [(256, 256, 64, 64), (65, 65, 64, 16), (1, 100, 16, 32),
+                                                       (20, 77, 32, 16), (100, 130, 16, 64), (33, 33, 32, 32)])
+def test_the_reference_counts_the_blocks_the_kernels_load(n_q, n_k, block_q, block_k):
+    """The checker's reference (chapter 9's tile schedule, numpy only) against the kernels' own host-side
+    bounds (attnbook.triton_flash.key_block_bounds)."""
+    pytest.importorskip("triton")
+    from attnbook.exercises.triton_flash import key_blocks_visited
+    from attnbook.triton_flash import key_block_bounds
+
+    kernels = [-(-key_block_bounds(b, n_q, n_k, block_q, block_k, causal=True)[1] // block_k)
+               for b in range(-(-n_q // block_q))]
+    assert key_blocks_visited(n_q, n_k, block_q, block_k).tolist() == kernels
+
+
+def test_the_checker_loads_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
+            "from attnbook.exercises import check_benchmark_flops, check_key_blocks; print('loaded')")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "loaded\n"
+
+
 def test_key_blocks_accepts_numpy_floats():
     check_key_blocks(lambda *a: np.array(blocks_by_loop(*a), dtype=float))
 

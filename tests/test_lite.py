@@ -382,7 +382,8 @@ EXERCISE_CHAPTERS_IN_BROWSER = ("07-masking", "12-perspectives")
 # then each stub (which must raise NotAttemptedError: the checker ran) and the chapter's own solution.
 SOLVE_WITHOUT_TORCH = r"""
 import json, sys
-sys.modules["torch"] = None
+from attnbook.browser import TORCH_PACKAGES
+sys.modules.update(dict.fromkeys(TORCH_PACKAGES))     # torch, triton, transformers, ...
 from IPython.core.inputtransformer2 import TransformerManager
 from attnbook.exercises import NotAttemptedError
 setup, pairs = json.loads(sys.stdin.read())
