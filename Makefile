@@ -34,13 +34,14 @@ pdf: $(READY)
 	$(BIN)/jupyter-book build --builder pdflatex --warningiserror --nitpick --keep-going .
 	test -s _build/latex/attention-derived.pdf
 
-# The notebooks run two at a time (pytest-xdist), each notebook whole on one worker (--dist loadfile):
-# a notebook's cells share one kernel, in order. No checked output depends on time, so the load that
-# two notebooks put on each other changes only the timings, which are never checked.
+# Tests and notebooks run two files at a time (pytest-xdist), each file whole on one worker (--dist
+# loadfile): a notebook's cells share one kernel, in order, and a test file's fixtures (a book build, a
+# browser) serve all its tests. No checked output depends on time, so the load that two files put on
+# each other changes only the timings, which are never checked.
 PARALLEL := -n 2 --dist loadfile
 
 test: $(READY)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest $(PARALLEL) tests
 	$(BIN)/python -m pytest $(PARALLEL) book $(NBVAL)
 	env $(OTHER_NUMERICS) $(BIN)/python -m pytest $(PARALLEL) book $(NBVAL)
 
@@ -66,7 +67,7 @@ $(MIN_VENV)/.ready: requirements.txt pyproject.toml scripts/minimum_requirements
 
 test-minimum: $(MIN_VENV)/.ready
 	$(MIN_VENV)/bin/python -m pip freeze | grep -i -E '^(numpy|matplotlib|torch|safetensors|tokenizers|huggingface.hub|transformers)=='
-	$(MIN_VENV)/bin/python -m pytest tests $(addprefix --ignore=,$(FULL_ONLY))
+	$(MIN_VENV)/bin/python -m pytest $(PARALLEL) tests $(addprefix --ignore=,$(FULL_ONLY))
 	$(MIN_VENV)/bin/python -m pytest $(PARALLEL) $(NBVAL) $(MIN_CHAPTERS)
 	$(MIN_VENV)/bin/python -m pytest $(PARALLEL) --nbval-lax --nbval-current-env $(MIN_LAX)
 

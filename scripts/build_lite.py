@@ -101,20 +101,25 @@ def run(args: list[str], **kwargs) -> None:
 
 
 def download(url: str, target: Path) -> None:
-    part = target.with_name(target.name + ".part")
+    # a part file of this process's own, renamed into place whole: two builds at once (the test suite
+    # runs in parallel) never read each other's half-written download
+    part = target.with_name(f"{target.name}.part-{os.getpid()}")
     with urllib.request.urlopen(url, timeout=120) as response, open(part, "wb") as out:
         shutil.copyfileobj(response, out)
     part.replace(target)
 
 
 def pip_download(requirement: str, wheel: str) -> Path:
-    """A wheel from the package index, through pip (the ordinary client), cached."""
+    """A wheel from the package index, through pip (the ordinary client), cached; downloaded into a folder
+    of its own and renamed into the cache whole, like :func:`download`."""
     target = cache_dir() / wheel
     if not target.exists():
-        run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-             "--dest", str(cache_dir()), requirement])
-    if not target.exists():
-        raise FileNotFoundError(f"pip download {requirement} did not produce {wheel}")
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as folder:
+            run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                 "--dest", folder, requirement])
+            if not (Path(folder) / wheel).exists():
+                raise FileNotFoundError(f"pip download {requirement} did not produce {wheel}")
+            (Path(folder) / wheel).replace(target)
     return target
 
 
