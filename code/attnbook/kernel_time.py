@@ -205,10 +205,10 @@ def kernel_time(kernel: str, hw: Hardware, batch: int, heads: int, n: int, d: in
     return KernelTime(kernel, compute, memory, LAUNCH_SECONDS + waves * WAVE_SECONDS, in_l2)
 
 
-def preprocess_time(hw: Hardware, batch: int, heads: int, n: int, d: int, bytes_per_element: int = 2) -> float:
+def preprocess_time(hw: Hardware, batch: int, heads: int, n: int, d: int, bytes_per_element: int = 2) -> KernelTime:
     """The backward pass's first kernel, delta = rowsum(dO * O): reads O and dO, writes one float32 per row."""
     bytes_moved = batch * heads * n * (2 * d * bytes_per_element + 4)
-    return LAUNCH_SECONDS + bytes_moved / hw.gpu.hbm_bandwidth
+    return KernelTime("backward_preprocess", 0.0, bytes_moved / hw.gpu.hbm_bandwidth, LAUNCH_SECONDS, False)
 
 
 def pass_time(hw: Hardware, batch: int, heads: int, n: int, d: int, causal: bool, mode: str,
@@ -227,8 +227,7 @@ def pass_time(hw: Hardware, batch: int, heads: int, n: int, d: int, causal: bool
         outer, inner = (block_k, block_q) if kernel == "backward_dkdv" else (block_q, block_k)
         times.append(kernel_time(kernel, hw, batch, heads, n, d, causal, outer, inner, per_sm))
     if mode == "fwd_bwd":
-        fixed = preprocess_time(hw, batch, heads, n, d)
-        times.append(KernelTime("backward_preprocess", 0.0, fixed - LAUNCH_SECONDS, LAUNCH_SECONDS, False))
+        times.append(preprocess_time(hw, batch, heads, n, d))
     return times
 
 
