@@ -1,4 +1,5 @@
-"""Per-notebook timing for the nbval run, and the numerics it ran under.
+"""The order of the run (slowest files first), per-notebook timing for the nbval run, and the
+numerics it ran under.
 
 At the repository root so that its hooks see the items collected from book/ as well as tests/.
 Each notebook should take well under 60 s on 2 quiet cores (design section 4); the times are printed
@@ -11,6 +12,19 @@ import collections
 import os
 
 HANG_LIMIT_S = 300.0
+
+# The files that take longest, slowest first, measured on 2 cores (make test runs two files at a time:
+# started last, one of them would run alone at the end while the other core idles). Only the order of
+# the run depends on this list: a stale entry costs a minute, never a result.
+SLOWEST_FIRST = (
+    "book/11-grouped-query-attention.ipynb",   # 50 s native, 115 s with the other numerics
+    "book/06-positional-encodings.ipynb",
+    "book/03-scaling.ipynb",
+    "book/09-flash-attention.ipynb",
+    "tests/test_lite.py",                      # 150 s: chapters run in Pyodide in a browser
+    "tests/test_book.py",                      # 70 s: the HTML build
+    "tests/test_pdf.py",                       # 50 s: the LaTeX build
+)
 
 _notebook_seconds: dict[str, float] = collections.defaultdict(float)
 
@@ -26,6 +40,13 @@ def _numerics() -> str:
     overrides = [f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OPENBLAS_CORETYPE")
                  if k in os.environ]
     return f"torch kernels {capability}; " + (", ".join(overrides) if overrides else "native (no overrides)")
+
+
+def pytest_collection_modifyitems(items):
+    """Move the files of SLOWEST_FIRST to the front, keeping the order of the items within each file
+    (a notebook's cells must run in order); the other files keep their order after them."""
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 def pytest_runtest_logreport(report):
