@@ -113,6 +113,13 @@ def test_page_count_and_references(latex):
     assert not undefined, "\n".join(undefined[:20])
 
 
+def test_every_character_has_a_glyph(latex):
+    """xelatex prints a character its font lacks as nothing, and only says so in its log."""
+    log = (latex[1] / f"{TARGET}.log").read_text(errors="replace")
+    missing = sorted(set(re.findall(r"Missing character: There is no (.*?) in font", log)))
+    assert not missing, f"characters the PDF prints as nothing (add them to book_latex.SUBSTITUTES): {missing}"
+
+
 def test_every_chapter_is_in_the_pdf(tex):
     for path in chapters():
         title = re.search(r"^# (.+)$", "".join(json.loads(path.read_text())["cells"][0]["source"]), re.M)

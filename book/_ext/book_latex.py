@@ -1,6 +1,6 @@
 """What the PDF of the book (``make pdf``, Sphinx's LaTeX builder) needs that the HTML does not.
 
-The print fixes 1-3 act on the LaTeX builder only; the HTML book is untouched by them. Item 4 is the
+The print fixes 1-4 act on the LaTeX builder only; the HTML book is untouched by them. Item 5 is the
 HTML book's link to the PDF.
 
 1. Proofs read as proofs. sphinx-proof wraps a ``{prf:proof}`` in an admonition with no title,
@@ -16,7 +16,11 @@ HTML book's link to the PDF.
    breaks up tables and aligned columns. A block whose longest line is too long for ``\\small`` is
    set in the largest smaller size at which it fits, down to 6 pt (122 characters); a block with
    longer lines still is set in 6 pt and wrapped.
-4. The link to the PDF. The GitHub Pages workflow publishes the PDF beside the HTML book, at the
+4. Every character prints. xelatex sets a character its font lacks as nothing at all, with only a
+   line in its log. The book's fonts (FreeSerif, FreeMono) have no emoji: each character of
+   ``SUBSTITUTES`` is printed as the nearest character they have (``\\newunicodechar``), and
+   ``tests/test_pdf.py`` fails on any "Missing character" in the log.
+5. The link to the PDF. The GitHub Pages workflow publishes the PDF beside the HTML book, at the
    site's root; the substitution ``{{ pdf_link }}`` (book/intro.md) links to it there, at the
    address GitHub Pages gives the repository of ``_config.yml`` (https://OWNER.github.io/REPO/).
    The address is absolute, so that ``make book`` and the link check, which run without the PDF
@@ -46,6 +50,24 @@ def font_size_for(text: str, boxed: bool = False) -> str | None:
         if longest <= width:
             return size
     return FITS[-1][0]
+
+
+# Characters of the book that its fonts lack -> the character printed instead (chapter 1 shows the
+# tokenizer an emoji; FreeMono has the white smiling face of U+263A).
+SUBSTITUTES = {"\N{SLIGHTLY SMILING FACE}": "\N{WHITE SMILING FACE}"}
+
+
+def substitutes_preamble(substitutes: dict[str, str] = SUBSTITUTES) -> str:
+    """LaTeX that prints each key of ``substitutes`` as its value (package newunicodechar)."""
+    lines = [r"\usepackage{newunicodechar}"]
+    lines += [rf"\newunicodechar{{{char}}}{{{instead}}}" for char, instead in substitutes.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _print_substitutes(app, config) -> None:
+    elements = dict(config.latex_elements)
+    elements["preamble"] = elements.get("preamble", "") + substitutes_preamble()
+    config.latex_elements = elements
 
 
 PDF_NAME = "attention-derived.pdf"  # latex_documents' targetname in _config.yml, as a PDF
@@ -130,4 +152,5 @@ class PrintFixes(SphinxPostTransform):
 def setup(app):
     app.add_post_transform(PrintFixes)
     app.connect("config-inited", _link_the_pdf)
+    app.connect("config-inited", _print_substitutes)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
