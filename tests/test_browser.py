@@ -79,6 +79,16 @@ def test_names_a_stopped_cell_would_bind_get_the_note(shell, capsys, monkeypatch
     assert len(shown) == 3
 
 
+def test_running_the_setup_again_keeps_the_names_remembered(shell, capsys, monkeypatch):
+    shown = shown_traceback(shell, monkeypatch)
+    run(shell, capsys, "model = torch.nn.Linear(2, 2)")
+    callbacks = len(shell.events.callbacks["pre_run_cell"])
+    browser.explain_missing_torch(NOTEBOOK, shell=shell)       # the reader runs the setup cell again
+    assert len(shell.events.callbacks["pre_run_cell"]) == callbacks
+    _, out = run(shell, capsys, "model")
+    assert "uses model, which a cell above would have defined" in out and shown == [], out
+
+
 STUB = """
 from attnbook.exercises import check_softmax
 

@@ -102,12 +102,18 @@ def explain_missing_torch(notebook: str, shell=None) -> None:
     All" there. (IPython still records the exception as the cell's ``error_in_exec``.) The names such a
     cell binds are remembered, so that a later cell that needs one of them gets the note too. An exercise
     stub's ``NotAttemptedError`` prints its verdict the same way; every other error, a wrong answer to an
-    exercise included, keeps its usual traceback and stops "Run All"."""
+    exercise included, keeps its usual traceback and stops "Run All".
+
+    Running the setup cell again installs the handler again and keeps the names remembered so far: the
+    cells that bound them are not run again, and a later cell that needs one of them still gets the note."""
     if shell is None:
         from IPython import get_ipython
 
         shell = get_ipython()
-    skipped: set[str] = set()
+    previous = getattr(shell, "_attnbook_missing_torch", None)
+    if previous is not None:
+        shell.events.unregister("pre_run_cell", previous["remember_cell"])
+    skipped: set[str] = previous["skipped"] if previous is not None else set()
     cell = {"source": ""}
 
     def remember_cell(info):
@@ -126,4 +132,5 @@ def explain_missing_torch(notebook: str, shell=None) -> None:
         print(note, file=sys.stderr, flush=True)
 
     shell.events.register("pre_run_cell", remember_cell)
+    shell._attnbook_missing_torch = {"skipped": skipped, "remember_cell": remember_cell}
     shell.set_custom_exc((ModuleNotFoundError, NameError, SkippedInBrowser, NotAttemptedError), handler)
