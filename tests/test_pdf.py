@@ -120,6 +120,29 @@ def test_every_character_has_a_glyph(latex):
     assert not missing, f"characters the PDF prints as nothing (add them to book_latex.SUBSTITUTES): {missing}"
 
 
+# A box TeX cannot break (a code block in an exercise or a solution, which Sphinx sets unbroken when
+# it thinks the block fits) that is taller than what is left of its page runs into the page's foot.
+# The footer's rule sits about 30 pt below the end of the text block (measured on a rendered page), so
+# an overflow of up to OVERFLOW_PT leaves a clear gap; the book's overflows are at most 8 pt, and
+# chapter 7's one of 53 pt printed code over the footer until its solution cell was split in two.
+OVERFLOW_PT = 12
+
+
+def test_no_page_runs_into_its_footer(latex, tex):
+    """An overfull page of more than OVERFLOW_PT prints its last lines over the page's footer."""
+    log = (latex[1] / f"{TARGET}.log").read_text(errors="replace")
+    lines = tex.splitlines()
+    overflows = []
+    for points, line in re.findall(r"Overfull \\vbox \(([\d.]+)pt too high\) detected at line (\d+)", log):
+        if float(points) > OVERFLOW_PT:
+            boxes = re.findall(r"\\begin\{sphinxadmonition\}\{\w+\}\{(.*)\}", "\n".join(lines[:int(line)]))
+            where = boxes[-1] if boxes else "?"
+            overflows.append(f"{points} pt at line {line} of {TARGET}.tex, in the box '{where}'")
+    assert not overflows, ("pages whose last lines run into the footer (split the long code cell there "
+                           "in two, so that TeX can put the second part on the next page):\n"
+                           + "\n".join(overflows))
+
+
 def test_every_chapter_is_in_the_pdf(tex):
     for path in chapters():
         title = re.search(r"^# (.+)$", "".join(json.loads(path.read_text())["cells"][0]["source"]), re.M)
