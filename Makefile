@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 
-.PHONY: book pdf test test-minimum execute nbval clean
+.PHONY: book pdf test test-minimum execute nbval clean system
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # The environment that makes this CPU compute like the other kind (AVX-512 <-> AVX2-only): the
@@ -24,12 +24,18 @@ $(READY): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+# Debian's chromium (the page and browser checks) and TeX (the PDF): installed when missing and this
+# user may (root, or sudo without a password); otherwise the command to run is printed and make stops
+# here, before anything else runs.
+system:
+	bash scripts/system_packages.sh
+
 book: $(READY)
 	$(BIN)/jupyter-book build --warningiserror --nitpick --keep-going .
 
 # The book as one PDF, _build/latex/attention-derived.pdf (xelatex; it needs Debian's TeX packages,
 # the apt-get line in .ci/run). The old PDF is removed first, so that a failed run leaves none behind.
-pdf: $(READY)
+pdf: system $(READY)
 	rm -f _build/latex/attention-derived.pdf
 	$(BIN)/jupyter-book build --builder pdflatex --warningiserror --nitpick --keep-going .
 	test -s _build/latex/attention-derived.pdf
@@ -46,7 +52,7 @@ pdf: $(READY)
 PARALLEL := -n 2 --dist loadfile
 test test-minimum: export OMP_NUM_THREADS := 1
 
-test: $(READY)
+test: system $(READY)
 	$(BIN)/python -m pytest $(PARALLEL) tests
 	$(BIN)/python -m pytest $(PARALLEL) book $(NBVAL)
 	env $(OTHER_NUMERICS) $(BIN)/python -m pytest $(PARALLEL) book $(NBVAL)
