@@ -277,10 +277,32 @@ def test_ablate_heads_mean_mode_keeps_only_the_average():
     torch.testing.assert_close(abl0[..., :8], clean0[..., :8], rtol=0, atol=0)
 
 
+def test_ablate_heads_mean_of_a_reference_input():
+    model = small_gpt()
+    ids = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(6))
+    other = torch.randint(0, 11, (2, 9), generator=torch.Generator().manual_seed(7))
+    (clean0, _), clean_logits = out_proj_inputs(model, ids)
+    (other0, _), _ = out_proj_inputs(model, other)
+    with heads.ablate_heads(model, [(0, 2)], mode="mean", reference=other):
+        (abl0, _), _ = out_proj_inputs(model, ids)
+    # the replaced columns hold the reference's mean (computed here by hand), not the input's
+    expected = other0[..., 8:12].reshape(-1, 4).mean(dim=0).expand(3, 6, 4)
+    torch.testing.assert_close(abl0[..., 8:12], expected)
+    assert not torch.allclose(abl0[..., 8:12], clean0[..., 8:12].mean(dim=(0, 1)).expand(3, 6, 4))
+    torch.testing.assert_close(abl0[..., :8], clean0[..., :8], rtol=0, atol=0)
+    # the input itself as the reference is the default mean
+    with heads.ablate_heads(model, [(0, 2)], mode="mean", reference=ids):
+        (same0, _), _ = out_proj_inputs(model, ids)
+    torch.testing.assert_close(same0[..., 8:12], clean0[..., 8:12].mean(dim=(0, 1)).expand(3, 6, 4))
+    _, logits = out_proj_inputs(model, ids)                     # hooks removed on exit
+    torch.testing.assert_close(logits, clean_logits, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("pairs,kwargs,match", [
     ([(2, 0)], {}, r"no head \(2, 0\)"),
     ([(0, 4)], {}, r"no head \(0, 4\)"),
     ([(0, 0)], {"mode": "resample"}, "mode"),
+    ([(0, 0)], {"reference": torch.zeros(1, 3, dtype=torch.long)}, "reference is used only with mode='mean'"),
 ])
 def test_ablate_heads_errors(pairs, kwargs, match):
     model = small_gpt()

@@ -192,17 +192,21 @@ def weight_on(weights, keys) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def ablate_heads(model, heads, mode: str = "zero"):
+def ablate_heads(model, heads, mode: str = "zero", reference=None):
     """Switch off attention heads of a :class:`attnbook.gpt.TinyGPT` inside a ``with`` block.
 
     heads: iterable of ``(layer, head)`` pairs. Just before the layer's output projection, a
     switched-off head's ``d_head`` columns of the concatenated heads are replaced by zeros
-    (``mode="zero"``, the masking of Michel et al. 2019) or by their mean over the batch and
-    the positions of the current input (``mode="mean"``: the head still adds its average
-    output, but no longer anything that depends on the tokens).
+    (``mode="zero"``, the masking of Michel et al. 2019) or by their mean (``mode="mean"``: the
+    head still adds its average output, but no longer anything that depends on the tokens).
+    The mean is over the batch and the positions of the current input, or, when ``reference``
+    (token ids, ``(batch, n)``) is given, of that input, run through the intact model once on
+    entry: held-out text, so that the mean carries nothing of the text being scored.
     """
     if mode not in ("zero", "mean"):
         raise ValueError(f"mode must be 'zero' or 'mean'; got {mode!r}")
+    if reference is not None and mode != "mean":
+        raise ValueError(f"reference is used only with mode='mean'; got mode={mode!r}")
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         if not 0 <= layer < len(model.blocks) or not 0 <= head < model.blocks[layer].attn.n_heads:
@@ -210,17 +214,36 @@ def ablate_heads(model, heads, mode: str = "zero"):
                              f"of {model.blocks[0].attn.n_heads} heads")
         by_layer.setdefault(int(layer), []).append(int(head))
 
-    def replace(heads_of_layer, d_head):
+    means: dict[int, torch.Tensor] = {}          # layer -> (h * d_head,) mean over the reference input
+    if reference is not None:
+        def record(layer):
+            def hook(module, args):
+                means[layer] = args[0].detach().flatten(0, -2).mean(dim=0)
+            return hook
+        recorders = [model.blocks[l].attn.out_proj.register_forward_pre_hook(record(l)) for l in by_layer]
+        try:
+            with torch.no_grad():
+                model(reference)
+        finally:
+            for hook in recorders:
+                hook.remove()
+
+    def replace(layer, heads_of_layer, d_head):
         def hook(module, args):
             concat = args[0].clone()                                   # (batch, n, h * d_head)
             for h in heads_of_layer:
                 cols = concat[..., h * d_head:(h + 1) * d_head]
-                concat[..., h * d_head:(h + 1) * d_head] = 0 if mode == "zero" else \
-                    cols.mean(dim=tuple(range(cols.ndim - 1)), keepdim=True)
+                if mode == "zero":
+                    concat[..., h * d_head:(h + 1) * d_head] = 0
+                elif layer in means:
+                    concat[..., h * d_head:(h + 1) * d_head] = means[layer][h * d_head:(h + 1) * d_head]
+                else:
+                    concat[..., h * d_head:(h + 1) * d_head] = cols.mean(dim=tuple(range(cols.ndim - 1)),
+                                                                         keepdim=True)
             return (concat,)
         return hook
 
-    hooks = [model.blocks[l].attn.out_proj.register_forward_pre_hook(replace(hs, model.blocks[l].attn.d_head))
+    hooks = [model.blocks[l].attn.out_proj.register_forward_pre_hook(replace(l, hs, model.blocks[l].attn.d_head))
              for l, hs in by_layer.items()]
     try:
         yield model
