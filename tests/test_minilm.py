@@ -123,6 +123,29 @@ def test_one_layer_self_attention_equals_bert_layer(model, reference, bert):
         assert max_diff(ours.attn_norm(x + ours.attn(x)), theirs(x)[0]) < TOL
 
 
+def test_head_projections_give_each_heads_weights_and_output(model, reference, bert):
+    """One head's W_q, W_k, W_v and biases, used in float64 numpy, reproduce that head's weights and
+    its block of the context layer (before W_O) of transformers' BERT, in two layers and three heads."""
+    out = run_bert(reference, bert, SENTENCES[1])
+    for layer in (0, 4):
+        x = out.hidden_states[layer]                                   # (1, n, d): the layer's input
+        with torch.no_grad():
+            context = bert.encoder.layer[layer].attention.self(x)[0][0].double().numpy()   # (n, 384)
+        x = x[0].double().numpy()
+        for head in (0, 3, 11):
+            p = model.head_projections(layer, head)
+            assert {k: v.shape for k, v in p.items()} == {
+                "W_q": (384, 32), "W_k": (384, 32), "W_v": (384, 32), "b_q": (32,), "b_k": (32,), "b_v": (32,)}
+            q, k, v = (x @ p[f"W_{c}"] + p[f"b_{c}"] for c in "qkv")
+            scores = q @ k.T / np.sqrt(32)
+            weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+            weights /= weights.sum(axis=1, keepdims=True)
+            assert max_diff(weights, out.attentions[layer][0, head]) < TOL
+            assert max_diff(weights @ v, context[:, head * 32:(head + 1) * 32]) < TOL
+    with pytest.raises(ValueError, match="head"):
+        model.head_projections(0, 12)
+
+
 def test_static_embedding(model, bert):
     bank = model.static_embedding("bank")
     token_id = model.tokenizer.token_to_id("bank")

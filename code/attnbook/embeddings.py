@@ -216,9 +216,9 @@ def ppmi(counts) -> np.ndarray:
 
 
 def svd_embeddings(matrix, d: int) -> np.ndarray:
-    """Rows of the best rank-``d`` factor of ``matrix (V, V_c)``: ``U_d sqrt(S_d)``, shape ``(V, d)``.
+    """Rows of the best rank-``d`` factor of ``matrix (V, V_c)``: ``U_d sqrt(Sigma_d)``, shape ``(V, d)``.
 
-    ``matrix ~ U_d S_d V_d^T`` (truncated SVD, Eckart-Young); splitting ``S_d``
+    ``matrix ~ U_d Sigma_d R_d^T`` (truncated SVD, Eckart-Young); splitting ``Sigma_d``
     evenly between the two factors is the usual choice for word vectors. Each
     column's sign is fixed (its largest-magnitude entry positive), so the result
     does not depend on the LAPACK build.

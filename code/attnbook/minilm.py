@@ -174,18 +174,19 @@ class MiniLM(nn.Module):
             return torch.cat([layer.weights for layer in layers]).cpu().numpy()
 
     def head_projections(self, layer: int, head: int) -> dict[str, np.ndarray]:
-        """One head's query and key projections, as rows act on them (``q = x W_q + b_q``).
+        """One head's query, key and value projections, as rows act on them (``q = x W_q + b_q``).
 
-        Returns float64 arrays ``W_q, W_k (d_model, d_head)`` and ``b_q, b_k (d_head,)``: the
-        columns of the layer's ``q_proj``/``k_proj`` that produce ``head`` (heads own contiguous
-        blocks of ``d_head`` features). Chapter 2 computes the head's weights from them.
+        Returns float64 arrays ``W_q, W_k, W_v (d_model, d_head)`` and ``b_q, b_k, b_v (d_head,)``:
+        the columns of the layer's ``q_proj``/``k_proj``/``v_proj`` that produce ``head`` (heads own
+        contiguous blocks of ``d_head`` features). Chapter 2 computes the head's weights and its
+        output from them.
         """
         attn = self.layers[layer].attn
         if not 0 <= head < attn.n_heads:
             raise ValueError(f"head must lie in [0, {attn.n_heads}); got {head}")
         block = slice(head * attn.d_head, (head + 1) * attn.d_head)
         out = {}
-        for name, proj in (("q", attn.q_proj), ("k", attn.k_proj)):
+        for name, proj in (("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj)):
             # nn.Linear stores (out_features, in_features) and computes x W^T + b: transpose to rows.
             out[f"W_{name}"] = proj.weight[block].detach().double().numpy().T.copy()
             out[f"b_{name}"] = proj.bias[block].detach().double().numpy().copy()
