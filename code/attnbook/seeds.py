@@ -75,6 +75,16 @@ class SeedDistribution:
     def none_at_least(self, threshold: float, margin: float = 0.0) -> bool:
         return self.count_at_least(threshold, margin) == 0
 
+    def tally_at_least(self, threshold: float, margin: float = 0.0) -> str:
+        """``'k/N'``: ``k`` seeds reach ``threshold`` (as :meth:`count_at_least`, margin included) out
+        of the ``N`` seeds this distribution holds. A verdict printed with it cannot carry a
+        denominator other than the number of runs it counts."""
+        return f"{self.count_at_least(threshold, margin)}/{self.n}"
+
+    def tally_below(self, threshold: float, margin: float = 0.0) -> str:
+        """``'k/N'``: ``k`` seeds stay below ``threshold`` (the complement of :meth:`tally_at_least`)."""
+        return f"{self.n - self.count_at_least(threshold, margin)}/{self.n}"
+
     def summary(self, fmt: str = ".3f") -> str:
         """``'min 0.270 / median 0.340 / max 0.410 over 5 seeds'``."""
         return f"min {self.min:{fmt}} / median {self.median:{fmt}} / max {self.max:{fmt}} over {self.n} seeds"

@@ -1,0 +1,73 @@
+"""Every verdict a notebook prints as 'k/N seeds' (or 'in k/N runs') counts over the seeds its own
+code runs: N is re-derived from the notebook's source, from its ``seeds = range(...)`` definitions.
+
+Chapter 7 once printed '... in 256/256 seeds' and '5/256 seeds': the denominator was a variable ``n``
+that a later cell had rebound to a context length. Read without executing anything (committed
+outputs against committed sources), so it runs in a second. A notebook that prints such a verdict
+must define its seeds with ``range``, where this test can find them.
+"""
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+BOOK = Path(__file__).resolve().parent.parent / "book"
+NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
+
+# 'in 5/5 seeds', '5/5 seeds reach', 'in 3/5 runs'; a bare 'k/N' that continues a verdict on the
+# same line ('..., and ... in 5/5') is read with the seeds-verdict before it.
+VERDICT = re.compile(r"(\d+)/(\d+)(?= (?:seeds|runs)\b)")
+SEEDS_RANGE = re.compile(r"\bseeds\s*=\s*(range\([^()]*\))")
+
+
+def seed_counts(source: str) -> set[int]:
+    """Numbers of seeds the code defines: ``seeds = range(5)``, ``seeds=range(0, 8)`` (a keyword too)."""
+    counts = set()
+    for expr in SEEDS_RANGE.findall(source):
+        args = [ast.literal_eval(a) for a in ast.parse(expr, mode="eval").body.args]
+        counts.add(len(range(*args)))
+    return counts
+
+
+def verdicts(notebook: dict) -> list[tuple[int, str, int, int]]:
+    """``(cell index, line, k, N)`` for every 'k/N seeds' or 'k/N runs' in the committed outputs."""
+    found = []
+    for i, cell in enumerate(notebook["cells"]):
+        for output in cell.get("outputs", []):
+            text = "".join(output.get("text", "")) or "".join(output.get("data", {}).get("text/plain", ""))
+            for line in text.splitlines():
+                found += [(i, line, int(k), int(n)) for k, n in VERDICT.findall(line)]
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_verdict_denominators_are_the_number_of_seeds_run(path):
+    notebook = json.loads(path.read_text())
+    found = verdicts(notebook)
+    if not found:
+        return
+    source = "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+    counts = seed_counts(source)
+    assert counts, f"{path.name} prints verdicts over seeds but defines no seeds = range(...)"
+    for i, line, k, n in found:
+        assert n in counts, (f"{path.name}, cell {i}: {line!r} counts over {n} runs, but the notebook runs "
+                             f"{sorted(counts)} seeds")
+        assert 0 <= k <= n, f"{path.name}, cell {i}: {line!r}"
+
+
+def test_the_scan_catches_a_wrong_denominator():
+    """The check fails on what chapter 7 printed: seeds = range(5), verdicts over 256."""
+    notebook = {"cells": [
+        {"cell_type": "code", "source": ["seeds = range(5)\n"], "outputs": []},
+        {"cell_type": "code", "source": ["print(...)\n"], "outputs": [
+            {"output_type": "stream", "name": "stdout",
+             "text": ["mask tril(k=1), training loss below 1 nat in 256/256 seeds\n",
+                      "position 7 worse ... in 5/256 seeds\n"]}]}]}
+    found = verdicts(notebook)
+    assert [(k, n) for _, _, k, n in found] == [(256, 256), (5, 256)]
+    source = "".join(notebook["cells"][0]["source"])
+    assert seed_counts(source) == {5}
+    assert not any(n in seed_counts(source) for *_, n in found)
+    assert seed_counts("x = f(seeds=range(0, 8))\nseeds = range(3)") == {8, 3}
