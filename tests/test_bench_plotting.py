@@ -45,3 +45,29 @@ def test_heatmap_draws_labels_and_values():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"]
     assert len(ax.texts) == 4 and ax.get_title() == "t"
     matplotlib.pyplot.close(fig)
+
+
+def test_flash_data_movement_draws_the_blocks_and_checks_its_arguments():
+    import matplotlib
+    matplotlib.use("Agg")
+    import pytest
+    from matplotlib.patches import FancyArrowPatch
+
+    from attnbook import plotting
+
+    fig, ax = plotting.figure()
+    patches = plotting.flash_data_movement(ax, n_blocks=5, query_block=3, key_block=0)
+    assert {f"{m}{b}" for m in "QKVO" for b in range(5)} <= set(patches)
+    assert {"sram Q_i", "sram K_j", "sram V_j", "sram S_ij", "sram state"} <= set(patches)
+    # the resident query block and the streamed key block are the coloured ones in HBM
+    grey = patches["Q0"].get_facecolor()
+    assert patches["Q3"].get_facecolor() != grey and patches["K0"].get_facecolor() != grey
+    assert patches["K3"].get_facecolor() == grey and patches["O3"].get_facecolor() != grey
+    assert patches["sram Q_i"].get_facecolor() == patches["Q3"].get_facecolor()
+    assert sum(isinstance(p, FancyArrowPatch) for p in ax.patches) >= 4
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "HBM" in texts and "SRAM" in texts and "once" in texts
+    fig.canvas.draw()
+    for bad in (dict(n_blocks=1), dict(query_block=4), dict(key_block=-1)):
+        with pytest.raises(ValueError):
+            plotting.flash_data_movement(ax, **bad)

@@ -57,3 +57,43 @@ def test_the_cache_is_keyed_by_the_row(tmp_path, monkeypatch):
     (again,) = kr.compile_rows([row])               # from the cache, the same answer
     assert again == first
     assert kr._cache_key(row) != kr._cache_key(kr.Row("forward", 64, "fp16", 16, 16, 4, 1, 90))
+
+
+def test_the_committed_table_is_what_the_compiler_says_now(shipped):
+    """Chapter 10 prints the committed table unless a reader asks to recompile: it must be today's."""
+    from importlib.metadata import version
+
+    committed, origin = kr.committed_table()
+    assert origin["kernels"] == kr.kernels_source_hash(), (
+        "the kernels changed since the table was committed: run kr.write_committed_table(kr.compile_rows("
+        "kr.shipped_rows()))")
+    assert [r.row for r in committed] == [*kr.shipped_rows(), kr.OLD_T4_FORWARD]
+    if origin["triton"] != version("triton"):
+        pytest.skip(f"the table was compiled with Triton {origin['triton']}, this is {version('triton')}")
+    assert committed[:-1] == shipped
+    assert committed[-1] == kr.compile_rows([kr.OLD_T4_FORWARD])[0]
+
+
+def test_the_resource_table_is_the_committed_one_unless_asked(monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_RECOMPILE_KERNELS", raising=False)
+    rows, where = kr.resource_table()
+    assert rows == kr.committed_table()[0] and "committed" in where and "ATTNBOOK_RECOMPILE_KERNELS=1" in where
+
+
+def test_the_kernels_hash_ignores_host_code_only():
+    import ast
+    from pathlib import Path
+
+    source = Path(kr.__file__).with_name("triton_flash.py").read_text()
+    jitted = [node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)
+              and any("jit" in ast.unparse(d) for d in node.decorator_list)]
+    assert {"flash_forward_kernel", "forward_step", "flash_backward_dkdv_kernel", "flash_backward_dq_kernel",
+            "flash_decode_split_kernel", "may_attend", "key_range"} <= set(jitted)
+
+
+def test_a_longer_key_block_spills_in_the_dkdv_kernel():
+    """Why the dK, dV kernel's key block stays at most its query block (triton_flash._BEST, chapter 10):
+    its two float32 accumulators grow with the key block, and the longer key tiles spill."""
+    rows = [kr.Row("backward_dkdv", 64, "fp16", 32, 64, 8, 2, 80), kr.Row("backward_dkdv", 64, "fp16", 32, 64, 8, 2, 89),
+            kr.Row("backward_dkdv", 64, "fp16", 64, 128, 8, 1, 90)]
+    assert all(r.spill_stores > 0 and not r.fits for r in kr.compile_rows(rows))

@@ -393,6 +393,70 @@ def test_autotuning_keeps_the_fastest_configuration_that_launches(monkeypatch):
     assert not triton_flash.autotuning("cuda:0")
 
 
+def test_autotuning_is_keyed_on_what_changes_the_best_configuration(monkeypatch):
+    """A configuration timed at n = 100 must not serve n = 16384, nor a causal one a full one, nor one
+    (batch, head) pair thousands; lengths of one octave share a timing."""
+    monkeypatch.delenv("ATTNBOOK_AUTOTUNE", raising=False)
+    monkeypatch.setattr(triton_flash, "_configs", lambda *args: [(64, 64, 4, 2), (32, 32, 4, 1)])
+    monkeypatch.setattr(triton_flash, "_chosen", {})
+    timed = []
+
+    def timer(run):
+        timed.append(1)
+        return run()
+
+    monkeypatch.setattr(triton_flash, "_timer", timer)
+
+    def tune(shape, fastest):
+        timed.clear()
+        triton_flash._launch("forward", lambda *c: {fastest: 1.0}.get(c[:2], 2.0), 64, torch.float16, "cuda:0",
+                             shape=shape)
+        return len(timed)
+
+    assert tune((1, 8, 8, 100, 100, False), (64, 64)) == 2           # first time: both timed
+    assert tune((1, 8, 8, 120, 120, False), (64, 64)) == 0           # same octave: remembered
+    assert tune((1, 8, 8, 16384, 16384, False), (32, 32)) == 2       # another length: timed again
+    assert tune((1, 8, 8, 100, 100, True), (32, 32)) == 2            # causal: timed again
+    assert tune((64, 8, 8, 100, 100, False), (32, 32)) == 2          # more (batch, head) pairs: timed again
+    key = triton_flash.tuning_key
+    assert key((1, 8, 8, 100, 100, False)) == key((1, 8, 8, 128, 128, False))
+    assert key((2, 4, 4, 64, 64, True)) == key((1, 8, 8, 64, 64, True)) != key((1, 8, 2, 64, 64, True))
+    chosen = {k[-1]: v for k, v in triton_flash._chosen.items()}
+    assert chosen[key((1, 8, 8, 100, 100, False))] == (64, 64, 4, 2)
+    assert chosen[key((1, 8, 8, 16384, 16384, False))] == (32, 32, 4, 1)
+
+
+def test_the_backward_kernels_get_their_own_tiles():
+    """Each keeps its own block resident: the dQ kernel's query block is at least its key block; the
+    dK, dV kernel's key block is at most its query block only where a larger one spills (chapter 10)."""
+    for capability in ((7, 5), (8, 0), (8, 9), (9, 0)):
+        for d_head in (64, 128):
+            dq = triton_flash.gpu_configs("backward_dq", d_head, capability)[0]
+            assert dq[0] >= dq[1]
+            assert triton_flash.gpu_configs("backward", d_head, capability) == \
+                triton_flash.gpu_configs("backward_dq", d_head, capability)
+    assert triton_flash.gpu_configs("backward_dq", 128, (9, 0))[0] != \
+        triton_flash.gpu_configs("backward_dkdv", 128, (9, 0))[0]
+    with pytest.raises(ValueError, match="kind"):
+        triton_flash.gpu_configs("sideways", 64, (8, 0))
+
+
+def test_the_backward_launches_each_kernel_with_its_own_configuration(monkeypatch):
+    q, k, v = (x.detach() for x in random_qkv(1, 2, 40, 40, 16, torch.float32))
+    out, lse = triton_flash.flash_forward(q, k, v)
+    kinds = []
+    real = triton_flash._launch
+
+    def spy(kind, launch, *args, **kwargs):
+        kinds.append((kind, kwargs.get("shape")))
+        return real(kind, launch, *args, **kwargs)
+
+    monkeypatch.setattr(triton_flash, "_launch", spy)
+    triton_flash.flash_backward(torch.ones_like(out), q, k, v, out, lse)
+    assert [kind for kind, _ in kinds] == ["backward_dkdv", "backward_dq"]
+    assert kinds[0][1] == (1, 2, 2, 40, 40, False)
+
+
 def test_launch_reraises_when_no_configuration_fits(monkeypatch):
     from triton.runtime.errors import OutOfResources
 
@@ -409,7 +473,7 @@ def test_launch_reraises_when_no_configuration_fits(monkeypatch):
 @pytest.mark.parametrize("capability", [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0)])
 @pytest.mark.parametrize("d_head", [32, 64, 128, 256])
 def test_gpu_configurations_end_with_small_tiles(capability, d_head):
-    for kind in ("forward", "backward"):
+    for kind in triton_flash.KINDS:
         configs = triton_flash.gpu_configs(kind, d_head, capability)
         assert configs[-1][:2] == (16, 16) and len(set(configs)) == len(configs)
         assert all(b >= 16 and b & (b - 1) == 0 for config in configs for b in config[:2])

@@ -144,12 +144,23 @@ def _cache_path() -> str:
     return os.path.join(folder, "kernel_resources.json")
 
 
+def kernels_source_hash() -> str:
+    """A hash of the source of every ``@triton.jit`` function of :mod:`attnbook.triton_flash`: what
+    the compiler sees. Host-side code (launchers, configurations, autotuning) is left out, so an
+    edit there recompiles nothing."""
+    import ast
+
+    text = (Path(__file__).with_name("triton_flash.py")).read_text()
+    jitted = [ast.get_source_segment(text, node) for node in ast.parse(text).body
+              if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list)]
+    return hashlib.sha256("\n".join(jitted).encode()).hexdigest()
+
+
 def _cache_key(row: Row) -> str:
     """Changes whenever the answer could: the kernels' source, Triton's version, or the row."""
     from importlib.metadata import version
 
-    kernels = (Path(__file__).with_name("triton_flash.py")).read_bytes()
-    text = json.dumps([version("triton"), hashlib.sha256(kernels).hexdigest(), asdict(row)], sort_keys=True)
+    text = json.dumps([version("triton"), kernels_source_hash(), asdict(row)], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -205,12 +216,57 @@ def shipped_rows(capabilities=tuple(TARGETS), d_heads=(64, 128)) -> list[Row]:
     for capability in capabilities:
         for d_head in d_heads:
             for dtype in ("fp16", "bf16") if capability >= 80 else ("fp16",):
-                for kind, kernels in (("forward", ("forward",)), ("backward", ("backward_dkdv", "backward_dq")),
-                                      ("decode", ("decode_split",))):
+                for kind, kernels in (("forward", ("forward",)), ("backward_dkdv", ("backward_dkdv",)),
+                                      ("backward_dq", ("backward_dq",)), ("decode", ("decode_split",))):
                     for block_q, block_k, num_warps, num_stages in gpu_configs(kind, d_head, (capability // 10, capability % 10)):
                         rows += [Row(kernel, d_head, dtype, block_q, block_k, num_warps, num_stages, capability)
                                  for kernel in kernels]
     return rows
+
+
+#: The 64 x 64 forward tile the T4 used to get: chapter 10 prints it beside the table, as a kernel that spills.
+OLD_T4_FORWARD = Row("forward", 64, "fp16", 64, 64, 4, 1, 75)
+
+#: The table chapter 10 prints, as compiled when it was committed (write_committed_table).
+COMMITTED_TABLE = Path(__file__).with_name("data") / "kernel_resources.json"
+
+
+def write_committed_table(resources, path=COMMITTED_TABLE) -> None:
+    """Store ``resources`` (of :func:`shipped_rows` and :data:`OLD_T4_FORWARD`) with Triton's version
+    and the kernels' source hash."""
+    from importlib.metadata import version
+
+    data = dict(triton=version("triton"), kernels=kernels_source_hash(), rows=[asdict(r) for r in resources])
+    Path(path).write_text(json.dumps(data, indent=0) + "\n")
+
+
+def committed_table(path=COMMITTED_TABLE) -> tuple[list[Resources], dict[str, str]]:
+    """The committed table and what produced it: ``(resources, {"triton": ..., "kernels": ...})``."""
+    data = json.loads(Path(path).read_text())
+    rows = []
+    for fields in data["rows"]:
+        fields = dict(fields)
+        rows.append(Resources(Row(**fields.pop("row")), **fields))
+    return rows, {"triton": data["triton"], "kernels": data["kernels"]}
+
+
+def resource_table(recompile: bool | None = None) -> tuple[list[Resources], str]:
+    """Chapter 10's table: ``(resources, where they come from)``: the rows of :func:`shipped_rows`
+    and, last, :data:`OLD_T4_FORWARD`.
+
+    By default the committed table (compiling its 158 kernels takes minutes, on Colab too); with
+    ``recompile`` (default: the environment variable ``ATTNBOOK_RECOMPILE_KERNELS=1``) the kernels are
+    compiled here, with the Triton that is installed, through the cache of :func:`compile_rows`.
+    """
+    if recompile is None:
+        recompile = os.environ.get("ATTNBOOK_RECOMPILE_KERNELS", "0") == "1"
+    if recompile:
+        from importlib.metadata import version
+
+        return compile_rows([*shipped_rows(), OLD_T4_FORWARD]), f"compiled here with Triton {version('triton')}"
+    rows, origin = committed_table()
+    return rows, (f"the committed table, compiled with Triton {origin['triton']} "
+                  "(set ATTNBOOK_RECOMPILE_KERNELS=1 to compile it here)")
 
 
 if __name__ == "__main__":       # a child of compile_rows: rows in on stdin, resources out on stdout

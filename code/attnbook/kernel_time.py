@@ -1,29 +1,33 @@
-"""How fast chapter 10's kernels should run on GPUs this machine does not have: a model, not a measurement.
+"""How fast chapter 10's kernels could run on GPUs this machine does not have: a model, not a measurement.
 
 Chapter 10 (FlashAttention on a GPU) draws these predictions where a reader without a GPU would see
-the benchmark's plots, and sets them beside the plots on a GPU. The model counts what each of the
+the benchmark's plots, and sets them beside the plots on a GPU; chapter 9 takes the H100's rate of
+exponentials from it for the roof that its roofline lacks. The model counts what each of the
 kernels of :mod:`attnbook.triton_flash` does on the tiles it visits, at the launch configuration
-that :func:`attnbook.triton_flash.gpu_configs` chooses first, and divides by published rates:
+that :func:`attnbook.triton_flash.gpu_configs` chooses first, and divides by published rates, one
+per unit of the GPU:
 
-1. **Arithmetic.** Matrix products run at the rate of the units ``tl.dot`` compiles to: the
-   tensor cores from sm_80 on, the float32 units on the T4 (chapter 10's PTX counts show no
-   tensor-core instruction there). Each score also needs one ``exp2`` on the special-function
-   units (16 results per SM per clock) and a few float32 operations (scale, maximum, sum). The
-   three are added, not overlapped: a warp cannot exponentiate scores before its product is done,
-   and this kernel does not schedule warp groups to hide one behind the other (FlashAttention-3
-   does). Every unit is assumed to run at its peak whenever it runs, so the model is a ceiling.
+1. **Arithmetic.** Matrix products run on the units ``tl.dot`` compiles to: the tensor cores from
+   sm_80 on, the float32 units on the T4 (chapter 10's PTX counts show no tensor-core instruction
+   there). Each score also needs one ``exp2`` on the special-function units (16 results per SM per
+   clock) and a few float32 instructions (scale, maximum, subtraction, sum), each one issue slot of
+   the float32 units, as a fused multiply-add is (which counts as two flops).
 2. **Memory.** The bytes of :func:`attnbook.memory_traffic.flash_traffic_l2` (Q, K, V read once)
    when the keys and values of the heads in flight fit in L2, else those of
-   :func:`attnbook.memory_traffic.flash_traffic` (every re-read from HBM). Memory overlaps
-   arithmetic: a kernel takes the longer of the two.
+   :func:`attnbook.memory_traffic.flash_traffic` (every re-read from HBM).
 3. **Fixed costs.** Every launch costs :data:`LAUNCH_SECONDS`; every wave of programs (as many as
    the SMs hold at once, ``occupancy`` per SM) waits :data:`WAVE_SECONDS` for its first tiles.
+
+How the units overlap, no count on paper knows, so the model gives a **band**, not a number: the
+*bound* is the busiest unit's time (every other unit hidden behind it, no fixed cost), which no
+kernel can beat; the *no-overlap* time adds every unit's time and the fixed costs, as if each unit
+waited for the others. A real kernel can be slower than either (stalls, clocks below the peak's),
+so neither is a prediction of its time; the band says how much overlapping the units could win.
 
 Rates are the vendors' dense peaks at one clock per GPU, the clock of its tensor-core peak;
 exp2 and float32 rates per SM per clock are those of the CUDA C++ Programming Guide's throughput
 table. The model predicts the shape of the measured curves (how they rise with ``n``, causal
-against full, d = 64 against 128, forward against backward), not their height: real kernels reach
-a fraction of the ceiling that no count on paper knows.
+against full, d = 64 against 128, forward against backward), not their height.
 """
 from __future__ import annotations
 
@@ -59,6 +63,11 @@ class Hardware:
     def fp32_flops(self) -> float:
         """float32 flop/s: a multiply-add is two operations."""
         return self.gpu.n_sm * self.fp32_per_sm * 2 * self.clock
+
+    @property
+    def fp32_instructions(self) -> float:
+        """float32 instructions per second (a multiply-add is one instruction, and two flops)."""
+        return self.gpu.n_sm * self.fp32_per_sm * self.clock
 
     @property
     def dot_flops(self) -> float:
@@ -156,7 +165,7 @@ def launch_configs(hw: Hardware, d: int, resources) -> dict[str, tuple[int, int,
     capability = hw.capability[0] * 10 + hw.capability[1]
     configs = {}
     for kernel in KERNELS:
-        config = gpu_configs("forward" if kernel == "forward" else "backward", d, hw.capability)[0]
+        config = gpu_configs(kernel, d, hw.capability)[0]
         found = [r for r in resources if (r.row.kernel, r.row.d_head, r.row.dtype, r.row.capability) ==
                  (kernel, d, "fp16", capability) and (r.row.block_q, r.row.block_k, r.row.num_warps,
                                                       r.row.num_stages) == config]
@@ -168,17 +177,34 @@ def launch_configs(hw: Hardware, d: int, resources) -> dict[str, tuple[int, int,
 
 @dataclass(frozen=True)
 class KernelTime:
-    """The model's account of one kernel launch, seconds."""
+    """The model's account of one kernel launch, seconds per unit of the GPU."""
 
     kernel: str
-    compute: float
-    memory: float
-    fixed: float
+    dot: float                    # matrix products, on the units tl.dot compiles to
+    exp2: float                   # exponentials, on the special-function units
+    fp32: float                   # the softmax's other float32 instructions
+    memory: float                 # HBM traffic
+    fixed: float                  # launch and waves
     in_l2: bool                   # True when the L2 serves the repeated reads
+    dot_on_fp32_units: bool = False   # True on the T4: the products share the float32 units
 
     @property
-    def seconds(self) -> float:
-        return self.fixed + max(self.compute, self.memory)
+    def units(self) -> dict[str, float]:
+        """Busy time of each unit; on the T4 the products and the softmax share the float32 units."""
+        if self.dot_on_fp32_units:
+            return {"float32 units": self.dot + self.fp32, "special functions": self.exp2, "HBM": self.memory}
+        return {"tensor cores": self.dot, "float32 units": self.fp32, "special functions": self.exp2,
+                "HBM": self.memory}
+
+    @property
+    def bound(self) -> float:
+        """The busiest unit's time: no kernel that does this work can take less."""
+        return max(self.units.values())
+
+    @property
+    def no_overlap(self) -> float:
+        """Every unit's time added, and the fixed costs: the units never overlap."""
+        return self.fixed + sum(self.units.values())
 
 
 def kernel_time(kernel: str, hw: Hardware, batch: int, heads: int, n: int, d: int, causal: bool,
@@ -188,8 +214,9 @@ def kernel_time(kernel: str, hw: Hardware, batch: int, heads: int, n: int, d: in
     work = KERNELS[kernel]
     scores, rows = tile_visits(n, block_outer, block_inner, causal, work.keys_outer)
     scores, rows, own_rows = batch * heads * scores, batch * heads * rows, batch * heads * n
-    compute = (work.products * 2 * d * scores / hw.dot_flops + scores / hw.exp2_rate
-               + work.float32_ops * scores / hw.fp32_flops)
+    dot = work.products * 2 * d * scores / hw.dot_flops
+    exp2 = scores / hw.exp2_rate
+    fp32 = work.float32_ops * scores / hw.fp32_instructions       # one issue slot each
     # Memory: the rows of the programs' own blocks once; the inner loop's two d-wide tiles (K and V,
     # or Q and dO) from HBM with every visit, unless the heads in flight keep them in L2, when each
     # comes from HBM once.
@@ -202,13 +229,15 @@ def kernel_time(kernel: str, hw: Hardware, batch: int, heads: int, n: int, d: in
     vectors = work.resident_vectors * own_rows + work.streamed_vectors * streamed
     memory = (elements * bytes_per_element + 4 * vectors) / hw.gpu.hbm_bandwidth
     waves = math.ceil(batch * heads * programs_per_head / in_flight)
-    return KernelTime(kernel, compute, memory, LAUNCH_SECONDS + waves * WAVE_SECONDS, in_l2)
+    return KernelTime(kernel, dot, exp2, fp32, memory, LAUNCH_SECONDS + waves * WAVE_SECONDS, in_l2,
+                      dot_on_fp32_units=hw.capability < (8, 0))
 
 
 def preprocess_time(hw: Hardware, batch: int, heads: int, n: int, d: int, bytes_per_element: int = 2) -> KernelTime:
     """The backward pass's first kernel, delta = rowsum(dO * O): reads O and dO, writes one float32 per row."""
     bytes_moved = batch * heads * n * (2 * d * bytes_per_element + 4)
-    return KernelTime("backward_preprocess", 0.0, bytes_moved / hw.gpu.hbm_bandwidth, LAUNCH_SECONDS, False)
+    return KernelTime("backward_preprocess", 0.0, 0.0, 0.0, bytes_moved / hw.gpu.hbm_bandwidth, LAUNCH_SECONDS,
+                      False)
 
 
 def pass_time(hw: Hardware, batch: int, heads: int, n: int, d: int, causal: bool, mode: str,
@@ -233,12 +262,14 @@ def pass_time(hw: Hardware, batch: int, heads: int, n: int, d: int, causal: bool
 
 def predict(hw: Hardware, configs_for, seq_lens, d_heads=(64, 128), causal=(False, True),
             modes=("fwd", "fwd_bwd"), tokens: int = 16384, hidden: int = 2048) -> list[dict]:
-    """The model over the benchmark's sweep, as rows like :func:`attnbook.experiments.gpu_bench.benchmark`'s.
+    """The model's band over the benchmark's sweep, as rows like :func:`attnbook.experiments.gpu_bench.benchmark`'s.
 
     ``configs_for(d)`` gives the kernel -> (block_q, block_k, programs per SM) mapping for head
     size ``d``. As in the benchmark, ``batch = tokens // n`` and ``heads = hidden // d``; TFLOP/s
-    use the same count (:func:`attnbook.cost.benchmark_flops`). Each row's ``impl`` names the GPU;
-    ``in_l2`` says whether every kernel's repeated reads were served by the L2.
+    use the same count (:func:`attnbook.cost.benchmark_flops`). Two rows per point: ``impl``
+    ``"model bound: <GPU>"`` (the launches' :attr:`KernelTime.bound` added: the most TFLOP/s the
+    units allow) and ``"model no overlap: <GPU>"`` (their :attr:`KernelTime.no_overlap`); ``in_l2``
+    says whether every kernel's repeated reads were served by the L2.
     """
     rows = []
     for d in d_heads:
@@ -248,10 +279,30 @@ def predict(hw: Hardware, configs_for, seq_lens, d_heads=(64, 128), causal=(Fals
                 for n in seq_lens:
                     batch, heads = max(1, tokens // n), max(1, hidden // d)
                     launches = pass_time(hw, batch, heads, n, d, is_causal, mode, configs)
-                    seconds = sum(k.seconds for k in launches)
                     flops = benchmark_flops(batch, heads, n, d, is_causal, mode)
-                    rows.append(dict(impl=f"model: {hw.gpu.name}", n=n, d=d, causal=is_causal, mode=mode,
-                                     batch=batch, heads=heads, ms=seconds * 1e3, tflops=flops / seconds / 1e12,
-                                     in_l2=all(k.in_l2 for k in launches if k.kernel != "backward_preprocess"),
-                                     note="model, not measured"))
+                    in_l2 = all(k.in_l2 for k in launches if k.kernel != "backward_preprocess")
+                    for label, seconds in (("bound", sum(k.bound for k in launches)),
+                                           ("no overlap", sum(k.no_overlap for k in launches))):
+                        rows.append(dict(impl=f"model {label}: {hw.gpu.name}", n=n, d=d, causal=is_causal,
+                                         mode=mode, batch=batch, heads=heads, ms=seconds * 1e3,
+                                         tflops=flops / seconds / 1e12, in_l2=in_l2, note="model, not measured"))
     return rows
+
+
+def hardware_for(capability: tuple[int, int], total_memory: int, n_sm: int | None = None) -> Hardware | None:
+    """The :data:`HARDWARE` entry that is this GPU, or None: matched by compute capability and memory
+    size (``torch.cuda.get_device_properties(...).total_memory``, bytes) and, when given, the number
+    of SMs (``multi_processor_count``).
+
+    A name is not enough: "H100" also names the PCIe card (114 SMs, 2.0 TB/s) and the NVL (94 GB).
+    A GPU reports a little less memory than its nominal size, whose "GB" are GiB on these cards (an
+    80 GB H100 SXM5 reports about 79.2 GiB, a 16 GB T4 about 14.7 GiB), so the reported GiB must lie
+    within 10 % below the nominal figure.
+    """
+    reported_gib = total_memory / 2**30
+    for hw in HARDWARE:
+        nominal = hw.gpu.hbm_bytes / GB
+        if (tuple(capability) == hw.capability and 0.9 * nominal <= reported_gib <= nominal
+                and (n_sm is None or n_sm == hw.gpu.n_sm)):
+            return hw
+    return None

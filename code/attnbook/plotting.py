@@ -77,3 +77,70 @@ def loglog_fit(x, y) -> tuple[float, float]:
     """Least-squares slope and intercept of ``log y`` against ``log x``: the measured exponent."""
     slope, intercept = np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)
     return float(slope), float(intercept)
+
+
+def flash_data_movement(ax, n_blocks: int = 4, query_block: int = 1, key_block: int = 2):
+    """Draw what FlashAttention's forward pass moves between HBM and the SRAM of one SM.
+
+    Chapter 9's figure. On the left, HBM holds Q, K, V and O, each cut into ``n_blocks`` blocks of
+    rows; on the right, the SRAM (registers and shared memory) of the SM that owns query block
+    ``query_block``: its block Q_i, read once and resident for the whole sweep; the key and value
+    blocks K_j, V_j, streamed in one after the other (``key_block`` is the one in flight); the tile
+    S_ij = tau Q_i K_j^T; and the running state m, l and O~, written to O_i once at the end.
+    Returns a dict of the drawn patches by name ("Q0", ..., "sram Q_i", ...).
+    """
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    if not (isinstance(n_blocks, int) and n_blocks >= 2):
+        raise ValueError(f"n_blocks must be an integer >= 2; got {n_blocks!r}")
+    for name, value in (("query_block", query_block), ("key_block", key_block)):
+        if not (isinstance(value, int) and 0 <= value < n_blocks):
+            raise ValueError(f"{name} must be an integer in [0, n_blocks = {n_blocks}); got {value!r}")
+    resident, streamed, idle, state = COLORS[0], COLORS[1], "#e8e8e8", COLORS[2]
+    patches = {}
+
+    def box(name, x, y, w, h, colour, label=None, **text):
+        patches[name] = ax.add_patch(Rectangle((x, y), w, h, facecolor=colour, edgecolor="0.3", lw=0.8))
+        if label:
+            ax.text(x + w / 2, y + h / 2, label, ha="center", va="center", fontsize=8, **text)
+
+    height = 4.0 / n_blocks
+    top = 5.0
+    # HBM: four matrices of n rows, cut into blocks of rows
+    ax.add_patch(Rectangle((0.1, 0.3), 4.6, 5.4, facecolor="none", edgecolor="0.5", ls="--"))
+    ax.text(2.4, 5.85, "HBM (off chip): Q, K, V, O of n rows", ha="center", fontsize=9)
+    for column, (matrix, x) in enumerate((("Q", 0.4), ("K", 1.5), ("V", 2.6), ("O", 3.7))):
+        ax.text(x + 0.4, top + 0.15, matrix, ha="center", fontsize=9)
+        for b in range(n_blocks):
+            active = (matrix in "QO" and b == query_block) or (matrix in "KV" and b == key_block)
+            colour = (resident if matrix == "Q" else state if matrix == "O" else streamed) if active else idle
+            box(f"{matrix}{b}", x, top - (b + 1) * height, 0.8, height * 0.92, colour,
+                f"{matrix}$_{b}$" if active else None, color="white" if active else "black")
+    # SRAM of one SM
+    ax.add_patch(Rectangle((5.6, 0.3), 4.3, 5.4, facecolor="none", edgecolor="0.5", ls="--"))
+    ax.text(7.75, 5.85, f"SRAM of one SM (program i = {query_block})", ha="center", fontsize=9)
+    box("sram Q_i", 5.9, 4.2, 1.2, 0.7, resident, "$Q_i$ (stays)", color="white")
+    box("sram K_j", 7.4, 4.2, 1.0, 0.7, streamed, "$K_j$", color="white")
+    box("sram V_j", 8.6, 4.2, 1.0, 0.7, streamed, "$V_j$", color="white")
+    box("sram S_ij", 6.6, 2.6, 1.8, 1.1, "#f5f5f5", "$S_{ij} = \\tau Q_i K_j^\\top$\n$B_q \\times B_k$")
+    box("sram state", 6.3, 0.7, 2.4, 1.1, state, "$m$, $\\ell$, $\\tilde O$ (float32)", color="white")
+
+    def arrow(start, end, text=None, where=None):
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=10, color="0.2", lw=1.0))
+        if text:
+            ax.text(*where, text, fontsize=7.5, ha="center", va="center")
+
+    y_q, y_k = top - (query_block + 0.5) * height, top - (key_block + 0.5) * height
+    arrow((1.2, y_q), (5.9, 4.55), "once", (5.2, 4.85))
+    arrow((2.3, y_k), (7.9, 4.2), f"every j = 0..{n_blocks - 1}", (5.3, 3.55))
+    arrow((3.4, y_k), (9.1, 4.2))
+    arrow((6.5, 4.2), (7.0, 3.7))                    # Q_i and K_j make the tile of scores
+    arrow((7.9, 4.2), (7.7, 3.7))
+    arrow((7.5, 2.6), (7.5, 1.8), "exp, rescale", (8.35, 2.2))   # the online softmax
+    arrow((9.1, 4.2), (8.5, 1.8), "$\\tilde P V_j$", (9.35, 2.9))
+    arrow((6.3, 1.25), (4.5, y_q), "once, at the end:\n$O_i = \\tilde O / \\ell$", (5.15, 1.4))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 6.2)
+    ax.set_aspect("auto")
+    ax.axis("off")
+    return patches

@@ -120,8 +120,11 @@ def forward_step(acc, row_sum, row_max, q, K, V, stride_kn, stride_vn, key_start
     v = tl.load(V + k_idx[:, None] * stride_vn + d_idx[None, :], mask=tile_ok, other=0.0)  # (BLOCK_K, BLOCK_D)
 
     # Scores of this tile, accumulated in float32 by the matrix unit, in base-2 units: the GPU's
-    # exponential unit computes 2**x, so exp(x) would cost an extra multiply by log2(e) per entry;
-    # folded into the scale, it costs nothing (scale2 * s - m compiles to one fused multiply-add).
+    # exponential unit computes 2**x, so exp(x) needs a multiply by log2(e) per entry, folded here
+    # into the scale. The scaled tile is kept (the mask and the maximum read it), so each score
+    # costs one multiply and, below, one subtraction: not one fused multiply-add. (Triton's
+    # tutorial keeps the raw scores and scales the row maximum instead, which lets s * scale2 - m
+    # fuse into one FMA.)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale2  # (BLOCK_Q, BLOCK_K)
     if MASKED:  # score mask: -inf becomes a weight of exactly 0 below
         s = tl.where(may_attend(q_idx, k_idx, n_k, causal_offset, CAUSAL), s, float("-inf"))
@@ -459,7 +462,7 @@ MAX_D_HEAD = 256
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _INTERPRETER_CONFIG = (32, 32, 4, 1)  # (BLOCK_Q, BLOCK_K, num_warps, num_stages); the interpreter ignores the last two
-_chosen: dict = {}                    # (kernel, d_head, dtype, device, blocks) -> the configuration that launched
+_chosen: dict = {}                    # (kernel, d_head, dtype, device, blocks, tuning_key) -> the configuration chosen
 
 
 # Launch configurations (BLOCK_Q, BLOCK_K, num_warps, num_stages), chosen from the compiler's
@@ -474,15 +477,30 @@ _BEST = {
     # decode (flash_decode): 16 query rows, the fewest tl.dot takes, since a decoding step has one
     # query row per head; long key tiles and (from Ampere on) two stages of prefetch, since it
     # waits on memory far more than on arithmetic. (On the T4, 4 warps spilled: 8 share the tiles.)
-    ("sm75", 64): {"forward": (64, 32, 8, 1), "backward": (32, 32, 8, 1), "decode": (16, 64, 8, 1)},
-    ("sm75", 128): {"forward": (32, 32, 8, 1), "backward": (16, 16, 8, 1), "decode": (16, 32, 8, 1)},
-    ("sm80", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 8, 2), "decode": (16, 64, 4, 2)},
-    ("sm80", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 1), "decode": (16, 64, 4, 2)},
-    ("sm8x", 64): {"forward": (128, 64, 8, 3), "backward": (64, 32, 8, 2), "decode": (16, 64, 4, 2)},
-    ("sm8x", 128): {"forward": (128, 64, 8, 3), "backward": (64, 64, 8, 1), "decode": (16, 64, 4, 2)},
-    ("sm90", 64): {"forward": (128, 64, 8, 3), "backward": (128, 64, 8, 1), "decode": (16, 64, 4, 2)},
-    ("sm90", 128): {"forward": (128, 64, 8, 3), "backward": (32, 64, 8, 2), "decode": (16, 64, 4, 2)},
+    # The two backward kernels get tiles of their own. Each keeps one block resident and streams
+    # the other: the dQ kernel keeps BLOCK_Q query rows (as the forward does), so it wants
+    # BLOCK_Q >= BLOCK_K; the dK, dV kernel keeps BLOCK_K key rows and two float32 accumulators
+    # (dK and dV) for them, and a larger key block spills there: 32 x 64 spilled on sm_80 and
+    # sm_89, 64 x 128 on sm_90 (chapter 10), so its key block stays at most its query block.
+    ("sm75", 64): {"forward": (64, 32, 8, 1), "backward_dkdv": (32, 32, 8, 1), "backward_dq": (32, 32, 8, 1),
+                   "decode": (16, 64, 8, 1)},
+    ("sm75", 128): {"forward": (32, 32, 8, 1), "backward_dkdv": (16, 16, 8, 1), "backward_dq": (16, 16, 8, 1),
+                    "decode": (16, 32, 8, 1)},
+    ("sm80", 64): {"forward": (128, 64, 8, 3), "backward_dkdv": (64, 32, 8, 2), "backward_dq": (64, 32, 8, 2),
+                   "decode": (16, 64, 4, 2)},
+    ("sm80", 128): {"forward": (128, 64, 8, 3), "backward_dkdv": (64, 64, 8, 1), "backward_dq": (64, 64, 8, 1),
+                    "decode": (16, 64, 4, 2)},
+    ("sm8x", 64): {"forward": (128, 64, 8, 3), "backward_dkdv": (64, 32, 8, 2), "backward_dq": (64, 32, 8, 2),
+                   "decode": (16, 64, 4, 2)},
+    ("sm8x", 128): {"forward": (128, 64, 8, 3), "backward_dkdv": (64, 64, 8, 1), "backward_dq": (64, 64, 8, 1),
+                    "decode": (16, 64, 4, 2)},
+    ("sm90", 64): {"forward": (128, 64, 8, 3), "backward_dkdv": (128, 64, 8, 1), "backward_dq": (128, 64, 8, 1),
+                   "decode": (16, 64, 4, 2)},
+    ("sm90", 128): {"forward": (128, 64, 8, 3), "backward_dkdv": (32, 64, 8, 2), "backward_dq": (64, 32, 8, 2),
+                    "decode": (16, 64, 4, 2)},
 }
+#: The kinds of launch gpu_configs knows: one per kernel ("backward" is kept as the dQ kernel's).
+KINDS = ("forward", "backward_dkdv", "backward_dq", "decode")
 # Fallbacks, tried in order after the best one if it fails to launch; checked like the best.
 _FALLBACKS = {"sm75": [(16, 16, 8, 1)], "other": [(32, 32, 8, 1), (16, 16, 4, 1)]}
 
@@ -498,12 +516,18 @@ def _family(capability: tuple[int, int]) -> str:
 def gpu_configs(kind: str, d_head: int, capability: tuple[int, int]) -> list[tuple[int, int, int, int]]:
     """Candidate ``(BLOCK_Q, BLOCK_K, num_warps, num_stages)`` for a GPU, best first.
 
+    ``kind``: one of :data:`KINDS` (the two backward kernels have tiles of their own).
+
     Bigger tiles reuse each loaded tile for more products but need more registers and shared
     memory: a T4 (compute capability 7.5) has 64 KiB of shared memory per block, an A100 163 KiB,
     an L4 99 KiB, an H100 227 KiB. Stages > 1 let the compiler prefetch the next tiles while
     computing (asynchronous copies: Ampere and newer). ``d_head`` above 128 is not covered by
     the resource table and gets the smallest tiles.
     """
+    if kind == "backward":
+        kind = "backward_dq"
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
     family = _family(capability)
     fallbacks = _FALLBACKS["sm75" if family == "sm75" else "other"]
     if d_head > 128:
@@ -639,16 +663,26 @@ def autotuning(device) -> bool:
     return str(device).startswith("cuda") and os.environ.get("ATTNBOOK_AUTOTUNE", "1") != "0"
 
 
-def _launch(kind: str, launch, d_head: int, dtype, device, block_q=None, block_k=None):
+def tuning_key(shape) -> tuple:
+    """What, besides the kernel, head size, dtype and device, changes which configuration is fastest:
+    ``shape = (batch, heads, kv_heads, n_q, n_k, causal)`` reduced to causality, the number of
+    (batch, head) pairs and each length rounded up to a power of two (as Triton's tutorial keys its
+    autotuning on N_CTX), so that a configuration timed at n = 100 does not serve n = 16384, while
+    lengths of one octave share one timing."""
+    batch, heads, kv_heads, n_q, n_k, causal = shape
+    return (bool(causal), batch * heads, batch * kv_heads, triton.next_power_of_2(n_q), triton.next_power_of_2(n_k))
+
+
+def _launch(kind: str, launch, d_head: int, dtype, device, block_q=None, block_k=None, shape=None):
     """Call ``launch(BLOCK_Q, BLOCK_K, num_warps, num_stages)`` with a configuration that fits.
 
-    The first call for a (kernel, head size, dtype, device, tiles) key chooses and remembers the
-    configuration. On a GPU (see :func:`autotuning`) it runs every candidate that launches and
+    The first call for a (kernel, head size, dtype, device, tiles, :func:`tuning_key` of ``shape``)
+    key chooses and remembers the configuration. On a GPU (see :func:`autotuning`) it runs every candidate that launches and
     keeps the fastest: the candidates are all free of spills (chapter 10's resource table), but
     which is fastest depends on the GPU. Otherwise it keeps the first that launches. Every launch
     overwrites the same outputs, so running several candidates changes nothing but the time.
     """
-    key = (kind, d_head, dtype, str(device), block_q, block_k)
+    key = (kind, d_head, dtype, str(device), block_q, block_k, None if shape is None else tuning_key(shape))
     if key in _chosen:
         return launch(*_chosen[key])
     configs = _configs(kind, device, d_head, block_q, block_k)
@@ -699,7 +733,8 @@ def flash_forward(q, k, v, causal: bool = False, scale: float | None = None, *,
                   block_q: int | None = None, block_k: int | None = None):
     """Run the forward kernel: returns ``(output, lse)``.
 
-    q: (batch, heads, n_q, d), k and v: (batch, heads, n_k, d).
+    q: (batch, heads, n_q, d), k and v: (batch, kv_heads, n_k, d) with ``heads`` a multiple of
+    ``kv_heads`` (grouped-query attention).
     output: (batch, heads, n_q, d) in the inputs' dtype; lse: (batch, heads, n_q)
     float32, the log-sum-exp of each row of scaled scores (what backward needs).
     """
@@ -720,7 +755,8 @@ def flash_forward(q, k, v, causal: bool = False, scale: float | None = None, *,
             CAUSAL=bool(causal), BLOCK_Q=bq, BLOCK_K=bk, D_HEAD=d, BLOCK_D=_block_d(d),
             DOT_PRECISION=_dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
 
-    _launch("forward", launch, d, q.dtype, q.device, block_q, block_k)
+    _launch("forward", launch, d, q.dtype, q.device, block_q, block_k,
+            shape=(batch, heads, k.shape[1], n_q, n_k, bool(causal)))
     return out, lse
 
 
@@ -746,16 +782,21 @@ def flash_backward(do, q, k, v, out, lse, causal: bool = False, scale: float | N
     backward_preprocess_kernel[(triton.cdiv(n_q, bq_pre), batch * heads)](
         out, do, delta, n_q, heads, *_strides(out), *_strides(do), BLOCK_Q=bq_pre, **common)
 
-    def launch(bq, bk, num_warps, num_stages):
+    def launch_dkdv(bq, bk, num_warps, num_stages):
         # one program per key block of each key/value head: it sums over the heads of its group
         flash_backward_dkdv_kernel[(triton.cdiv(n_k, bk), batch * kv_heads)](
             q, k, v, do, lse, delta, dk, dv, n_q, n_k, scale, kv_heads, heads // kv_heads, *strides,
             BLOCK_Q=bq, BLOCK_K=bk, num_warps=num_warps, num_stages=num_stages, **kernel_args)
+
+    def launch_dq(bq, bk, num_warps, num_stages):
         flash_backward_dq_kernel[(triton.cdiv(n_q, bq), batch * heads)](
             q, k, v, do, lse, delta, dq, n_q, n_k, scale, heads, heads // kv_heads, *strides,
             BLOCK_Q=bq, BLOCK_K=bk, num_warps=num_warps, num_stages=num_stages, **kernel_args)
 
-    _launch("backward", launch, d, q.dtype, q.device, block_q, block_k)
+    # each kernel chooses its own tiles (and is autotuned on its own)
+    shape = (batch, heads, kv_heads, n_q, n_k, bool(causal))
+    _launch("backward_dkdv", launch_dkdv, d, q.dtype, q.device, block_q, block_k, shape=shape)
+    _launch("backward_dq", launch_dq, d, q.dtype, q.device, block_q, block_k, shape=shape)
     return dq, dk, dv
 
 
@@ -850,7 +891,8 @@ def flash_decode(q, k, v, causal: bool = False, scale: float | None = None, *, n
             DOT_PRECISION=_dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
         result["parts"] = (o_part, lse_part)
 
-    _launch("decode", launch, d, q.dtype, q.device, block_q, block_k)
+    _launch("decode", launch, d, q.dtype, q.device, block_q, block_k,
+            shape=(batch, heads, k.shape[1], n_q, n_k, bool(causal)))
     out, lse = merge_splits(*result["parts"])
     return out.to(q.dtype).view(batch, heads, n_q, d), lse.view(batch, heads, n_q)
 
