@@ -104,7 +104,7 @@ def test_additive_scores_start_with_a_spread_that_does_not_grow_with_d_k():
         table = recall.AdditiveRecallAttention(16, 16, 32, d_k).score_table().detach()
         assert 0.1 < table.std().item() < 0.58         # var(w . tanh) <= d_k * 1/(3 d_k) = 1/3
     run = recall.train_recall(256, False, steps=150, lr=5e-3, seed=0, additive=True)
-    assert run.accuracy > 0.95 and run.logit_std[0] < 0.58
+    assert run.accuracy > 0.95 and run.score_std[0] < 0.58
 
 
 def test_training_is_seeded_and_learns():
@@ -128,13 +128,13 @@ def test_a_perturbed_start_changes_the_weights_but_not_the_data():
     assert 0 < base.held_out_loss and abs(base.held_out_loss - nudged.held_out_loss) < 1e-4
 
 
-def test_raw_logits_move_further_in_the_first_steps():
+def test_raw_scores_move_further_in_the_first_steps():
     # Same seed: same initial weights (up to the scale) and the same batches.
     scaled = recall.train_recall(256, True, steps=5, lr=1e-3, seed=0)
     raw = recall.train_recall(256, False, steps=5, lr=1e-3, seed=0)
-    assert 0 < scaled.early_logit_change < raw.early_logit_change
-    # at initialisation the raw logits are exactly sqrt(d_k) = 16 times the scaled ones
-    assert raw.logit_std[0] == pytest.approx(16 * scaled.logit_std[0], rel=1e-5)
+    assert 0 < scaled.early_score_change < raw.early_score_change
+    # at initialisation the raw scores are exactly sqrt(d_k) = 16 times the scaled ones
+    assert raw.score_std[0] == pytest.approx(16 * scaled.score_std[0], rel=1e-5)
 
 
 def test_early_steps_must_fit_in_the_run():
@@ -153,3 +153,41 @@ def test_the_scale_is_an_exact_reparametrisation(d_k):
 def test_reparametrisation_needs_a_power_of_four():
     with pytest.raises(ValueError, match="power of 4"):
         recall.reparametrisation_gap(32, steps=1)
+
+
+def test_query_blind_accuracy_is_the_mode_readout_of_the_values():
+    # Brute force over every assignment of values: the best query-blind answer is the most frequent value.
+    import itertools
+    for n_pairs, n_values in ((1, 3), (3, 4), (4, 3), (5, 2)):
+        total = sum(max(c.count(v) for v in set(c)) for c in itertools.product(range(n_values), repeat=n_pairs))
+        exact = total / n_values**n_pairs / n_pairs
+        assert recall.query_blind_accuracy(n_pairs, n_values) == pytest.approx(exact, rel=1e-15)
+    # Against sampling recall_batch itself, at the chapter's sizes: answer the mode of the values.
+    _, _, values, target = recall.recall_batch(100_000, 8, 16, 16, torch.Generator().manual_seed(3))
+    counts = torch.nn.functional.one_hot(values, 16).sum(1)           # (batch, 16)
+    is_mode = counts.gather(1, target[:, None])[:, 0] == counts.max(1).values
+    # a mode answer is right with probability (number of pairs holding the mode) / n_pairs
+    sampled = (counts.max(1).values.double() / 8).mean().item()
+    assert abs(sampled - recall.query_blind_accuracy(8, 16)) < 0.005
+    assert is_mode.double().mean().item() > sampled  # the target is a mode at least that often
+    assert recall.query_blind_accuracy(1, 16) == 1.0
+    with pytest.raises(ValueError, match="n_pairs"):
+        recall.query_blind_accuracy(0, 16)
+
+
+def test_attends_to_match_counts_queries_whose_largest_weight_is_on_the_matching_key():
+    run = recall.train_recall(16, True, steps=150, lr=1e-2, seed=3)
+    # Recompute the start value independently: the untrained model with the run's seed, on the run's
+    # held-out batch (seed + 2), checking for each example the key under its largest weight.
+    torch.manual_seed(3)
+    model = recall.RecallAttention(16, 16, 32, 16, True)
+    query, keys, values, target = recall.recall_batch(512, 8, 16, 16, torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        _, weights = model(query, keys, values)
+    hits = sum(int(keys[b, int(weights[b].argmax())] == query[b]) for b in range(512))
+    assert 0.0 <= run.attends_to_match[0] <= 1.0
+    assert run.attends_to_match[1] > 0.9 and run.accuracy > 0.9   # learned: attention finds the key
+    # the start value is that of the untrained model on the run's held-out batch (seed + 2)
+    held_out = recall.recall_batch(512, 8, 16, 16, torch.Generator().manual_seed(5))
+    assert held_out[0].equal(query)
+    assert run.attends_to_match[0] == pytest.approx(hits / 512, abs=1e-12)

@@ -3,12 +3,14 @@
 Chapter 3 (the scale) trains :class:`RecallAttention` over a grid of ``d_k``, learning rates and
 seeds, and shows that the unscaled training runs are chaotic: moving every initial weight by one
 float32 ulp (:func:`nudge_parameters`) changes where they end, while the scaled runs end where
-they did.
+they did. :func:`query_blind_accuracy` is the best accuracy a model that ignores the query can reach,
+the baseline its failing runs are measured against.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -68,7 +70,7 @@ class RecallAttention(nn.Module):
         return s / self.d_k**0.5 if self.scaled else s
 
     def scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """Attention logits ``(batch, 1, n_pairs)``, scaled or not.
+        """Attention scores (the softmax's inputs) ``(batch, 1, n_pairs)``, scaled or not.
 
         A score depends only on the two symbols, and there are only ``n_symbols`` of them: so
         look each example's scores up in :meth:`score_table` instead of projecting every token
@@ -77,7 +79,7 @@ class RecallAttention(nn.Module):
         return self.score_table()[query[:, None], keys][:, None, :]
 
     def forward(self, query, keys, values) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits over values ``(batch, n_values)`` and attention weights ``(batch, n_pairs)``."""
+        """Output logits over values ``(batch, n_values)`` and attention weights ``(batch, n_pairs)``."""
         # The softmax and weighted sum of attnbook.attend, written out on purpose: the scores are
         # looked up in score_table() instead of computed as q @ k^T, and scaled there or not.
         weights = torch.softmax(self.scores(query, keys), dim=-1)      # (batch, 1, n_pairs)
@@ -137,9 +139,10 @@ class RecallRun:
     losses: np.ndarray          # (steps,) training cross-entropy
     accuracy: float             # on a held-out batch after training
     held_out_loss: float        # cross-entropy on that held-out batch after training
-    logit_std: tuple[float, float]  # std of the attention logits (before softmax) at start and end
+    score_std: tuple[float, float]  # std of the attention scores (the softmax's inputs) at start and end
     entropy: tuple[float, float]    # mean attention entropy (nats) at start and end
-    early_logit_change: float       # mean |change| of the held-out logits over the first `early_steps` steps
+    early_score_change: float       # mean |change| of the held-out attention scores over the first `early_steps` steps
+    attends_to_match: tuple[float, float]  # share of held-out queries whose largest weight is on the matching key, start and end
 
 
 def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, batch: int = 32,
@@ -151,8 +154,8 @@ def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, bat
     The model and the data use their own generators seeded from ``seed``, so two calls with
     the same arguments give the same numbers on one machine (another CPU's kernels round
     differently, and an unscaled run can then end elsewhere). ``early_steps`` sets how many
-    first steps the ``early_logit_change`` measurement (how far the first steps move the
-    logits) covers. ``perturb_ulps`` moves every initial weight by that many float32 ulps
+    first steps the ``early_score_change`` measurement (how far the first steps move the
+    attention scores) covers. ``perturb_ulps`` moves every initial weight by that many float32 ulps
     (:func:`nudge_parameters`) before training; the data stay the same. ``additive`` trains
     :class:`AdditiveRecallAttention` instead (``scaled`` must then be False).
     """
@@ -168,7 +171,7 @@ def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, bat
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     start = _recall_probe(model, held_out)
     with torch.no_grad():
-        start_logits = model.scores(held_out[0], held_out[1])
+        start_scores = model.scores(held_out[0], held_out[1])
     losses = np.empty(steps)
     for step in range(steps):
         query, keys, values, target = recall_batch(batch, n_pairs, n_symbols, n_values, data)
@@ -180,15 +183,16 @@ def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, bat
         losses[step] = loss.item()
         if step + 1 == early_steps:
             with torch.no_grad():
-                early = (model.scores(held_out[0], held_out[1]) - start_logits).abs().mean().item()
+                early = (model.scores(held_out[0], held_out[1]) - start_scores).abs().mean().item()
     end = _recall_probe(model, held_out)
-    return RecallRun(d_k, scaled, losses, end[0], end[3], (start[1], end[1]), (start[2], end[2]), early)
+    return RecallRun(d_k, scaled, losses, end[0], end[3], (start[1], end[1]), (start[2], end[2]), early,
+                     (start[4], end[4]))
 
 
 def reparametrisation_gap(d_k: int, steps: int = 50, lr: float = 1e-3, batch: int = 32, n_pairs: int = 8,
                           n_symbols: int = 16, n_values: int = 16, d_model: int = 32, seed: int = 0,
                           rescale_lr: bool = True) -> float:
-    """Largest difference between the held-out logits of a scaled model and of its unscaled twin.
+    """Largest difference between the held-out output logits of a scaled model and of its unscaled twin.
 
     The twin has no ``1/sqrt(d_k)``; instead its ``W_Q`` starts ``sqrt(d_k)`` times smaller and
     trains with a ``sqrt(d_k)`` times smaller learning rate (and Adam's ``eps``
@@ -226,14 +230,42 @@ def reparametrisation_gap(d_k: int, steps: int = 50, lr: float = 1e-3, batch: in
         return (scaled(*held_out[:3])[0] - twin(*held_out[:3])[0]).abs().max().item()
 
 
+def query_blind_accuracy(n_pairs: int = 8, n_values: int = 16) -> float:
+    """The best held-out accuracy of any model that ignores the query, exactly.
+
+    In :func:`recall_batch` the ``n_pairs`` values are independent and uniform over ``n_values``
+    and the query picks one pair uniformly, independently of the keys and values. A model that
+    does not look at the query can do no better than answer the most frequent value of the
+    example, which is right with probability ``E[max_v count(v)] / n_pairs``. (Uniform attention
+    followed by a linear readout reaches it: the average of orthogonal value embeddings holds the
+    counts, and the readout's argmax picks the largest.) Computed in exact rational arithmetic:
+    ``P(max count <= m) = n_pairs! [x^n_pairs] (sum_{j <= m} x^j / j!)^n_values / n_values^n_pairs``.
+    """
+    if n_pairs < 1 or n_values < 1:
+        raise ValueError(f"n_pairs and n_values must be positive; got n_pairs={n_pairs}, n_values={n_values}")
+
+    def at_most(m: int) -> Fraction:  # P(no value occurs more than m times)
+        term = [Fraction(1, math.factorial(j)) if j <= m else Fraction(0) for j in range(n_pairs + 1)]
+        poly = [Fraction(1)] + [Fraction(0)] * n_pairs          # power series, truncated at x^n_pairs
+        for _ in range(n_values):
+            poly = [sum(poly[i] * term[k - i] for i in range(k + 1)) for k in range(n_pairs + 1)]
+        return poly[n_pairs] * math.factorial(n_pairs) / Fraction(n_values) ** n_pairs
+
+    expected_max = sum(1 - at_most(m) for m in range(n_pairs))  # E[max] = sum_m P(max > m)
+    return float(expected_max / n_pairs)
+
+
 @torch.no_grad()
-def _recall_probe(model: RecallAttention, batch) -> tuple[float, float, float, float]:
-    """Accuracy, attention-logit std, mean attention entropy and cross-entropy of ``model`` on ``batch``."""
+def _recall_probe(model: RecallAttention, batch) -> tuple[float, float, float, float, float]:
+    """Accuracy, attention-score std, mean attention entropy, cross-entropy of ``model`` on ``batch``,
+    and the share of queries whose largest attention weight is on the matching key."""
     query, keys, values, target = batch
     logits, weights = model(query, keys, values)
     accuracy = (logits.argmax(-1) == target).double().mean().item()
-    logit_std = model.scores(query, keys).std().item()
+    score_std = model.scores(query, keys).std().item()
     p = weights.double().clamp_min(1e-300)
     entropy = -(weights.double() * p.log()).sum(-1).mean().item()
     loss = nn.functional.cross_entropy(logits, target).item()
-    return accuracy, logit_std, entropy, loss
+    match = (keys == query[:, None]).long().argmax(-1)                  # position of the matching key
+    attends_to_match = (weights.argmax(-1) == match).double().mean().item()
+    return accuracy, score_std, entropy, loss, attends_to_match
