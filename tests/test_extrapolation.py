@@ -237,3 +237,24 @@ def test_count_parameters():
     per_block = 2 * 2 * d + 3 * d * d + d * d + (d * 4 * d + 4 * d) + (4 * d * d + d)
     expected = v * d + 32 * d + 2 * per_block + 2 * d + d * v + v
     assert E.count_parameters(model) == expected
+
+
+def test_fine_tune_trains_a_copy_and_keeps_its_stretched_rope():
+    task = E.ShiftedCopy()
+    run = E.train_and_evaluate(task, "rope", 16, (16,), steps=20, seed=0, d_model=16, n_heads=2, n_layers=1)
+    freqs = P.interpolated_frequencies(8, 10000.0, 2)
+    E.set_rope_frequencies(run.model, freqs, 1.5)
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    tuned = E.fine_tune(run.model, task, 32, steps=5, seed=0)
+    # the original is untouched; the copy moved, and rotates with the stretched table
+    assert all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())
+    assert any(not torch.equal(before[k], v) for k, v in tuned.state_dict().items())
+    assert all(b.attn.frequencies is not None and b.attn.logit_scale == 1.5 for b in tuned.blocks)
+    # repeatable, and the data are those of length 32 for this seed (a second call gives the same weights)
+    again = E.fine_tune(run.model, task, 32, steps=5, seed=0)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in tuned.state_dict().items())
+    # learned positions past the table are clipped while fine-tuning, and left unclipped after
+    learned = E.train_and_evaluate(task, "learned", 16, (16,), steps=2, seed=0, d_model=16, n_heads=2, n_layers=1)
+    assert E.fine_tune(learned.model, task, 32, steps=2).clip_positions is False
+    with pytest.raises(ValueError, match="steps"):
+        E.fine_tune(run.model, task, 32, steps=0)

@@ -341,3 +341,104 @@ def test_the_two_yarn_ramps_agree_at_the_ends_and_differ_between():
     assert w[32] / paper[32] == pytest.approx(2.607, abs=1e-3) and w[32] / code[32] == pytest.approx(1.529, abs=1e-3)
     with pytest.raises(ValueError, match="ramp must be one of"):
         P.yarn_frequencies(128, 1e4, 4, 4096, ramp="linear")
+
+
+# --- learned relative positions, and the RoPE base in practice ------------------------------
+
+def test_shaw_relative_index_by_loops():
+    for n_q, n_k, k in [(4, 4, 2), (3, 7, 3), (1, 5, 1), (6, 6, 10)]:
+        got = P.shaw_relative_index(n_q, n_k, k)
+        assert got.shape == (n_q, n_k)
+        for a in range(n_q):
+            i = n_k - n_q + a                                    # queries are the last n_q positions
+            for j in range(n_k):
+                assert got[a, j] == min(max(j - i, -k), k) + k
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (16, 64), (64, 256), (8, 20), (6, 9), (32, 1000)])
+def test_t5_buckets_match_transformers(bidirectional, num_buckets, max_distance):
+    """The bucket of every offset in [-5000, 5000] is T5Attention._relative_position_bucket's."""
+    pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    rel = np.arange(-5000, 5001)
+    theirs = T5Attention._relative_position_bucket(torch.from_numpy(rel), bidirectional, num_buckets,
+                                                   max_distance).numpy()
+    ours = P.t5_relative_position_bucket(rel, bidirectional, num_buckets, max_distance)
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_t5_buckets_by_their_definition():
+    """Written from the paper's description, not the code: 8 exact distances, then log-spaced up to 128."""
+    rel = np.arange(-300, 301)
+    b = P.t5_relative_position_bucket(rel, bidirectional=True)
+    dist = np.abs(rel)
+    assert np.array_equal(b[(dist < 8) & (rel <= 0)], dist[(dist < 8) & (rel <= 0)])
+    assert np.array_equal(b[(dist < 8) & (rel > 0)], 16 + dist[(dist < 8) & (rel > 0)])
+    assert np.all(b[rel <= -128] == 15) and np.all(b[rel >= 128] == 31)
+    back = b[rel <= 0][::-1]                                    # distances 0, 1, ..., 300 back
+    assert np.all(np.diff(back) >= 0) and set(back) == set(range(16))
+    causal = P.t5_relative_position_bucket(rel, bidirectional=False)
+    assert np.all(causal[rel > 0] == 0) and causal.max() == 31
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: P.t5_relative_position_bucket(np.array([0.5])), "integers"),
+    (lambda: P.t5_relative_position_bucket(np.arange(3), num_buckets=2), "at least 4"),
+    (lambda: P.t5_relative_position_bucket(np.arange(3), num_buckets=32, max_distance=8), "max_distance"),
+    (lambda: P.shaw_relative_index(5, 3), "n_q <= n_k"),
+    (lambda: P.shaw_relative_index(3, 3, 0), "max_distance"),
+])
+def test_relative_bad_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def _transformers_frequencies(rope_parameters, d):
+    transformers = pytest.importorskip("transformers", minversion="5.0")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = transformers.LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d,
+                                      max_position_embeddings=131072, rope_parameters=rope_parameters)
+    return LlamaRotaryEmbedding(config).inv_freq.double().numpy()
+
+
+@pytest.mark.parametrize("base", [1e4, 5e5, 1e6])
+def test_rope_base_matches_transformers_default(base):
+    """Llama 2's base 10^4, Llama 3's 500000 (ABF-style raised base), Code Llama's 10^6."""
+    theirs = _transformers_frequencies({"rope_type": "default", "rope_theta": base}, 128)
+    np.testing.assert_allclose(P.pair_frequencies(128, base), theirs, rtol=1e-6)
+
+
+@pytest.mark.parametrize("d, base, scale, length, low, high", [(128, 5e5, 8.0, 8192, 1.0, 4.0),
+                                                               (64, 5e5, 32.0, 8192, 1.0, 4.0),
+                                                               (128, 1e4, 4.0, 4096, 2.0, 8.0)])
+def test_llama3_frequencies_match_transformers(d, base, scale, length, low, high):
+    """llama3_frequencies is ROPE_INIT_FUNCTIONS["llama3"]'s table (float32 there)."""
+    pytest.importorskip("transformers", minversion="5.0")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=4 * d, num_attention_heads=4, head_dim=d, max_position_embeddings=int(scale * length),
+        rope_parameters={"rope_type": "llama3", "rope_theta": base, "factor": scale, "low_freq_factor": low,
+                         "high_freq_factor": high, "original_max_position_embeddings": length})
+    theirs, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    assert attention_factor == 1.0                               # no YaRN temperature
+    np.testing.assert_allclose(P.llama3_frequencies(d, base, scale, length, low, high),
+                               theirs.double().numpy(), rtol=1e-6)
+
+
+def test_llama3_frequencies_by_wavelength():
+    """From Llama 3.1's rule written by wavelength: kept below L/4, divided by 8 above L, blended in turns."""
+    w = P.pair_frequencies(128, 5e5)
+    got = P.llama3_frequencies(128, 5e5, 8, 8192)
+    wavelength = 2 * np.pi / w
+    short, long = wavelength < 8192 / 4, wavelength > 8192
+    np.testing.assert_array_equal(got[short], w[short])
+    np.testing.assert_allclose(got[long], w[long] / 8, rtol=1e-15)
+    mid = ~short & ~long
+    g = (8192 / wavelength[mid] - 1) / 3
+    np.testing.assert_allclose(got[mid], (1 - g) * w[mid] / 8 + g * w[mid], rtol=1e-12)
+    assert mid.sum() > 0

@@ -12,8 +12,12 @@ transformer injects position somewhere:
   :func:`rope_layout_permutation` converts weights from one to the other.
 * :func:`alibi_slopes` and :func:`alibi_bias` give the linear distance penalty of
   Press et al. (2022) that is added to the scores.
+* :func:`shaw_relative_index` and :func:`t5_relative_position_bucket` map a query-key offset
+  to the row of a learned table of relative positions: clipped (Shaw et al. 2018) or in
+  logarithmic buckets (T5, Raffel et al. 2020).
 * :func:`ntk_scaled_base`, :func:`yarn_frequencies` and :func:`yarn_logit_scale` stretch
-  RoPE's frequencies for contexts longer than the training length.
+  RoPE's frequencies for contexts longer than the training length; :func:`llama3_frequencies`
+  is Llama 3.1's stretch.
 
 Every frequency table here is ``pair_frequencies(d, base)``: pair ``i`` turns at
 ``base ** (-2 i / d)`` radians per position. Chapter 6 (positional encodings) derives and shows
@@ -219,6 +223,56 @@ def alibi_bias(n_heads: int, n_q: int, n_k: int | None = None) -> np.ndarray:
     return 0.0 - alibi_slopes(n_heads)[:, None, None] * distance   # 0.0 - : no negative zeros
 
 
+# --- learned relative positions ------------------------------------------------------
+
+def shaw_relative_index(n_q: int, n_k: int | None = None, max_distance: int = 16) -> np.ndarray:
+    """Shaw et al. (2018): the row of the learned relative-position tables for each (query, key).
+
+    The offset ``j - i`` of key ``j`` from query ``i``, clipped to ``[-max_distance, max_distance]``
+    and shifted by ``max_distance`` so that it indexes a table of ``2 max_distance + 1`` rows.
+    The queries are the last ``n_q`` of the ``n_k`` positions. Returns ``(n_q, n_k)`` int64.
+    """
+    n_q, n_k = queries_last("shaw_relative_index", n_q, n_k)
+    max_distance = positive_int("max_distance", max_distance)
+    offset = np.arange(n_k)[None, :] - np.arange(n_k - n_q, n_k)[:, None]        # j - i
+    return np.clip(offset, -max_distance, max_distance) + max_distance
+
+
+def t5_relative_position_bucket(relative_position, bidirectional: bool = True, num_buckets: int = 32,
+                                max_distance: int = 128) -> np.ndarray:
+    """T5's bucket (Raffel et al. 2020) for each offset ``relative_position = key - query``.
+
+    With ``bidirectional`` half of the buckets hold keys after the query; a decoder
+    (``bidirectional=False``) gives every later key bucket 0. Of the ``B`` buckets for one
+    direction, distances ``0 .. B/2 - 1`` get a bucket each; larger distances share buckets
+    whose widths grow geometrically, and every distance ``>= max_distance`` the last bucket.
+    Returns int64 of ``relative_position``'s shape, in ``[0, num_buckets)``.
+    """
+    rel = np.asarray(relative_position)
+    if not np.issubdtype(rel.dtype, np.integer):
+        raise ValueError(f"relative_position must hold integers; got dtype {rel.dtype}")
+    num_buckets = positive_int("num_buckets", num_buckets)
+    if num_buckets < (4 if bidirectional else 2):
+        raise ValueError(f"num_buckets must be at least {4 if bidirectional else 2} (two per direction); "
+                         f"got {num_buckets} with bidirectional={bidirectional}")
+    rel = rel.astype(np.int64)
+    bucket = np.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        bucket += (rel > 0) * num_buckets                   # keys after the query: the upper half
+        distance = np.abs(rel)
+    else:
+        distance = np.maximum(-rel, 0)                      # keys after the query: distance 0
+    exact = num_buckets // 2
+    if positive_int("max_distance", max_distance) <= exact:
+        raise ValueError(f"max_distance must exceed the {exact} exact buckets; got {max_distance}")
+    with np.errstate(divide="ignore"):                      # log(0) for the exact distances, unused
+        log_bucket = exact + (np.log(distance / exact) / math.log(max_distance / exact)
+                              * (num_buckets - exact))
+    large = np.minimum(np.floor(np.where(distance < exact, exact, log_bucket)), num_buckets - 1).astype(np.int64)
+    return bucket + np.where(distance < exact, distance, large)
+
+
 # --- stretching RoPE beyond the training length ------------------------------------
 
 def ntk_scaled_base(base: float, scale: float, d: int) -> float:
@@ -276,6 +330,21 @@ def yarn_frequencies(d: int, base: float, scale: float, original_length: int,
         g = 1 - (np.arange(d // 2) - fast) / max(slow - fast, 1e-3)
     g = np.clip(g, 0.0, 1.0)
     return (1 - g) * w / _positive_float("scale", scale) + g * w
+
+
+def llama3_frequencies(d: int, base: float, scale: float, original_length: int,
+                       low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> np.ndarray:
+    """Llama 3.1's stretched RoPE frequencies (``rope_type: llama3``), ``(d/2,)`` float64.
+
+    Pairs whose wavelength is below ``original_length / high_freq_factor`` keep their frequency,
+    pairs whose wavelength exceeds ``original_length / low_freq_factor`` are divided by
+    ``scale``, and in between the blend is linear in the number of turns over
+    ``original_length``. That is YaRN's table with the paper's ramp, ``alpha = low_freq_factor``
+    and ``beta = high_freq_factor``, and without YaRN's logit scale. Llama 3.1: ``base = 500000``,
+    ``scale = 8``, ``original_length = 8192``, factors 1 and 4.
+    """
+    return yarn_frequencies(d, base, scale, original_length, alpha=low_freq_factor,
+                            beta=high_freq_factor, ramp="paper")
 
 
 def yarn_logit_scale(scale: float) -> float:

@@ -19,6 +19,7 @@ and states only what holds in all of them.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -334,6 +335,26 @@ def evaluate_at(model: TinyCausalLM, task, length: int, seed: int = 0, window: i
         model.window, model.clip_positions = saved
         for block in model.blocks:
             block.attn.max_offset = None
+
+
+def fine_tune(model: TinyCausalLM, task, length: int, steps: int, seed: int = 0, batch: int = 16,
+              lr: float = 1e-3) -> TinyCausalLM:
+    """A copy of ``model`` trained for ``steps`` more steps of Adam on sequences of ``length``.
+
+    The fine-tuning sequences are seeded apart from the training and the held-out ones (same
+    ``seed``, other streams). The copy keeps the model's RoPE frequencies and logit scale, so a
+    stretched RoPE (:func:`set_rope_frequencies`) is fine-tuned as stretched; ``model`` itself is
+    not changed. Learned positions are clipped past their table. Chapter 6 fine-tunes RoPE models
+    at ``4L`` after position interpolation or YaRN, the short fine-tuning those methods assume.
+    """
+    steps = positive_int("steps", steps)
+    tuned = copy.deepcopy(model)
+    data = task.batch(steps * batch, positive_int("length", length), torch.Generator().manual_seed(20_000 + seed))
+    torch.manual_seed(seed)
+    tuned.clip_positions = True
+    train(tuned, *data, batch=batch, lr=lr)
+    tuned.clip_positions = False
+    return tuned
 
 
 def count_parameters(model: nn.Module) -> int:
