@@ -2,9 +2,11 @@
 
 all-MiniLM-L6-v2 (sentence-transformers) is a BERT-style encoder (Devlin et al. 2019):
 6 layers of 12 heads, d_model = 384, a WordPiece vocabulary of 30 522 tokens. It
-starts from a MiniLM checkpoint (Wang et al. 2020, a BERT distilled into a small
-model) and was fine-tuned, as in Sentence-BERT (Reimers & Gurevych 2019), so that the
-mean of its last-layer token vectors, normalised to length 1, is a sentence embedding.
+starts from nreimers/MiniLM-L6-H384-uncased, which is the 12-layer MiniLM-L12-H384-uncased
+(Wang et al. 2020: a small model trained to imitate the self-attention of a larger BERT)
+with every second layer dropped (its model card), and was fine-tuned, as in Sentence-BERT
+(Reimers & Gurevych 2019), so that the mean of its last-layer token vectors, normalised to
+length 1, is a sentence embedding.
 
 Here it runs on :class:`attnbook.encoder.EncoderEmbeddings` and
 :class:`attnbook.encoder.EncoderLayer` (whose attention is the book's
