@@ -287,3 +287,17 @@ def test_conversion_errors():
         mha_to_gqa(torch.nn.Linear(2, 2), 1)
     with pytest.raises(ValueError, match="positive integer"):
         mha_to_gqa(make_layer(n_kv_heads=None), 0)
+
+
+def test_the_query_reshape_is_a_view_exactly_when_the_comment_says():
+    """grouped_query_attention's comment: reshaping q to (b, h_kv, g * n_q, d) relabels a contiguous q,
+    and a q transposed from (b, n_q, h, d) when n_q == 1; it copies a transposed q with n_q > 1."""
+    b, h, h_kv, d = 2, 8, 2, 4
+    for n_q, layout, is_view in ((5, "contiguous", True), (1, "transposed", True), (5, "transposed", False)):
+        if layout == "contiguous":
+            q = torch.randn(b, h, n_q, d)
+        else:
+            q = torch.randn(b, n_q, h, d).transpose(1, 2)                    # as a projection gives it
+        rows = q.reshape(b, h_kv, (h // h_kv) * n_q, d)
+        assert (rows.data_ptr() == q.data_ptr() and rows._base is not None) == is_view, (n_q, layout)
+        assert torch.equal(rows, q.contiguous().view(b, h_kv, -1, d))          # the same numbers either way

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbook.experiments.uptrain import (heldout_loss, heldout_loss_by_position, heldout_starts, uptrain,
-                                         uptrain_over_seeds)
+from attnbook.experiments.uptrain import (bootstrap_mean_interval, heldout_loss, heldout_loss_by_position,
+                                         heldout_starts, heldout_window_losses, uptrain, uptrain_over_seeds)
 from attnbook.gpt import GPTConfig, TinyGPT, text_windows, training_step, window_loss
 from attnbook.gqa import mha_to_gqa
 
@@ -50,15 +50,18 @@ def test_uptrain_over_seeds_matches_single_runs():
     runs = uptrain_over_seeds(models, tokens, tokens, seeds=(3, 7), eval_kwargs=ev, **kw)
     assert runs.seeds == (3, 7) and runs.reference == "mha"
     for name, start in models.items():
-        assert runs.before[name] == heldout_loss(start, tokens, **ev)
+        assert runs.before[name] == pytest.approx(heldout_loss(start, tokens, **ev), rel=1e-6)
+        assert np.array_equal(runs.before_windows[name], heldout_window_losses(start, tokens, **ev))
+        assert runs.after_windows[name].shape == (2, 4)
         assert runs.curves[name].shape == (2, 5)
         for i, seed in enumerate((3, 7)):
             m = copy.deepcopy(start)
             curve = uptrain(m, tokens, seed=seed, **kw)
             assert runs.curves[name][i].tolist() == curve
-            assert runs.after[name].values[i] == heldout_loss(m, tokens, **ev)
+            assert runs.after[name].values[i] == pytest.approx(heldout_loss(m, tokens, **ev), rel=1e-6)
+            assert np.array_equal(runs.after_windows[name][i], heldout_window_losses(m, tokens, **ev))
     # the starting models are left untouched
-    assert heldout_loss(mha, tokens, **ev) == runs.before["mha"]
+    assert heldout_loss(mha, tokens, **ev) == pytest.approx(runs.before["mha"], rel=1e-6)
     gain = runs.gain("mqa")
     assert np.allclose(gain.values, runs.before["mqa"] - runs.after["mqa"].values)
     gap = runs.before["mqa"] - runs.before["mha"]
@@ -66,6 +69,11 @@ def test_uptrain_over_seeds_matches_single_runs():
     assert np.allclose(runs.behind("mqa").values, runs.after["mqa"].values - runs.before["mha"])
     with pytest.raises(ValueError, match="no gap"):
         runs.recovered("mha")
+    # against the control: the gap is to the reference's own loss after the same uptraining, seed by seed
+    control_gap = runs.before["mqa"] - runs.after["mha"].values
+    assert np.allclose(runs.recovered_vs_control("mqa").values, gain.values / control_gap)
+    with pytest.raises(ValueError, match="control"):
+        runs.recovered_vs_control("mha")
     with pytest.raises(ValueError, match="reference"):
         uptrain_over_seeds(models, tokens, tokens, seeds=(0,), reference="gqa", **kw)
     with pytest.raises(ValueError, match="at least one"):
@@ -149,3 +157,36 @@ def test_uptrain_over_seeds_measures_position_ranges_with_the_same_windows():
     assert plain.position_ranges == () and plain.after_by_position == {}
     with pytest.raises(ValueError, match="position ranges"):
         plain.after_on_range("mha", 0)
+
+
+def test_heldout_window_losses_against_a_loop_and_their_mean_is_heldout_loss():
+    torch.manual_seed(0)
+    tokens = torch.randint(6, (300,))
+    model = TinyGPT(GPTConfig(vocab_size=6, context_length=32, n_layers=1, n_heads=2, d_model=8)).train()
+    got = heldout_window_losses(model, tokens, n_windows=5, length=20, batch=2, seed=4)
+    assert model.training and got.shape == (5,) and got.dtype == np.float64
+    model.eval()
+    with torch.no_grad():
+        expected = [F.cross_entropy(model(tokens[s:s + 20][None])[0].double(), tokens[s + 1:s + 21]).item()
+                    for s in heldout_starts(tokens, n_windows=5, length=20, seed=4).tolist()]
+    assert np.allclose(got, expected, rtol=1e-5)
+    assert got.mean() == pytest.approx(heldout_loss(model, tokens, n_windows=5, length=20, seed=4), rel=1e-5)
+
+
+def test_bootstrap_mean_interval():
+    """Degenerate for constant samples; for a large Gaussian sample, close to the normal interval
+    mean +- 1.645 sd / sqrt(n) at level 0.9; reproducible for a seed; errors for bad input."""
+    assert bootstrap_mean_interval(np.full(10, 2.5)) == (2.5, 2.5)
+    samples = np.random.default_rng(1).normal(size=400)
+    low, high = bootstrap_mean_interval(samples, n_resamples=4000, level=0.9, seed=3)
+    half = 1.645 * samples.std() / np.sqrt(samples.size)
+    assert low < samples.mean() < high
+    assert (high - low) / 2 == pytest.approx(half, rel=0.1)
+    assert bootstrap_mean_interval(samples, seed=3) == bootstrap_mean_interval(samples, seed=3)
+    wider = bootstrap_mean_interval(samples, n_resamples=4000, level=0.99, seed=3)
+    assert wider[0] < low and wider[1] > high
+    for bad, match in (([1.0], "at least 2"), (np.ones((2, 2)), "one-dimensional")):
+        with pytest.raises(ValueError, match=match):
+            bootstrap_mean_interval(bad)
+    with pytest.raises(ValueError, match="level"):
+        bootstrap_mean_interval(samples, level=1.0)

@@ -50,8 +50,10 @@ def grouped_query_attention(q, k, v, mask=None, scale: float | None = None, retu
     group are stacked into ``g * n_q`` rows that attend to their one key/value head.
     """
     b, h, h_kv, g, n_q, n_k, d_k, d_v = grouped_shapes(q, k, v)
-    # Heads i*g .. i*g + g - 1 are adjacent in memory, so this reshape only relabels them:
-    # group i becomes g * n_q query rows facing key/value head i.
+    # Group i becomes g * n_q query rows facing key/value head i. For a contiguous q, heads
+    # i*g .. i*g + g - 1 are adjacent in memory and this reshape only relabels them (a view).
+    # A q transposed from (b, n_q, h, d_k), as projections produce it, is copied here when
+    # n_q > 1 (a copy the size of q, never of k or v); with n_q = 1 (decoding) it stays a view.
     q_rows = q.reshape(b, h_kv, g * n_q, d_k)                            # (b, h_kv, g n_q, d_k)
     if mask is not None:
         mask = grouped_mask(mask, (b, h, n_q, n_k), h_kv, g)            # (b, h_kv, g n_q, n_k)

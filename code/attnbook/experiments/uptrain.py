@@ -42,6 +42,51 @@ def heldout_loss(model, tokens, n_windows: int = 32, length: int = 256, batch: i
     return window_loss(model, tokens, starts, length, batch)
 
 
+@torch.no_grad()
+def heldout_window_losses(model, tokens, n_windows: int = 32, length: int = 256, batch: int = 16,
+                          seed: int = 0) -> np.ndarray:
+    """The loss of each of :func:`heldout_loss`'s windows: (n_windows,) float64, nats per token.
+
+    Entry ``w`` is the mean cross-entropy of the ``length`` predictions of window ``w``; every window
+    has the same length, so the mean of the entries is :func:`heldout_loss` (up to rounding). The
+    spread of the entries is what the choice of windows adds to a held-out loss, which
+    :func:`bootstrap_mean_interval` turns into an interval. The model runs in eval mode; its
+    previous mode is restored.
+    """
+    starts = heldout_starts(tokens, n_windows, length, seed)
+    was_training = model.training
+    model.eval()
+    losses = []
+    for chunk in starts.split(_validate.positive_int("batch", batch)):
+        x, y = text_windows(tokens, chunk, length)                          # (b, length) each
+        per_token = F.cross_entropy(model(x).transpose(1, 2), y, reduction="none")   # (b, length)
+        losses.append(per_token.double().mean(dim=1))
+    model.train(was_training)
+    return torch.cat(losses).numpy()
+
+
+def bootstrap_mean_interval(samples, n_resamples: int = 2000, level: float = 0.9,
+                            seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval for the mean of ``samples`` (n,), e.g. per-window losses.
+
+    Resamples the ``n`` values with replacement ``n_resamples`` times and returns the
+    ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the resampled means. For a paired
+    comparison of two models on the same windows, pass the per-window differences: the windows
+    that are hard for one model are hard for the other, and the difference is far less noisy
+    than either loss.
+    """
+    samples = np.asarray(samples, dtype=float)
+    if samples.ndim != 1 or samples.size < 2:
+        raise ValueError(f"samples must be one-dimensional with at least 2 values; got shape {samples.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie strictly between 0 and 1; got {level!r}")
+    n_resamples = _validate.positive_int("n_resamples", n_resamples)
+    rng = np.random.default_rng(seed)
+    means = samples[rng.integers(0, samples.size, size=(n_resamples, samples.size))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
 def heldout_starts(tokens, n_windows: int = 32, length: int = 256, seed: int = 0):
     """The first positions (n_windows,) of the seeded windows of :func:`heldout_loss`."""
     n_windows, length = (_validate.positive_int(name, value) for name, value in (
@@ -113,7 +158,10 @@ class UptrainingRuns:
     ``before[name]`` is one number: the starting model is fixed, so it does not depend on the
     seed. ``after[name]`` holds one loss per seed, ``curves[name]`` the step losses of each seed
     ``(n_seeds, steps)``. ``reference`` names the model whose starting loss is the target
-    (the multi-head model), against which :meth:`recovered` measures the gap. Where
+    (the multi-head model), against which :meth:`recovered` measures the gap, and which, uptrained
+    with the same steps, is the control of :meth:`recovered_vs_control`. ``before_windows[name]``
+    ``(n_windows,)`` and ``after_windows[name]`` ``(n_seeds, n_windows)`` hold the loss of each
+    held-out window (:func:`heldout_window_losses`), whose means are ``before`` and ``after``. Where
     ``position_ranges`` were asked for, ``before_by_position[name]`` holds the starting model's loss
     on each range ``(n_ranges,)`` and ``after_by_position[name]`` each seed's ``(n_seeds, n_ranges)``
     (:func:`heldout_loss_by_position`).
@@ -127,6 +175,8 @@ class UptrainingRuns:
     position_ranges: tuple = ()
     before_by_position: dict = field(default_factory=dict)
     after_by_position: dict = field(default_factory=dict)
+    before_windows: dict = field(default_factory=dict)
+    after_windows: dict = field(default_factory=dict)
 
     def gain(self, name: str) -> SeedDistribution:
         """Held-out loss before minus after, per seed: positive when uptraining helped."""
@@ -140,6 +190,22 @@ class UptrainingRuns:
         if not gap > 0:
             raise ValueError(f"{name} starts at {self.before[name]}, not above the reference "
                              f"{self.reference} ({self.before[self.reference]}): no gap to recover")
+        return SeedDistribution(self.seeds, self.gain(name).values / gap)
+
+    def recovered_vs_control(self, name: str) -> SeedDistribution:
+        """Share of the gap closed, measured against the control uptrained with the same seed.
+
+        Per seed: ``(before - after) / (before - control_after)``, with ``control_after`` the
+        reference model's held-out loss after the same uptraining. Where the control's loss moves
+        (up or down) under uptraining, this credits the converted model only with what the control
+        did not also gain or lose.
+        """
+        if name == self.reference:
+            raise ValueError(f"{name} is the control itself; name a converted model")
+        gap = self.before[name] - self.after[self.reference].values
+        if not np.all(gap > 0):
+            raise ValueError(f"{name} starts at {self.before[name]}, not above the control "
+                             f"{self.reference} after uptraining ({self.after[self.reference].values})")
         return SeedDistribution(self.seeds, self.gain(name).values / gap)
 
     def behind(self, name: str) -> SeedDistribution:
@@ -162,7 +228,8 @@ def uptrain_over_seeds(models: dict, train_tokens, val_tokens, seeds: Iterable[i
     ``models`` maps names to starting models (left unchanged); ``reference`` (default: the first
     name) is the model whose starting loss defines the gap. Seed ``s`` fixes the training windows
     (``uptrain(..., seed=s)``) and is the same for every model, so the models of one seed see the
-    same text. ``eval_kwargs`` go to :func:`heldout_loss` (the same windows every time),
+    same text. ``eval_kwargs`` go to :func:`heldout_window_losses` (the same windows every time;
+    the losses are the means over the windows, as :func:`heldout_loss` computes them),
     ``uptrain_kwargs`` to :func:`uptrain`. With ``position_ranges`` the held-out loss is also
     measured on each range of positions (:func:`heldout_loss_by_position`, same windows).
     """
@@ -180,17 +247,19 @@ def uptrain_over_seeds(models: dict, train_tokens, val_tokens, seeds: Iterable[i
     def by_position(m):
         return heldout_loss_by_position(m, val_tokens, position_ranges, **eval_kwargs)
 
-    before = {name: heldout_loss(m, val_tokens, **eval_kwargs) for name, m in models.items()}
+    before_win = {name: heldout_window_losses(m, val_tokens, **eval_kwargs) for name, m in models.items()}
+    before = {name: float(w.mean()) for name, w in before_win.items()}
     before_pos = {name: by_position(m) for name, m in models.items()} if position_ranges else {}
     after, after_pos, curves = ({name: [] for name in models} for _ in range(3))
     for seed in seeds:
         for name, start in models.items():
             m = copy.deepcopy(start)
             curves[name].append(uptrain(m, train_tokens, seed=seed, **uptrain_kwargs))
-            after[name].append(heldout_loss(m, val_tokens, **eval_kwargs))
+            after[name].append(heldout_window_losses(m, val_tokens, **eval_kwargs))
             if position_ranges:
                 after_pos[name].append(by_position(m))
     return UptrainingRuns(seeds, before,
-                          {name: SeedDistribution(seeds, np.array(v)) for name, v in after.items()},
+                          {name: SeedDistribution(seeds, np.array(v).mean(axis=1)) for name, v in after.items()},
                           {name: np.array(c) for name, c in curves.items()}, reference, position_ranges,
-                          before_pos, {name: np.array(v) for name, v in after_pos.items() if v})
+                          before_pos, {name: np.array(v) for name, v in after_pos.items() if v},
+                          before_win, {name: np.array(v) for name, v in after.items()})
