@@ -134,7 +134,7 @@ def online_two_pass(scores):
 def online_stored(scores):
     x = np.fromiter(scores, float)                     # keeps the whole row, then two passes over it
     m = x.max()
-    return m, np.exp(x - m).sum()
+    return m, np.exp(x - (m if np.isfinite(m) else 0.0)).sum()
 
 
 def online_forgets_rescale(scores):

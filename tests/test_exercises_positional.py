@@ -97,10 +97,10 @@ def test_rope_mistakes_are_diagnosed(wrong, key):
 
 
 def test_rope_unknown_error_is_still_rejected():
-    """Positions counted from 1: wrong, but not one of the listed mistakes."""
+    """Keys rotated three positions ahead of the queries: wrong, but not one of the listed mistakes."""
     with pytest.raises(ExerciseError) as err:
         check_rope_attention(lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, start=1),
-                                                                            my_rope(k, start=2), v))
+                                                                            my_rope(k, start=4), v))
     assert err.value.mistake is None
 
 
