@@ -135,3 +135,92 @@ def test_the_online_softmax_exercise_names_an_unshifted_exponential():
     with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
         check_online_softmax(online_exp_sum)
     assert err.value.mistake == "unshifted" and "overflows" in str(err.value)
+
+
+# --- the catalogues: every checker against plausible wrong and right solutions ------------------------------
+# Each tests/test_exercises_*.py holds a CATALOGUE {checker name: {"wrong": [(solution, mistake key)],
+# "right": [solution]}}, written as a teaching assistant would collect them: what a student who
+# half-understood the section writes, independently of the checkers' own Mistake functions.
+
+import contextlib
+import importlib.util
+import io
+import pathlib
+
+import attnbook.exercises as exercises
+
+TESTS = pathlib.Path(__file__).parent
+MIN_WRONG, MIN_RIGHT = 5, 2
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location(f"catalogue_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CATALOGUES = {}                 # checker name -> (test file, its catalogue entry)
+for _path in sorted(TESTS.glob("test_exercises_*.py")):
+    if _path.name == pathlib.Path(__file__).name:
+        continue
+    for _name, _entry in getattr(_load(_path), "CATALOGUE", {}).items():
+        assert _name not in CATALOGUES, f"{_name} has two catalogues"
+        CATALOGUES[_name] = (_path.name, _entry)
+
+CHECKERS = sorted(name for name in exercises.__all__ if name.startswith("check_"))
+
+
+def _checker(name):
+    return getattr(exercises, name)
+
+
+def test_every_checker_has_a_catalogue():
+    missing = [name for name in CHECKERS if name not in CATALOGUES]
+    assert not missing, f"checkers without a catalogue: {missing}"
+    assert not set(CATALOGUES) - set(CHECKERS), "a catalogue names no checker"
+    for name, (_, entry) in CATALOGUES.items():
+        assert len(entry["wrong"]) >= MIN_WRONG, f"{name}: {len(entry['wrong'])} wrong solutions"
+        assert len(entry["right"]) >= MIN_RIGHT, f"{name}: {len(entry['right'])} right solutions"
+        keys = {m.key for m in _mistakes_of(name)}
+        unknown = {key for _, key in entry["wrong"]} - keys
+        assert not unknown, f"{name}: no mistake named {unknown}"
+
+
+def _mistakes_of(name):
+    """The Mistakes a checker can name: those of its module whose keys its catalogue uses."""
+    module = importlib.import_module(_checker(name).__module__)
+    found = []
+    for value in vars(module).values():
+        if isinstance(value, list) and value and all(isinstance(m, exercises.Mistake) for m in value):
+            found += value
+    return found
+
+
+WRONG = [pytest.param(name, i, id=f"{name}-{key}-{i}")
+         for name in sorted(CATALOGUES) for i, (_, key) in enumerate(CATALOGUES[name][1]["wrong"])]
+RIGHT = [pytest.param(name, i, id=f"{name}-{i}")
+         for name in sorted(CATALOGUES) for i in range(len(CATALOGUES[name][1]["right"]))]
+
+
+@pytest.mark.parametrize("name, i", WRONG)
+def test_each_wrong_solution_is_rejected_with_its_diagnosis(name, i):
+    solution, key = CATALOGUES[name][1]["wrong"][i]
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"), contextlib.redirect_stdout(io.StringIO()):
+        _checker(name)(solution)
+    assert err.value.mistake == key, str(err.value)
+    assert "Diagnosis:" in str(err.value) and "Hint:" in str(err.value)
+
+
+@pytest.mark.parametrize("name, i", RIGHT)
+def test_each_right_solution_is_accepted(name, i, capsys):
+    _checker(name)(CATALOGUES[name][1]["right"][i])
+    assert capsys.readouterr().out.splitlines()[-1].startswith("Correct:")
+
+
+def catalogue_table() -> str:
+    """Per checker, the wrong solutions rejected with their diagnosis and the right ones accepted (the
+    counts the tests above hold)."""
+    rows = [f"| {name} | {len(entry['wrong'])} | {len(entry['right'])} |"
+            for name, (_, entry) in sorted(CATALOGUES.items())]
+    return "\n".join(["| checker | wrong, rejected and named | right, accepted |", "|---|---|---|", *rows])

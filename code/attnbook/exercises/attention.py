@@ -44,6 +44,10 @@ SOFTMAX_MISTAKES = [
             "only the maximum makes every exponent <= 0 with at least one equal to 0: the sum is then "
             "between 1 and n, never inf and never 0",
             lambda x: np.exp(x - x.mean(-1, keepdims=True)) / np.exp(x - x.mean(-1, keepdims=True)).sum(-1, keepdims=True)),
+    Mistake("max_at_least_zero", "each row is shifted by max(its maximum, 0) (a running maximum started at 0): "
+            "a row whose scores are all far below 0 underflows to zeros, and 0/0 is NaN",
+            "start the maximum at -inf, or use x.max(axis=-1, keepdims=True) as it is, negative or not",
+            lambda x: (lambda e: e / e.sum(-1, keepdims=True))(np.exp(x - np.maximum(x.max(-1, keepdims=True), 0)))),
     Mistake("no_keepdims", "the row sums lost their axis (no keepdims=True), so they divide the columns, "
             "not the rows: on a square matrix numpy broadcasts them silently, on any other it raises",
             "e.sum(axis=-1, keepdims=True) has shape (..., n, 1) and divides each row by its own sum",
