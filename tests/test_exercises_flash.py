@@ -255,16 +255,12 @@ def online_max_from_zero(scores):
     return m, l
 
 
-def online_float32_numpy(scores):
-    """Right: numpy float32 scalars for the running sum, float64 for the maximum."""
-    m, l = -np.inf, np.float32(0.0)
+def online_logaddexp(scores):
+    """Right, and written differently: the running log-sum-exp, with the maximum kept beside it."""
+    m, lse = -np.inf, -np.inf
     for xj in scores:
-        if xj == -np.inf:
-            continue
-        m_new = max(m, xj)
-        l = l * np.float32(np.exp(m - m_new)) + np.float32(np.exp(xj - m_new))
-        m = m_new
-    return m, float(l)
+        m, lse = max(m, xj), np.logaddexp(lse, xj)
+    return m, (0.0 if m == -np.inf else float(np.exp(lse - m)))
 
 
 CATALOGUE = {
@@ -276,7 +272,7 @@ CATALOGUE = {
                   (merge_unguarded, "nan_on_empty"), (merge_max_from_zero, "max_at_least_zero")],
     },
     "check_online_softmax": {
-        "right": [online_good, online_good_blocks],
+        "right": [online_good, online_good_blocks, online_logaddexp],
         "wrong": [(online_two_pass, "two_pass"), (online_forgets_rescale, "no_rescale"),
                   (online_upside_down, "inverted_factor"), (online_fixed_max, "max_not_updated"),
                   (online_unguarded, "nan_on_masked_start"), (online_unshifted, "unshifted"),
