@@ -265,3 +265,14 @@ CATALOGUE = {
                   (lambda n: np.tril(np.full((n, n), -np.inf), k=-1), "transposed")],   # additive, and the future
     },
 }
+
+
+def softmax_axis_one(x):
+    """Hard-codes axis=1, the last axis of a matrix: wrong on a batch."""
+    if x.ndim == 1:
+        return softmax_via_logsumexp(x)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+CATALOGUE["check_softmax"]["wrong"].append((softmax_axis_one, "axis_1"))

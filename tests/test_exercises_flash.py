@@ -279,3 +279,16 @@ CATALOGUE = {
                   (online_max_from_zero, "max_starts_at_zero")],
     },
 }
+
+
+def online_log_of_sum(scores):
+    m, l = -math.inf, 0.0
+    for xj in scores:
+        m_new = max(m, xj)
+        if m_new == -math.inf:
+            continue
+        l, m = l * math.exp(m - m_new) + math.exp(xj - m_new), m_new
+    return m, (math.log(l) if l > 0 else -math.inf)         # returns the log of the sum
+
+
+CATALOGUE["check_online_softmax"]["wrong"].append((online_log_of_sum, "log_of_sum"))

@@ -30,6 +30,10 @@ SOFTMAX_MISTAKES = [
     Mistake("wrong_axis", "the softmax normalises over the wrong axis (columns instead of rows)",
             "each row (one query's scores) must sum to 1: use axis=-1 with keepdims=True",
             lambda x: softmax(x, axis=0) if np.ndim(x) > 1 else softmax(x)),
+    Mistake("axis_1", "the softmax is taken along axis 1, the last axis of a matrix only: on a batch "
+            "(3 or more axes) it normalises each column of every matrix",
+            "use axis=-1: the last axis, whatever the number of batch axes in front of it",
+            lambda x: softmax(x, axis=1) if np.ndim(x) > 2 else softmax(x)),
     Mistake("not_normalised", "the exponentials are never divided by their sum",
             "divide exp(x - max) by its sum along the last axis", lambda x: np.exp(x - x.max(-1, keepdims=True))),
     Mistake("global_sum", "the exponentials are divided by the sum over the whole matrix, not per row",

@@ -164,6 +164,9 @@ ONLINE_MISTAKES = [
             "start with m = -inf (and l = 0), the state of an empty row; any finite start is larger than "
             "some row's maximum",
             _state_with(lambda l, m, m_new, xj: l * np.exp(m - m_new) + np.exp(xj - m_new), start=0.0)),
+    Mistake("log_of_sum", "the second entry is log(l), a log-sum-exp relative to m, instead of the sum l itself",
+            "return l = sum_j exp(x_j - m), not its logarithm; the log-sum-exp of the row is m + log(l)",
+            lambda x: (lambda m, l: (m, float(np.log(l)) if l > 0 else -np.inf))(*_reference_state(x))),
     Mistake("max_not_updated", "the maximum stays at the first score, so exp(x_j - m) overflows once x_j exceeds "
             "it by ~710",
             "update m_new = max(m_old, x_j) at every step, and rescale the sum to it",
