@@ -11,7 +11,6 @@ Every chapter's checker runs on it; no chapter shows it.
 """
 from __future__ import annotations
 
-import copy
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
