@@ -167,3 +167,112 @@ def test_a_verdict_renders_in_a_notebook_without_the_checkers_traceback():
     shown = err.value._render_traceback_()
     assert shown[0].startswith("ExerciseError: softmax: case") and "File" not in "\n".join(shown)
     assert any(line.startswith("Diagnosis:") for line in shown) and any(line.startswith("Hint:") for line in shown)
+
+
+# --- the catalogue: what students who half-understood chapters 4 and 7 write ------------------------------
+# (run by tests/test_exercises_framework.py, which also requires one for every checker)
+
+def softmax_in_place(x):
+    """Right, and changes its input: the checker judges the output and says so in a note."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+def softmax_via_logsumexp(x):
+    x = np.asarray(x)                                       # float32 stays float32
+    m = x.max(axis=-1, keepdims=True)
+    lse = m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+    return np.exp(x - lse)
+
+
+def softmax_mean_shift(x):
+    e = np.exp(x - x.mean(axis=-1, keepdims=True))          # "any constant works", so the mean
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_min_shift(x):
+    e = np.exp(x - x.min(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_sum_without_keepdims(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1)
+
+
+def softmax_max_without_keepdims(x):
+    e = np.exp(x - x.max(axis=-1))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_loop_max_from_zero(x):
+    out = np.empty_like(x, dtype=float)
+    for idx in np.ndindex(x.shape[:-1]):
+        m = 0.0                                             # running maximum started at 0
+        for v in x[idx]:
+            m = max(m, v)
+        e = np.exp(x[idx] - m)
+        out[idx] = e / e.sum()
+    return out
+
+
+def attention_in_place(q, k, v):
+    q /= np.sqrt(q.shape[-1])                               # scales the caller's q
+    return good_softmax(q @ k.T) @ v
+
+
+def attention_einsum_float32(q, k, v):
+    q, k, v = (np.asarray(t, np.float32) for t in (q, k, v))
+    s = np.einsum("id,jd->ij", q, k) / np.float32(np.sqrt(q.shape[-1]))
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    return np.einsum("ij,jd->id", w / w.sum(axis=1, keepdims=True), v)
+
+
+CATALOGUE = {
+    "check_softmax": {
+        "right": [good_softmax, softmax_in_place, softmax_via_logsumexp,
+                  lambda x: torch.softmax(torch.from_numpy(np.array(x)), dim=-1)],
+        "wrong": [(overflowing_softmax, "unstable"), (column_softmax, "wrong_axis"),
+                  (unnormalised_softmax, "not_normalised"), (whole_matrix_softmax, "global_sum"),
+                  (whole_array_max_softmax, "global_max"), (softmax_mean_shift, "shift_not_max"),
+                  (softmax_min_shift, "shift_not_max"), (softmax_sum_without_keepdims, "no_keepdims"),
+                  (softmax_max_without_keepdims, "no_keepdims_max"),
+                  (softmax_loop_max_from_zero, "max_at_least_zero")],
+    },
+    "check_attention": {
+        "right": [good_attention, attention_in_place, attention_einsum_float32,
+                  lambda q, k, v: (good_attention(q, k, v), None)],
+        "wrong": [(attention_without_scale, "no_scale"), (attention_divided_by_dk, "scale_by_dk"),
+                  (attention_with_swapped_qk, "swapped_qk"), (attention_softmax_over_queries, "wrong_axis"),
+                  (attention_overflowing, "unstable"),
+                  (lambda q, k, v: good_softmax(q @ k.T / np.sqrt(v.shape[1])) @ v, "scale_by_sqrt_d_v"),
+                  (lambda q, k, v: good_softmax(q @ k.T / np.sqrt(len(k))) @ v, "scale_by_sqrt_n_k"),
+                  (lambda q, k, v: whole_matrix_softmax(q @ k.T / np.sqrt(q.shape[1])) @ v, "global_softmax"),
+                  (lambda q, k, v: good_softmax(q @ k.T) / np.sqrt(q.shape[1]) @ v, "scaled_after_softmax")],
+    },
+    "check_causal_mask": {
+        "right": [good_mask, lambda n: np.tril(np.ones((n, n), dtype=int)),
+                  lambda n: torch.ones(n, n).tril().bool(),
+                  lambda n: np.arange(n)[:, None] >= np.arange(n)[None, :]],
+        "wrong": [(lambda n: np.indices((n, n))[1] < np.indices((n, n))[0], "diagonal_hidden"),
+                  (lambda n: np.indices((n, n))[1] > np.indices((n, n))[0], "inverted"),
+                  (lambda n: np.indices((n, n))[1] >= np.indices((n, n))[0], "transposed"),
+                  (lambda n: np.indices((n, n))[1] <= np.indices((n, n))[0] + 1, "one_ahead"),
+                  (lambda n: np.ones((n, n), dtype=bool), "no_mask"),
+                  (lambda n: np.eye(n) == 1, "diagonal_only"),
+                  (lambda n: np.tril(np.full((n, n), -np.inf), k=-1), "transposed")],   # additive, and the future
+    },
+}
+
+
+def softmax_axis_one(x):
+    """Hard-codes axis=1, the last axis of a matrix: wrong on a batch."""
+    if x.ndim == 1:
+        return softmax_via_logsumexp(x)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+CATALOGUE["check_softmax"]["wrong"].append((softmax_axis_one, "axis_1"))

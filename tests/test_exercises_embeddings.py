@@ -180,3 +180,51 @@ def test_ppmi_checker_stub():
 
     with pytest.raises(NotAttemptedError):
         check_ppmi(stub)
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def cosine_einsum_float32(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    na, nb = np.sqrt(np.einsum("id,id->i", a, a)), np.sqrt(np.einsum("jd,jd->j", b, b))
+    dots = np.einsum("id,jd->ij", a, b)
+    with np.errstate(all="ignore"):
+        out = dots / np.outer(na, nb)
+    return np.where(np.outer(na, nb) > 0, out, 0.0).astype(np.float32)   # float32 answer
+
+
+def cosine_in_place(a, b):
+    for x in (a, b):                                        # normalises the caller's arrays
+        norms = np.linalg.norm(x, axis=1, keepdims=True)
+        np.divide(x, norms, out=x, where=norms > 0)
+    return a @ b.T
+
+
+def ppmi_vectorised(counts):
+    total = counts.sum()
+    with np.errstate(all="ignore"):
+        pmi = np.log(counts * total / np.outer(counts.sum(axis=1), counts.sum(axis=0)))
+    return np.where(counts > 0, np.maximum(pmi, 0.0), 0.0)
+
+
+def ppmi_torch(counts):
+    import torch
+    c = torch.from_numpy(np.asarray(counts, float))
+    p = c / c.sum()
+    pmi = torch.log(p / (p.sum(1, keepdim=True) * p.sum(0, keepdim=True)))
+    return torch.where(c > 0, pmi.clamp(min=0), torch.zeros_like(pmi))
+
+
+CATALOGUE = {
+    "check_cosine_similarity": {
+        "right": [loop_cosine, cosine_einsum_float32, cosine_in_place],
+        "wrong": [(cos_raw_dot, "raw_dot"), (cos_only_a, "only_a"), (cos_only_b, "only_b"),
+                  (cos_columns, "wrong_axis"), (cos_no_keepdims, "no_keepdims"), (cos_squared, "squared_norms"),
+                  (cos_distance, "distance"), (cos_transposed, "transposed"), (cos_unguarded, "zero_row_nan")],
+    },
+    "check_ppmi": {
+        "right": [loop_ppmi, ppmi_vectorised, ppmi_torch],
+        "wrong": [(ppmi_unclipped, "no_clip"), (ppmi_nan_rows, "zero_row_nan"), (ppmi_no_total, "missing_total"),
+                  (ppmi_log2, "log2"), (ppmi_swapped, "swapped_marginals")],
+    },
+}

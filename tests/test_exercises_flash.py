@@ -134,7 +134,7 @@ def online_two_pass(scores):
 def online_stored(scores):
     x = np.fromiter(scores, float)                     # keeps the whole row, then two passes over it
     m = x.max()
-    return m, np.exp(x - m).sum()
+    return m, np.exp(x - (m if np.isfinite(m) else 0.0)).sum()
 
 
 def online_forgets_rescale(scores):
@@ -212,3 +212,83 @@ def test_online_unknown_error_is_still_rejected():
     with pytest.raises(ExerciseError) as err:
         check_online_softmax(lambda scores: online_good(xj / 2 for xj in scores))
     assert err.value.mistake is None
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def merge_in_place(m_a, l_a, m_b, l_b):
+    """Right: rescales the caller's l_a and l_b in place."""
+    m = np.maximum(m_a, m_b)
+    ref = np.where(np.isneginf(m), 0.0, m)
+    l_a = np.asarray(l_a)
+    l_b = np.asarray(l_b)
+    if l_a.ndim:
+        l_a *= np.exp(m_a - ref)
+        l_b *= np.exp(m_b - ref)
+        return m, l_a + l_b
+    return m, l_a * np.exp(m_a - ref) + l_b * np.exp(m_b - ref)
+
+
+def merge_python_loop(m_a, l_a, m_b, l_b):
+    """Right: one query at a time with math, as a loop over states would be written."""
+    ms, ls = [], []
+    for ma, la, mb, lb in zip(*(np.atleast_1d(np.asarray(x, float)) for x in (m_a, l_a, m_b, l_b))):
+        m = max(ma, mb)
+        if m == -math.inf:
+            ms.append(m), ls.append(0.0)
+            continue
+        ms.append(m), ls.append(la * math.exp(ma - m) + lb * math.exp(mb - m))
+    return np.array(ms).reshape(np.shape(m_a)), np.array(ls).reshape(np.shape(m_a))
+
+
+def merge_max_from_zero(m_a, l_a, m_b, l_b):
+    m = np.maximum(np.maximum(m_a, m_b), 0.0)              # "a maximum starts at 0"
+    return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
+
+
+def online_max_from_zero(scores):
+    m, l = 0.0, 0.0                                        # started at 0 instead of -inf
+    for xj in scores:
+        m_new = max(m, xj)
+        l = l * math.exp(m - m_new) + math.exp(xj - m_new)
+        m = m_new
+    return m, l
+
+
+def online_logaddexp(scores):
+    """Right, and written differently: the running log-sum-exp, with the maximum kept beside it."""
+    m, lse = -np.inf, -np.inf
+    for xj in scores:
+        m, lse = max(m, xj), np.logaddexp(lse, xj)
+    return m, (0.0 if m == -np.inf else float(np.exp(lse - m)))
+
+
+CATALOGUE = {
+    "check_merge_softmax_states": {
+        "right": [merge_good, merge_via_logaddexp, merge_in_place, merge_python_loop],
+        "wrong": [(merge_adds_sums, "no_rescale"), (merge_rescales_old_only, "only_a_rescaled"),
+                  (merge_rescales_new_only, "only_b_rescaled"), (merge_upside_down, "inverted_factor"),
+                  (merge_keeps_first_max, "max_not_updated"), (merge_without_shift, "unshifted"),
+                  (merge_unguarded, "nan_on_empty"), (merge_max_from_zero, "max_at_least_zero")],
+    },
+    "check_online_softmax": {
+        "right": [online_good, online_good_blocks, online_logaddexp],
+        "wrong": [(online_two_pass, "two_pass"), (online_forgets_rescale, "no_rescale"),
+                  (online_upside_down, "inverted_factor"), (online_fixed_max, "max_not_updated"),
+                  (online_unguarded, "nan_on_masked_start"), (online_unshifted, "unshifted"),
+                  (online_max_from_zero, "max_starts_at_zero")],
+    },
+}
+
+
+def online_log_of_sum(scores):
+    m, l = -math.inf, 0.0
+    for xj in scores:
+        m_new = max(m, xj)
+        if m_new == -math.inf:
+            continue
+        l, m = l * math.exp(m - m_new) + math.exp(xj - m_new), m_new
+    return m, (math.log(l) if l > 0 else -math.inf)         # returns the log of the sum
+
+
+CATALOGUE["check_online_softmax"]["wrong"].append((online_log_of_sum, "log_of_sum"))

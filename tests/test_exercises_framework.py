@@ -135,3 +135,199 @@ def test_the_online_softmax_exercise_names_an_unshifted_exponential():
     with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
         check_online_softmax(online_exp_sum)
     assert err.value.mistake == "unshifted" and "overflows" in str(err.value)
+
+
+# --- the catalogues: every checker against plausible wrong and right solutions ------------------------------
+# Each tests/test_exercises_*.py holds a CATALOGUE {checker name: {"wrong": [(solution, mistake key)],
+# "right": [solution]}}, written as a teaching assistant would collect them: what a student who
+# half-understood the section writes, independently of the checkers' own Mistake functions.
+
+import contextlib
+import importlib.util
+import io
+import pathlib
+
+import attnbook.exercises as exercises
+
+TESTS = pathlib.Path(__file__).parent
+MIN_WRONG, MIN_RIGHT = 5, 2
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location(f"catalogue_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CATALOGUES = {}                 # checker name -> (test file, its catalogue entry)
+for _path in sorted(TESTS.glob("test_exercises_*.py")):
+    if _path.name == pathlib.Path(__file__).name:
+        continue
+    for _name, _entry in getattr(_load(_path), "CATALOGUE", {}).items():
+        assert _name not in CATALOGUES, f"{_name} has two catalogues"
+        CATALOGUES[_name] = (_path.name, _entry)
+
+CHECKERS = sorted(name for name in exercises.__all__ if name.startswith("check_"))
+
+
+def _checker(name):
+    return getattr(exercises, name)
+
+
+def test_every_checker_has_a_catalogue():
+    missing = [name for name in CHECKERS if name not in CATALOGUES]
+    assert not missing, f"checkers without a catalogue: {missing}"
+    assert not set(CATALOGUES) - set(CHECKERS), "a catalogue names no checker"
+    for name, (_, entry) in CATALOGUES.items():
+        assert len(entry["wrong"]) >= MIN_WRONG, f"{name}: {len(entry['wrong'])} wrong solutions"
+        assert len(entry["right"]) >= MIN_RIGHT, f"{name}: {len(entry['right'])} right solutions"
+        keys = {m.key for m in _mistakes_of(name)}
+        unknown = {key for _, key in entry["wrong"]} - keys
+        assert not unknown, f"{name}: no mistake named {unknown}"
+
+
+def _mistakes_of(name):
+    """The Mistakes a checker can name: those of its module whose keys its catalogue uses."""
+    module = importlib.import_module(_checker(name).__module__)
+    found = []
+    for value in vars(module).values():
+        if isinstance(value, list) and value and all(isinstance(m, exercises.Mistake) for m in value):
+            found += value
+    return found
+
+
+WRONG = [pytest.param(name, i, id=f"{name}-{key}-{i}")
+         for name in sorted(CATALOGUES) for i, (_, key) in enumerate(CATALOGUES[name][1]["wrong"])]
+RIGHT = [pytest.param(name, i, id=f"{name}-{i}")
+         for name in sorted(CATALOGUES) for i in range(len(CATALOGUES[name][1]["right"]))]
+
+
+@pytest.mark.parametrize("name, i", WRONG)
+def test_each_wrong_solution_is_rejected_with_its_diagnosis(name, i):
+    solution, key = CATALOGUES[name][1]["wrong"][i]
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"), contextlib.redirect_stdout(io.StringIO()):
+        _checker(name)(solution)
+    assert err.value.mistake == key, str(err.value)
+    assert "Diagnosis:" in str(err.value) and "Hint:" in str(err.value)
+
+
+@pytest.mark.parametrize("name, i", RIGHT)
+def test_each_right_solution_is_accepted(name, i, capsys):
+    _checker(name)(CATALOGUES[name][1]["right"][i])
+    assert capsys.readouterr().out.splitlines()[-1].startswith("Correct:")
+
+
+def catalogue_table() -> str:
+    """Per checker, the wrong solutions rejected with their diagnosis and the right ones accepted (the
+    counts the tests above hold)."""
+    rows = [f"| {name} | {len(entry['wrong'])} | {len(entry['right'])} |"
+            for name, (_, entry) in sorted(CATALOGUES.items())]
+    return "\n".join(["| checker | wrong, rejected and named | right, accepted |", "|---|---|---|", *rows])
+
+
+# --- the framework: pristine references, in-place changes, broadcast errors ----------------------------------
+
+NUMPY_CHECKER_MODULES = ("attention", "embeddings", "flash", "kv_cache", "masking", "multihead", "perspectives",
+                         "qkv", "triton_flash")
+
+
+def test_the_numpy_checkers_load_and_run_without_torch():
+    """The browser's exercise notebooks load these with torch missing; the linear-attention time check
+    (which limits torch's threads only where torch is already imported) runs there too."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            + "".join(f"import attnbook.exercises.{m}\n" for m in NUMPY_CHECKER_MODULES)
+            + "import numpy as np\n"
+              "from attnbook.exercises import check_linear_attention, check_softmax\n"
+              "from attnbook.linear_attention import elu_feature_map\n"
+              "def linear(q, k, v):\n"
+              "    fq, fk = elu_feature_map(q), elu_feature_map(k)\n"
+              "    return (fq @ (np.swapaxes(fk, -1, -2) @ v)) / (fq @ fk.sum(-2)[..., None])\n"
+              "check_linear_attention(linear)\n"
+              "check_softmax(lambda x: np.exp(x - x.max(-1, keepdims=True)) "
+              "/ np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("Correct:") == 2, done.stdout
+
+
+def test_a_function_that_changes_its_inputs_is_judged_on_its_output_with_one_note(capsys):
+    from attnbook.exercises import check_attention, check_cross_attention
+    from attnbook.exercises.scaling import check_scaled_scores
+
+    def scores(q, k):
+        q /= np.sqrt(q.shape[-1])
+        return q @ np.swapaxes(k, -1, -2)
+
+    def attention(q, k, v):
+        q /= np.sqrt(q.shape[-1])
+        s = q @ k.T
+        e = np.exp(s - s.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True) @ v
+
+    def cross(x, context, w_q, w_k, w_v):
+        q = x @ w_q
+        q /= np.sqrt(q.shape[-1])                  # a fresh array: changes nothing of the caller's
+        x *= 1.0                                   # changes x, but not its values
+        w_k /= 1.0
+        s = q @ (context @ w_k).T
+        e = np.exp(s - s.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True) @ (context @ w_v)
+
+    check_scaled_scores(scores)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["Note: scaled scores: your function changed its input `q` in place (first in case "
+                   "'n_q = 3, n_k = 5, d_k = 16'). The checker gave it fresh copies and judged only what it "
+                   "returned; a caller who still needs those arrays would find them changed.",
+                   "Correct: scaled scores passes all 5 cases."]
+    check_attention(attention)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith("Note: scaled dot-product attention: your function changed "
+                                               "its input `q`") and out[1].startswith("Correct:")
+    check_cross_attention(cross)               # values unchanged: no note
+    assert capsys.readouterr().out.splitlines() == ["Correct: cross-attention passes all 4 cases."]
+
+
+def test_the_reference_sees_pristine_inputs_even_when_the_reader_changes_them():
+    calls = []
+
+    def reference(x):
+        calls.append(x.copy())
+        return x * 2
+
+    def reader(x):
+        x += 100.0                                 # ruins its input, returns the right answer of the original
+        return (x - 100.0) * 2
+
+    case = Case("one", (np.array([1.0, 2.0]),))
+    run_checks("doubling", reader, [case], reference)
+    assert np.array_equal(calls[0], [1.0, 2.0]) and np.array_equal(case.args[0], [1.0, 2.0])
+
+
+def test_a_broadcast_error_names_keepdims():
+    from attnbook.exercises.attention import SOFTMAX_MISTAKES
+    from attnbook.softmax import softmax
+
+    def no_keepdims(x):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1)
+
+    with pytest.raises(ExerciseError) as err:                      # a matrix that is not square: it raises
+        run_checks("softmax", no_keepdims, [Case("4 x 6", (np.zeros((4, 6)),))], softmax, SOFTMAX_MISTAKES)
+    assert err.value.mistake == "no_keepdims" and "raised ValueError" in str(err.value)
+    assert "keepdims=True" in str(err.value)
+    with pytest.raises(ExerciseError) as err:                      # no mistake to name: the hint still says it
+        run_checks("rows", lambda x: x / x.sum(axis=-1), [Case("4 x 6", (np.ones((4, 6)),))],
+                   lambda x: x / x.sum(-1, keepdims=True))
+    assert err.value.mistake is None and "keepdims=True" in str(err.value)
+
+
+def test_a_torch_size_mismatch_names_keepdim():
+    import torch
+
+    with pytest.raises(ExerciseError, match="keepdim=True"):
+        run_checks("rows", lambda x: (lambda t: t / t.sum(-1))(torch.from_numpy(x)),
+                   [Case("4 x 6", (np.ones((4, 6)),))], lambda x: x / x.sum(-1, keepdims=True))

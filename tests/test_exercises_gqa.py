@@ -156,3 +156,43 @@ def test_pool_stub_is_not_attempted():
         raise NotImplementedError
     with pytest.raises(NotAttemptedError):
         check_pool_kv_heads(stub)
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def share_einsum_style(x, n_heads):
+    """Correct: a one-hot (n_heads, n_kv_heads) matrix picks head j // g for query head j."""
+    g = n_heads // x.shape[1]
+    pick = torch.zeros(n_heads, x.shape[1], dtype=x.dtype)
+    pick[torch.arange(n_heads), torch.arange(n_heads) // g] = 1
+    return torch.einsum("hk,bknd->bhnd", pick, x)
+
+
+def pool_float32(w, n_heads, n_kv_heads):
+    """Correct, in float32 and through numpy."""
+    import numpy as np
+    a = w.numpy().astype(np.float32)
+    g = n_heads // n_kv_heads
+    return a.reshape(n_kv_heads, g, a.shape[0] // n_heads, *a.shape[1:]).mean(axis=1).reshape(-1, *a.shape[1:])
+
+
+def pool_no_division(w, n_heads, n_kv_heads):
+    """Sums by a loop, forgetting to divide."""
+    d = w.shape[0] // n_heads
+    g = n_heads // n_kv_heads
+    return torch.cat([sum(w[(i * g + r) * d:(i * g + r + 1) * d] for r in range(g)) for i in range(n_kv_heads)])
+
+
+CATALOGUE = {
+    "check_share_kv_heads": {
+        "right": [share_by_index, share_by_loop, share_einsum_style],
+        "wrong": [(share_tiled, "wrong_order"), (share_modulo_index, "wrong_order"),
+                  (share_n_heads_copies, "wrong_group_size"), (share_positions, "wrong_axis"),
+                  (share_scrambled, "scrambled")],
+    },
+    "check_pool_kv_heads": {
+        "right": [pool_by_loop, pool_by_view, pool_float32],
+        "wrong": [(pool_strided, "wrong_order"), (pool_first, "first_head"), (pool_sum, "summed"),
+                  (pool_features_mixed, "mixed_features"), (pool_no_division, "summed")],
+    },
+}

@@ -178,3 +178,28 @@ def test_a_d_v_scale_gets_a_hint_about_d_k():
     with pytest.raises(ExerciseError, match=r"sqrt\(d_v\)") as err:
         check_kv_cache_step(scale_by_value_width)
     assert "d_k" in str(err.value).split("Hint:")[1]
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def good_in_place_float32(q, k_new, v_new, k_cache, v_cache):
+    q *= q.shape[-1] ** -0.5                          # scales the caller's q: right, and noted
+    keys, values = np.concatenate([k_cache, k_new], -2), np.concatenate([v_cache, v_new], -2)
+    t, n = k_cache.shape[-2], q.shape[-2]
+    s = np.einsum("...id,...jd->...ij", q, keys).astype(np.float32)
+    s = np.where(np.tril(np.ones((n, t + n), bool), k=t), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("...ij,...jd->...id", w / w.sum(-1, keepdims=True), values), keys, values
+
+
+CATALOGUE = {
+    "check_kv_cache_step": {
+        "right": [good_loops, good_torch, good_in_place_float32],
+        "wrong": [(no_append, "forgets_to_append"), (attend_then_append, "appends_after_attending"),
+                  (attend_new_only, "attends_to_new_only"), (overwrite, "overwrites"),
+                  (is_causal_alignment, "top_left_causal"), (unmasked_chunk, "no_causal_mask"),
+                  (new_first, "prepends"), (mask_hides_own_key, "diagonal_hidden"),
+                  (tril_diagonal_t_minus_1, "diagonal_hidden"), (scale_by_value_width, "scaled_by_d_v"),
+                  (no_scale, "unscaled")],
+    },
+}

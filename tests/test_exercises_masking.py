@@ -148,3 +148,26 @@ def test_a_right_additive_mask_gets_the_conversion_as_hint():
     with pytest.raises(ExerciseError, match=r"right as an additive mask\nHint: return `mask == 0`") as err:
         check_causal_mask(additive)
     assert err.value.mistake is None
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def key_mask_without_query_axis(lengths, n):
+    return np.arange(n)[None, :] < np.asarray(lengths)[:, None]                # (batch, n): no query axis
+
+
+def key_mask_without_query_axis_torch(lengths, n):
+    return torch.arange(n).expand(len(lengths), n) < torch.as_tensor(lengths).unsqueeze(1)
+
+
+CATALOGUE = {
+    "check_padding_mask": {
+        "right": [good, good_broadcast, good_torch_int,
+                  lambda lengths, n: np.einsum("bj,i->bij", np.arange(n) < np.asarray(lengths)[:, None],
+                                               np.ones(n, bool)).astype(bool)],
+        "wrong": [(rows_masked, "queries_masked"), (inverted, "inverted"), (shows_one_pad, "pad_visible"),
+                  (hides_last, "last_token_hidden"), (outer_product, "queries_and_keys"),
+                  (padded_on_the_left, "left_padding"), (key_mask_without_query_axis, "key_mask_2d"),
+                  (key_mask_without_query_axis_torch, "key_mask_2d")],
+    },
+}

@@ -252,3 +252,37 @@ def test_the_checkers_load_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "from attnbook.exercises import check_multihead_attention, check_split_qkv; print('loaded')")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "loaded\n"
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def split_float32_einops(qkv, n_heads):
+    """Correct: float32, the three parts cut by slicing, heads by a (n_heads, d_head) reshape."""
+    a = np.asarray(qkv, np.float32)
+    b, n, three_d = a.shape
+    d = three_d // 3
+    return tuple(np.moveaxis(a[..., i * d:(i + 1) * d].reshape(b, n, n_heads, d // n_heads), 2, 1)
+                 for i in range(3))
+
+
+def mha_einsum(x, w_q, w_k, w_v, w_o, n_heads):
+    """Correct: the heads as an axis of the weights, everything in einsum."""
+    b, n, d = x.shape
+    wq, wk, wv = (w.reshape(d, n_heads, d // n_heads) for w in (w_q, w_k, w_v))
+    q, k, v = (np.einsum("bnd,dhe->bhne", x, w) for w in (wq, wk, wv))
+    s = np.einsum("bhie,bhje->bhij", q, k) / np.sqrt(d // n_heads)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    heads = np.einsum("bhij,bhje->bhie", p / p.sum(-1, keepdims=True), v)
+    return np.einsum("bhne,hef->bnf", heads, w_o.reshape(n_heads, d // n_heads, d))
+
+
+CATALOGUE = {
+    "check_split_qkv": {
+        "right": [split_torch, split_loops, split_einops_style, split_float32_einops],
+        "wrong": [(SPLIT_WRONG[key], key) for key in sorted(SPLIT_WRONG)],
+    },
+    "check_multihead_attention": {
+        "right": [mha_torch, mha_loop, mha_nn_module, mha_einsum],
+        "wrong": [(MHA_WRONG[key], key) for key in sorted(MHA_WRONG)],
+    },
+}

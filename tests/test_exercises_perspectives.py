@@ -193,3 +193,82 @@ def test_nw_unknown_error_is_rejected():
     with pytest.raises(ExerciseError) as err:
         check_nadaraya_watson(lambda xq, xt, yt, h: good_nw(xq, xt, yt, h) + 0.1)
     assert err.value.mistake is None
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def linear_numpy_float32(q, k, v):
+    """Right: numpy, float32 features, the normaliser as a sum over keys first."""
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0))).astype(np.float32)   # noqa: E731
+    fq, fk = f(np.asarray(q)), f(np.asarray(k))
+    s = np.swapaxes(fk, -1, -2) @ np.asarray(v, np.float32)
+    return (fq @ s) / (fq * fk.sum(-2, keepdims=True)).sum(-1, keepdims=True)
+
+
+def linear_key_recurrence(q, k, v):
+    """Right, and linear in n: the state S and z accumulated key by key (the recurrent form), in place."""
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))                      # noqa: E731
+    fk = f(k)
+    s = np.zeros(k.shape[:-2] + (k.shape[-1], v.shape[-1]))
+    z = np.zeros(k.shape[:-2] + (k.shape[-1],))
+    for j in range(k.shape[-2]):
+        s += fk[..., j, :, None] * v[..., j, None, :]
+        z += fk[..., j, :]
+    fq = f(q)
+    return (fq @ s) / (fq @ z[..., None])
+
+
+def linear_loop_over_queries(q, k, v):
+    """Right values, never stores n x n, but visits every (query, key) pair: quadratic time."""
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))                      # noqa: E731
+    fq, fk = f(np.asarray(q)), f(np.asarray(k))
+    out = np.empty(fq.shape[:-1] + (np.shape(v)[-1],))
+    for i in range(fq.shape[-2]):
+        w = fk @ fq[..., i, :, None]                               # (..., n_k, 1): one row of weights
+        out[..., i, :] = (np.swapaxes(w, -1, -2) @ v)[..., 0, :] / w.sum(-2)
+    return out
+
+
+def linear_three_operand_einsum(q, k, v):
+    """Right values, never stores n x n, but numpy's einsum loops over every (i, j) pair."""
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))                      # noqa: E731
+    fq, fk = f(np.asarray(q)), f(np.asarray(k))
+    num = np.einsum("...id,...jd,...je->...ie", fq, fk, np.asarray(v))
+    return num / np.einsum("...id,...jd->...i", fq, fk)[..., None]
+
+
+def test_quadratic_time_without_quadratic_memory_is_rejected(capsys):
+    for slow in (linear_loop_over_queries, linear_three_operand_einsum):
+        with pytest.raises(ExerciseError, match=r"\(time\)': at \d+ times the length") as err:
+            check_linear_attention(slow)
+        assert "n x n of them, even if it never stores them all" in str(err.value)
+        assert "Correct" not in capsys.readouterr().out
+
+
+def nw_torch_float32(x_query, x_train, y_train, h):
+    d = torch.as_tensor(np.subtract.outer(x_query, x_train), dtype=torch.float32)
+    return torch.softmax(-d**2 / (2 * h**2), dim=-1) @ torch.as_tensor(y_train, dtype=torch.float32)
+
+
+def nw_logsumexp(x_query, x_train, y_train, h):
+    s = -np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h)
+    lse = s.max(1, keepdims=True) + np.log(np.exp(s - s.max(1, keepdims=True)).sum(1, keepdims=True))
+    return np.exp(s - lse) @ y_train
+
+
+CATALOGUE = {
+    "check_linear_attention": {
+        "right": [good_linear, linear_numpy_float32, linear_key_recurrence],
+        "wrong": [(linear_without_denominator, "no_normaliser"), (linear_with_phi_of_v, "feature_map_on_values"),
+                  (linear_normalised_over_queries, "wrong_axis"), (linear_summing_queries, "sum_over_queries"),
+                  (linear_with_elu_only, "elu_without_one"), (linear_without_feature_map, "no_feature_map"),
+                  (plain_softmax_attention, "softmax_attention")],
+    },
+    "check_nadaraya_watson": {
+        "right": [good_nw, nw_logsumexp, nw_torch_float32],
+        "wrong": [(nw_unnormalised, "not_normalised"), (nw_h_not_squared, "bandwidth_not_squared"),
+                  (nw_without_half, "no_half"), (nw_over_queries, "wrong_axis"), (nw_naive_exp, "underflow"),
+                  (nw_global_max, "global_shift")],
+    },
+}

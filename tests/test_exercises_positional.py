@@ -97,10 +97,10 @@ def test_rope_mistakes_are_diagnosed(wrong, key):
 
 
 def test_rope_unknown_error_is_still_rejected():
-    """Positions counted from 1: wrong, but not one of the listed mistakes."""
+    """Keys rotated three positions ahead of the queries: wrong, but not one of the listed mistakes."""
     with pytest.raises(ExerciseError) as err:
         check_rope_attention(lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, start=1),
-                                                                            my_rope(k, start=2), v))
+                                                                            my_rope(k, start=4), v))
     assert err.value.mistake is None
 
 
@@ -184,3 +184,63 @@ def test_visible_relative_ignores_row_constants_and_the_future():
     shifted = b + np.arange(4)[None, :, None] + np.triu(np.full((4, 4), 99.0), 1)
     np.testing.assert_array_equal(visible_relative(b), visible_relative(shifted))
     assert np.all(np.diagonal(visible_relative(b), axis1=-2, axis2=-1) == 0)
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def my_rope_at(x, positions):
+    d = x.shape[-1]
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return x * angles.cos() + rotate_half(x) * angles.sin()
+
+
+def rope_float32_in_place(q, k, v):
+    """Right: rotates q and k in place (q.copy_), computes in float32."""
+    q.copy_(my_rope(q))
+    k.copy_(my_rope(k))
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    return torch.softmax(q32 @ k32.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v32
+
+
+ROPE_WRONG = [
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), my_rope(v)), "rope_on_values"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), k, v), "q_only"),
+    (lambda q, k, v: F.scaled_dot_product_attention(q, my_rope(k), v), "k_only"),
+    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "no_rope"),
+    (lambda q, k, v: my_rope(F.scaled_dot_product_attention(q, k, v)), "rope_on_output"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope_interleaved(q), my_rope_interleaved(k), v),
+     "interleaved_layout"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, sign=-1.0), my_rope(k, sign=-1.0), v),
+     "reversed_rotation"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, exponent_step=1), my_rope(k, exponent_step=1), v),
+     "frequency_exponent"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), v, scale=1.0), "no_scale"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k, sign=-1.0), v), "opposite_rotations"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k, start=1), v), "key_positions_shifted"),
+    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope_at(k, range(k.shape[-2] - 1, -1, -1)), v),
+     "key_positions_reversed"),
+]
+
+CATALOGUE = {
+    "check_rope_attention": {
+        "right": [good_rope_attention, good_with_weights, rope_float32_in_place,
+                  lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, start=7), my_rope(k, start=7), v)],
+        "wrong": ROPE_WRONG,
+    },
+    "check_alibi_bias": {
+        "right": [loop_bias, lambda h, n: loop_bias(h, n, distance=lambda i, j: abs(i - j)),
+                  lambda h, n: loop_bias(h, n, sign=1.0, distance=lambda i, j: j)[:, -1:],
+                  lambda h, n: torch.from_numpy(loop_bias(h, n)).float()],
+        "wrong": [(lambda h, n: loop_bias(h, n, sign=1.0), "sign_error"),
+                  (lambda h, n: loop_bias(h, n, distance=lambda i, j: j - i), "sign_error"),
+                  (lambda h, n: loop_bias(h, n, slopes=loop_slopes(h)[::-1]), "slopes_reversed"),
+                  (lambda h, n: loop_bias(h, n, slopes=sorted(loop_slopes(h))), "slopes_reversed"),
+                  (lambda h, n: loop_bias(h, n, slopes=[1.0] * h), "missing_slope"),
+                  (lambda h, n: loop_bias(h, n, slopes=[2 ** (-8 * i / h) for i in range(h)]), "slopes_start_at_one"),
+                  (lambda h, n: loop_bias(h, n, slopes=[2 ** (-8 * (i + 1) / h) for i in range(h)]),
+                   "geometric_for_any_h"),
+                  (lambda h, n: np.zeros((h, n, n)), "constant_rows")],
+    },
+}

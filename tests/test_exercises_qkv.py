@@ -156,3 +156,39 @@ def test_cross_checker_reports_the_stub():
         raise NotImplementedError
     with pytest.raises(NotAttemptedError):
         check_cross_attention(stub)
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def cross_in_place(x, context, w_q, w_k, w_v):
+    w_q /= np.sqrt(w_q.shape[1])                  # folds the scale into the caller's w_q
+    q, k, v = x @ w_q, context @ w_k, context @ w_v
+    return _softmax_rows(q @ k.T) @ v
+
+
+def cross_float32_torch(x, context, w_q, w_k, w_v):
+    t = lambda a: torch.from_numpy(np.asarray(a, np.float32))      # noqa: E731
+    q, k, v = t(x) @ t(w_q), t(context) @ t(w_k), t(context) @ t(w_v)
+    return torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+def _cross_scaled_by(width):
+    def cross(x, context, w_q, w_k, w_v):
+        q, k, v = x @ w_q, context @ w_k, context @ w_v
+        return _softmax_rows(q @ k.T / np.sqrt(width(x, context, q, v))) @ v
+    return cross
+
+
+CATALOGUE = {
+    "check_attention_scores": {
+        "right": [scores_right, scores_loop, lambda x, w_q, w_k: torch.from_numpy(x @ w_q) @ torch.from_numpy(x @ w_k).T],
+        "wrong": [(SCORES_WRONG[key], key) for key in sorted(SCORES_WRONG)],
+    },
+    "check_cross_attention": {
+        "right": [cross_right, cross_loop, cross_in_place, cross_float32_torch],
+        "wrong": [(CROSS_WRONG[key], key) for key in sorted(CROSS_WRONG)] + [
+            (_cross_scaled_by(lambda x, c, q, v: v.shape[1]), "scale_by_sqrt_d_v"),
+            (_cross_scaled_by(lambda x, c, q, v: len(c)), "scale_by_sqrt_n_k"),
+            (_cross_scaled_by(lambda x, c, q, v: x.shape[1]), "scale_by_sqrt_d_model")],
+    },
+}

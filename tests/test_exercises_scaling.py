@@ -126,3 +126,28 @@ def test_variance_stub():
 
     with pytest.raises(NotAttemptedError):
         check_dot_variance(stub)
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def scores_in_place(q, k):
+    q /= math.sqrt(q.shape[-1])                 # scales the caller's q: right, and noted
+    return q @ np.swapaxes(k, -1, -2)
+
+
+def scores_float32(q, k):
+    q, k = np.float32(q), np.float32(k)
+    return np.einsum("...id,...jd->...ij", q, k) * np.float32(q.shape[-1] ** -0.5)
+
+
+CATALOGUE = {
+    "check_scaled_scores": {
+        "right": [scores_reference, scores_in_torch, scores_scaling_q_first, scores_in_place, scores_float32],
+        "wrong": [(WRONG_SCORES[key], key) for key in sorted(WRONG_SCORES)],
+    },
+    "check_dot_variance": {
+        "right": [variance_by_loops, lambda cq, ck: np.einsum("ij,ji->", cq, ck),
+                  lambda cq, ck: torch.trace(torch.from_numpy(cq) @ torch.from_numpy(ck))],
+        "wrong": [(WRONG_VARIANCES[key], key) for key in sorted(WRONG_VARIANCES)],
+    },
+}

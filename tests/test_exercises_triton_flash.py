@@ -188,3 +188,48 @@ def test_flops_unknown_error_is_rejected():
     with pytest.raises(ExerciseError) as err:
         check_benchmark_flops(lambda *a, **kw: 1.01 * flops_good(*a, **kw))
     assert err.value.mistake is None
+
+
+# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+
+def blocks_with_offset_in_blocks(n_q, n_k, block_q, block_k):
+    # counts as if n_q == n_k, then adds the cache's whole blocks: the offset rounded down to blocks
+    return [math.ceil(min((b + 1) * block_q, n_q) / block_k) + (n_k - n_q) // block_k
+            for b in range(math.ceil(n_q / block_q))]
+
+
+def blocks_numpy(n_q, n_k, block_q, block_k):
+    """Correct, vectorised: the last row of each block, offset, clamped, in blocks."""
+    last = np.minimum(np.arange(block_q, n_q + block_q, block_q), n_q) - 1 + n_k - n_q
+    return -(-(last + 1) // block_k)
+
+
+def flops_halved_forward_only(batch, heads, n, d, causal=False, mode="fwd"):
+    full = 4 * batch * heads * n * n * d
+    if mode == "fwd":
+        return full / 2 if causal else full
+    return full * (2.5 if mode == "bwd" else 3.5)          # the backward "has no mask"
+
+
+def flops_by_products(batch, heads, n, d, causal=False, mode="fwd"):
+    """Correct, counted product by product: 2 forward, 5 backward matmuls of 2 n^2 d FLOPs."""
+    products = {"fwd": 2, "bwd": 5, "fwd_bwd": 7}[mode]
+    return batch * heads * products * 2 * n * n * d * (0.5 if causal else 1)
+
+
+CATALOGUE = {
+    "check_key_blocks": {
+        "right": [blocks_by_loop, blocks_numpy, lambda *a: [float(c) for c in blocks_by_loop(*a)]],
+        "wrong": [(blocks_no_skipping, "no_skipping"), (blocks_strictly_below, "diagonal_missed"),
+                  (blocks_from_first_row, "first_row"), (blocks_top_left, "top_left"),
+                  (blocks_b_plus_one, "equal_blocks"), (blocks_one_too_many, "one_past"),
+                  (blocks_unclamped, "no_clamp"), (blocks_with_offset_in_blocks, "offset_in_blocks")],
+    },
+    "check_benchmark_flops": {
+        "right": [flops_good, flops_by_products, lambda *a, **kw: int(flops_good(*a, **kw))],
+        "wrong": [(flops_causal_full, "causal_not_halved"), (flops_fma_as_one, "half_forward"),
+                  (flops_backward_double, "backward_two"), (flops_forgot_forward, "fwd_bwd_without_fwd"),
+                  (flops_swapped, "d_squared"), (flops_exact_causal, "exact_causal"),
+                  (flops_halved_forward_only, "causal_forward_only")],
+    },
+}

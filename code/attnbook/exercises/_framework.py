@@ -11,6 +11,7 @@ Every chapter's checker runs on it; no chapter shows it.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -28,12 +29,76 @@ class Case:
 
 @dataclass(frozen=True)
 class Mistake:
-    """A classic error: a key, what it is, a hint, and a function that commits it."""
+    """A classic error: a key, what it is, a hint, and a function that commits it.
+
+    ``raises``, when given, recognises the mistake by the exception it makes the reader's code
+    raise (a broadcast error where ``keepdims`` was forgotten): ``raises(err)`` is True for it.
+    """
 
     key: str
     description: str
     hint: str
     commit: Callable
+    raises: Callable[[Exception], bool] | None = None
+
+
+def pristine(value):
+    """A copy of a case's argument that no function can change under the checker: arrays and
+    tensors are copied (tuples, lists and dicts of them too); anything else is passed as it is."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if hasattr(value, "detach") and hasattr(value, "clone"):          # a torch tensor
+        return value.detach().clone()
+    if isinstance(value, tuple):
+        return tuple(pristine(v) for v in value)
+    if isinstance(value, list):
+        return [pristine(v) for v in value]
+    if isinstance(value, dict):
+        return {k: pristine(v) for k, v in value.items()}
+    return value
+
+
+def fresh(case: "Case") -> "Case":
+    """``case`` with copies of its arguments (:func:`pristine`)."""
+    return Case(case.name, pristine(case.args), pristine(case.kwargs))
+
+
+def _unchanged(before, after) -> bool:
+    """Whether an argument holds what it held before the reader's function ran."""
+    if isinstance(before, (tuple, list)) and isinstance(after, (tuple, list)) and len(before) == len(after):
+        return all(_unchanged(b, a) for b, a in zip(before, after))
+    if isinstance(before, np.ndarray) or hasattr(before, "detach"):
+        a, b = as_array(after), as_array(before)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    return True
+
+
+def _argument_names(fn: Callable, n: int) -> list[str]:
+    """The names of ``fn``'s first ``n`` positional parameters, where they can be read."""
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"argument {i + 1}" for i in range(n)]
+
+
+def changed_inputs(fn: Callable, case: "Case", given: "Case") -> list[str]:
+    """The names of the arguments of ``case`` that ``fn``, called with ``given`` (copies), changed."""
+    names = _argument_names(fn, len(case.args))
+    changed = [name for name, b, a in zip(names, case.args, given.args) if not _unchanged(b, a)]
+    changed += [k for k in case.kwargs if not _unchanged(case.kwargs[k], given.kwargs.get(k))]
+    return changed
+
+
+def in_place_note(exercise: str, case: "Case", names: Sequence[str]) -> str:
+    """The one note a checker prints when the reader's function changed its inputs in place."""
+    which = ", ".join(f"`{n}`" for n in names)
+    return (f"Note: {exercise}: your function changed its input{'s' if len(names) > 1 else ''} {which} in "
+            f"place (first in case '{case.name}'). The checker gave it fresh copies and judged only what it "
+            "returned; a caller who still needs those arrays would find them changed.")
 
 
 class ExerciseError(AssertionError):
@@ -130,6 +195,7 @@ class _ReaderOutputs:
     def _run(self, case: Case):
         if self.fn is None:
             return _FAILED
+        case = fresh(case)
         try:
             with np.errstate(all="ignore"):
                 return self.postprocess(self.fn(*case.args, **case.kwargs))
@@ -150,6 +216,7 @@ def _agrees(mistake: Mistake, case: Case, outputs: _ReaderOutputs, compare) -> b
 
 
 def _mistake_output(mistake: Mistake, case: Case):
+    case = fresh(case)
     try:
         with np.errstate(all="ignore"):
             return mistake.commit(*case.args, **case.kwargs)
@@ -186,37 +253,71 @@ def _entry_verdict(got, expected) -> str | None:
     return "broken" if bool((~finite & np.isfinite(e)).any()) else "right"
 
 
+_KEEPDIMS_HINT = ("a reduction along an axis (max, sum, norm) drops that axis unless you keep it: an (n, d) "
+                  "array and the (n,) result of x.max(axis=-1) broadcast along the wrong axis, or not at all. "
+                  "Pass keepdims=True (keepdim=True in torch), or index the result with [..., None]")
+
+
+def is_broadcast_error(err: Exception) -> bool:
+    """Whether ``err`` is numpy's or torch's complaint that two shapes do not broadcast."""
+    text = str(err)
+    return ((isinstance(err, ValueError) and "could not be broadcast" in text)
+            or (isinstance(err, RuntimeError) and "must match the size of tensor" in text))
+
+
 def error_hint(err: Exception) -> str | None:
     """A hint for an error that readers' code commonly raises, or None."""
-    if isinstance(err, ValueError) and "matmul" in str(err):
+    text = str(err)
+    if isinstance(err, ValueError) and "matmul" in text:
         return ("the shapes do not fit a matrix product. On a batch of matrices (3 or more axes), "
                 "k.T reverses every axis, not the last two: use np.swapaxes(k, -1, -2)")
+    if isinstance(err, RuntimeError) and ("cannot be multiplied" in text or "Expected size for first two" in text):
+        return ("the shapes do not fit a matrix product: on a batch, transpose the last two axes only "
+                "(k.transpose(-1, -2)), and check which axis each operand's features are on")
+    if is_broadcast_error(err):
+        return _KEEPDIMS_HINT
+    if "cannot reshape" in text or ("shape '" in text and "is invalid for input of size" in text):
+        return ("a reshape asked for a shape whose size differs from the array's: take every size from the "
+                "input's own shape (x.shape), not from a case you tried by hand")
     return None
 
 
 def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Callable,
                mistakes: Sequence[Mistake] = (), compare: Callable = same,
                postprocess: Callable = lambda out: out, describe: Callable | None = None,
-               hint: str = "compare your steps with the chapter's derivation") -> None:
+               hint: str = "compare your steps with the chapter's derivation", quiet: bool = False) -> None:
     """Run ``fn`` on every case; raise :class:`ExerciseError` at the first wrong one.
 
-    ``postprocess`` adapts the reader's return value (e.g. keeps the output of an
-    ``(output, weights)`` pair); an exception it raises is reported as the reader's.
-    ``describe(got, expected, case)`` says what is wrong (default :func:`difference`);
-    ``hint`` is given when no mistake is recognised. On success prints one line.
+    The reference runs first, on its own copies of the case's arguments, and ``fn`` gets copies
+    too: a function that changes its inputs in place (``q /= np.sqrt(d_k)``) is judged on what it
+    returns, and a note says once that it changed them. ``postprocess`` adapts the reader's return
+    value (e.g. keeps the output of an ``(output, weights)`` pair); an exception it raises is
+    reported as the reader's. ``describe(got, expected, case)`` says what is wrong (default
+    :func:`difference`); ``hint`` is given when no mistake is recognised. An exception raised by
+    ``fn`` is named as a mistake whose ``raises`` recognises it, or gets :func:`error_hint`'s hint.
+    On success prints one line (unless ``quiet``: a checker with more to check prints its own).
     """
     __tracebackhide__ = True  # IPython and pytest show the verdict, not the checker's internals
+    noted = False
     for case in cases:
+        with np.errstate(all="ignore"):
+            expected = reference(*pristine(case.args), **pristine(case.kwargs))
+        given = fresh(case)
         try:
             with np.errstate(all="ignore"):  # overflow is diagnosed below, not warned about
-                got = postprocess(fn(*case.args, **case.kwargs))
+                got = postprocess(fn(*given.args, **given.kwargs))
         except NotImplementedError:
             raise NotAttemptedError(exercise, case.name, "the function is still the stub",
                                     hint="replace `raise NotImplementedError` with your code") from None
         except Exception as err:
+            named = next((m for m in mistakes if m.raises is not None and m.raises(err)), None)
             raise ExerciseError(exercise, case.name, f"your function raised {type(err).__name__}: {err}",
-                                hint=error_hint(err)) from err
-        expected = reference(*case.args, **case.kwargs)
+                                mistake=named, hint=None if named else error_hint(err)) from err
+        if not noted:
+            changed = changed_inputs(fn, case, given)
+            if changed:
+                print(in_place_note(exercise, case, changed))
+                noted = True
         if compare(got, expected):
             continue
         others = [c for c in cases if c is not case]
@@ -231,7 +332,8 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
             mistake = diagnose(got, case, mistakes, compare, fn, others, postprocess, expected)
         problem = (describe or difference)(got, expected, case)
         raise ExerciseError(exercise, case.name, problem, mistake=mistake, hint=None if mistake else hint)
-    print(f"Correct: {exercise} passes all {len(cases)} cases.")
+    if not quiet:
+        print(f"Correct: {exercise} passes all {len(cases)} cases.")
 
 
 def _is_additive_mask(a: np.ndarray) -> bool:

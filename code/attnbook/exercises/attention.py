@@ -6,7 +6,7 @@ import numpy as np
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
 from ..softmax import naive_softmax, softmax
-from ._framework import Case, Mistake, run_checks
+from ._framework import Case, Mistake, is_broadcast_error, run_checks, same
 
 _rng = np.random.default_rng
 
@@ -18,6 +18,11 @@ def _first(out):
 
 # --- softmax ---------------------------------------------------------------
 
+def _exp_rows(x):
+    """exp(x - each row's maximum), as the book's solution computes it (keepdims kept)."""
+    return np.exp(x - x.max(-1, keepdims=True))
+
+
 SOFTMAX_MISTAKES = [
     Mistake("unstable", "your softmax overflows: exp of a large score is inf, and inf/inf is NaN",
             "subtract each row's maximum before exponentiating; softmax is unchanged by the shift",
@@ -25,6 +30,10 @@ SOFTMAX_MISTAKES = [
     Mistake("wrong_axis", "the softmax normalises over the wrong axis (columns instead of rows)",
             "each row (one query's scores) must sum to 1: use axis=-1 with keepdims=True",
             lambda x: softmax(x, axis=0) if np.ndim(x) > 1 else softmax(x)),
+    Mistake("axis_1", "the softmax is taken along axis 1, the last axis of a matrix only: on a batch "
+            "(3 or more axes) it normalises each column of every matrix",
+            "use axis=-1: the last axis, whatever the number of batch axes in front of it",
+            lambda x: softmax(x, axis=1) if np.ndim(x) > 2 else softmax(x)),
     Mistake("not_normalised", "the exponentials are never divided by their sum",
             "divide exp(x - max) by its sum along the last axis", lambda x: np.exp(x - x.max(-1, keepdims=True))),
     Mistake("global_sum", "the exponentials are divided by the sum over the whole matrix, not per row",
@@ -33,25 +42,72 @@ SOFTMAX_MISTAKES = [
             "it underflows to all zeros, and 0/0 is NaN",
             "subtract each row's own maximum: x - x.max(axis=-1, keepdims=True)",
             lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum(axis=-1, keepdims=True)),
+    Mistake("shift_not_max", "each row is shifted by a statistic other than its maximum (its mean, minimum, "
+            "first entry, ...): on a row whose scores span more than exp's range (~709 in float64, ~88 in "
+            "float32) some exponent still overflows, or every one underflows, and the result is NaN",
+            "only the maximum makes every exponent <= 0 with at least one equal to 0: the sum is then "
+            "between 1 and n, never inf and never 0",
+            lambda x: np.exp(x - x.mean(-1, keepdims=True)) / np.exp(x - x.mean(-1, keepdims=True)).sum(-1, keepdims=True)),
+    Mistake("max_at_least_zero", "each row is shifted by max(its maximum, 0) (a running maximum started at 0): "
+            "a row whose scores are all far below 0 underflows to zeros, and 0/0 is NaN",
+            "start the maximum at -inf, or use x.max(axis=-1, keepdims=True) as it is, negative or not",
+            lambda x: (lambda e: e / e.sum(-1, keepdims=True))(np.exp(x - np.maximum(x.max(-1, keepdims=True), 0)))),
+    Mistake("no_keepdims", "the row sums lost their axis (no keepdims=True), so they divide the columns, "
+            "not the rows: on a square matrix numpy broadcasts them silently, on any other it raises",
+            "e.sum(axis=-1, keepdims=True) has shape (..., n, 1) and divides each row by its own sum",
+            lambda x: _exp_rows(x) / _exp_rows(x).sum(-1), raises=is_broadcast_error),
+    Mistake("no_keepdims_max", "the row maxima lost their axis (no keepdims=True), so they are subtracted "
+            "from the columns, not the rows",
+            "x.max(axis=-1, keepdims=True) has shape (..., n, 1): each row minus its own maximum",
+            lambda x: (lambda e: e / e.sum(-1, keepdims=True))(np.exp(x - x.max(-1)))),
 ]
 
 
 def softmax_cases() -> list[Case]:
     rng = _rng(0)
+    spread = np.array([[-1000.0, 2000.0, 1990.0], [-3000.0, 1.0, 0.0], [-1000.0, -1001.0, -1003.0]])
+    batch = rng.normal(scale=3, size=(2, 3, 5))
+    batch[0, 1, [0, 3]] = -np.inf                                      # masked entries
+    batch[1, 2, :] = -np.inf                                           # a fully masked row
     # Rows at different levels first: they tell a per-row shift from a global one.
     return [
         Case("rows at very different levels, [[1000, 1001], [0, 1]]", (np.array([[1000.0, 1001.0], [0.0, 1.0]]),)),
-        Case("one row of 5 scores", (rng.normal(size=5),)),
+        Case("rows spanning more than exp's range, [[-1000, 2000, 1990], [-3000, 1, 0], "
+             "[-1000, -1001, -1003]] (the last all negative)", (spread,)),
         Case("a 4 x 6 matrix of scores (softmax of each row)", (rng.normal(size=(4, 6)),)),
-        Case("large scores near 1000 (float64 exp overflows above 709)", (1000 + 5 * rng.normal(size=(3, 4)),)),
-        Case("a batch 2 x 3 x 5", (rng.normal(scale=3, size=(2, 3, 5)),)),
-        Case("masked entries set to -inf", (np.where(np.eye(4, dtype=bool), -np.inf, rng.normal(size=(4, 4))),)),
+        Case("one float32 row near 100 (float32's exp overflows above 88)",
+             ((100 + 5 * rng.normal(size=6)).astype(np.float32),)),
+        Case("a batch 2 x 3 x 5 with -inf entries and one fully masked row (there NaN or zeros are accepted)",
+             (batch,)),
+        Case("one score per row, shape (3, 1)", (rng.normal(size=(3, 1)),)),
     ]
 
 
+def _same_softmax(got, expected) -> bool:
+    """Agreement, except that a fully masked row (the reference's all-zero row: softmax rows otherwise
+    sum to 1) may be all zeros or all NaN, what torch gives."""
+    try:
+        g, e = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    except (TypeError, ValueError):
+        return same(got, expected)
+    if g.shape != e.shape or e.ndim == 0:
+        return False
+    masked = np.all(e == 0, axis=-1)
+    if masked.any():
+        undefined = np.all(np.isnan(g), axis=-1) | np.all(g == 0, axis=-1)
+        if not undefined[masked].all():
+            return False
+        g, e = g[~masked], e[~masked]
+    return same(g, e)
+
+
 def check_softmax(fn) -> None:
-    """Check ``fn(x)`` computes a numerically stable softmax over the last axis of ``x``."""
-    run_checks("softmax", fn, softmax_cases(), lambda x: softmax(x, axis=-1), SOFTMAX_MISTAKES)
+    """Check ``fn(x)`` computes a numerically stable softmax over the last axis of ``x``.
+
+    A fully masked row (every score -inf) has no softmax: zeros and NaN are both accepted there.
+    """
+    run_checks("softmax", fn, softmax_cases(), lambda x: softmax(x, axis=-1), SOFTMAX_MISTAKES,
+               compare=_same_softmax)
 
 
 # --- scaled dot-product attention ------------------------------------------
@@ -79,17 +135,33 @@ ATTENTION_MISTAKES = [
     Mistake("unstable", "your softmax overflows on large scores (NaN in the output)",
             "subtract each row's maximum score before exponentiating",
             _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]), naive_softmax)),
+    Mistake("scale_by_sqrt_d_v", "the scores are divided by sqrt(d_v), the width of the values, not sqrt(d_k)",
+            "the scale belongs to the dot products q . k, which have d_k terms: np.sqrt(q.shape[-1])",
+            lambda q, k, v: softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(v.shape[-1])) @ v),
+    Mistake("scale_by_sqrt_n_k", "the scores are divided by sqrt(n_k), the number of keys, not sqrt(d_k)",
+            "d_k is the length of each query and key vector, q.shape[-1]; len(k) counts the keys",
+            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-2]))),
+    Mistake("global_softmax", "the softmax is taken over the whole score matrix, not over each query's row",
+            "each query's weights over the keys must sum to 1: softmax along the last axis, per row",
+            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
+                            lambda s: softmax(s.reshape(-1)).reshape(s.shape))),
+    Mistake("scaled_after_softmax", "the weights are divided by sqrt(d_k) after the softmax instead of the scores before it",
+            "the scale goes inside: softmax(q @ k.T / sqrt(d_k)); after the softmax it only shrinks the output",
+            lambda q, k, v: softmax(q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]) @ v),
 ]
 
 
 def attention_cases() -> list[Case]:
     rng = _rng(1)
     n = lambda *shape, scale=1.0: rng.normal(scale=scale, size=shape)  # noqa: E731
+    f32 = lambda *shape: n(*shape).astype(np.float32)  # noqa: E731
     return [
         Case("self-attention, n = 4, d_k = d_v = 16", (n(4, 16), n(4, 16), n(4, 16))),
         Case("cross-attention, n_q = 3, n_k = 5, d_k = 8, d_v = 6", (n(3, 8), n(5, 8), n(5, 6))),
-        Case("a single query and key (n = 1)", (n(1, 8), n(1, 8), n(1, 4))),
-        Case("large inputs whose scores reach the thousands", (n(4, 64, scale=40), n(4, 64, scale=40), n(4, 8))),
+        Case("float32 inputs, a single query (n_q = 1) over n_k = 7 keys, d_k = 4, d_v = 3",
+             (f32(1, 4), f32(7, 4), f32(7, 3))),
+        Case("large inputs whose scores span more than exp's range (thousands)",
+             (n(4, 64, scale=40), n(6, 64, scale=40), n(6, 8))),
     ]
 
 
@@ -114,6 +186,10 @@ CAUSAL_MISTAKES = [
             lambda n: np.triu(np.ones((n, n), bool))),
     Mistake("one_ahead", "the mask is off by one the other way: each position also sees the next one",
             "use j <= i, not j <= i + 1", lambda n: np.tril(np.ones((n, n), bool), k=1)),
+    Mistake("no_mask", "every entry is True: nothing is hidden, so each position sees the future",
+            "keep only the keys j <= i: np.tril(np.ones((n, n), bool))", lambda n: np.ones((n, n), bool)),
+    Mistake("diagonal_only", "only the diagonal is True: each position sees itself and nothing before it",
+            "query i may attend to every key j <= i, not only to j = i", lambda n: np.eye(n, dtype=bool)),
 ]
 
 

@@ -70,6 +70,12 @@ MERGE_MISTAKES = [
     Mistake("unshifted", "the sums are multiplied by exp(m_old) instead of exp(m_old - m): the maximum was never subtracted",
             "rescale relative to the new maximum, exp(m_a - m) and exp(m_b - m), so that nothing overflows",
             _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a) + l_b * np.exp(m_b))),
+    Mistake("max_at_least_zero", "the merged maximum is never below 0 (a maximum started at 0, or clipped "
+            "with max(..., 0)): where both states' scores are negative it is not their maximum",
+            "the merged maximum is exactly max(m_a, m_b), which may be negative (or -inf for two empty states)",
+            lambda m_a, l_a, m_b, l_b: (lambda m_a, l_a, m_b, l_b, m: (m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)))(
+                *(np.asarray(x, float) for x in (m_a, l_a, m_b, l_b)),
+                np.maximum(np.maximum(np.asarray(m_a, float), np.asarray(m_b, float)), 0.0))),
 ]
 
 
@@ -82,8 +88,8 @@ def merge_cases() -> list[Case]:
         Case("scalar states (m_a=1.0, l_a=2.0) and (m_b=3.0, l_b=1.5)", (1.0, 2.0, 3.0, 1.5)),
         Case("maxima 1000 apart: exp(1000) overflows", (np.array([0.0, 1000.0]), np.array([2.0, 1.0]),
                                                         np.array([1000.0, 0.0]), np.array([1.0, 3.0]))),
-        Case("one state empty (a fully masked block: m=-inf, l=0)", (np.array([-_inf, 1.0]), np.array([0.0, 2.0]),
-                                                                   np.array([0.5, -_inf]), np.array([1.0, 0.0]))),
+        Case("one state empty (a fully masked block: m=-inf, l=0), the other's scores all negative",
+             (np.array([-_inf, -2.0]), np.array([0.0, 2.0]), np.array([-0.5, -_inf]), np.array([1.0, 0.0]))),
         Case("both states empty", (np.array([-_inf]), np.array([0.0]), np.array([-_inf]), np.array([0.0]))),
     ]
 
@@ -110,10 +116,10 @@ class ScoreStream:
         return next(self._scores)
 
 
-def _state_with(update, guard=True):
+def _state_with(update, guard=True, start=-np.inf):
     """A one-pass state (m, l) whose running sum follows ``update(l, m_old, m_new, x_j)``."""
     def state(x):
-        m, l = -np.inf, 0.0
+        m, l = start, 0.0
         for xj in np.asarray(x, float):
             m_new = max(m, xj)
             base = 0.0 if (guard and m_new == -np.inf) else m_new
@@ -153,6 +159,14 @@ ONLINE_MISTAKES = [
     Mistake("unshifted", "no maximum is subtracted: the sum is of exp(x_j), which overflows to inf past ~710",
             "keep the running maximum m and add exp(x_j - m), rescaling the sum whenever m grows",
             lambda x: (float(np.max(x)), float(np.sum(np.exp(np.asarray(x, float)))))),
+    Mistake("max_starts_at_zero", "the running maximum starts at 0 instead of -inf: on a row whose scores are "
+            "all negative it stays 0, which is not their maximum",
+            "start with m = -inf (and l = 0), the state of an empty row; any finite start is larger than "
+            "some row's maximum",
+            _state_with(lambda l, m, m_new, xj: l * np.exp(m - m_new) + np.exp(xj - m_new), start=0.0)),
+    Mistake("log_of_sum", "the second entry is log(l), a log-sum-exp relative to m, instead of the sum l itself",
+            "return l = sum_j exp(x_j - m), not its logarithm; the log-sum-exp of the row is m + log(l)",
+            lambda x: (lambda m, l: (m, float(np.log(l)) if l > 0 else -np.inf))(*_reference_state(x))),
     Mistake("max_not_updated", "the maximum stays at the first score, so exp(x_j - m) overflows once x_j exceeds "
             "it by ~710",
             "update m_new = max(m_old, x_j) at every step, and rescale the sum to it",
@@ -164,8 +178,8 @@ def online_cases() -> list[Case]:
     rng = np.random.default_rng(10)
     return [
         Case("a row of 8 scores", (rng.normal(scale=2, size=8),)),
-        Case("a single score", (np.array([0.7]),)),
-        Case("scores near 1000 (exp overflows past ~710)", (np.array([1000.0, 1000.5, 999.0, 1001.0]),)),
+        Case("a single negative score, -0.7", (np.array([-0.7]),)),
+        Case("a fully masked row (every score -inf): the state (-inf, 0)", (np.array([-_inf, -_inf, -_inf]),)),
         Case("scores growing to 3000 (exp overflows past ~710)", (np.array([0.0, 800.0, 1600.0, 2400.0, 3000.0]),)),
         Case("a row that starts with masked scores (-inf)", (np.array([-_inf, -_inf, 0.3, 1.2, -_inf, 0.8]),)),
     ]
@@ -184,13 +198,10 @@ def check_online_softmax(fn) -> None:
     masked row). On a long row the checker also measures memory: storing the scores (a list or an
     array) to read them again is a second pass in disguise.
     """
-    import contextlib
-    import io
-
     __tracebackhide__ = True
-    with contextlib.redirect_stdout(io.StringIO()):   # its "Correct" line waits for the memory check
-        run_checks("online softmax", lambda x: fn(ScoreStream(x)), online_cases(), _reference_state,
-                   ONLINE_MISTAKES, compare=_same_pair, postprocess=_as_pair)
+    run_checks("online softmax", lambda x: fn(ScoreStream(x)), online_cases(), _reference_state,
+               ONLINE_MISTAKES, compare=_same_pair, postprocess=_as_pair,
+               quiet=True)                            # its "Correct" line waits for the memory check
     _check_one_pass_memory(fn)
     print(f"Correct: online softmax passes all {len(online_cases())} cases and reads a long stream once, "
           "in constant memory.")

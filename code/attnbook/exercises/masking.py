@@ -50,6 +50,10 @@ PADDING_MISTAKES = [
             "mask only the keys: a padding query may attend to the real keys (its output is ignored), "
             "and a fully masked row gives NaN in many implementations",
             _commit(lambda i, j, L, n: (i < L) & (j < L))),
+    Mistake("key_mask_2d", "the mask has shape (batch, n), one entry per key, without the query axis: it "
+            "does not broadcast to (batch, n_q, n_k), or broadcasts along the wrong axes",
+            "add the query axis: real[:, None, :] has shape (batch, 1, n) and broadcasts over the queries",
+            lambda lengths, n: _broadcast_or_raw(np.arange(n)[None, :] < np.asarray(lengths)[:, None], lengths, n)),
     Mistake("left_padding", "the padding is assumed at the start of each sequence (left padding)",
             "in this exercise the real tokens come first: positions 0 .. lengths[b] - 1",
             _commit(lambda i, j, L, n: j >= n - L)),
@@ -63,6 +67,14 @@ def padding_mask_cases() -> list[Case]:
         Case("lengths [4], n = 4 (no padding)", (np.array([4]), 4)),
         Case("lengths [1, 1, 2, 7], n = 7", (np.array([1, 1, 2, 7]), 7)),
     ]
+
+
+def _broadcast_or_raw(out, lengths, n):
+    """``out`` broadcast to (batch, n, n) where it can be, else as it is (what the checker compares)."""
+    try:
+        return _full(out, lengths, n)
+    except ValueError:
+        return out
 
 
 def _as_full_bool(fn):

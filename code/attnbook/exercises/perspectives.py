@@ -102,16 +102,17 @@ def check_linear_attention(fn) -> None:
     Besides the values, the checker measures the memory of one long case (n = 4096): linear
     attention never forms the n x n matrix phi(Q) phi(K)^T, and an answer that does (the
     quadratic form, right values at quadratic cost) is rejected. The measurement uses
-    :mod:`tracemalloc`, which sees numpy's arrays.
+    :mod:`tracemalloc`, which sees numpy's arrays. It also compares the work at two lengths
+    (:func:`work_growth`): an answer that never stores the matrix but still computes it (a loop
+    over the queries, a three-operand ``einsum``) does 64 times the work at 8 times the length,
+    and is rejected.
     """
-    import contextlib
-    import io
-
     __tracebackhide__ = True
-    with contextlib.redirect_stdout(io.StringIO()):   # its "Correct" line waits for the memory check
-        run_checks("linear attention", fn, linear_attention_cases(),
-                   lambda q, k, v: linear_attention(q, k, v), LINEAR_ATTENTION_MISTAKES, postprocess=_first)
+    run_checks("linear attention", fn, linear_attention_cases(), lambda q, k, v: linear_attention(q, k, v),
+               LINEAR_ATTENTION_MISTAKES, postprocess=_first,
+               quiet=True)                            # its "Correct" line waits for the cost checks
     _check_linear_memory(fn)
+    _check_linear_time(fn)
     print(f"Correct: linear attention passes all {len(linear_attention_cases())} cases, and on n = 4096 "
           "it never needed the memory of an n x n matrix.")
 
@@ -155,6 +156,84 @@ def _check_linear_memory(fn, n: int = 4096, d: int = 8) -> None:
                                  "both independent of n; then multiply phi(Q) by them")
     if not np.allclose(_first(out), linear_attention(q, k, v), rtol=1e-6, atol=1e-8):
         raise ExerciseError("linear attention", case, "values differ from the reference on a long sequence")
+
+
+def work_growth(fn, make_args, n_small: int, n_large: int, repeats: int = 3) -> float:
+    """How much the CPU time of ``fn(*make_args(n))`` grows from ``n_small`` to ``n_large``: the ratio of
+    the fastest of up to ``repeats`` runs at each length (fewer once a length has used 0.5 s).
+
+    A ratio of two process CPU times measured moments apart, not one clock reading: time spent
+    waiting for the CPU on a busy machine is not counted, and what slows both runs alike cancels.
+    numpy's BLAS and torch run on one thread meanwhile: idle threads that spin count as CPU time.
+    """
+    import contextlib
+    import sys
+    import time
+
+    with contextlib.ExitStack() as stack:
+        try:
+            from threadpoolctl import threadpool_limits
+            stack.enter_context(threadpool_limits(1))
+        except ImportError:                               # not installed (the browser): one thread anyway
+            pass
+        torch = sys.modules.get("torch")                  # only where the reader's code already uses it
+        if torch is not None:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            stack.callback(torch.set_num_threads, threads)
+        return _growth(fn, make_args, n_small, n_large, repeats, time.process_time)
+
+
+def _growth(fn, make_args, n_small, n_large, repeats, clock):
+
+    def fastest(n):
+        args, best, spent = make_args(n), float("inf"), 0.0
+        for _ in range(repeats):
+            start = clock()
+            fn(*args)
+            took = clock() - start
+            best, spent = min(best, took), spent + took
+            if spent > 0.5:
+                break
+        return best
+
+    small = fastest(n_small)
+    return fastest(n_large) / max(small, 1e-6)
+
+
+# The lengths compared and the growth above which the work is called quadratic. Measured here
+# (2-core Xeon, loaded; d_k = 32, d_v = 1): the book's solution grows 2.5-5x over 256 -> 1024 and
+# 11-14x over 1024 -> 8192 (more than 8x: its arrays leave the cache), a recurrence over the keys
+# 3-6x and 6-9x; a loop over the queries 3-7x (Python's overhead dominates) and 28-32x; a
+# three-operand einsum about 14x on the first step, and is stopped there, before the long one.
+LINEAR_TIME_STEPS = ((256, 1024, 10.0), (1024, 8192, 20.0))
+
+
+def _check_linear_time(fn, d_k: int = 32, d_v: int = 1) -> None:
+    """Reject an answer whose work grows quadratically with the length, though it never stores n x n."""
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    rng = _rng(14)
+    inputs = {}
+
+    def make(n):
+        if n not in inputs:
+            inputs[n] = (rng.normal(size=(n, d_k)), rng.normal(size=(n, d_k)), rng.normal(size=(n, d_v)))
+        return inputs[n]
+
+    for n_small, n_large, limit in LINEAR_TIME_STEPS:
+        growth = work_growth(fn, make, n_small, n_large)
+        if growth > limit:
+            ratio = n_large // n_small
+            raise ExerciseError(
+                "linear attention", f"n = {n_small} and n = {n_large}, d_k = {d_k}, d_v = {d_v} (time)",
+                f"at {ratio} times the length your function took {growth:.0f} times the CPU time (linear "
+                f"work: about {ratio} times; quadratic: {ratio ** 2}): it computes every weight "
+                "phi(q_i) . phi(k_j), n x n of them, even if it never stores them all",
+                hint="compute S = phi(K)^T V (d_k x d_v) and z = sum_j phi(k_j) once, then each output row "
+                     "is phi(q_i) S / (phi(q_i) . z): no loop over the queries that visits every key, and no "
+                     "three-operand einsum, which numpy evaluates over all (i, j) pairs unless optimize=True")
 
 
 # --- the Nadaraya-Watson estimator with a Gaussian kernel --------------------------------

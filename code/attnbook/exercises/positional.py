@@ -65,6 +65,15 @@ ROPE_MISTAKES = [
             "depend on m + n, the absolute positions, instead of on m - n",
             "rotate q and k the same way, each by its own position: R(m) q . R(n) k = q . R(n - m) k",
             lambda q, k, v: attend(apply_rope(q), _rope_with(k, sign=-1.0), v)),
+    Mistake("key_positions_shifted", "the keys are rotated at positions 1 .. n instead of 0 .. n - 1 (the "
+            "queries at 0 .. n - 1): every score sees the distance off by one",
+            "rotate query m and key n at their own positions, both counted from 0 (or both from 1: only "
+            "m - n matters, so one shift for both is harmless, a shift of one of them is not)",
+            lambda q, k, v: attend(apply_rope(q), apply_rope(k, positions=torch.arange(1, k.shape[-2] + 1)), v)),
+    Mistake("key_positions_reversed", "the keys are rotated at positions n - 1 .. 0, in reverse order",
+            "key j sits at position j: apply the rotation with positions 0, 1, ..., n - 1 to the keys as to "
+            "the queries",
+            lambda q, k, v: attend(apply_rope(q), apply_rope(k, positions=torch.arange(k.shape[-2] - 1, -1, -1)), v)),
     Mistake("no_scale", "the scores are not divided by sqrt(d_k)",
             "RoPE preserves lengths, so the scaling of chapter 3 is still needed",
             lambda q, k, v: attend(apply_rope(q), apply_rope(k), v, scale=1.0)),

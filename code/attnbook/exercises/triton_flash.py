@@ -54,6 +54,12 @@ BLOCK_COUNT_MISTAKES = [
             "the last query block can hang past n_q; its rows past the end see keys past n_k, which do not "
             "exist: cap the keys to cover at n_k, cdiv(min(a0 + block_q, n_k), block_k)",
             _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(a0 + bq, bk))),
+    Mistake("offset_in_blocks", "the cache offset n_k - n_q was counted in whole key blocks (rounded down), "
+            "right only when it is a multiple of block_k",
+            "add the offset to the query positions first, then convert positions to blocks: "
+            "cdiv(min(q_block * block_q + block_q + n_k - n_q, n_k), block_k)",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk:
+                       _cdiv(min((qb + 1) * bq, n_q), bk) + (n_k - n_q) // bk)),
     Mistake("one_past", "one key block too many where the last visible key ends a block",
             "the last visible key of the block is at a0 + block_q - 1; the keys to cover are "
             "0 .. a0 + block_q - 1, that is a0 + block_q of them, not one more",
@@ -67,8 +73,8 @@ def block_count_cases() -> list[Case]:
         Case("n_q = n_k = 256, block_q = 128, block_k = 64", (256, 256, 128, 64)),
         Case("n_q = n_k = 256, block_q = 64, block_k = 128", (256, 256, 64, 128)),
         Case("n_q = n_k = 200 (a ragged last block), block_q = block_k = 64", (200, 200, 64, 64)),
-        Case("64 new queries after 192 cached keys: n_q = 64, n_k = 256, block_q = 32, block_k = 64",
-             (64, 256, 32, 64)),
+        Case("64 new queries after 186 cached keys (not a multiple of the block): n_q = 64, n_k = 250, "
+             "block_q = 32, block_k = 64", (64, 250, 32, 64)),
         Case("one query, n_k = 300, block_q = 16, block_k = 64", (1, 300, 16, 64)),
         Case("n_q = n_k = 65 (the last query block hangs past the end), block_q = 64, block_k = 16",
              (65, 65, 64, 16)),
@@ -124,6 +130,11 @@ FLOPS_MISTAKES = [
     Mistake("d_squared", "n and d are swapped in the count (n d^2 instead of n^2 d)",
             "each of the n^2 scores is a dot product of length d",
             _flops_with(lambda b, h, n, d: 4.0 * b * h * n * d * d)),
+    Mistake("causal_forward_only", "causal attention is halved in the forward pass only: its backward "
+            "(and forward + backward) skip the same blocks, so they halve too",
+            "halve the forward count when causal, then multiply by the mode's factor (1, 2.5 or 3.5)",
+            lambda batch, heads, n, d, causal=False, mode="fwd":
+                4.0 * batch * heads * n * n * d / (2 if causal and mode == "fwd" else 1) * _MODE_FACTOR[mode]),
     Mistake("exact_causal", "causal attention is counted exactly, n (n + 1) / 2 scores, not by the papers' convention",
             "your count is the true one, but benchmarks report n^2 / 2 for causal attention (the convention "
             "of the FlashAttention papers, which the chapter's plots use), so that causal and full TFLOP/s "
@@ -138,9 +149,10 @@ def flops_cases() -> list[Case]:
         Case("forward, batch 2, heads 8, n = 1024, d = 64", (2, 8, 1024, 64), dict(causal=False, mode="fwd")),
         Case("causal forward, batch 1, heads 16, n = 4096, d = 128", (1, 16, 4096, 128),
              dict(causal=True, mode="fwd")),
-        Case("backward, batch 4, heads 12, n = 2048, d = 64", (4, 12, 2048, 64), dict(causal=False, mode="bwd")),
-        Case("causal forward + backward, batch 8, heads 32, n = 512, d = 64", (8, 32, 512, 64),
-             dict(causal=True, mode="fwd_bwd")),
+        Case("causal backward, batch 4, heads 12, n = 2048, d = 64", (4, 12, 2048, 64),
+             dict(causal=True, mode="bwd")),
+        Case("forward + backward, batch 8, heads 32, n = 512, d = 64", (8, 32, 512, 64),
+             dict(causal=False, mode="fwd_bwd")),
     ]
 
 
