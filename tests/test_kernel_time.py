@@ -114,6 +114,32 @@ def test_the_band_is_the_busiest_unit_and_the_sum_of_all():
     assert t4.units["float32 units"] == pytest.approx(t4.dot + t4.fp32, rel=1e-15) and "tensor cores" not in t4.units
 
 
+def test_the_unavoidable_traffic_binds_the_h100_at_the_shortest_lengths():
+    """Chapter 10: on the H100 at n = 512 (and n = 1024 causal) the bound is HBM, not the tensor cores.
+    Counted independently: a forward must read Q, K, V and write O once (and the float32 LSE), over
+    the sweep's 16,384 tokens x 2048 features; the products are 4 d flops per score of whole tiles."""
+    tokens, hidden, d = 16384, 2048, 64
+    rows = {(r["causal"], r["n"]): r for r in kt.predict(H100, first_choices(H100), (512, 1024, 2048), d_heads=(d,),
+                                                         modes=("fwd",)) if r["impl"].startswith("model bound")}
+    traffic = 4 * tokens * hidden * 2 + tokens * (hidden // d) * 4
+    assert 268e6 < 4 * tokens * hidden * 2 < 269e6
+    t_mem = traffic / H100.gpu.hbm_bandwidth
+    t_dot = 4 * d * tokens * (hidden // d) * 512 / H100.dot_flops           # n = 512, full: every tile
+    assert t_mem == pytest.approx(80.8e-6, rel=1e-3) and t_dot == pytest.approx(69.5e-6, rel=1e-3) and t_mem > t_dot
+    full, causal = rows[False, 512], rows[True, 512]
+    assert full["bound_by"] == {"HBM": 1.0} and causal["bound_by"] == {"HBM": 1.0}
+    assert full["ms"] == pytest.approx(t_mem * 1e3, rel=1e-12)
+    assert causal["tflops"] == pytest.approx(full["tflops"] / 2, rel=1e-12)   # same bytes, half the counted flops
+    assert rows[True, 1024]["bound_by"] == {"HBM": 1.0} and rows[False, 1024]["bound_by"] == {"tensor cores": 1.0}
+    assert rows[False, 2048]["bound_by"] == rows[True, 2048]["bound_by"] == {"tensor cores": 1.0}
+    # the A100's tensor cores bind every forward point of the sweep
+    a100 = kt.predict(A100, first_choices(A100), SEQ_LENS, modes=("fwd",))
+    assert all(r["bound_by"] == {"tensor cores": 1.0} for r in a100)
+    # forward and backward: the shares of the bound add to 1, and the preprocess kernel is memory
+    both = kt.predict(H100, first_choices(H100), (4096,), d_heads=(d,), causal=(False,), modes=("fwd_bwd",))[0]
+    assert list(both["bound_by"]) == ["tensor cores", "HBM"] and sum(both["bound_by"].values()) == pytest.approx(1)
+
+
 def test_float32_instructions_are_issue_slots_not_flops():
     """A fused multiply-add is two flops but one instruction: the softmax's 4 instructions per score
     take 4 issue slots, so at the float32 flop rate they would be counted at half their cost."""

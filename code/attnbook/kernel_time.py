@@ -202,6 +202,12 @@ class KernelTime:
         return max(self.units.values())
 
     @property
+    def busiest(self) -> str:
+        """The unit whose time is :attr:`bound`: the one that binds this launch."""
+        units = self.units
+        return max(units, key=units.get)
+
+    @property
     def no_overlap(self) -> float:
         """Every unit's time added, and the fixed costs: the units never overlap."""
         return self.fixed + sum(self.units.values())
@@ -269,7 +275,8 @@ def predict(hw: Hardware, configs_for, seq_lens, d_heads=(64, 128), causal=(Fals
     use the same count (:func:`attnbook.cost.benchmark_flops`). Two rows per point: ``impl``
     ``"model bound: <GPU>"`` (the launches' :attr:`KernelTime.bound` added: the most TFLOP/s the
     units allow) and ``"model no overlap: <GPU>"`` (their :attr:`KernelTime.no_overlap`); ``in_l2``
-    says whether every kernel's repeated reads were served by the L2.
+    says whether every kernel's repeated reads were served by the L2; ``bound_by`` maps each unit
+    that binds a launch (:attr:`KernelTime.busiest`) to its share of the bound's time, largest first.
     """
     rows = []
     for d in d_heads:
@@ -281,11 +288,17 @@ def predict(hw: Hardware, configs_for, seq_lens, d_heads=(64, 128), causal=(Fals
                     launches = pass_time(hw, batch, heads, n, d, is_causal, mode, configs)
                     flops = benchmark_flops(batch, heads, n, d, is_causal, mode)
                     in_l2 = all(k.in_l2 for k in launches if k.kernel != "backward_preprocess")
+                    binding = {}
+                    for k in launches:
+                        binding[k.busiest] = binding.get(k.busiest, 0.0) + k.bound
+                    bound_by = {unit: t / sum(binding.values())
+                                for unit, t in sorted(binding.items(), key=lambda item: -item[1])}
                     for label, seconds in (("bound", sum(k.bound for k in launches)),
                                            ("no overlap", sum(k.no_overlap for k in launches))):
                         rows.append(dict(impl=f"model {label}: {hw.gpu.name}", n=n, d=d, causal=is_causal,
                                          mode=mode, batch=batch, heads=heads, ms=seconds * 1e3,
-                                         tflops=flops / seconds / 1e12, in_l2=in_l2, note="model, not measured"))
+                                         tflops=flops / seconds / 1e12, in_l2=in_l2, bound_by=bound_by,
+                                         note="model, not measured"))
     return rows
 
 

@@ -480,8 +480,10 @@ _BEST = {
     # The two backward kernels get tiles of their own. Each keeps one block resident and streams
     # the other: the dQ kernel keeps BLOCK_Q query rows (as the forward does), so it wants
     # BLOCK_Q >= BLOCK_K; the dK, dV kernel keeps BLOCK_K key rows and two float32 accumulators
-    # (dK and dV) for them, and a larger key block spills there: 32 x 64 spilled on sm_80 and
-    # sm_89, 64 x 128 on sm_90 (chapter 10), so its key block stays at most its query block.
+    # (dK and dV) for them, and at d = 64 a longer key block than query block spilled there
+    # (32 x 64 on sm_80 and sm_89, 64 x 128 on sm_90; chapter 10, tests/test_kernel_resources.py),
+    # so at d = 64 its key block stays at most its query block. The exception is sm_90 at d = 128,
+    # whose dK, dV kernel ships 32 x 64 (236 registers, no spill, in the committed table).
     ("sm75", 64): {"forward": (64, 32, 8, 1), "backward_dkdv": (32, 32, 8, 1), "backward_dq": (32, 32, 8, 1),
                    "decode": (16, 64, 8, 1)},
     ("sm75", 128): {"forward": (32, 32, 8, 1), "backward_dkdv": (16, 16, 8, 1), "backward_dq": (16, 16, 8, 1),
@@ -665,10 +667,10 @@ def autotuning(device) -> bool:
 
 def tuning_key(shape) -> tuple:
     """What, besides the kernel, head size, dtype and device, changes which configuration is fastest:
-    ``shape = (batch, heads, kv_heads, n_q, n_k, causal)`` reduced to causality, the number of
-    (batch, head) pairs and each length rounded up to a power of two (as Triton's tutorial keys its
-    autotuning on N_CTX), so that a configuration timed at n = 100 does not serve n = 16384, while
-    lengths of one octave share one timing."""
+    ``shape = (batch, heads, kv_heads, n_q, n_k, causal)`` reduced to causality, the numbers of
+    (batch, head) and of (batch, key/value head) pairs, and each length rounded up to a power of two
+    (as Triton's tutorial keys its autotuning on N_CTX), so that a configuration timed at n = 100
+    does not serve n = 16384, while lengths of one octave share one timing."""
     batch, heads, kv_heads, n_q, n_k, causal = shape
     return (bool(causal), batch * heads, batch * kv_heads, triton.next_power_of_2(n_q), triton.next_power_of_2(n_k))
 
