@@ -219,11 +219,13 @@ def test_bad_options_raise():
 
 
 def test_time_against_softmax_returns_positive_times_per_length():
-    times = time_against_softmax([8, 16, 32], d=4, softmax_max_n=16, repeats=1)
+    times = time_against_softmax([8, 16, 32], d=4, softmax_max_n=16, repeats=1, sweeps=2)
     assert [len(times[name]) for name in ("softmax", "linear", "linear, causal")] == [2, 3, 3]
-    assert all(t > 0 for ts in times.values() for t in ts)
+    assert all(0 < t < 1 for ts in times.values() for t in ts)
     with pytest.raises(ValueError, match="n must be a positive integer"):
         time_against_softmax([0])
+    with pytest.raises(ValueError, match="sweeps must be a positive integer"):
+        time_against_softmax([8], sweeps=0)
 
 
 @pytest.mark.parametrize("causal", [False, True])
