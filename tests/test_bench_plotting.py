@@ -39,6 +39,48 @@ def test_loglog_fit_recovers_an_exponent():
     assert abs(slope - 2) < 1e-9
 
 
+def test_fit_power_law_recovers_an_exponent_and_trusts_a_clean_curve():
+    x = np.array([512, 1024, 2048, 4096])
+    fit = bench.fit_power_law(x, 3e-9 * x**2.0)
+    slope, intercept = plotting.loglog_fit(x, 3e-9 * x**2.0)       # the same least squares
+    assert abs(fit.slope - 2) < 1e-9 and abs(fit.intercept - intercept) < 1e-9
+    assert np.allclose(fit.local, [2, 2, 2]) and fit.reliable
+
+
+def test_fit_power_law_flags_one_slow_point():
+    x = np.array([512, 1024, 2048])
+    y = 1e-8 * x**2.0
+    y[0] *= 3                                   # one disturbed timing: local slopes 2 - log2(3) and 2
+    fit = bench.fit_power_law(x, y)
+    assert np.allclose(fit.local, [2 - np.log2(3), 2])
+    assert not fit.reliable and abs(fit.spread - np.log2(3)) < 1e-12
+    assert bench.fit_power_law(x, y, max_spread=1.6).reliable
+
+
+def test_fit_power_law_rejects_bad_input():
+    import pytest
+
+    with pytest.raises(ValueError, match="at least 3"):
+        bench.fit_power_law([1, 2], [1, 4])
+    with pytest.raises(ValueError, match="equal length"):
+        bench.fit_power_law([1, 2, 4], [1, 4])
+    with pytest.raises(ValueError, match="positive"):
+        bench.fit_power_law([1, 2, 4], [1, 0, 16])
+    with pytest.raises(ValueError, match="distinct"):
+        bench.fit_power_law([1, 2, 2], [1, 4, 4])
+
+
+def test_one_blas_thread_limits_the_blas_and_restores_it():
+    threadpoolctl = __import__("pytest").importorskip("threadpoolctl")
+    np.ones((64, 64)) @ np.ones((64, 64))                       # load the BLAS
+    before = [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+    with bench.one_blas_thread() as threads:
+        inside = [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+    after = [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+    assert threads == "1 (threadpoolctl)" and inside and all(t == 1 for t in inside)
+    assert after == before
+
+
 def test_heatmap_draws_labels_and_values():
     fig, ax = plotting.figure()
     plotting.heatmap(ax, np.eye(2), row_labels=["a", "b"], col_labels=["c", "d"], title="t")

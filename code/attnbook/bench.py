@@ -4,11 +4,14 @@ Timings are noisy, so chapters compare *ratios* measured in the same run, and
 report the machine they ran on (:func:`machine`).
 
 Every chapter that reports a time or a peak of memory measures it here (chapters 1, 4, 5, 8, 9, 11
-and 12), and names the machine with :func:`machine`.
+and 12), and names the machine with :func:`machine`. Chapter 4 times with :func:`one_blas_thread`
+and fits its scaling exponents with :func:`fit_power_law`, which says when a fit is not to be trusted.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import math
 import os
 import platform
 import statistics
@@ -115,3 +118,66 @@ def format_bytes(n: float) -> str:
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """Limit numpy's BLAS (the library behind its matrix products) to one thread inside the block.
+
+    Yields a line saying what was limited, for the output that reports the timings. NumPy's
+    elementwise operations run on one thread, so a fair comparison with a matrix product gives the
+    product one thread too; and on a machine shared with other programs a multithreaded BLAS can
+    spend most of a small product waiting for its threads to be scheduled. Uses threadpoolctl's
+    ``threadpool_limits(limits=1, user_api="blas")``; without threadpoolctl nothing is limited,
+    and the line says so.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield "not limited (threadpoolctl is not installed)"
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield "1 (threadpoolctl)"
+
+
+@dataclass(frozen=True)
+class PowerLawFit:
+    """The exponent ``a`` of ``y ~ x**a``, fitted by least squares in log-log, and its local slopes.
+
+    ``local[i]`` is the slope between the points ``i`` and ``i + 1``. The fit is ``reliable`` when
+    the local slopes agree within ``max_spread`` (largest minus smallest): one disturbed timing
+    bends the two local slopes beside it in opposite directions, so it shows up as a spread,
+    where the least-squares slope alone would report a wrong exponent without a warning.
+    """
+
+    slope: float
+    intercept: float
+    local: tuple[float, ...]
+    max_spread: float
+
+    @property
+    def spread(self) -> float:
+        return max(self.local) - min(self.local)
+
+    @property
+    def reliable(self) -> bool:
+        return self.spread <= self.max_spread
+
+
+def fit_power_law(x, y, max_spread: float = 0.5) -> PowerLawFit:
+    """Fit ``y ~ x**a`` over the points given (pass the large sizes only) and judge the fit.
+
+    ``x`` and ``y`` are positive and of equal length, at least 3 points (2 local slopes to compare).
+    """
+    x, y = [float(v) for v in x], [float(v) for v in y]
+    if len(x) != len(y) or len(x) < 3:
+        raise ValueError(f"fit_power_law needs x and y of equal length, at least 3; got {len(x)} and {len(y)}")
+    if min(x) <= 0 or min(y) <= 0:
+        raise ValueError(f"fit_power_law needs positive x and y; got x = {x}, y = {y}")
+    if len(set(x)) != len(x):
+        raise ValueError(f"fit_power_law needs distinct x; got {x}")
+    lx, ly = [math.log(v) for v in x], [math.log(v) for v in y]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+    local = tuple((ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i]) for i in range(len(lx) - 1))
+    return PowerLawFit(slope, my - slope * mx, local, max_spread)
