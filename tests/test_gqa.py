@@ -260,6 +260,13 @@ def test_conversion_is_exact_when_the_heads_of_each_group_agree():
     for method in ("mean", "first"):
         torch.testing.assert_close(mha_to_gqa(layer, 3, method)(x, is_causal=True), layer(x, is_causal=True),
                                    rtol=1e-10, atol=1e-12)
+    # Pooled in the wrong order, heads i, i + h_kv (reshape to (g, h_kv, ...)): the outputs change.
+    strided = mha_to_gqa(layer, 3, "mean")
+    with torch.no_grad():
+        for lin, new in ((layer.k_proj, strided.k_proj), (layer.v_proj, strided.v_proj)):
+            new.weight.copy_(lin.weight.view(2, 3, 2, 12).mean(0).reshape(6, 12))
+            new.bias.copy_(lin.bias.view(2, 3, 2).mean(0).reshape(6))
+        assert (strided(x, is_causal=True) - layer(x, is_causal=True)).abs().max() > 1e-3
 
 
 def test_convert_tiny_gpt():

@@ -48,6 +48,20 @@ def test_published_models():
     assert shapes["Llama-2-70B"].bytes_per_token() == 2 * 80 * 8 * 128 * 2
     assert shapes["Llama-2-7B"].cache_bytes() == 2 * 32 * 32 * 128 * 4096 * 2 == 2 * 2 ** 30
     assert shapes["Mistral-7B"].cache_bytes(1000, batch=3, bytes_per_element=1) == 2 * 32 * 8 * 128 * 1000 * 3
+
+
+def test_a_sliding_window_caps_the_cache():
+    """Mistral-7B's rolling buffer (W = 4096, Jiang et al. 2023): the cache grows up to the window, then stays."""
+    mistral = {m.name: m for m in PUBLISHED_MODELS}["Mistral-7B"]
+    assert mistral.sliding_window == 4096 and mistral.context_length == 8192
+    assert mistral.cache_bytes() == 2 * 32 * 8 * 128 * 4096 * 2 == 2 ** 29          # 0.5 GiB, not 1 GiB
+    assert mistral.cache_bytes(4095) < mistral.cache_bytes(4096) == mistral.cache_bytes(131072)
+    assert mistral.bytes_per_token() == 2 * 32 * 8 * 128 * 2
+    assert as_multi_head(mistral).cache_bytes() == 4 * mistral.cache_bytes()
+    assert LLAMA2_7B.sliding_window is None and LLAMA2_7B.cached_positions(10 ** 6) == 10 ** 6
+    with pytest.raises(ValueError, match="positive integer"):
+        ModelShape("bad", n_layers=2, n_heads=6, d_head=8, d_model=48, d_ff=96, vocab_size=10,
+                   context_length=16, sliding_window=0)
     with pytest.raises(ValueError, match="not divisible"):
         ModelShape("bad", n_layers=2, n_heads=6, n_kv_heads=4, d_head=8, d_model=48, d_ff=96, vocab_size=10,
                    context_length=16)
@@ -55,5 +69,6 @@ def test_published_models():
         ModelShape("bad", n_layers=0, n_heads=6, n_kv_heads=3, d_head=8, d_model=48, d_ff=96, vocab_size=10,
                    context_length=16)
     for m in PUBLISHED_MODELS:       # the cache of each, against kv_cache_bytes and the model's own shape
-        assert m.cache_bytes() == kv_cache_bytes(m.n_layers, m.kv_heads, m.d_head, m.context_length)
+        held = m.context_length if m.sliding_window is None else min(m.context_length, m.sliding_window)
+        assert m.cache_bytes() == kv_cache_bytes(m.n_layers, m.kv_heads, m.d_head, held)
         assert m.n_heads * m.d_head == m.d_model

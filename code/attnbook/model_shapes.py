@@ -22,8 +22,10 @@ class ModelShape:
     ``n_kv_heads=None`` means one key/value head per query head (multi-head attention);
     ``mlp_matrices`` is 2 for a GELU MLP (``d -> d_ff -> d``) and 3 for a gated one (SwiGLU, as in
     Llama); ``tied_embeddings`` says whether the output head reuses the token embedding matrix;
-    ``context_length`` is the longest context the model was trained for; ``source`` is the
-    bibliography key of the paper that describes it.
+    ``context_length`` is the longest context the model was trained for; ``sliding_window``, when
+    set, is the number of positions each query looks back (itself included), so that a rolling
+    buffer of that many positions is all the cache must hold; ``source`` is the bibliography key of
+    the paper that describes it.
     """
 
     name: str
@@ -38,11 +40,14 @@ class ModelShape:
     mlp_matrices: int = 2
     tied_embeddings: bool = True
     source: str = ""
+    sliding_window: int | None = None
 
     def __post_init__(self):
         for field in ("n_layers", "n_heads", "d_head", "d_model", "d_ff", "vocab_size", "context_length",
                       "mlp_matrices"):
             _validate.positive_int(field, getattr(self, field))
+        if self.sliding_window is not None:
+            _validate.positive_int("sliding_window", self.sliding_window)
         _validate.group_size(self.n_heads, self.kv_heads)
 
     @property
@@ -57,10 +62,17 @@ class ModelShape:
             return "MHA"
         return "MQA" if self.kv_heads == 1 else "GQA"
 
-    def cache_bytes(self, context_length: int | None = None, batch: int = 1, bytes_per_element: float = 2):
-        """:func:`attnbook.kv_cache_bytes` for this model, at its own context length by default."""
+    def cached_positions(self, context_length: int | None = None) -> int:
+        """Positions the cache holds for a sequence of ``context_length`` tokens (its own by default):
+        all of them, or at most ``sliding_window`` with a rolling buffer."""
         n = self.context_length if context_length is None else context_length
-        return kv_cache_bytes(self.n_layers, self.kv_heads, self.d_head, n, batch, bytes_per_element)
+        return n if self.sliding_window is None else min(n, self.sliding_window)
+
+    def cache_bytes(self, context_length: int | None = None, batch: int = 1, bytes_per_element: float = 2):
+        """:func:`attnbook.kv_cache_bytes` for this model, at its own context length by default, over
+        the :meth:`cached_positions` (a sliding window caps them)."""
+        return kv_cache_bytes(self.n_layers, self.kv_heads, self.d_head, self.cached_positions(context_length),
+                              batch, bytes_per_element)
 
     def bytes_per_token(self, bytes_per_element: float = 2) -> int | float:
         """Cache bytes that one more token adds: ``2 * n_layers * kv_heads * d_head * bytes``."""
@@ -95,7 +107,8 @@ def as_multi_head(shape: ModelShape) -> ModelShape:
 
 #: GPT-2 small: Radford et al. (2019). Llama 2: Touvron et al. (2023); its 70B model has 64 query
 #: heads sharing 8 key/value heads (grouped-query attention). Mistral-7B and Llama-3-8B: 32 query
-#: heads sharing 8. Falcon-7B: 71 query heads of 64 features (hidden size 4544) and one key/value
+#: heads sharing 8; Mistral-7B's sliding-window attention looks back 4096 positions (Jiang et al. 2023,
+#: section 2), so its rolling buffer caches at most 4096. Falcon-7B: 71 query heads of 64 features (hidden size 4544) and one key/value
 #: head ("multi_query": true), a GELU MLP of width 4 * 4544 and tied embeddings.
 GPT2_SMALL = ModelShape("GPT-2 small", n_layers=12, n_heads=12, d_head=64, d_model=768, d_ff=3072,
                         vocab_size=50257, context_length=1024, source="radford2019language")
@@ -107,7 +120,7 @@ LLAMA2_70B = ModelShape("Llama-2-70B", n_layers=80, n_heads=64, n_kv_heads=8, d_
                         tied_embeddings=False, source="touvron2023llama")
 MISTRAL_7B = ModelShape("Mistral-7B", n_layers=32, n_heads=32, n_kv_heads=8, d_head=128, d_model=4096,
                         d_ff=14336, vocab_size=32000, context_length=8192, mlp_matrices=3,
-                        tied_embeddings=False, source="jiang2023mistral")
+                        tied_embeddings=False, source="jiang2023mistral", sliding_window=4096)
 LLAMA3_8B = ModelShape("Llama-3-8B", n_layers=32, n_heads=32, n_kv_heads=8, d_head=128, d_model=4096,
                        d_ff=14336, vocab_size=128256, context_length=8192, mlp_matrices=3,
                        tied_embeddings=False, source="grattafiori2024llama3")
