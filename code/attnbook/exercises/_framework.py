@@ -207,6 +207,11 @@ def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare, fn: Callable
     if candidates and expected is not None and _breaks_only(got, expected):
         candidates = [m for m in candidates
                       if all(_agrees(m, other, outputs, compare) for other in others)]
+    if candidates and expected is not None and _all_zero(got) and not _all_zero(expected):
+        # an all-zero output is weak evidence too: every mistake that zeroes the case matches it (a
+        # PPMI whose ratio never exceeds 1 is clipped to zeros, however it went wrong)
+        candidates = [m for m in candidates
+                      if all(_agrees_where_finite(m, other, outputs) for other in others)]
     for other in others:
         if len(candidates) <= 1:
             break
@@ -253,6 +258,31 @@ def _agrees(mistake: Mistake, case: Case, outputs: _ReaderOutputs, compare) -> b
     """False only when both the mistake and the reader's function run on ``case`` and differ."""
     theirs, wrong = outputs(case), _mistake_output(mistake, case)
     return theirs is _FAILED or wrong is _FAILED or bool(compare(theirs, wrong))
+
+
+def _all_zero(x) -> bool:
+    """Whether ``x`` is one numeric array (or tensor) of zeros."""
+    try:
+        a = as_array(x)
+    except Exception:
+        return False
+    return a.dtype.kind in "fiu" and a.size > 0 and not bool(np.any(a))
+
+
+def _agrees_where_finite(mistake: Mistake, case: Case, outputs: _ReaderOutputs) -> bool:
+    """Like :func:`_agrees`, comparing only the entries finite in both outputs (a NaN the reader's
+    code leaves where the mistake's gives 0 is another slip, not evidence against the mistake)."""
+    theirs, wrong = outputs(case), _mistake_output(mistake, case)
+    if theirs is _FAILED or wrong is _FAILED:
+        return True
+    try:
+        a, w = as_array(theirs).astype(np.float64), as_array(wrong).astype(np.float64)
+    except (TypeError, ValueError):
+        return True
+    if a.shape != w.shape:
+        return False
+    both = np.isfinite(a) & np.isfinite(w)
+    return bool(np.allclose(a[both], w[both], rtol=1e-5, atol=1e-6))
 
 
 def _mistake_output(mistake: Mistake, case: Case):
