@@ -322,3 +322,28 @@ def test_an_additive_mask_with_a_large_negative_number_is_read_as_additive():
         check_causal_mask(lambda n: np.triu(np.full((n, n), -1e9), k=1))
     assert err.value.mistake is None and "your mask is additive" in str(err.value)
     assert "right as an additive mask" in str(err.value) and "mask == 0" in str(err.value)
+
+
+def softmax_column_max_row_sum(x):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_masked_as_zero(x):
+    x = np.where(np.isneginf(x), 0.0, x)                    # "-inf breaks exp", so zero it
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_shifted_numerator_only(x):
+    return np.exp(x - x.max(axis=-1, keepdims=True)) / np.exp(x).sum(axis=-1, keepdims=True)
+
+
+CATALOGUE["check_softmax"]["wrong"] += [(softmax_column_max_row_sum, "max_axis_0"),
+                                        (softmax_masked_as_zero, "neg_inf_to_zero"),
+                                        (softmax_shifted_numerator_only, "unshifted_denominator")]
+CATALOGUE["check_attention"]["wrong"] += [
+    (lambda q, k, v: (q @ k.T / np.sqrt(q.shape[-1])) @ v, "no_softmax"),
+    (lambda q, k, v: good_softmax(q @ k.T * np.sqrt(q.shape[-1])) @ v, "times_sqrt_dk"),
+    (lambda q, k, v: good_softmax(q @ k.T / np.sqrt(q.shape[-1])).T @ v, "transposed_weights"),
+]

@@ -71,6 +71,18 @@ SOFTMAX_MISTAKES = [
     Mistake("global_sum", "the exponentials are divided by the sum over the whole matrix, not per row (each "
             "row's maximum is subtracted, but one sum divides them all)",
             "sum along axis=-1 with keepdims=True", lambda x: _exp_rows(x) / _exp_rows(x).sum()),
+    Mistake("max_axis_0", "the maximum subtracted is each column's (axis 0), while the sum is each row's: rows "
+            "far below their column's maximum underflow, and 0/0 is NaN",
+            "take the maximum along the same axis as the sum: x.max(axis=-1, keepdims=True)",
+            lambda x: np.exp(x - x.max(0, keepdims=True)) / np.exp(x - x.max(0, keepdims=True)).sum(-1, keepdims=True)),
+    Mistake("neg_inf_to_zero", "the -inf scores (masked entries) were replaced by 0, so the masked keys get weight",
+            "keep -inf as it is: exp(-inf - max) = 0 gives a masked key weight 0; only a fully masked row needs care",
+            lambda x: _exp_rows(np.where(np.isneginf(x), 0.0, x))
+            / _exp_rows(np.where(np.isneginf(x), 0.0, x)).sum(-1, keepdims=True)),
+    Mistake("unshifted_denominator", "the numerator is shifted by the row maximum but the denominator is not: "
+            "exp(x - m) / sum exp(x) is softmax times exp(-m)",
+            "shift both: e = np.exp(x - m) and divide e by e.sum(axis=-1, keepdims=True)",
+            lambda x: _exp_rows(x) / np.exp(x).sum(-1, keepdims=True)),
     Mistake("max_at_least_zero", "each row is shifted by max(its maximum, 0) (a running maximum started at 0): "
             "a row whose scores are all far below 0 underflows to zeros, and 0/0 is NaN",
             "start the maximum at -inf, or use x.max(axis=-1, keepdims=True) as it is, negative or not",
@@ -173,6 +185,16 @@ ATTENTION_MISTAKES = [
             "subtract each query's own maximum: s - s.max(axis=-1, keepdims=True)",
             _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
                             lambda s: np.exp(s - s.max()) / np.exp(s - s.max()).sum(-1, keepdims=True))),
+    Mistake("no_softmax", "there is no softmax: the scaled scores themselves weight the values",
+            "the weights are softmax(q @ k.T / sqrt(d_k)) along the last axis: positive, each row summing to 1",
+            lambda q, k, v: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) @ v),
+    Mistake("times_sqrt_dk", "the scores are multiplied by sqrt(d_k) instead of divided by it",
+            "scores = q @ k.T / np.sqrt(d_k): the scale shrinks the dot products, whose variance is d_k",
+            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) * np.sqrt(q.shape[-1]))),
+    Mistake("transposed_weights", "the weights are transposed before they multiply v (weights.T @ v): each "
+            "output row mixes the values with one KEY's weights over the queries",
+            "out = weights @ v with weights of shape (n_q, n_k): row i of the output uses row i of the weights",
+            lambda q, k, v: np.swapaxes(softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])), -1, -2) @ v),
     Mistake("scaled_after_softmax", "the weights are divided by sqrt(d_k) after the softmax instead of the scores before it",
             "the scale goes inside: softmax(q @ k.T / sqrt(d_k)); after the softmax it only shrinks the output",
             lambda q, k, v: softmax(q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]) @ v),
