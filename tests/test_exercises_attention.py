@@ -347,3 +347,7 @@ CATALOGUE["check_attention"]["wrong"] += [
     (lambda q, k, v: good_softmax(q @ k.T * np.sqrt(q.shape[-1])) @ v, "times_sqrt_dk"),
     (lambda q, k, v: good_softmax(q @ k.T / np.sqrt(q.shape[-1])).T @ v, "transposed_weights"),
 ]
+CATALOGUE["check_causal_mask"]["wrong"] += [
+    (lambda n: np.fliplr(np.tril(np.ones((n, n), dtype=bool))), "flipped"),
+    (lambda n: np.tril(np.ones((n, n), dtype=bool), k=2), "two_ahead"),
+]

@@ -192,3 +192,10 @@ def test_a_float_padding_mask_is_rejected_because_torch_adds_it():
     with pytest.raises(ExerciseError) as err:
         check_padding_mask(float_key_mask)
     assert err.value.mistake == "float_mask" and "its pattern is right" in str(err.value)
+
+
+CATALOGUE["check_padding_mask"]["wrong"] += [
+    (lambda lengths, n: np.tril(np.ones((n, n), bool)) & (np.arange(n) < np.asarray(lengths)[:, None, None]),
+     "causal_too"),
+    (lambda lengths, n: np.broadcast_to(np.arange(n) < lengths[0], (len(lengths), n, n)), "one_length"),
+]

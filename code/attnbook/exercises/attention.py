@@ -238,6 +238,11 @@ CAUSAL_MISTAKES = [
             "use j <= i, not j <= i + 1", lambda n: np.tril(np.ones((n, n), bool), k=1)),
     Mistake("no_mask", "every entry is True: nothing is hidden, so each position sees the future",
             "keep only the keys j <= i: np.tril(np.ones((n, n), bool))", lambda n: np.ones((n, n), bool)),
+    Mistake("flipped", "the mask is flipped left to right: the anti-diagonal triangle, not the lower one",
+            "row i may see keys j <= i: np.tril(np.ones((n, n), bool)), with no flip",
+            lambda n: np.fliplr(np.tril(np.ones((n, n), bool)))),
+    Mistake("two_ahead", "the mask is off by two: each position also sees the next two",
+            "use j <= i: np.tril(np.ones((n, n), bool)) with k=0", lambda n: np.tril(np.ones((n, n), bool), k=2)),
     Mistake("diagonal_only", "only the diagonal is True: each position sees itself and nothing before it",
             "query i may attend to every key j <= i, not only to j = i", lambda n: np.eye(n, dtype=bool)),
 ]

@@ -54,6 +54,15 @@ PADDING_MISTAKES = [
             "does not broadcast to (batch, n_q, n_k), or broadcasts along the wrong axes",
             "add the query axis: real[:, None, :] has shape (batch, 1, n) and broadcasts over the queries",
             lambda lengths, n: _broadcast_or_raw(np.arange(n)[None, :] < np.asarray(lengths)[:, None], lengths, n)),
+    Mistake("causal_too", "the mask is causal as well as key-padding (j <= i and j < lengths[b]): this exercise "
+            "asks for the padding mask alone",
+            "combine the two where a decoder needs both (causal_mask(n) & padding_mask); here return only "
+            "j < lengths[b], for every query i",
+            _commit(lambda i, j, L, n: (j <= i) & (j < L))),
+    Mistake("one_length", "every sequence got the same length (the first one's): the mask ignores "
+            "lengths[b] for the other sequences",
+            "compare the key index with each sequence's own length: lengths[:, None, None] broadcasts over b",
+            _commit(lambda i, j, L, n: j < L.flat[0])),
     Mistake("head_axis", "the mask has the head axis, shape (batch, 1, 1, n): the layout that broadcasts over "
             "(batch, heads, n_q, n_k) scores, but this exercise has no head axis",
             "return (batch, n, n) or (batch, 1, n): drop the head axis (mask[:, 0]); add it back, "
