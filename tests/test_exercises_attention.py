@@ -276,3 +276,78 @@ def softmax_axis_one(x):
 
 
 CATALOGUE["check_softmax"]["wrong"].append((softmax_axis_one, "axis_1"))
+
+
+# --- from the expert readings of chapters 4 and 7 (checker-findings) ------------------------------------
+
+def softmax_finite_mean_shift(x):
+    """Shifts each row by the mean of its finite entries: right until a row spans more than ~1420."""
+    finite = np.isfinite(x)
+    m = np.where(finite, x, 0).sum(-1, keepdims=True) / np.maximum(finite.sum(-1, keepdims=True), 1)
+    e = np.exp(x - m)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_row_max_whole_sum(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))          # per-row maximum, but one sum for everything
+    return e / e.sum()
+
+
+def attention_global_max(q, k, v):
+    s = q @ k.T / np.sqrt(q.shape[-1])
+    e = np.exp(s - s.max())                                 # the whole matrix's maximum
+    return e / e.sum(axis=-1, keepdims=True) @ v
+
+
+CATALOGUE["check_softmax"]["wrong"] += [(softmax_finite_mean_shift, "shift_not_max"),
+                                        (softmax_row_max_whole_sum, "global_sum")]
+CATALOGUE["check_attention"]["wrong"] += [(attention_global_max, "global_max")]
+CATALOGUE["check_causal_mask"]["wrong"] += [
+    (lambda n: np.tril(np.ones((n, n))), "float_mask"),                 # the nanoGPT idiom: float 1.0 / 0.0
+    (lambda n: torch.tril(torch.ones(n, n)), "float_mask"),
+    (lambda n: np.triu(np.full((n, n), -1e9), k=2) == 0, "one_ahead"),   # from an additive -1e9 mask, off by one
+]
+CATALOGUE["check_causal_mask"]["right"] += [lambda n: np.triu(np.full((n, n), -1e9), k=1) == 0]
+
+
+def test_a_float_causal_mask_is_rejected_because_torch_adds_it():
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(lambda n: np.tril(np.ones((n, n))))
+    assert err.value.mistake == "float_mask" and "its pattern is right" in str(err.value)
+    assert "adds a float mask to the scores" in str(err.value)
+
+
+def test_an_additive_mask_with_a_large_negative_number_is_read_as_additive():
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(lambda n: np.triu(np.full((n, n), -1e9), k=1))
+    assert err.value.mistake is None and "your mask is additive" in str(err.value)
+    assert "right as an additive mask" in str(err.value) and "mask == 0" in str(err.value)
+
+
+def softmax_column_max_row_sum(x):
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_masked_as_zero(x):
+    x = np.where(np.isneginf(x), 0.0, x)                    # "-inf breaks exp", so zero it
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_shifted_numerator_only(x):
+    return np.exp(x - x.max(axis=-1, keepdims=True)) / np.exp(x).sum(axis=-1, keepdims=True)
+
+
+CATALOGUE["check_softmax"]["wrong"] += [(softmax_column_max_row_sum, "max_axis_0"),
+                                        (softmax_masked_as_zero, "neg_inf_to_zero"),
+                                        (softmax_shifted_numerator_only, "unshifted_denominator")]
+CATALOGUE["check_attention"]["wrong"] += [
+    (lambda q, k, v: (q @ k.T / np.sqrt(q.shape[-1])) @ v, "no_softmax"),
+    (lambda q, k, v: good_softmax(q @ k.T * np.sqrt(q.shape[-1])) @ v, "times_sqrt_dk"),
+    (lambda q, k, v: good_softmax(q @ k.T / np.sqrt(q.shape[-1])).T @ v, "transposed_weights"),
+]
+CATALOGUE["check_causal_mask"]["wrong"] += [
+    (lambda n: np.fliplr(np.tril(np.ones((n, n), dtype=bool))), "flipped"),
+    (lambda n: np.tril(np.ones((n, n), dtype=bool), k=2), "two_ahead"),
+]

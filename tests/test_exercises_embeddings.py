@@ -166,7 +166,7 @@ def test_ppmi_checker_names_each_mistake(wrong, key):
 
 def test_every_ppmi_mistake_is_tested():
     assert {m.key for m in PPMI_MISTAKES} == {"no_clip", "zero_row_nan", "missing_total", "log2",
-                                              "swapped_marginals"}
+                                              "swapped_marginals", "negative_kept", "all_zero"}
 
 
 def test_ppmi_checker_passes_the_loop_reference(capsys):
@@ -228,3 +228,49 @@ CATALOGUE = {
                   (ppmi_log2, "log2"), (ppmi_swapped, "swapped_marginals")],
     },
 }
+
+
+# --- from the expert reading of chapter 1 (checker-findings) -----------------------------------------------
+
+def ppmi_negatives_kept(counts):
+    """PMI, with the -inf of unseen pairs set to 0 but the negative values kept."""
+    c = np.asarray(counts, float)
+    with np.errstate(all="ignore"):
+        pmi = np.log(c * c.sum() / np.outer(c.sum(1), c.sum(0)))
+    return np.nan_to_num(pmi, nan=0.0, neginf=0.0)
+
+
+def ppmi_of_conditional(counts):
+    """log p(c | w) = log(N_wc / N_w), clipped: never positive, so all zeros."""
+    c = np.asarray(counts, float)
+    with np.errstate(all="ignore"):
+        return np.maximum(np.nan_to_num(np.log(c / c.sum(1, keepdims=True)), nan=0.0, neginf=0.0), 0.0)
+
+
+def ppmi_all_zeros(counts):
+    return np.zeros_like(np.asarray(counts, float))
+
+
+def ppmi_in_place(counts):
+    """Right, and overwrites its input with the result."""
+    row, col, total = counts.sum(1, keepdims=True), counts.sum(0, keepdims=True), counts.sum()
+    seen = counts > 0
+    counts *= total
+    with np.errstate(all="ignore"):
+        counts /= row * col
+        np.log(counts, out=counts, where=seen)
+    counts[~seen] = 0.0
+    np.maximum(counts, 0.0, out=counts)
+    return counts
+
+
+CATALOGUE["check_ppmi"]["wrong"] += [(ppmi_negatives_kept, "negative_kept"), (ppmi_of_conditional, "all_zero"),
+                                     (ppmi_all_zeros, "all_zero")]
+CATALOGUE["check_ppmi"]["right"] += [ppmi_in_place]
+
+
+def test_a_zero_output_is_not_named_as_the_missing_total():
+    """Without N the ratio N_wc / (N_w N_c) exceeds 1 on weighted counts below 1: zeros are another slip."""
+    with pytest.raises(ExerciseError) as err:
+        check_ppmi(ppmi_all_zeros)
+    assert err.value.mistake == "all_zero"

@@ -331,3 +331,18 @@ def test_a_torch_size_mismatch_names_keepdim():
     with pytest.raises(ExerciseError, match="keepdim=True"):
         run_checks("rows", lambda x: (lambda t: t / t.sum(-1))(torch.from_numpy(x)),
                    [Case("4 x 6", (np.ones((4, 6)),))], lambda x: x / x.sum(-1, keepdims=True))
+
+
+def test_a_single_matching_mistake_is_dropped_when_it_is_wrong_where_the_reader_is_right():
+    """A mistake that matches the reader's output on the failing case, but is wrong on a case the reader
+    got right, is not the reader's: before, a lone candidate was never checked (chapter 10's reader:
+    'clamp to n_q' named 'top_left', 'causal divided by 4' named 'half_forward')."""
+    plus_three = Mistake("plus_three", "adds 3", "double it", lambda x: x + 3)
+    cases = [Case("x = 5", (np.array([5.0]),)), Case("x = 2", (np.array([2.0]),))]
+    double = lambda x: 2 * x                                          # noqa: E731
+    with pytest.raises(ExerciseError) as err:                         # right on 'x = 5', x + 3 on 'x = 2'
+        run_checks("double", lambda x: np.where(x > 3, 2 * x, x + 3), cases, double, [plus_three])
+    assert err.value.case == "x = 2" and err.value.mistake is None
+    with pytest.raises(ExerciseError) as err:                         # x + 3 everywhere: the match stands
+        run_checks("double", lambda x: x + 3, cases, double, [plus_three])
+    assert err.value.case == "x = 5" and err.value.mistake == "plus_three"

@@ -6,6 +6,7 @@ reshapes.
 """
 import pytest
 import torch
+import numpy as np
 
 from attnbook.exercises import ExerciseError, NotAttemptedError
 from attnbook.exercises.gqa import check_pool_kv_heads, check_share_kv_heads
@@ -196,3 +197,36 @@ CATALOGUE = {
                   (pool_features_mixed, "mixed_features"), (pool_no_division, "summed")],
     },
 }
+
+
+# --- from the expert reading of chapter 11 (checker-findings) ----------------------------------------------
+
+def pool_last(weight, n_heads, n_kv_heads):
+    g, d_head = n_heads // n_kv_heads, weight.shape[0] // n_heads
+    return weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:])[:, -1].reshape(-1, *weight.shape[1:])
+
+
+def pool_median(weight, n_heads, n_kv_heads):
+    g, d_head = n_heads // n_kv_heads, weight.shape[0] // n_heads
+    grouped = weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:]).numpy()
+    return np.median(grouped, axis=1).reshape(-1, *weight.shape[1:])
+
+
+def pool_in_place_division(weight, n_heads, n_kv_heads):
+    """Right values, and divides the caller's weight in place."""
+    g, d_head = n_heads // n_kv_heads, weight.shape[0] // n_heads
+    weight /= g
+    return weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:]).sum(1).reshape(-1, *weight.shape[1:])
+
+
+def pool_first_overwriting_input(weight, n_heads, n_kv_heads):
+    """Wrong (the first head), and overwrites the input so that each group's heads equal the first."""
+    g, d_head = n_heads // n_kv_heads, weight.shape[0] // n_heads
+    grouped = weight.view(n_kv_heads, g, d_head, *weight.shape[1:])
+    grouped[:, 1:] = grouped[:, :1]
+    return grouped.mean(1).reshape(-1, *weight.shape[1:])
+
+
+CATALOGUE["check_pool_kv_heads"]["wrong"] += [(pool_last, "last_head"), (pool_median, "median"),
+                                              (pool_first_overwriting_input, "first_head")]
+CATALOGUE["check_pool_kv_heads"]["right"] += [pool_in_place_division]

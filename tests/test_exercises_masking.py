@@ -171,3 +171,31 @@ CATALOGUE = {
                   (key_mask_without_query_axis_torch, "key_mask_2d")],
     },
 }
+
+
+# --- from the expert reading of chapter 7 (checker-findings) ----------------------------------------------
+
+def float_key_mask(lengths, n):
+    """(B, 1, n) float32 of 1.0 and 0.0: PyTorch's SDPA would add it to the scores, masking nothing."""
+    return (np.arange(n)[None, None, :] < np.asarray(lengths)[:, None, None]).astype(np.float32)
+
+
+def head_axis_key_mask(lengths, n):
+    """(B, 1, 1, n): the layout for (batch, heads, n, n) scores, one axis too many here."""
+    return (torch.arange(n)[None, :] < torch.as_tensor(lengths)[:, None])[:, None, None, :]
+
+
+CATALOGUE["check_padding_mask"]["wrong"] += [(float_key_mask, "float_mask"), (head_axis_key_mask, "head_axis")]
+
+
+def test_a_float_padding_mask_is_rejected_because_torch_adds_it():
+    with pytest.raises(ExerciseError) as err:
+        check_padding_mask(float_key_mask)
+    assert err.value.mistake == "float_mask" and "its pattern is right" in str(err.value)
+
+
+CATALOGUE["check_padding_mask"]["wrong"] += [
+    (lambda lengths, n: np.tril(np.ones((n, n), bool)) & (np.arange(n) < np.asarray(lengths)[:, None, None]),
+     "causal_too"),
+    (lambda lengths, n: np.broadcast_to(np.arange(n) < lengths[0], (len(lengths), n, n)), "one_length"),
+]

@@ -272,3 +272,52 @@ CATALOGUE = {
                   (nw_global_max, "global_shift")],
     },
 }
+
+
+# --- from the expert reading of chapter 12 (checker-findings) ----------------------------------------------
+
+def nw_float32_inputs(x_query, x_train, y_train, h):
+    """Right, with the inputs themselves cast to float32 (so the differences are rounded too)."""
+    xq, xt, yt = (np.asarray(a, np.float32) for a in (x_query, x_train, y_train))
+    s = -(xq[:, None] - xt[None, :]) ** 2 / np.float32(2 * h * h)
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True) @ yt
+
+
+def nw_torch_float32_inputs(x_query, x_train, y_train, h):
+    xq, xt, yt = (torch.tensor(a, dtype=torch.float32) for a in (x_query, x_train, y_train))
+    return torch.softmax(-(xq[:, None] - xt[None, :]) ** 2 / (2 * h * h), dim=-1) @ yt
+
+
+def nw_underflow_patched(x_query, x_train, y_train, h):
+    k = np.exp(-np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h))
+    with np.errstate(invalid="ignore"):
+        return np.nan_to_num(k / k.sum(axis=1, keepdims=True)) @ y_train   # 0/0 patched to 0
+
+
+def linear_torch_float32(q, k, v):
+    q, k, v = (torch.tensor(a, dtype=torch.float32) for a in (q, k, v))
+    fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    return (fq @ (fk.transpose(-1, -2) @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
+
+
+def linear_quadratic_in_row_blocks(q, k, v, block=256):
+    """Right values, never holds n x n (blocks of 256 rows), but does the quadratic form's work."""
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))                      # noqa: E731
+    fq, fk = f(np.asarray(q)), f(np.asarray(k))
+    out = np.empty(fq.shape[:-1] + (np.shape(v)[-1],))
+    for s in range(0, fq.shape[-2], block):
+        w = fq[..., s:s + block, :] @ np.swapaxes(fk, -1, -2)
+        out[..., s:s + block, :] = (w @ v) / w.sum(-1, keepdims=True)
+    return out
+
+
+CATALOGUE["check_nadaraya_watson"]["right"] += [nw_float32_inputs, nw_torch_float32_inputs]
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [(nw_underflow_patched, "underflow_patched")]
+CATALOGUE["check_linear_attention"]["right"] += [linear_torch_float32]
+
+
+def test_quadratic_work_in_row_blocks_is_rejected_by_the_time_check(capsys):
+    with pytest.raises(ExerciseError, match=r"\(time\)': at \d+ times the length"):
+        check_linear_attention(linear_quadratic_in_row_blocks)
+    assert "Correct" not in capsys.readouterr().out

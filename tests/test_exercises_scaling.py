@@ -151,3 +151,26 @@ CATALOGUE = {
         "wrong": [(WRONG_VARIANCES[key], key) for key in sorted(WRONG_VARIANCES)],
     },
 }
+
+
+# --- from the expert reading of chapter 3 (checker-findings) -----------------------------------------------
+
+def variance_of_the_scaled_score(cq, ck):
+    return np.trace(cq @ ck) / cq.shape[0]                  # Var(q . k / sqrt(d_k)), not Var(q . k)
+
+
+def variance_in_place(cq, ck):
+    """Right for symmetric covariances (sum_ij Cq_ij Ck_ij = trace(Cq Ck)), and changes its input."""
+    cq *= ck
+    return cq.sum()
+
+
+def scores_scaled_in_place_and_again(q, k):
+    q /= np.sqrt(q.shape[-1])
+    return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])   # scaled twice: by d_k
+
+
+WRONG_VARIANCES["scaled_variance"] = variance_of_the_scaled_score      # test_every_variance_mistake_is_covered
+CATALOGUE["check_dot_variance"]["wrong"] += [(variance_of_the_scaled_score, "scaled_variance")]
+CATALOGUE["check_dot_variance"]["right"] += [variance_in_place]
+CATALOGUE["check_scaled_scores"]["wrong"] += [(scores_scaled_in_place_and_again, "scale_by_dk")]

@@ -233,3 +233,39 @@ CATALOGUE = {
                   (flops_halved_forward_only, "causal_forward_only")],
     },
 }
+
+
+# --- from the expert reading of chapter 10 (checker-findings) ----------------------------------------------
+
+def blocks_clamped_to_n_q(n_q, n_k, block_q, block_k):
+    """The offset is included, but the keys are clamped at n_q instead of n_k."""
+    offset = n_k - n_q
+    return [-(-min(b * block_q + block_q + offset, n_q) // block_k) for b in range(-(-n_q // block_q))]
+
+
+def flops_seven_products(batch, heads, n, d, causal=False, mode="fwd"):
+    """The true arithmetic of the book's backward kernels (7 products), not the papers' convention (5)."""
+    products = {"fwd": 2, "bwd": 7, "fwd_bwd": 9}[mode]
+    return batch * heads * products * 2 * n * n * d * (0.5 if causal else 1)
+
+
+def flops_causal_quartered(batch, heads, n, d, causal=False, mode="fwd"):
+    f = 4 * batch * heads * n * n * d / (4 if causal else 1)           # "half the rows, half the columns"
+    return f * {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+
+
+def flops_causal_halved_twice(batch, heads, n, d, causal=False, mode="fwd"):
+    f = 4 * batch * heads * n * n * d / (2 if causal else 1) * {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+    return f / 2 if causal and mode != "fwd" else f
+
+
+CATALOGUE["check_key_blocks"]["wrong"] += [(blocks_clamped_to_n_q, "clamp_to_n_q")]
+CATALOGUE["check_benchmark_flops"]["wrong"] += [(flops_seven_products, "backward_seven")]
+
+
+@pytest.mark.parametrize("wrong", [flops_causal_quartered, flops_causal_halved_twice])
+def test_a_causal_slip_is_not_named_as_a_forward_that_passed(wrong):
+    """Both pass the non-causal forward (case 1): 'half_forward', which fails it, is not their mistake."""
+    with pytest.raises(ExerciseError) as err:
+        check_benchmark_flops(wrong)
+    assert err.value.mistake != "half_forward"

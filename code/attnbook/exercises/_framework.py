@@ -144,9 +144,35 @@ def same(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
                             equal_nan=True))
 
 
+FLOAT_MASK_DESCRIPTION = ("the mask is a float array of 1.0 and 0.0 (np.ones, torch.ones): a boolean mask's "
+                          "pattern, in the dtype of an ADDITIVE mask. PyTorch's scaled_dot_product_attention adds a "
+                          "float mask to the scores (+1 or +0), so it masks nothing")
+FLOAT_MASK_HINT = ("make it boolean: build it with dtype=bool (np.ones((n, n), dtype=bool), torch.ones(n, n, "
+                   "dtype=torch.bool)) or compare (mask == 1); True = may attend")
+
+
+def same_mask(a, b) -> bool:
+    """:func:`same` for masks, except that a float array never equals a boolean one: a float 0/1 mask is
+    read as additive by PyTorch, so it is not the boolean mask whatever its values."""
+    a, b = as_array(a), as_array(b)
+    if (a.dtype.kind == "f") != (b.dtype.kind == "f"):
+        return False
+    return same(a, b)
+
+
+def describe_mask(got, expected, case: "Case | None" = None) -> str:
+    """:func:`difference`, which also says when a float mask has the right pattern of 1.0 and 0.0."""
+    a, e = as_array(got), as_array(expected)
+    if a.dtype.kind == "f" and e.dtype == bool and a.shape == e.shape and np.isin(a, (0.0, 1.0)).all():
+        right = np.array_equal(a == 1, e)
+        return (f"your mask is float ({a.dtype}), not boolean; read as True = 1.0 its pattern is "
+                + ("right" if right else "also wrong: " + difference(a == 1, e)))
+    return difference(got, expected, case)
+
+
 def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare, fn: Callable | None = None,
              others: Sequence[Case] = (), postprocess: Callable = lambda out: out,
-             expected=None) -> Mistake | None:
+             expected=None, reference: Callable | None = None) -> Mistake | None:
     """The mistake whose output on ``case`` matches the reader's, or None.
 
     When several match (a case can be blind to a difference: with ``d_model = d_k`` dividing by
@@ -161,12 +187,31 @@ def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare, fn: Callable
     mistake is named only if it also agrees with the reader's function on every other case where
     both run: a mistake that breaks elsewhere, or not where the reader's function does, is not the
     reader's.
+
+    Whatever the evidence, a mistake is named only if it is also right wherever the reader's function
+    is right: on each other case where the reader's output agrees with ``reference`` (when given), the
+    mistake must give that output too. A mistake that matches by chance on the failing case (two wrong
+    formulas that coincide there) but is wrong on a case the reader got right is not the reader's.
     """
     candidates = [m for m in mistakes if _commits(m, case, got, compare)]
     outputs = _ReaderOutputs(fn, postprocess)
+    if candidates and reference is not None:
+        for other in others:
+            theirs = outputs(other)
+            if theirs is _FAILED:
+                continue
+            with np.errstate(all="ignore"):
+                right = reference(*pristine(other.args), **pristine(other.kwargs))
+            if compare(theirs, right):
+                candidates = [m for m in candidates if _commits(m, other, theirs, compare)]
     if candidates and expected is not None and _breaks_only(got, expected):
         candidates = [m for m in candidates
                       if all(_agrees(m, other, outputs, compare) for other in others)]
+    if candidates and expected is not None and _all_zero(got) and not _all_zero(expected):
+        # an all-zero output is weak evidence too: every mistake that zeroes the case matches it (a
+        # PPMI whose ratio never exceeds 1 is clipped to zeros, however it went wrong)
+        candidates = [m for m in candidates
+                      if all(_agrees_where_finite(m, other, outputs) for other in others)]
     for other in others:
         if len(candidates) <= 1:
             break
@@ -213,6 +258,31 @@ def _agrees(mistake: Mistake, case: Case, outputs: _ReaderOutputs, compare) -> b
     """False only when both the mistake and the reader's function run on ``case`` and differ."""
     theirs, wrong = outputs(case), _mistake_output(mistake, case)
     return theirs is _FAILED or wrong is _FAILED or bool(compare(theirs, wrong))
+
+
+def _all_zero(x) -> bool:
+    """Whether ``x`` is one numeric array (or tensor) of zeros."""
+    try:
+        a = as_array(x)
+    except Exception:
+        return False
+    return a.dtype.kind in "fiu" and a.size > 0 and not bool(np.any(a))
+
+
+def _agrees_where_finite(mistake: Mistake, case: Case, outputs: _ReaderOutputs) -> bool:
+    """Like :func:`_agrees`, comparing only the entries finite in both outputs (a NaN the reader's
+    code leaves where the mistake's gives 0 is another slip, not evidence against the mistake)."""
+    theirs, wrong = outputs(case), _mistake_output(mistake, case)
+    if theirs is _FAILED or wrong is _FAILED:
+        return True
+    try:
+        a, w = as_array(theirs).astype(np.float64), as_array(wrong).astype(np.float64)
+    except (TypeError, ValueError):
+        return True
+    if a.shape != w.shape:
+        return False
+    both = np.isfinite(a) & np.isfinite(w)
+    return bool(np.allclose(a[both], w[both], rtol=1e-5, atol=1e-6))
 
 
 def _mistake_output(mistake: Mistake, case: Case):
@@ -326,10 +396,10 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
             # judge the mask the reader meant (0 = may attend), so that a classic mistake made in
             # the additive form is still named as that mistake
             mistake = diagnose(as_array(got) == 0, case, mistakes, compare, fn, others,
-                               lambda out: _additive_as_bool(postprocess(out)), expected)
+                               lambda out: _additive_as_bool(postprocess(out)), expected, reference)
             hint = "return `mask == 0`, the boolean form of your additive mask"
         else:
-            mistake = diagnose(got, case, mistakes, compare, fn, others, postprocess, expected)
+            mistake = diagnose(got, case, mistakes, compare, fn, others, postprocess, expected, reference)
         problem = (describe or difference)(got, expected, case)
         raise ExerciseError(exercise, case.name, problem, mistake=mistake, hint=None if mistake else hint)
     if not quiet:
@@ -337,8 +407,13 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
 
 
 def _is_additive_mask(a: np.ndarray) -> bool:
-    """A float array of 0s and -infs (at least one of each is not required): an additive mask."""
-    return a.dtype.kind == "f" and a.size > 0 and bool(np.all((a == 0) | (a == -np.inf))) and bool(np.any(a == -np.inf))
+    """A float array of 0s and -infs (or a large negative stand-in for -inf, such as -1e9), with at least
+    one of the latter: an additive mask."""
+    if a.dtype.kind != "f" or a.size == 0:
+        return False
+    with np.errstate(invalid="ignore"):
+        blocked = a <= -1e4
+    return bool(np.all((a == 0) | blocked)) and bool(np.any(blocked))
 
 
 def _is_array(x) -> bool:
@@ -361,7 +436,8 @@ def difference(got, expected, case: Case | None = None) -> str:
         as_bool = got_a == 0
         verdict = ("it is right as an additive mask" if np.array_equal(as_bool, expected_a)
                    else "read as a boolean mask (mask == 0) it is still wrong: " + difference(as_bool, expected_a))
-        return ("your mask is additive (0 where attention is allowed, -inf where it is not), the form that is "
+        return ("your mask is additive (0 where attention is allowed, -inf or a large negative number where it is "
+                "not), the form that is "
                 "added to the scores; this exercise wants the boolean form, True = may attend, which "
                 f"`mask == 0` gives. {verdict[0].upper() + verdict[1:]}")
     if got_a.dtype != bool and not np.all(np.isfinite(got_a.astype(float))) \

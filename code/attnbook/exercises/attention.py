@@ -6,7 +6,8 @@ import numpy as np
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
 from ..softmax import naive_softmax, softmax
-from ._framework import Case, Mistake, is_broadcast_error, run_checks, same
+from ._framework import (FLOAT_MASK_DESCRIPTION, FLOAT_MASK_HINT, Case, Mistake, as_array, describe_mask,
+                         is_broadcast_error, run_checks, same, same_mask)
 
 _rng = np.random.default_rng
 
@@ -21,6 +22,19 @@ def _first(out):
 def _exp_rows(x):
     """exp(x - each row's maximum), as the book's solution computes it (keepdims kept)."""
     return np.exp(x - x.max(-1, keepdims=True))
+
+
+def _finite_mean(x):
+    """Each row's mean over its finite entries (0 for a row with none), keepdims kept."""
+    x = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x)
+    count = finite.sum(-1, keepdims=True)
+    return np.where(count > 0, np.where(finite, x, 0).sum(-1, keepdims=True) / np.maximum(count, 1), 0.0)
+
+
+def _shifted_by(x, shift):
+    e = np.exp(x - shift)
+    return e / e.sum(-1, keepdims=True)
 
 
 SOFTMAX_MISTAKES = [
@@ -48,6 +62,27 @@ SOFTMAX_MISTAKES = [
             "only the maximum makes every exponent <= 0 with at least one equal to 0: the sum is then "
             "between 1 and n, never inf and never 0",
             lambda x: np.exp(x - x.mean(-1, keepdims=True)) / np.exp(x - x.mean(-1, keepdims=True)).sum(-1, keepdims=True)),
+    Mistake("shift_not_max", "each row is shifted by a statistic other than its maximum (here the mean of its "
+            "finite entries): on a row whose scores span more than exp's range (~709 in float64, ~88 in float32) "
+            "some exponent still overflows, or every one underflows, and the result is NaN",
+            "only the maximum makes every exponent <= 0 with at least one equal to 0: the sum is then "
+            "between 1 and n, never inf and never 0",
+            lambda x: _shifted_by(x, _finite_mean(x))),
+    Mistake("global_sum", "the exponentials are divided by the sum over the whole matrix, not per row (each "
+            "row's maximum is subtracted, but one sum divides them all)",
+            "sum along axis=-1 with keepdims=True", lambda x: _exp_rows(x) / _exp_rows(x).sum()),
+    Mistake("max_axis_0", "the maximum subtracted is each column's (axis 0), while the sum is each row's: rows "
+            "far below their column's maximum underflow, and 0/0 is NaN",
+            "take the maximum along the same axis as the sum: x.max(axis=-1, keepdims=True)",
+            lambda x: np.exp(x - x.max(0, keepdims=True)) / np.exp(x - x.max(0, keepdims=True)).sum(-1, keepdims=True)),
+    Mistake("neg_inf_to_zero", "the -inf scores (masked entries) were replaced by 0, so the masked keys get weight",
+            "keep -inf as it is: exp(-inf - max) = 0 gives a masked key weight 0; only a fully masked row needs care",
+            lambda x: _exp_rows(np.where(np.isneginf(x), 0.0, x))
+            / _exp_rows(np.where(np.isneginf(x), 0.0, x)).sum(-1, keepdims=True)),
+    Mistake("unshifted_denominator", "the numerator is shifted by the row maximum but the denominator is not: "
+            "exp(x - m) / sum exp(x) is softmax times exp(-m)",
+            "shift both: e = np.exp(x - m) and divide e by e.sum(axis=-1, keepdims=True)",
+            lambda x: _exp_rows(x) / np.exp(x).sum(-1, keepdims=True)),
     Mistake("max_at_least_zero", "each row is shifted by max(its maximum, 0) (a running maximum started at 0): "
             "a row whose scores are all far below 0 underflows to zeros, and 0/0 is NaN",
             "start the maximum at -inf, or use x.max(axis=-1, keepdims=True) as it is, negative or not",
@@ -139,12 +174,27 @@ ATTENTION_MISTAKES = [
             "the scale belongs to the dot products q . k, which have d_k terms: np.sqrt(q.shape[-1])",
             lambda q, k, v: softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(v.shape[-1])) @ v),
     Mistake("scale_by_sqrt_n_k", "the scores are divided by sqrt(n_k), the number of keys, not sqrt(d_k)",
-            "d_k is the length of each query and key vector, q.shape[-1]; len(k) counts the keys",
+            "d_k is the dimension of each query and key vector, q.shape[-1]; len(k) counts the keys",
             _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-2]))),
     Mistake("global_softmax", "the softmax is taken over the whole score matrix, not over each query's row",
             "each query's weights over the keys must sum to 1: softmax along the last axis, per row",
             _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
                             lambda s: softmax(s.reshape(-1)).reshape(s.shape))),
+    Mistake("global_max", "the softmax subtracts the maximum of the whole score matrix, not each row's own: "
+            "a row far below it underflows to all zeros, and 0/0 is NaN",
+            "subtract each query's own maximum: s - s.max(axis=-1, keepdims=True)",
+            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
+                            lambda s: np.exp(s - s.max()) / np.exp(s - s.max()).sum(-1, keepdims=True))),
+    Mistake("no_softmax", "there is no softmax: the scaled scores themselves weight the values",
+            "the weights are softmax(q @ k.T / sqrt(d_k)) along the last axis: positive, each row summing to 1",
+            lambda q, k, v: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) @ v),
+    Mistake("times_sqrt_dk", "the scores are multiplied by sqrt(d_k) instead of divided by it",
+            "scores = q @ k.T / np.sqrt(d_k): the scale shrinks the dot products, whose variance is d_k",
+            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) * np.sqrt(q.shape[-1]))),
+    Mistake("transposed_weights", "the weights are transposed before they multiply v (weights.T @ v): each "
+            "output row mixes the values with one KEY's weights over the queries",
+            "out = weights @ v with weights of shape (n_q, n_k): row i of the output uses row i of the weights",
+            lambda q, k, v: np.swapaxes(softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])), -1, -2) @ v),
     Mistake("scaled_after_softmax", "the weights are divided by sqrt(d_k) after the softmax instead of the scores before it",
             "the scale goes inside: softmax(q @ k.T / sqrt(d_k)); after the softmax it only shrinks the output",
             lambda q, k, v: softmax(q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]) @ v),
@@ -188,20 +238,34 @@ CAUSAL_MISTAKES = [
             "use j <= i, not j <= i + 1", lambda n: np.tril(np.ones((n, n), bool), k=1)),
     Mistake("no_mask", "every entry is True: nothing is hidden, so each position sees the future",
             "keep only the keys j <= i: np.tril(np.ones((n, n), bool))", lambda n: np.ones((n, n), bool)),
+    Mistake("flipped", "the mask is flipped left to right: the anti-diagonal triangle, not the lower one",
+            "row i may see keys j <= i: np.tril(np.ones((n, n), bool)), with no flip",
+            lambda n: np.fliplr(np.tril(np.ones((n, n), bool)))),
+    Mistake("two_ahead", "the mask is off by two: each position also sees the next two",
+            "use j <= i: np.tril(np.ones((n, n), bool)) with k=0", lambda n: np.tril(np.ones((n, n), bool), k=2)),
     Mistake("diagonal_only", "only the diagonal is True: each position sees itself and nothing before it",
             "query i may attend to every key j <= i, not only to j = i", lambda n: np.eye(n, dtype=bool)),
 ]
 
 
+CAUSAL_MISTAKES.append(Mistake(
+    "float_mask", FLOAT_MASK_DESCRIPTION, FLOAT_MASK_HINT, lambda n: np.tril(np.ones((n, n)))))
+
+
 def _as_bool_mask(out):
-    out = np.asarray(out)
-    if out.dtype != bool and np.isin(out, (0, 1)).all():
+    """0/1 integers read as booleans; a float mask stays float (:func:`same_mask` rejects it)."""
+    out = as_array(out)
+    if out.dtype.kind in "iu" and np.isin(out, (0, 1)).all():
         return out.astype(bool)
     return out
 
 
 def check_causal_mask(fn) -> None:
-    """Check ``fn(n)`` returns the (n, n) boolean causal mask, True = may attend."""
+    """Check ``fn(n)`` returns the (n, n) boolean causal mask, True = may attend.
+
+    0/1 integers are accepted as booleans; a float mask of 1.0 and 0.0 is not: PyTorch's
+    ``scaled_dot_product_attention`` would add it to the scores instead of masking them.
+    """
     cases = [Case(f"n = {n}", (n,)) for n in (5, 8, 2, 1)]  # informative sizes first
     run_checks("causal mask", fn, cases, lambda n: causal_mask(n), CAUSAL_MISTAKES,
-               postprocess=_as_bool_mask)
+               postprocess=_as_bool_mask, compare=same_mask, describe=describe_mask)

@@ -95,6 +95,15 @@ PPMI_MISTAKES = [
     Mistake("no_clip", "negative PMI values are kept (and never-seen pairs give log 0 = -inf)",
             "PPMI is max(0, PMI): clip with np.maximum(pmi, 0), and give zero counts the value 0",
             lambda n: _pmi(n, _expected(n, n.sum(1), n.sum(0)))),
+    Mistake("negative_kept", "negative PMI values are kept (only the never-seen pairs were set to 0)",
+            "PPMI is max(0, PMI): clip every negative value to 0 with np.maximum(pmi, 0), not only the -inf "
+            "of the zero counts",
+            lambda n: np.nan_to_num(_pmi(n, _expected(n, n.sum(1), n.sum(0))), nan=0.0, neginf=0.0, posinf=0.0)),
+    Mistake("all_zero", "every entry of your output is 0: the ratio inside your log never exceeds 1, so the clip "
+            "at 0 removes everything. log p(c | w) = log(N_wc / N_w) is such a ratio: it is not PMI",
+            "PMI compares p(w, c) with p(w) p(c): log(N_wc N / (N_w N_c)), the total N in the numerator; it is "
+            "positive for pairs seen together more often than chance",
+            lambda n: np.zeros(np.shape(n))),
     Mistake("zero_row_nan", "a word that never occurs (a zero row) gives 0/0 = NaN",
             "guard the division where the count is 0, e.g. np.divide(..., where=counts > 0), and set "
             "those entries to 0",
@@ -120,8 +129,10 @@ def ppmi_cases() -> list[Case]:
     with_unused[2] = 0.0
     return [
         Case("a symmetric (4, 4) count matrix with some zero counts", (symmetric,)),
-        Case("a square (5, 5) count matrix that is not symmetric",
-             (rng.integers(1, 9, size=(5, 5)).astype(float),)),
+        # weighted counts below 1: there the ratio N_wc / (N_w N_c) without the total exceeds 1 for some
+        # pairs, so forgetting N gives nonzero values, not the zeros of every ratio that never exceeds 1
+        Case("a (5, 5) matrix of weighted counts (fractions below 1, e.g. weighted by distance), not symmetric",
+             (rng.integers(1, 9, size=(5, 5)).astype(float) / 100,)),
         Case("a rectangular (3, 6) matrix: 3 words by 6 contexts", (rng.integers(0, 7, size=(3, 6)).astype(float),)),
         Case("a (5, 5) matrix whose word 2 never occurs (a zero row)", (with_unused,)),
     ]

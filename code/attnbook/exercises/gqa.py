@@ -8,6 +8,7 @@ converted with one convention and run with the other is silently wrong.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..gqa import pool_kv_heads
@@ -85,6 +86,16 @@ POOL_MISTAKES = [
             "only the first head of each group is kept (the ablation of Ainslie et al.), not the mean",
             "average all g heads of the group: mean-pooling keeps information from each of them",
             lambda w, h, h_kv: _heads(w, h)[:: h // h_kv].reshape(-1, *w.shape[1:])),
+    Mistake("last_head",
+            "only the last head of each group is kept, not the mean",
+            "average all g heads of the group: reshape to (n_kv_heads, g, d_head, ...) and take .mean(1)",
+            lambda w, h, h_kv: _heads(w, h)[h // h_kv - 1:: h // h_kv].reshape(-1, *w.shape[1:])),
+    Mistake("median",
+            "the heads of a group are pooled by their median, not their mean",
+            "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), not .median(1)",
+            lambda w, h, h_kv: np.median(np.asarray(_heads(w, h)).reshape(h_kv, h // h_kv, w.shape[0] // h,
+                                                                         *w.shape[1:]), axis=1)
+            .reshape(-1, *w.shape[1:])),
     Mistake("summed",
             "the heads of a group are summed instead of averaged (the keys come out g times too large)",
             "divide the sum by the group size g, or use .mean",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..padding import key_padding_mask
-from ._framework import Case, Mistake, run_checks
+from ._framework import FLOAT_MASK_DESCRIPTION, FLOAT_MASK_HINT, Case, Mistake, describe_mask, run_checks, same_mask
 
 
 def _grid(lengths, n):
@@ -54,6 +54,22 @@ PADDING_MISTAKES = [
             "does not broadcast to (batch, n_q, n_k), or broadcasts along the wrong axes",
             "add the query axis: real[:, None, :] has shape (batch, 1, n) and broadcasts over the queries",
             lambda lengths, n: _broadcast_or_raw(np.arange(n)[None, :] < np.asarray(lengths)[:, None], lengths, n)),
+    Mistake("causal_too", "the mask is causal as well as key-padding (j <= i and j < lengths[b]): this exercise "
+            "asks for the padding mask alone",
+            "combine the two where a decoder needs both (causal_mask(n) & padding_mask); here return only "
+            "j < lengths[b], for every query i",
+            _commit(lambda i, j, L, n: (j <= i) & (j < L))),
+    Mistake("one_length", "every sequence got the same length (the first one's): the mask ignores "
+            "lengths[b] for the other sequences",
+            "compare the key index with each sequence's own length: lengths[:, None, None] broadcasts over b",
+            _commit(lambda i, j, L, n: j < L.flat[0])),
+    Mistake("head_axis", "the mask has the head axis, shape (batch, 1, 1, n): the layout that broadcasts over "
+            "(batch, heads, n_q, n_k) scores, but this exercise has no head axis",
+            "return (batch, n, n) or (batch, 1, n): drop the head axis (mask[:, 0]); add it back, "
+            "mask[:, None], where the mask meets scores with a head axis",
+            lambda lengths, n: (np.arange(n)[None, :] < np.asarray(lengths)[:, None])[:, None, None, :]),
+    Mistake("float_mask", FLOAT_MASK_DESCRIPTION, FLOAT_MASK_HINT,
+            lambda lengths, n: _reference(lengths, n).astype(np.float64)),
     Mistake("left_padding", "the padding is assumed at the start of each sequence (left padding)",
             "in this exercise the real tokens come first: positions 0 .. lengths[b] - 1",
             _commit(lambda i, j, L, n: j >= n - L)),
@@ -78,14 +94,14 @@ def _broadcast_or_raw(out, lengths, n):
 
 
 def _as_full_bool(fn):
-    """Accept any mask that broadcasts to (batch, n, n), and 0/1 integers for booleans."""
+    """Accept any mask that broadcasts to (batch, n, n), and 0/1 integers for booleans (not floats)."""
     def wrapped(lengths, n):
         out = fn(np.array(lengths), n)
         if hasattr(out, "detach"):  # a torch tensor
             out = out.detach().cpu().numpy()
         out = np.asarray(out)
-        if out.dtype != bool and out.size and np.isin(out, (0, 1)).all():
-            out = out.astype(bool)
+        if out.dtype.kind in "iu" and out.size and np.isin(out, (0, 1)).all():
+            out = out.astype(bool)            # 0/1 integers; a float mask stays float (same_mask rejects it)
         try:
             return _full(out, lengths, n)
         except ValueError:
@@ -98,6 +114,9 @@ def check_padding_mask(fn) -> None:
 
     lengths: int array (batch,); n: the padded length. The answer is bool (batch, n, n),
     or anything that broadcasts to it (e.g. (batch, 1, n)), with entry [b, i, j] True
-    exactly when key j is a real token of sequence b (``j < lengths[b]``).
+    exactly when key j is a real token of sequence b (``j < lengths[b]``). 0/1 integers are
+    accepted as booleans, a float mask of 1.0 and 0.0 is not: PyTorch's
+    ``scaled_dot_product_attention`` would add it to the scores instead of masking them.
     """
-    run_checks("padding mask", _as_full_bool(fn), padding_mask_cases(), _reference, PADDING_MISTAKES)
+    run_checks("padding mask", _as_full_bool(fn), padding_mask_cases(), _reference, PADDING_MISTAKES,
+               compare=same_mask, describe=describe_mask)

@@ -31,7 +31,7 @@ SCALED_SCORES_MISTAKES = [
             "write np.sqrt(d_k) or d_k ** 0.5",
             lambda q, k: q @ _t(k) / q.shape[-1] / 2),
     Mistake("sqrt_n_k", "the scores are divided by the square root of the number of keys n_k, not of d_k",
-            "d_k is the length of each query and key vector: q.shape[-1]",
+            "d_k is the dimension of each query and key vector, q.shape[-1] (the number of features, not the number of keys)",
             lambda q, k: q @ _t(k) / np.sqrt(k.shape[-2])),
     Mistake("sqrt_n_q", "the scores are divided by the square root of the number of queries n_q "
             "(len(q) or q.shape[0] on a matrix), not of d_k",
@@ -93,6 +93,10 @@ DOT_VARIANCE_MISTAKES = [
             lambda cq, ck: float(np.linalg.norm(cq @ ck))),
     Mistake("sum_of_product", "you summed every entry of Cq @ Ck instead of its diagonal",
             "E[(q . k)^2] = sum_ij Cq_ij Ck_ji = trace(Cq @ Ck)", lambda cq, ck: float(np.sum(cq @ ck))),
+    Mistake("scaled_variance", "you returned trace(Cq Ck) / d_k, the variance of the SCALED score q . k / sqrt(d_k)",
+            "the exercise asks for Var(q . k) itself, before any scaling: trace(Cq @ Ck); dividing by d_k is "
+            "what the 1/sqrt(d_k) scale then does to it",
+            lambda cq, ck: float(np.trace(cq @ ck)) / cq.shape[0]),
     Mistake("d_k_only", "you returned d_k, the answer for unit-variance independent components only",
             "the covariances change the answer: trace(Cq @ Ck)", lambda cq, ck: float(cq.shape[0])),
 ]

@@ -60,6 +60,11 @@ BLOCK_COUNT_MISTAKES = [
             "cdiv(min(q_block * block_q + block_q + n_k - n_q, n_k), block_k)",
             _per_block(lambda a0, qb, n_q, n_k, bq, bk:
                        _cdiv(min((qb + 1) * bq, n_q), bk) + (n_k - n_q) // bk)),
+    Mistake("clamp_to_n_q", "the count is clamped to n_q, the number of queries, instead of n_k, the number of "
+            "keys: right only without a cache (n_q = n_k)",
+            "the keys to cover end at the block's last query position (offset included) or at the last key, "
+            "whichever comes first: cdiv(min(a0 + block_q, n_k), block_k)",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq, n_q), bk))),
     Mistake("one_past", "one key block too many where the last visible key ends a block",
             "the last visible key of the block is at a0 + block_q - 1; the keys to cover are "
             "0 .. a0 + block_q - 1, that is a0 + block_q of them, not one more",
@@ -73,8 +78,10 @@ def block_count_cases() -> list[Case]:
         Case("n_q = n_k = 256, block_q = 128, block_k = 64", (256, 256, 128, 64)),
         Case("n_q = n_k = 256, block_q = 64, block_k = 128", (256, 256, 64, 128)),
         Case("n_q = n_k = 200 (a ragged last block), block_q = block_k = 64", (200, 200, 64, 64)),
-        Case("64 new queries after 186 cached keys (not a multiple of the block): n_q = 64, n_k = 250, "
-             "block_q = 32, block_k = 64", (64, 250, 32, 64)),
+        # an offset that is not a multiple of block_k, and n_q != n_k where clamping to n_q or aligning the
+        # queries top-left give different wrong counts
+        Case("96 new queries after 122 cached keys (not a multiple of the block): n_q = 96, n_k = 218, "
+             "block_q = 32, block_k = 64", (96, 218, 32, 64)),
         Case("one query, n_k = 300, block_q = 16, block_k = 64", (1, 300, 16, 64)),
         Case("n_q = n_k = 65 (the last query block hangs past the end), block_q = 64, block_k = 16",
              (65, 65, 64, 16)),
@@ -135,6 +142,13 @@ FLOPS_MISTAKES = [
             "halve the forward count when causal, then multiply by the mode's factor (1, 2.5 or 3.5)",
             lambda batch, heads, n, d, causal=False, mode="fwd":
                 4.0 * batch * heads * n * n * d / (2 if causal and mode == "fwd" else 1) * _MODE_FACTOR[mode]),
+    Mistake("backward_seven", "the backward is counted as 3.5 times the forward, the seven n x n x d products "
+            "the book's two backward kernels really perform (S and dP computed in both), and forward + backward "
+            "as 4.5 times",
+            "that is the true arithmetic, but benchmarks count by the papers' convention: the backward's five "
+            "products (S, dV, dP, dQ, dK) to the forward's two, 2.5 times the forward, and forward + backward "
+            "3.5 times, whatever a kernel recomputes",
+            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, {"fwd": 1.0, "bwd": 3.5, "fwd_bwd": 4.5})),
     Mistake("exact_causal", "causal attention is counted exactly, n (n + 1) / 2 scores, not by the papers' convention",
             "your count is the true one, but benchmarks report n^2 / 2 for causal attention (the convention "
             "of the FlashAttention papers, which the chapter's plots use), so that causal and full TFLOP/s "
