@@ -274,3 +274,30 @@ def test_a_zero_output_is_not_named_as_the_missing_total():
     with pytest.raises(ExerciseError) as err:
         check_ppmi(ppmi_all_zeros)
     assert err.value.mistake == "all_zero"
+
+
+# --- from the second expert reading of chapter 1: zero rows on the other side ------------------------------
+
+def cos_guard_a_only(a, b):
+    """Guards a's zero rows only: b's zero row still gives 0/0."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    na = np.linalg.norm(a, axis=1, keepdims=True)
+    a_hat = np.divide(a, na, out=np.zeros_like(a), where=na > 0)
+    with np.errstate(all="ignore"):
+        b_hat = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return a_hat @ b_hat.T
+
+
+def ppmi_guard_rows_only(counts):
+    """Sets a zero row to 0, but a context that never occurs (a zero column) still gives log(0/0) = NaN."""
+    c = np.asarray(counts, float)
+    with np.errstate(all="ignore"):
+        pmi = np.log(c * c.sum() / (c.sum(1, keepdims=True) * c.sum(0, keepdims=True)))
+    pmi[c.sum(1) == 0] = 0.0
+    return np.maximum(pmi, 0.0)
+
+
+def test_a_guard_on_one_side_only_is_rejected():
+    for check, fn in ((check_cosine_similarity, cos_guard_a_only), (check_ppmi, ppmi_guard_rows_only)):
+        with pytest.raises(ExerciseError):
+            check(fn)

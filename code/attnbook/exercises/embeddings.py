@@ -60,13 +60,16 @@ def cosine_cases() -> list[Case]:
     with_zero = rows(3, 4)
     with_zero[1] = 0.0
     a_same = rows(4, 6)
+    b_zero = rows(2, 4)
+    b_zero[0] = 0.0
     return [
         # the square case comes first: there a forgotten keepdims broadcasts instead of failing
         Case("square: a and b both (4, 4)", (rows(4, 4), rows(4, 4))),
         Case("a (3, 5) against b (4, 5)", (rows(3, 5), rows(4, 5))),
         Case("a single row each: a (1, 7), b (1, 7)", (rows(1, 7), rows(1, 7))),
         Case("a matrix against itself, (4, 6) (the diagonal is 1)", (a_same, a_same.copy())),
-        Case("a (3, 4) whose second row is zero, against b (2, 4)", (with_zero, rows(2, 4))),
+        # zero rows on both sides: a guard on a's norms alone still gives NaN for b's zero row
+        Case("a (3, 4) whose second row is zero, against b (2, 4) whose first row is zero", (with_zero, b_zero)),
     ]
 
 
@@ -127,6 +130,7 @@ def ppmi_cases() -> list[Case]:
     symmetric = symmetric + symmetric.T
     with_unused = rng.integers(0, 5, size=(5, 5)).astype(float)
     with_unused[2] = 0.0
+    with_unused[:, 4] = 0.0
     return [
         Case("a symmetric (4, 4) count matrix with some zero counts", (symmetric,)),
         # weighted counts below 1: there the ratio N_wc / (N_w N_c) without the total exceeds 1 for some
@@ -134,7 +138,9 @@ def ppmi_cases() -> list[Case]:
         Case("a (5, 5) matrix of weighted counts (fractions below 1, e.g. weighted by distance), not symmetric",
              (rng.integers(1, 9, size=(5, 5)).astype(float) / 100,)),
         Case("a rectangular (3, 6) matrix: 3 words by 6 contexts", (rng.integers(0, 7, size=(3, 6)).astype(float),)),
-        Case("a (5, 5) matrix whose word 2 never occurs (a zero row)", (with_unused,)),
+        # a zero column too: a guard on the row sums alone still gives 0/0 for a context that never occurs
+        Case("a (5, 5) matrix whose word 2 never occurs (a zero row) and context 4 neither (a zero column)",
+             (with_unused,)),
     ]
 
 
