@@ -79,9 +79,11 @@ def block_count_cases() -> list[Case]:
         Case("n_q = n_k = 256, block_q = 64, block_k = 128", (256, 256, 64, 128)),
         Case("n_q = n_k = 200 (a ragged last block), block_q = block_k = 64", (200, 200, 64, 64)),
         # an offset that is not a multiple of block_k, and n_q != n_k where clamping to n_q or aligning the
-        # queries top-left give different wrong counts
-        Case("96 new queries after 122 cached keys (not a multiple of the block): n_q = 96, n_k = 218, "
-             "block_q = 32, block_k = 64", (96, 218, 32, 64)),
+        # queries top-left give different wrong counts; with an offset of 129 the last visible key of the
+        # second query block is key 192, a multiple of block_k, so counting it as 192 keys instead of 193
+        # comes out one block short
+        Case("96 new queries after 129 cached keys (not a multiple of the block): n_q = 96, n_k = 225, "
+             "block_q = 32, block_k = 64", (96, 225, 32, 64)),
         Case("one query, n_k = 300, block_q = 16, block_k = 64", (1, 300, 16, 64)),
         Case("n_q = n_k = 65 (the last query block hangs past the end), block_q = 64, block_k = 16",
              (65, 65, 64, 16)),
