@@ -292,3 +292,33 @@ def online_log_of_sum(scores):
 
 
 CATALOGUE["check_online_softmax"]["wrong"].append((online_log_of_sum, "log_of_sum"))
+
+
+def test_float32_accumulators_are_accepted_and_a_float32_stored_row_is_not():
+    """From an expert reading of chapter 9: the book's algorithm with float32 accumulators was rejected
+    (the tolerance was 1e-9), and a row stored in float32 (400 KB) fitted under the old memory limit."""
+    import numpy as np
+    import pytest
+
+    from attnbook.exercises import ExerciseError
+    from attnbook.exercises.flash import check_online_softmax
+
+    def float32_state(scores):
+        m, l = np.float32(-np.inf), np.float32(0.0)
+        for x in scores:
+            x = np.float32(x)
+            m_new = max(m, x)
+            if m_new == -np.inf:
+                continue
+            l = l * np.exp(m - m_new) + np.exp(x - m_new)
+            m = m_new
+        return m, l
+
+    def stored_float32(scores):
+        row = np.fromiter(scores, dtype=np.float32)
+        m = row.max()
+        return m, np.exp(row - m).sum() if np.isfinite(m) else 0.0
+
+    check_online_softmax(float32_state)
+    with pytest.raises(ExerciseError, match="stored the scores"):
+        check_online_softmax(stored_float32)

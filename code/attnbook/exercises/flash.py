@@ -136,9 +136,10 @@ def _as_pair(out) -> np.ndarray:
     return pair
 
 
-def _same_pair(got, expected) -> bool:
+def _same_pair(got, expected, rtol: float = 1e-6) -> bool:
+    """Equal to a relative 1e-6: float32 accumulators pass (their rounding is ~1e-7), a wrong state does not."""
     got, expected = np.asarray(got, float), np.asarray(expected, float)
-    return got.shape == expected.shape and bool(np.allclose(got, expected, rtol=1e-9, atol=0, equal_nan=True))
+    return got.shape == expected.shape and bool(np.allclose(got, expected, rtol=rtol, atol=0, equal_nan=True))
 
 
 ONLINE_MISTAKES = [
@@ -216,10 +217,11 @@ def _check_one_pass_memory(fn, n: int = 100_000) -> None:
     stream = ScoreStream(x)                           # built before measuring: the row is the checker's
     out, peak = peak_memory(fn, stream)
     case = f"a stream of {n:,} scores (memory)"
-    if peak > 400 * 1024:                             # a stored row: 800 KB as an array, more as a list
+    if peak > 150 * 1024:                             # a stored row: 400 KB in float32, 800 KB in float64, more as a list
         raise ExerciseError("online softmax", case,
                             f"your function's peak memory was {format_bytes(peak)}: it stored the scores "
                             "(8 bytes or more each), so that it could read them twice",
                             hint="keep only m and l: the loop that reads each score must update both at once")
-    if not _same_pair(_as_pair(out), np.array(_reference_state(x))):
+    # a float32 running sum of 100,000 terms drifts by up to ~1e-4 relative; every wrong state is far off
+    if not _same_pair(_as_pair(out), np.array(_reference_state(x)), rtol=1e-3):
         raise ExerciseError("online softmax", case, "the state differs from the reference on a long row")
