@@ -74,7 +74,7 @@ def test_rope_in_numpy_passes():
     check_rope_attention(numpy_version)
 
 
-@pytest.mark.parametrize("wrong, key", [
+ROPE_BY_HAND = [
     (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), my_rope(v)), "rope_on_values"),
     (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), k, v), "q_only"),
     (lambda q, k, v: F.scaled_dot_product_attention(q, my_rope(k), v), "k_only"),
@@ -88,7 +88,10 @@ def test_rope_in_numpy_passes():
      "frequency_exponent"),
     (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), v, scale=1.0), "no_scale"),
     (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k, sign=-1.0), v), "opposite_rotations"),
-])
+]
+
+
+@pytest.mark.parametrize("wrong, key", ROPE_BY_HAND)
 def test_rope_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_rope_attention(wrong)
@@ -204,20 +207,7 @@ def rope_float32_in_place(q, k, v):
     return torch.softmax(q32 @ k32.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v32
 
 
-ROPE_WRONG = [
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), my_rope(v)), "rope_on_values"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), k, v), "q_only"),
-    (lambda q, k, v: F.scaled_dot_product_attention(q, my_rope(k), v), "k_only"),
-    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "no_rope"),
-    (lambda q, k, v: my_rope(F.scaled_dot_product_attention(q, k, v)), "rope_on_output"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope_interleaved(q), my_rope_interleaved(k), v),
-     "interleaved_layout"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, sign=-1.0), my_rope(k, sign=-1.0), v),
-     "reversed_rotation"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, exponent_step=1), my_rope(k, exponent_step=1), v),
-     "frequency_exponent"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), v, scale=1.0), "no_scale"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k, sign=-1.0), v), "opposite_rotations"),
+ROPE_WRONG = ROPE_BY_HAND + [
     (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k, start=1), v), "key_positions_shifted"),
     (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope_at(k, range(k.shape[-2] - 1, -1, -1)), v),
      "key_positions_reversed"),
