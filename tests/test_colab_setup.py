@@ -7,6 +7,8 @@ notebook's default source is the GitHub repository, which CI cannot reach).
 """
 from __future__ import annotations
 
+import ast
+import json
 import os
 import shutil
 import subprocess
@@ -130,3 +132,54 @@ def test_setup_cell_installs_with_piplite_in_the_browser(path, monkeypatch):
     exec(block, {"importlib": importlib, "os": os, "subprocess": subprocess, "sys": sys, "get_ipython": Shell})
     # JupyterLite's Pyodide kernel runs %pip with piplite: `await piplite.install(["attnbook"], deps=False)`
     assert magics == [("pip", "install --no-deps attnbook")]
+
+
+# --- what a setup cell says --------------------------------------------------------------------------------
+
+def _is_install(node: ast.AST) -> bool:
+    """A statement that installs: `subprocess.run([... "pip", "install" ...])` or `%pip install ...`."""
+    text = ast.unparse(node)
+    return isinstance(node, ast.Expr) and ("'install'" in text or "'pip', 'install" in text)
+
+
+def _is_print(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name) and node.value.func.id == "print")
+
+
+def _bodies(tree: ast.AST):
+    for node in ast.walk(tree):
+        for field in ("body", "orelse"):
+            statements = getattr(node, field, None)
+            if isinstance(statements, list):
+                yield statements
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_setup_cell_says_what_it_installs(path):
+    """Each install is announced by a print just before it, each `if` that may install says "nothing to
+    install" in its `else`, and the committed output (of a machine that has everything) shows those lines."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    tree = ast.parse(TransformerManager().transform_cell(setup_cell(path)))
+    installs = 0
+    for body in _bodies(tree):
+        for i, statement in enumerate(body):
+            if _is_install(statement):
+                installs += 1
+                assert i > 0 and _is_print(body[i - 1]), \
+                    f"{path.name}: `{ast.unparse(statement)}` is not announced by a print just before it"
+    # the tests that decide whether to install (`find_spec(...) is None`, `missing_requirements()`)
+    guards = [node for node in ast.walk(tree) if isinstance(node, ast.If)
+              and ("find_spec" in ast.unparse(node.test) or "missing_requirements" in ast.unparse(node.test))
+              and any(_is_install(inner) for inner in ast.walk(node))]
+    assert installs and guards, f"{path.name}: no install found in the setup cell"
+    for guard in guards:
+        says = ast.unparse(guard.orelse[0]) if guard.orelse else ""
+        assert _is_print(guard.orelse[0]) and "nothing to install" in says, \
+            f"{path.name}: `if {ast.unparse(guard.test)}:` says nothing when there is nothing to install"
+
+    cell = next(c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"])
+    assert printed.count("nothing to install") == len(guards), \
+        f"{path.name}: the committed setup output should say 'nothing to install' {len(guards)} times: {printed!r}"
