@@ -81,7 +81,8 @@ def test_cosine_checker_names_each_mistake(wrong, key):
 
 def test_every_cosine_mistake_is_tested():
     tested = {"raw_dot", "only_a", "only_b", "wrong_axis", "no_keepdims", "squared_norms", "distance",
-              "transposed", "zero_row_nan"}
+              "transposed", "zero_row_nan", "zero_guard_a_only", "zero_guard_b_only", "zero_row_one",
+              "matrix_norms", "l1_norms", "centred"}
     assert {m.key for m in COSINE_MISTAKES} == tested
 
 
@@ -166,7 +167,9 @@ def test_ppmi_checker_names_each_mistake(wrong, key):
 
 def test_every_ppmi_mistake_is_tested():
     assert {m.key for m in PPMI_MISTAKES} == {"no_clip", "zero_row_nan", "missing_total", "log2",
-                                              "swapped_marginals", "negative_kept", "all_zero"}
+                                              "swapped_marginals", "negative_kept", "all_zero",
+                                              "rows_guarded_only", "columns_guarded_only", "row_sums_twice",
+                                              "column_sums_twice", "absolute", "context_smoothing", "add_one"}
 
 
 def test_ppmi_checker_passes_the_loop_reference(capsys):
@@ -301,3 +304,212 @@ def test_a_guard_on_one_side_only_is_rejected():
     for check, fn in ((check_cosine_similarity, cos_guard_a_only), (check_ppmi, ppmi_guard_rows_only)):
         with pytest.raises(ExerciseError):
             check(fn)
+
+
+# --- from the third expert reading of chapter 1: each wrong answer it found gets a named diagnosis ----------
+# Written as a student would, independently of the checker's Mistake functions; the correct alternatives the
+# reader tried follow, and must still pass.
+
+def cos_guard_b_only(a, b):
+    """Guards b's zero rows only, with a loop: a's zero row still gives 0/0."""
+    out = np.empty((len(a), len(b)))
+    for j, y in enumerate(b):
+        ny = math.sqrt(float(y @ y))
+        for i, x in enumerate(a):
+            with np.errstate(all="ignore"):
+                out[i, j] = 0.0 if ny == 0 else float(x @ y) / (np.sqrt(x @ x) * ny)
+    return out
+
+
+def cos_guard_a_only_loop(a, b):
+    """Guards a's zero rows only, testing a's norm first: 0 where two zero rows meet, NaN elsewhere in b's."""
+    out = np.empty((len(a), len(b)))
+    for i, x in enumerate(a):
+        nx = math.sqrt(float(x @ x))
+        for j, y in enumerate(b):
+            with np.errstate(all="ignore"):
+                out[i, j] = 0.0 if nx == 0 else float(x @ y) / (nx * np.sqrt(y @ y))
+    return out
+
+
+def cos_guard_b_only_matrices(a, b):
+    """Guards b's zero rows only, on normalised matrices: NaN along a's zero row, where b's zero row too."""
+    nb = np.linalg.norm(b, axis=1, keepdims=True)
+    b_hat = np.divide(b, nb, out=np.zeros_like(b), where=nb > 0)
+    with np.errstate(all="ignore"):
+        return (a / np.linalg.norm(a, axis=1, keepdims=True)) @ b_hat.T
+
+
+def cos_zero_rows_one(a, b):
+    """Unguarded, then NaN replaced by 1: a zero row gets cosine 1 with everything."""
+    with np.errstate(all="ignore"):
+        cos = (a @ b.T) / np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1))
+    return np.nan_to_num(cos, nan=1.0)
+
+
+def cos_frobenius(a, b):
+    """np.linalg.norm without an axis: one norm for the whole matrix."""
+    return a @ b.T / (np.linalg.norm(a) * np.linalg.norm(b))
+
+
+def cos_l1(a, b):
+    """Rows divided by the sums of their absolute values, zero rows guarded."""
+    def unit(x):
+        s = np.abs(x).sum(axis=1, keepdims=True)
+        return np.divide(x, s, out=np.zeros_like(x), where=s != 0)
+    return unit(a) @ unit(b).T
+
+
+def cos_pearson(a, b):
+    """The correlation of the rows: centred, then normalised (np.corrcoef's numbers)."""
+    out = np.zeros((len(a), len(b)))
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            x0, y0 = x - x.mean(), y - y.mean()
+            den = math.sqrt(float(x0 @ x0) * float(y0 @ y0))
+            out[i, j] = float(x0 @ y0) / den if den > 0 else 0.0
+    return out
+
+
+def cos_torch_broadcast(a, b):
+    """Right: torch's cosine_similarity by broadcasting (m, 1, d) against (1, n, d); returns a tensor."""
+    import torch
+    return torch.nn.functional.cosine_similarity(torch.as_tensor(a)[:, None], torch.as_tensor(b)[None], dim=-1)
+
+
+def cos_outer_guard(a, b):
+    """Right: all dot products divided by the outer product of the norms, guarded where it is 0."""
+    den = np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1))
+    return np.divide(a @ b.T, den, out=np.zeros(den.shape), where=den > 0)
+
+
+def cos_nested_list(a, b):
+    """Right, returned as a nested Python list."""
+    return [[float(v) for v in row] for row in loop_cosine(a, b)]
+
+
+def ppmi_guard_columns_only(counts):
+    """Sets a context that never occurs to 0, but a zero row still gives log(0/0) = NaN."""
+    c = np.asarray(counts, float)
+    total, rows, cols = c.sum(), c.sum(axis=1), c.sum(axis=0)
+    out = np.zeros_like(c)
+    for w in range(c.shape[0]):
+        for k in range(c.shape[1]):
+            if cols[k] == 0:
+                continue
+            with np.errstate(all="ignore"):
+                out[w, k] = max(np.log(c[w, k] * total / (rows[w] * cols[k])), 0.0)
+    return out
+
+
+def ppmi_row_sums_for_both(counts):
+    """Uses the row sums for p(c) as well (right for the symmetric window counts of the chapter only)."""
+    c = np.asarray(counts, float)
+    p_w = c.sum(axis=1) / c.sum()
+    with np.errstate(all="ignore"):
+        pmi = np.log((c / c.sum()) / (p_w[:, None] * p_w[None, :]))
+    return np.where(c > 0, np.maximum(pmi, 0.0), 0.0)
+
+
+def ppmi_column_sums_for_both(counts):
+    """Uses the column sums for p(w) as well."""
+    c = np.asarray(counts, float)
+    p_c = c.sum(axis=0) / c.sum()
+    with np.errstate(all="ignore"):
+        pmi = np.log(c / c.sum()) - np.log(p_c)[:, None] - np.log(p_c)[None, :]
+    return np.where(c > 0, np.maximum(pmi, 0.0), 0.0)
+
+
+def ppmi_absolute(counts):
+    """|PMI| for the seen pairs, instead of the positive part."""
+    c = np.asarray(counts, float)
+    out = np.zeros_like(c)
+    seen = c > 0
+    expected = np.outer(c.sum(axis=1), c.sum(axis=0)) / c.sum()
+    out[seen] = np.abs(np.log(c[seen] / expected[seen]))
+    return out
+
+
+def ppmi_smoothed_contexts(counts, alpha=0.75):
+    """Levy et al.'s context-distribution smoothing, p(c) from N_c ** 0.75."""
+    c = np.asarray(counts, float)
+    p_wc, p_w = c / c.sum(), c.sum(axis=1) / c.sum()
+    p_c = c.sum(axis=0) ** alpha / (c.sum(axis=0) ** alpha).sum()
+    out = np.zeros_like(c)
+    for w, k in zip(*np.nonzero(c)):
+        out[w, k] = max(math.log(p_wc[w, k] / (p_w[w] * p_c[k])), 0.0)
+    return out
+
+
+def ppmi_add_one(counts):
+    """Add-one smoothing: every count + 1, then PPMI."""
+    c = np.asarray(counts, float) + 1.0
+    return np.maximum(np.log(c * c.sum() / np.outer(c.sum(axis=1), c.sum(axis=0))), 0.0)
+
+
+def ppmi_float32_in_place(counts):
+    """Right: in float32, on a copy, with in-place operations."""
+    n = np.asarray(counts, np.float32).copy()
+    total, rows, cols = n.sum(), n.sum(axis=1, keepdims=True), n.sum(axis=0, keepdims=True)
+    with np.errstate(all="ignore"):
+        n *= total
+        n /= rows
+        n /= cols
+        np.log(n, out=n, where=n > 0)
+    n[~np.isfinite(n)] = 0.0
+    np.maximum(n, 0.0, out=n)
+    return n
+
+
+def ppmi_log_probabilities(counts):
+    """Right: log p(w, c) - log p(w) - log p(c), kept where the count is positive."""
+    p = np.asarray(counts, float) / np.sum(counts)
+    with np.errstate(all="ignore"):
+        pmi = np.log(p) - np.log(p.sum(axis=1, keepdims=True)) - np.log(p.sum(axis=0, keepdims=True))
+    return np.where(p > 0, np.maximum(pmi, 0.0), 0.0)
+
+
+def ppmi_nan_to_num_after_clip(counts):
+    """Right: no guard until the end, where NaN (0/0) and the clipped -inf become 0."""
+    with np.errstate(all="ignore"):
+        pmi = np.log(counts * counts.sum() / np.outer(counts.sum(axis=1), counts.sum(axis=0)))
+    return np.nan_to_num(np.maximum(pmi, 0.0))
+
+
+THIRD_READING_WRONG = {
+    check_cosine_similarity: [(cos_guard_a_only, "zero_guard_a_only"), (cos_guard_a_only_loop, "zero_guard_a_only"),
+                              (cos_guard_b_only, "zero_guard_b_only"),
+                              (cos_guard_b_only_matrices, "zero_guard_b_only"),
+                              (cos_zero_rows_one, "zero_row_one"), (cos_frobenius, "matrix_norms"),
+                              (cos_l1, "l1_norms"), (cos_pearson, "centred")],
+    check_ppmi: [(ppmi_guard_rows_only, "rows_guarded_only"), (ppmi_guard_columns_only, "columns_guarded_only"),
+                 (ppmi_row_sums_for_both, "row_sums_twice"), (ppmi_column_sums_for_both, "column_sums_twice"),
+                 (ppmi_absolute, "absolute"), (ppmi_smoothed_contexts, "context_smoothing"),
+                 (ppmi_add_one, "add_one")],
+}
+THIRD_READING_RIGHT = {
+    check_cosine_similarity: [cos_torch_broadcast, cos_outer_guard, cos_nested_list],
+    check_ppmi: [ppmi_float32_in_place, ppmi_log_probabilities, ppmi_nan_to_num_after_clip],
+}
+
+
+@pytest.mark.parametrize("check, wrong, key", [
+    pytest.param(check, wrong, key, id=wrong.__name__)
+    for check, pairs in THIRD_READING_WRONG.items() for wrong, key in pairs])
+def test_each_wrong_answer_of_the_third_reading_is_named(check, wrong, key):
+    with pytest.raises(ExerciseError) as info, np.errstate(all="ignore"):
+        check(wrong)
+    assert info.value.mistake == key, str(info.value)
+    assert "Diagnosis:" in str(info.value) and "Hint:" in str(info.value)
+
+
+@pytest.mark.parametrize("check, right", [
+    pytest.param(check, right, id=right.__name__) for check, fns in THIRD_READING_RIGHT.items() for right in fns])
+def test_the_right_answers_of_the_third_reading_pass(check, right, capsys):
+    check(right)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("Correct:")
+
+
+for _check, _name in ((check_cosine_similarity, "check_cosine_similarity"), (check_ppmi, "check_ppmi")):
+    CATALOGUE[_name]["wrong"] += THIRD_READING_WRONG[_check]
+    CATALOGUE[_name]["right"] += THIRD_READING_RIGHT[_check]

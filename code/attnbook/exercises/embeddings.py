@@ -1,6 +1,8 @@
 """Checkers for chapter 1 (token embeddings): cosine similarity and PPMI."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..embeddings import cosine_similarity, ppmi
@@ -16,6 +18,19 @@ def _rows_over(x, norms):
 
 def _norm(x, axis=-1, keepdims=True):
     return np.linalg.norm(x, axis=axis, keepdims=keepdims)
+
+
+def _one_side_guarded_cosine(a, b, guarded, both_zero):
+    """The cosines with NaN where the unguarded side's row is zero, ``both_zero`` where both rows are."""
+    zero_a, zero_b = (_norm(a) == 0), (_norm(b) == 0).T                      # (m, 1), (1, n)
+    out = np.where(zero_b if guarded == "a" else zero_a, np.nan, cosine_similarity(a, b))
+    return np.where(zero_a & zero_b, both_zero, out)
+
+
+def _guarded_rows(x, ord=None):
+    """The rows of ``x`` divided by their norms (``ord`` as in np.linalg.norm), zero rows left zero."""
+    norms = np.linalg.norm(x, ord=ord, axis=-1, keepdims=True)
+    return np.divide(x, norms, out=np.zeros_like(x, dtype=float), where=norms > 0)
 
 
 COSINE_MISTAKES = [
@@ -47,6 +62,33 @@ COSINE_MISTAKES = [
     Mistake("zero_row_nan", "a zero row gives 0/0 = NaN; the exercise defines its cosine as 0",
             "guard the division, e.g. np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)",
             lambda a, b: _rows_over(a, _norm(a)) @ _rows_over(b, _norm(b)).T),
+    # a guard on one side only, each in two forms that differ where two zero rows meet: normalised matrices
+    # give NaN there (0 times NaN), a loop that tests the guarded side's norm first gives 0
+    *(Mistake(f"zero_guard_{side}_only", f"only {side}'s zero rows are guarded: a zero row of {other} still gives "
+              f"0/0 = NaN, {'down its whole column' if side == 'a' else 'along its whole row'}",
+              f"guard the division on both sides: {other}'s rows are normalised like {side}'s, np.divide({other}, "
+              f"norms_{other}, out=np.zeros_like({other}), where=norms_{other} > 0)",
+              partial(_one_side_guarded_cosine, guarded=side, both_zero=both_zero))
+      for side, other in (("a", "b"), ("b", "a")) for both_zero in (np.nan, 0.0)),
+    Mistake("zero_row_one", "a zero row is given cosine 1 with every row (as np.nan_to_num(cos, nan=1.0) does); "
+            "the exercise defines its cosine as 0: a zero vector has no direction to share",
+            "guard the division so that a zero row stays zero, e.g. np.divide(x, norms, out=np.zeros_like(x), "
+            "where=norms > 0), or replace the NaN by 0",
+            lambda a, b: np.where((_norm(a) > 0) & (_norm(b) > 0).T, cosine_similarity(a, b), 1.0)),
+    Mistake("matrix_norms", "the dot products are divided by the norms of the whole matrices (np.linalg.norm(a) "
+            "with no axis is the Frobenius norm of all of a), not by the length of each row",
+            "each row has its own length: np.linalg.norm(a, axis=1, keepdims=True), one per row of a, and "
+            "the same for b",
+            lambda a, b: (a @ b.T) / (np.linalg.norm(a) * np.linalg.norm(b))),
+    Mistake("l1_norms", "the rows are divided by their L1 norms (sums of absolute values), not by their "
+            "Euclidean lengths",
+            "the cosine divides by the Euclidean length sqrt(sum_k x_k^2): np.linalg.norm(x, axis=1, "
+            "keepdims=True) with its default ord",
+            lambda a, b: _guarded_rows(a, ord=1) @ _guarded_rows(b, ord=1).T),
+    Mistake("centred", "each row's mean is subtracted before normalising: that is the Pearson correlation of "
+            "the rows, not their cosine",
+            "do not centre the rows: the cosine compares the vectors as they are, a_i . b_j / (|a_i| |b_j|)",
+            lambda a, b: cosine_similarity(a - a.mean(axis=1, keepdims=True), b - b.mean(axis=1, keepdims=True))),
 ]
 
 
@@ -121,7 +163,64 @@ PPMI_MISTAKES = [
             "sums and p(c) from the row sums",
             "p(w) is row w's sum (axis=1) and p(c) is column c's sum (axis=0), each divided by N",
             lambda n: np.nan_to_num(np.maximum(_pmi(n, _expected(n, n.sum(0), n.sum(1))), 0))),
+    Mistake("rows_guarded_only", "a word that never occurs (a zero row) is set to 0, but a context that never "
+            "occurs (a zero column) still gives 0/0 = NaN",
+            "guard by the count of each pair, not by the row sums: every pair with N_wc = 0 gets 0, which "
+            "covers zero rows and zero columns alike (np.where(counts > 0, ..., 0.0))",
+            lambda n: _one_side_guarded(n, axis=1)),
+    Mistake("columns_guarded_only", "a context that never occurs (a zero column) is set to 0, but a word that "
+            "never occurs (a zero row) still gives 0/0 = NaN",
+            "guard by the count of each pair, not by the column sums: every pair with N_wc = 0 gets 0, which "
+            "covers zero rows and zero columns alike (np.where(counts > 0, ..., 0.0))",
+            lambda n: _one_side_guarded(n, axis=0)),
+    Mistake("row_sums_twice", "p(c) is taken from the row sums too (row c's sum instead of column c's), "
+            "which is right only for a symmetric matrix",
+            "p(c) comes from the column sums, counts.sum(axis=0); they equal the row sums only for a symmetric "
+            "matrix (a window's word-word counts), not for a general word-by-context matrix",
+            lambda n: _positive_where_seen(n, _pmi(n, _expected(n, n.sum(1), n.sum(1))))),
+    Mistake("column_sums_twice", "p(w) is taken from the column sums too (column w's sum instead of row "
+            "w's), which is right only for a symmetric matrix",
+            "p(w) comes from the row sums, counts.sum(axis=1); they equal the column sums only for a symmetric "
+            "matrix (a window's word-word counts), not for a general word-by-context matrix",
+            lambda n: _positive_where_seen(n, _pmi(n, _expected(n, n.sum(0), n.sum(0))))),
+    Mistake("absolute", "negative PMI values are made positive (|PMI|) instead of being set to 0",
+            "PPMI keeps only the positive part, max(0, PMI): a pair seen less often than chance gets 0, not "
+            "its distance below chance",
+            lambda n: _positive_where_seen(n, np.abs(_pmi(n, _expected(n, n.sum(1), n.sum(0)))))),
+    Mistake("context_smoothing", "the context probabilities are smoothed, p(c) proportional to N_c^0.75 (the "
+            "context-distribution smoothing of word2vec and Levy et al. 2015): a useful variant, but not the "
+            "PPMI this exercise defines",
+            "use the plain marginals p(w) = N_w / N and p(c) = N_c / N, with no exponent",
+            lambda n: _positive_where_seen(n, _pmi(n / n.sum(), np.outer(n.sum(1) / n.sum(),
+                                                                          _smoothed(n.sum(0)))))),
+    Mistake("add_one", "1 is added to every count before the PMI (add-one smoothing): that changes every value, "
+            "and pairs never seen get a PPMI of their own",
+            "use the counts as they are; a pair that never occurs (N_wc = 0) gets 0",
+            lambda n: ppmi(n + 1.0)),
 ]
+
+
+def _positive_where_seen(counts, values):
+    """``max(0, values)`` where the count is positive, 0 where it is 0 (NaN and inf never reach the output)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(counts > 0, np.maximum(np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0), 0.0), 0.0)
+
+
+def _smoothed(context_counts, alpha=0.75):
+    """Context probabilities from counts raised to ``alpha``, normalised to sum to 1."""
+    weights = context_counts ** alpha
+    return weights / weights.sum()
+
+
+def _one_side_guarded(counts, axis):
+    """PPMI with no guard but for the zero rows (``axis=1``) or the zero columns (``axis=0``), set to 0."""
+    out = np.maximum(_pmi(counts, _expected(counts, counts.sum(1), counts.sum(0))), 0)
+    unused = counts.sum(axis=axis) == 0
+    if axis == 1:
+        out[unused] = 0.0
+    else:
+        out[:, unused] = 0.0
+    return out
 
 
 def ppmi_cases() -> list[Case]:
