@@ -5,7 +5,7 @@ with the path of the file, when a CUDA (or ROCm, XPU) build of torch is imported
 Triton: Colab's CPU runtime is such a machine. The chapters count the flops of torch's own matrix
 products, never of Triton kernels, so that line tells their reader nothing. Importing
 ``FlopCounterMode`` from here drops that one message, during the import only; every other message of
-that logger, and the counter itself, are left as they are.
+that logger, and the counter itself, are left as they are. Chapters 4, 5 and 8 import it.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Chapter 10 needs Triton, which Colab's CPU runtime lacks. A torch wheel built for CUDA declares the
 Triton it was built with (torch 2.11: ``triton==3.6.0``), and the newest Triton need not work with it;
 so the setup cell installs the version that the installed torch declares, and the newest only where
-torch declares none (its CPU builds). A Triton wheel is a large download, and the cell says so first.
+torch declares none (its CPU builds). A Triton wheel is a large download, and the cell says so first. Chapter 10's
+setup cell uses it.
 """
 from __future__ import annotations
 
