@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 from pathlib import Path
 
 import attnbook
@@ -60,3 +61,9 @@ def subclasses(base: type) -> list[type]:
                     names.add(node.name)
                     grown = True
     return found
+
+
+def required_arguments(cls: type, known) -> list[str]:
+    """The arguments that ``cls``'s constructor requires (no default) and that are not in ``known``."""
+    return [name for name, p in inspect.signature(cls).parameters.items() if name not in known
+            and p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnbook.cache_protocol import KVCacheProtocol
-from package_classes import cache_classes
+from package_classes import cache_classes, required_arguments
 
 CACHES = cache_classes()
 BATCH, N_KV_HEADS, MAX_LEN, D_HEAD = 2, 2, 12, 4
@@ -25,10 +25,9 @@ TOLERANCE = 0.01                    # of the largest |key|: a lossy (quantised) 
 
 
 def build(cls):
-    parameters = inspect.signature(cls).parameters
-    missing = [name for name, p in parameters.items() if p.default is p.empty
-               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in STANDARD | EXAMPLES]
+    missing = required_arguments(cls, STANDARD | EXAMPLES)
     assert not missing, f"{cls.__name__} requires {missing}: give each an example value in EXAMPLES"
+    parameters = inspect.signature(cls).parameters
     return cls(**{name: value for name, value in (STANDARD | EXAMPLES).items() if name in parameters})
 
 

@@ -17,7 +17,7 @@ from attnbook.gqa import GroupedQueryAttention, grouped_query_attention
 from attnbook.multihead import MultiHeadAttention, keeping_weights
 from attnbook.experiments.extrapolation import SCHEMES
 from attnbook.torch_attention import attend, fused_attention, with_causal
-from package_classes import subclasses
+from package_classes import required_arguments, subclasses
 
 
 def numpy_attention(q, k, v, mask=None, bias=None, scale=None):
@@ -154,10 +154,8 @@ LAYER_ARGUMENTS = {"d_model": [16], "n_heads": [4], "n_kv_heads": [2], "use_sdpa
 def layer_cases():
     cases = []
     for cls in subclasses(MultiHeadAttention):
-        parameters = inspect.signature(cls).parameters
-        names = [name for name in parameters if name in LAYER_ARGUMENTS]
-        missing = [name for name, p in parameters.items() if name not in LAYER_ARGUMENTS and p.default is p.empty
-                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        names = [name for name in inspect.signature(cls).parameters if name in LAYER_ARGUMENTS]
+        missing = required_arguments(cls, LAYER_ARGUMENTS)
         for values in itertools.product(*(LAYER_ARGUMENTS[name] for name in names)):
             arguments = dict(zip(names, values))
             label = "-".join([cls.__name__] + [f"{k}={v}" for k, v in arguments.items() if len(LAYER_ARGUMENTS[k]) > 1])
