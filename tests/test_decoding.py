@@ -6,13 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnbook.decoding import (ConcatKVCache, append_one_by_one, forward_bytes, forward_flops, generation_flops,
-                               generation_passes, generation_seconds, greedy_decode, recording_attention_outputs,
-                               roofline_seconds, teacher_forced_logits)
+from attnbook.decoding import (append_one_by_one, forward_bytes, forward_flops, generation_flops, generation_passes,
+                               generation_seconds, greedy_decode, recording_attention_outputs, roofline_seconds,
+                               teacher_forced_logits)
 from attnbook.memory_traffic import GPUS
 from attnbook.model_shapes import GPT2_SMALL, LLAMA2_7B, LLAMA2_70B, as_multi_head, shape_of
 from attnbook.gpt import GPTConfig, TinyGPT
-from attnbook.kv_cache import KVCache
+from attnbook.kv_cache import ConcatKVCache, KVCache
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -3,6 +3,8 @@
 References: torch.nn.functional.scaled_dot_product_attention (float16 included), a float64 numpy
 computation written out here, and the package's own layer run with and without the hook overridden.
 """
+import inspect
+import itertools
 import math
 
 import numpy as np
@@ -13,7 +15,9 @@ import torch.nn.functional as F
 import attnbook
 from attnbook.gqa import GroupedQueryAttention, grouped_query_attention
 from attnbook.multihead import MultiHeadAttention, keeping_weights
+from attnbook.experiments.extrapolation import SCHEMES
 from attnbook.torch_attention import attend, fused_attention, with_causal
+from package_classes import required_arguments, subclasses
 
 
 def numpy_attention(q, k, v, mask=None, bias=None, scale=None):
@@ -140,17 +144,37 @@ def test_a_variant_overrides_only_the_attention_step():
     assert variant.weights is None and not variant.keep_weights
 
 
-@pytest.mark.parametrize("layer_class", [MultiHeadAttention, GroupedQueryAttention])
-@pytest.mark.parametrize("use_sdpa", [False, True])
-def test_kept_weights_reproduce_the_output(layer_class, use_sdpa):
+# Every MultiHeadAttention of the package, found in its sources (tests/package_classes.py): a new
+# variant is tested here without an edit. Each is built with those of LAYER_ARGUMENTS its constructor
+# takes, once per combination of the values listed; a required argument not listed fails the test.
+LAYER_ARGUMENTS = {"d_model": [16], "n_heads": [4], "n_kv_heads": [2], "use_sdpa": [False, True],
+                   "scheme": list(SCHEMES)}
+
+
+def layer_cases():
+    cases = []
+    for cls in subclasses(MultiHeadAttention):
+        names = [name for name in inspect.signature(cls).parameters if name in LAYER_ARGUMENTS]
+        missing = required_arguments(cls, LAYER_ARGUMENTS)
+        for values in itertools.product(*(LAYER_ARGUMENTS[name] for name in names)):
+            arguments = dict(zip(names, values))
+            label = "-".join([cls.__name__] + [f"{k}={v}" for k, v in arguments.items() if len(LAYER_ARGUMENTS[k]) > 1])
+            cases.append(pytest.param(cls, arguments, missing, id=label))
+    return cases
+
+
+@pytest.mark.parametrize("layer_class, arguments, missing", layer_cases())
+def test_kept_weights_reproduce_the_output(layer_class, arguments, missing):
+    assert not missing, f"{layer_class.__name__} requires {missing}: list example values in LAYER_ARGUMENTS"
     torch.manual_seed(1)
-    attn = layer_class(16, 4, n_kv_heads=2, use_sdpa=use_sdpa)
+    attn = layer_class(**arguments)
+    h, h_kv = attn.n_heads, attn.n_kv_heads
     x = torch.randn(2, 6, 16)
-    mask = torch.rand(2, 4, 6, 6) > 0.2
+    mask = torch.rand(2, h, 6, 6) > 0.2
     plain = attn(x, mask=mask, is_causal=True)
     attn.keep_weights = True
     kept = attn(x, mask=mask, is_causal=True)
-    v = attn.v_proj(x).view(2, 6, 2, 4).transpose(1, 2).repeat_interleave(2, dim=1)
+    v = attn.v_proj(x).view(2, 6, h_kv, 16 // h).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
     by_hand = attn.out_proj((attn.weights @ v).transpose(1, 2).reshape(2, 6, 16))
     torch.testing.assert_close(kept, plain)
     torch.testing.assert_close(by_hand, kept)

@@ -5,8 +5,9 @@ A decoder generates one token per forward pass. Without a cache, the pass for th
 values that the previous pass had already computed; with a cache it runs over the
 one new token and reads the old keys and values from memory. The counts here make
 the difference exact; :mod:`attnbook.experiments.cache_speed` measures it on the tiny GPT.
-Chapter 8 (the KV cache) shows :func:`forward_flops`, :func:`roofline_seconds`, :func:`greedy_decode`
-and :meth:`ConcatKVCache.update`; the shapes of published models are in :mod:`attnbook.model_shapes`.
+Chapter 8 (the KV cache) shows :func:`forward_flops`, :func:`roofline_seconds` and :func:`greedy_decode`;
+the shapes of published models are in :mod:`attnbook.model_shapes`, and the caches themselves in
+:mod:`attnbook.kv_cache` and :mod:`attnbook.quantized_cache`.
 
 Time on a GPU is estimated with the roofline model: a pass takes at least its flops over the
 GPU's peak flop/s and at least the bytes it must move between memory and the chip over the
@@ -131,8 +132,8 @@ def greedy_decode(model, prompt, n_new: int, caches=None):
     """Greedy decoding that also returns the logits every token was chosen from.
 
     prompt: (batch, n) token ids; caches: one cache per layer (a :class:`attnbook.KVCache`
-    or anything with its ``update``/``length``, e.g. a quantised one), or ``None`` to
-    recompute the whole sequence at every step.
+    or any cache of :class:`attnbook.cache_protocol.KVCacheProtocol`, e.g. a quantised one),
+    or ``None`` to recompute the whole sequence at every step.
     Returns ``(ids, logits)``: ids (batch, n + n_new) and logits (batch, n_new, vocab_size),
     where ``logits[:, i]`` are the logits from which token ``n + i`` was picked.
     """
@@ -177,44 +178,6 @@ def recording_attention_outputs(model):
     finally:
         for hook in hooks:
             hook.remove()
-
-
-# ---- a cache that grows by concatenation -------------------------------------------------------
-
-class ConcatKVCache:
-    """A KV cache that grows by ``torch.cat``: what :class:`attnbook.KVCache` avoids.
-
-    Same interface as :class:`attnbook.KVCache` (``update``, ``length``, ``reset``), so a
-    model can use either. Each update allocates a new tensor one step longer and copies
-    the whole cache into it; ``bytes_copied`` counts the bytes written by those copies.
-    """
-
-    def __init__(self):
-        self.keys = self.values = None
-        self.bytes_copied = 0
-
-    @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the keys and values (exactly the positions stored, no spare room)."""
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
-
-    def update(self, k, v):
-        """Append k, v: (batch, n_kv_heads, n_new, d_head); return all keys and values so far."""
-        if self.keys is None:
-            self.keys, self.values = k.clone(), v.clone()
-        else:
-            self.keys = torch.cat([self.keys, k], dim=2)      # a new tensor: every old position is copied
-            self.values = torch.cat([self.values, v], dim=2)
-        self.bytes_copied += self.keys.nbytes + self.values.nbytes
-        return self.keys, self.values
-
-    def reset(self) -> None:
-        self.keys = self.values = None
-        self.bytes_copied = 0
 
 
 def append_one_by_one(cache, k, v) -> None:

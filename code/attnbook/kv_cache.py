@@ -8,10 +8,14 @@ A model with sliding-window attention (each token sees itself and the ``window -
 it) never reads a key older than the window, so :class:`RollingKVCache` keeps only ``window``
 positions and overwrites the oldest, the rolling buffer of Mistral 7B (Jiang et al. 2023).
 
-Chapter 8 (the KV cache) shows :meth:`KVCache.update`, :meth:`RollingKVCache.update` and
-:func:`kv_cache_bytes`; chapter 11 (grouped-query attention) sizes caches with fewer key/value
-heads. The int8 cache of chapter 8, :class:`attnbook.quantized_cache.QuantizedKVCache`, shares
-this module's checks.
+:class:`ConcatKVCache` grows by ``torch.cat`` instead of writing into preallocated memory: the
+simplest cache, and the one chapter 8 measures the preallocated one against.
+
+Chapter 8 (the KV cache) shows :meth:`KVCache.update`, :meth:`RollingKVCache.update`,
+:meth:`ConcatKVCache.update` and :func:`kv_cache_bytes`; chapter 11 (grouped-query attention) sizes
+caches with fewer key/value heads. The int8 cache of chapter 8,
+:class:`attnbook.quantized_cache.QuantizedKVCache`, shares this module's checks. Every cache follows
+:class:`attnbook.cache_protocol.KVCacheProtocol`.
 """
 from __future__ import annotations
 
@@ -107,6 +111,10 @@ class KVCache:
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
+    def positions(self):
+        """int64 (length,): the positions held, ``0 .. length - 1``, as :meth:`update` returns them."""
+        return torch.arange(self.length, device=self.keys.device)
+
     def reset(self) -> None:
         """Forget every position (the memory stays allocated)."""
         self.length = 0
@@ -178,6 +186,10 @@ class RollingKVCache:
         n_k = min(self.length, self.window - 1) + n_new
         return sliding_window_mask(n_k, self.window)[-n_new:]
 
+    def positions(self):
+        """int64 (min(length, window),): the positions in the ring, oldest first: the last ``window`` seen."""
+        return torch.arange(self.length - min(self.length, self.window), self.length, device=self.keys.device)
+
     def reset(self) -> None:
         """Forget every position (the memory stays allocated)."""
         self.length = 0
@@ -186,3 +198,46 @@ class RollingKVCache:
         b, h_kv, _, d_head = self.shape
         return (f"RollingKVCache(batch={b}, n_kv_heads={h_kv}, window={self.window}, d_head={d_head}, "
                 f"length={self.length}, max_len={self.max_len}, dtype={self.keys.dtype})")
+
+
+class ConcatKVCache:
+    """A KV cache that grows by ``torch.cat``: what :class:`KVCache` avoids.
+
+    It follows the same protocol as :class:`KVCache` (:class:`attnbook.cache_protocol.KVCacheProtocol`),
+    so a model can use either; it has no capacity (``max_len`` is None) and holds exactly the positions
+    stored. Each update allocates a new tensor one step longer and copies the whole cache into it;
+    ``bytes_copied`` counts the bytes written by those copies.
+    """
+
+    max_len = None                  # no capacity: it grows for as long as memory lasts
+
+    def __init__(self):
+        self.keys = self.values = None
+        self.bytes_copied = 0
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the keys and values (exactly the positions stored, no spare room)."""
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+    def update(self, k, v):
+        """Append k, v: (batch, n_kv_heads, n_new, d_head); return all keys and values so far."""
+        if self.keys is None:
+            self.keys, self.values = k.clone(), v.clone()
+        else:
+            self.keys = torch.cat([self.keys, k], dim=2)      # a new tensor: every old position is copied
+            self.values = torch.cat([self.values, v], dim=2)
+        self.bytes_copied += self.keys.nbytes + self.values.nbytes
+        return self.keys, self.values
+
+    def positions(self):
+        """int64 (length,): the positions held, ``0 .. length - 1``, as :meth:`update` returns them."""
+        return torch.arange(self.length, device=None if self.keys is None else self.keys.device)
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.bytes_copied = 0

@@ -153,6 +153,10 @@ class QuantizedKVCache:
         self.values.append(v)
         return self.keys.read(), self.values.read()
 
+    def positions(self):
+        """int64 (length,): the positions held, ``0 .. length - 1``, as :meth:`update` returns them."""
+        return torch.arange(self.length, device=self.keys.q.device)
+
     def reset(self) -> None:
         self.keys.length = self.values.length = 0
 
