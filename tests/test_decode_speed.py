@@ -73,3 +73,29 @@ def test_bytes_allocated_filters_only_the_profiler_cycle_warning():
     # the filter is scoped to the call: afterwards the same message is shown again
     with pytest.warns(UserWarning, match="Profiler clears events"):
         warns(torch_211)()
+
+
+def test_every_run_decodes_from_the_same_prefilled_state():
+    """The prompt is prefilled once per model; each timed run decodes from a copy of that cache, so
+    every run computes what a fresh prefill and decoding compute, and the prefilled cache is kept."""
+    from attnbook.experiments.decode_speed import _decode_seconds, _prefill
+
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=9, context_length=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                              d_model=16)).eval()
+    prompt = torch.randint(9, (3, 5))
+    prefilled = _prefill(model, prompt, n_new=4)
+    assert [c.length for c in prefilled[0]] == [5, 5]
+    for _ in range(2):
+        seconds, nbytes = _decode_seconds(model, prefilled, n_prompt=5, n_new=4)
+        assert seconds > 0 and nbytes == kv_cache_bytes(2, 2, 4, 9, batch=3, bytes_per_element=4)
+        assert [c.length for c in prefilled[0]] == [5, 5]                  # the copy was decoded, not it
+    # the same greedy tokens as generate(), which prefills its own cache and decodes
+    cache, logits = _prefill(model, prompt, n_new=4)
+    ids = []
+    with torch.no_grad():
+        for t in range(4):
+            ids.append(logits.argmax(dim=-1, keepdim=True))
+            logits = model(ids[-1], cache, start_pos=5 + t)[:, -1]
+    expected = model.generate(prompt, max_new_tokens=4, temperature=0)[:, 5:]
+    assert torch.equal(torch.cat(ids, dim=1), expected)

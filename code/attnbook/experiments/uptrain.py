@@ -42,7 +42,6 @@ def heldout_loss(model, tokens, n_windows: int = 32, length: int = 256, batch: i
     return window_loss(model, tokens, starts, length, batch)
 
 
-@torch.no_grad()
 def heldout_window_losses(model, tokens, n_windows: int = 32, length: int = 256, batch: int = 16,
                           seed: int = 0) -> np.ndarray:
     """The loss of each of :func:`heldout_loss`'s windows: (n_windows,) float64, nats per token.
@@ -53,16 +52,39 @@ def heldout_window_losses(model, tokens, n_windows: int = 32, length: int = 256,
     :func:`bootstrap_mean_interval` turns into an interval. The model runs in eval mode; its
     previous mode is restored.
     """
+    return _window_losses(_token_losses(model, tokens, n_windows, length, batch, seed))
+
+
+@torch.no_grad()
+def _token_losses(model, tokens, n_windows: int, length: int, batch: int, seed: int) -> list:
+    """The cross-entropy of every prediction in :func:`heldout_loss`'s windows, one forward pass.
+
+    Returns a list of float32 tensors (b, length), one per chunk of ``batch`` windows, in the order
+    of the windows. The model runs in eval mode; its previous mode is restored.
+    """
     starts = heldout_starts(tokens, n_windows, length, seed)
     was_training = model.training
     model.eval()
     losses = []
     for chunk in starts.split(_validate.positive_int("batch", batch)):
         x, y = text_windows(tokens, chunk, length)                          # (b, length) each
-        per_token = F.cross_entropy(model(x).transpose(1, 2), y, reduction="none")   # (b, length)
-        losses.append(per_token.double().mean(dim=1))
+        losses.append(F.cross_entropy(model(x).transpose(1, 2), y, reduction="none"))   # (b, length)
     model.train(was_training)
-    return torch.cat(losses).numpy()
+    return losses
+
+
+def _window_losses(token_losses: list) -> np.ndarray:
+    """(n_windows,) float64: the mean of each window's row of :func:`_token_losses`."""
+    return torch.cat([per_token.double().mean(dim=1) for per_token in token_losses]).numpy()
+
+
+def _losses_by_position(token_losses: list, ranges: list, length: int) -> np.ndarray:
+    """(len(ranges),): the mean over every window and position of each range, from :func:`_token_losses`."""
+    per_position = torch.zeros(length, dtype=torch.float64)                # summed over windows
+    for losses in token_losses:
+        per_position += losses.sum(dim=0).double()
+    per_position /= sum(len(losses) for losses in token_losses)
+    return np.array([per_position[a:b].mean().item() for a, b in ranges])
 
 
 def bootstrap_mean_interval(samples, n_resamples: int = 2000, level: float = 0.9,
@@ -97,7 +119,6 @@ def heldout_starts(tokens, n_windows: int = 32, length: int = 256, seed: int = 0
     return torch.randint(len(tokens) - length - 1, (n_windows,), generator=gen)
 
 
-@torch.no_grad()
 def heldout_loss_by_position(model, tokens, ranges: Sequence[tuple[int, int]], n_windows: int = 32,
                              length: int = 256, batch: int = 16, seed: int = 0) -> np.ndarray:
     """The held-out loss of :func:`heldout_loss`'s windows, split by position within the window.
@@ -107,22 +128,17 @@ def heldout_loss_by_position(model, tokens, ranges: Sequence[tuple[int, int]], n
     at positions ``start .. stop - 1`` of every window (position ``t`` predicts character ``t + 1``
     from characters ``0 .. t``). The model runs in eval mode; its previous mode is restored.
     """
+    ranges = _check_ranges(ranges, length)
+    return _losses_by_position(_token_losses(model, tokens, n_windows, length, batch, seed), ranges, length)
+
+
+def _check_ranges(ranges, length: int) -> list:
     ranges = [(int(a), int(b)) for a, b in ranges]
     bad = [(a, b) for a, b in ranges if not 0 <= a < b <= length]
     if not ranges or bad:
         raise ValueError(f"ranges must be pairs (start, stop) with 0 <= start < stop <= length={length}; "
                          f"got {ranges}")
-    starts = heldout_starts(tokens, n_windows, length, seed)
-    was_training = model.training
-    model.eval()
-    per_position = torch.zeros(length, dtype=torch.float64)                # summed over windows
-    for chunk in starts.split(_validate.positive_int("batch", batch)):
-        x, y = text_windows(tokens, chunk, length)                          # (b, length) each
-        losses = F.cross_entropy(model(x).transpose(1, 2), y, reduction="none")   # (b, length)
-        per_position += losses.sum(dim=0).double()
-    model.train(was_training)
-    per_position /= len(starts)
-    return np.array([per_position[a:b].mean().item() for a, b in ranges])
+    return ranges
 
 
 def uptrain(model, tokens, steps: int, batch: int = 8, length: int = 256, lr: float = 1e-3,
@@ -231,7 +247,8 @@ def uptrain_over_seeds(models: dict, train_tokens, val_tokens, seeds: Iterable[i
     same text. ``eval_kwargs`` go to :func:`heldout_window_losses` (the same windows every time;
     the losses are the means over the windows, as :func:`heldout_loss` computes them),
     ``uptrain_kwargs`` to :func:`uptrain`. With ``position_ranges`` the held-out loss is also
-    measured on each range of positions (:func:`heldout_loss_by_position`, same windows).
+    measured on each range of positions (:func:`heldout_loss_by_position`, same windows, computed
+    from the same forward pass as the window losses).
     """
     seeds = tuple(int(s) for s in seeds)
     if not models:
@@ -244,20 +261,31 @@ def uptrain_over_seeds(models: dict, train_tokens, val_tokens, seeds: Iterable[i
     eval_kwargs = {} if eval_kwargs is None else dict(eval_kwargs)
     position_ranges = tuple((int(a), int(b)) for a, b in position_ranges)
 
-    def by_position(m):
-        return heldout_loss_by_position(m, val_tokens, position_ranges, **eval_kwargs)
+    windows = dict(dict(n_windows=32, length=256, batch=16, seed=0), **eval_kwargs)
+    if position_ranges:
+        _check_ranges(position_ranges, windows["length"])
 
-    before_win = {name: heldout_window_losses(m, val_tokens, **eval_kwargs) for name, m in models.items()}
+    def evaluate(m):
+        """Window losses and, where asked for, losses by position, from one forward pass."""
+        token_losses = _token_losses(m, val_tokens, **windows)
+        by_position = (_losses_by_position(token_losses, position_ranges, windows["length"])
+                       if position_ranges else None)
+        return _window_losses(token_losses), by_position
+
+    before_win, before_pos = {}, {}
+    for name, m in models.items():
+        before_win[name], before_pos[name] = evaluate(m)
     before = {name: float(w.mean()) for name, w in before_win.items()}
-    before_pos = {name: by_position(m) for name, m in models.items()} if position_ranges else {}
+    before_pos = before_pos if position_ranges else {}
     after, after_pos, curves = ({name: [] for name in models} for _ in range(3))
     for seed in seeds:
         for name, start in models.items():
             m = copy.deepcopy(start)
             curves[name].append(uptrain(m, train_tokens, seed=seed, **uptrain_kwargs))
-            after[name].append(heldout_window_losses(m, val_tokens, **eval_kwargs))
+            window_losses, by_position = evaluate(m)
+            after[name].append(window_losses)
             if position_ranges:
-                after_pos[name].append(by_position(m))
+                after_pos[name].append(by_position)
     return UptrainingRuns(seeds, before,
                           {name: SeedDistribution(seeds, np.array(v).mean(axis=1)) for name, v in after.items()},
                           {name: np.array(c) for name, c in curves.items()}, reference, position_ranges,
