@@ -40,6 +40,20 @@ SCORES_WRONG = {
     "transposed_weights": lambda x, w_q, w_k: np.einsum("ia,ca,jb,cb->ij", x, w_q, x, w_k),
     "features_contracted": lambda x, w_q, w_k: np.einsum("ia,ac,ib,bd->cd", x, w_q, x, w_k),
     "softmax_applied": lambda x, w_q, w_k: _softmax_rows(scores_loop(x, w_q, w_k)),
+    # the wrong answers of the second reading of chapter 2, written as a reader would
+    "softmax_over_queries": lambda x, w_q, w_k: _softmax_rows(scores_loop(x, w_q, w_k).T).T,
+    "log_softmax": lambda x, w_q, w_k: torch.log_softmax(torch.from_numpy(x @ w_q) @ torch.from_numpy(x @ w_k).T,
+                                                         dim=-1).numpy(),
+    "row_max_subtracted": lambda x, w_q, w_k: np.array([row - max(row) for row in scores_loop(x, w_q, w_k)]),
+    "divided_by_d_k": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", x, w_q, x, w_k) / w_q.shape[1],
+    "divided_by_sqrt_n": lambda x, w_q, w_k: scores_loop(x, w_q, w_k) / math.sqrt(len(x)),
+    "symmetrised": lambda x, w_q, w_k: 0.5 * (scores_loop(x, w_q, w_k) + scores_loop(x, w_q, w_k).T),
+    "diagonal_only": lambda x, w_q, w_k: np.diag(((x @ w_q) * (x @ w_k)).sum(-1)),
+    "cosine_similarity": lambda x, w_q, w_k: torch.nn.functional.cosine_similarity(
+        torch.from_numpy(x @ w_q)[:, None, :], torch.from_numpy(x @ w_k)[None, :, :], dim=-1).numpy(),
+    "float16": lambda x, w_q, w_k: scores_loop(x, w_q, w_k).astype(np.float16),
+    "w_q_transposed": lambda x, w_q, w_k: np.einsum("ia,ca,jb,bc->ij", x, w_q, x, w_k),
+    "w_k_transposed": lambda x, w_q, w_k: np.einsum("ia,ac,jb,cb->ij", x, w_q, x, w_k),
 }
 
 
@@ -133,6 +147,43 @@ def _cross_swapped_qk_plain(x, context, w_q, w_k, w_v):
 CROSS_WRONG["swapped_qk"] = _cross_swapped_qk_plain
 
 
+def _cross_scores(x, context, w_q, w_k):
+    return np.einsum("ia,ac,jb,bc->ij", x, w_q, context, w_k)
+
+
+def _cross_whole_matrix(x, context, w_q, w_k, w_v):
+    e = np.exp(_cross_scores(x, context, w_q, w_k) / np.sqrt(w_q.shape[1]))
+    return e / e.sum() @ (context @ w_v)
+
+
+CROSS_WRONG.update({   # the wrong answers of the second reading of chapter 2, written as a reader would
+    "keys_from_x": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, x @ w_k, c @ w_v),
+    "scale_by_d_k": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=1 / w_q.shape[1]),
+    "scale_times_sqrt_d_k": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=math.sqrt(w_q.shape[1])),
+    "scale_after_softmax": lambda x, c, w_q, w_k, w_v: (_softmax_rows(_cross_scores(x, c, w_q, w_k))
+                                                        / math.sqrt(w_q.shape[1])) @ (c @ w_v),
+    "sigmoid": lambda x, c, w_q, w_k, w_v: torch.sigmoid(torch.from_numpy(
+        _cross_scores(x, c, w_q, w_k) / np.sqrt(w_q.shape[1]))).numpy() @ (c @ w_v),
+    "softmax_whole_matrix": _cross_whole_matrix,
+    "mean_of_values": lambda x, c, w_q, w_k, w_v: np.array([(c @ w_v).mean(axis=0) for _ in x]),
+    # sqrt(d_context), written two ways: the context's width and w_k's number of rows
+    "scale_by_sqrt_d_context": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=c.shape[1] ** -0.5),
+})
+
+
+def test_cross_checker_names_sqrt_d_context_written_with_w_k():
+    with pytest.raises(ExerciseError) as info:
+        check_cross_attention(lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=w_k.shape[0] ** -0.5))
+    assert info.value.mistake == "scale_by_sqrt_d_context"
+    assert "d_context" in str(info.value)
+
+
+def test_cross_checker_still_names_sqrt_d_model():
+    with pytest.raises(ExerciseError) as info:
+        check_cross_attention(lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=x.shape[1] ** -0.5))
+    assert info.value.mistake == "scale_by_sqrt_d_model"
+
+
 @pytest.mark.parametrize("fn", [cross_right, cross_loop])
 def test_cross_checker_passes_correct_solutions(fn, capsys):
     check_cross_attention(fn)
@@ -156,6 +207,52 @@ def test_cross_checker_reports_the_stub():
         raise NotImplementedError
     with pytest.raises(NotAttemptedError):
         check_cross_attention(stub)
+
+
+# --- right answers the second reading of chapter 2 tried: they must stay accepted -----------------
+
+def _scores_triple_loop(x, w_q, w_k):
+    q, k = x @ w_q, x @ w_k
+    return [[sum(q[i, c] * k[j, c] for c in range(q.shape[1])) for j in range(len(k))] for i in range(len(q))]
+
+
+def _scores_overwrites_x(x, w_q, w_k):
+    q, k = x @ w_q, x @ w_k
+    x[:] = 0                                      # the checker must hand each call its own copy
+    return q @ k.T
+
+
+def _cross_in_place_softmax(x, context, w_q, w_k, w_v):
+    s = (x @ w_q / np.sqrt(w_q.shape[1])) @ (context @ w_k).T
+    s -= s.max(axis=1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=1, keepdims=True)
+    return s @ (context @ w_v)
+
+
+def _cross_sdpa_float32(x, context, w_q, w_k, w_v):
+    t = lambda a: torch.from_numpy(np.asarray(a, np.float32))      # noqa: E731
+    return torch.nn.functional.scaled_dot_product_attention(t(x) @ t(w_q), t(context) @ t(w_k), t(context) @ t(w_v))
+
+
+def _cross_with_weights(x, context, w_q, w_k, w_v):
+    weights = _softmax_rows((x @ w_q) @ (context @ w_k).T / np.sqrt(w_q.shape[1]))
+    return weights @ (context @ w_v), weights
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", *(np.float32(a) for a in (x, w_q, x, w_k))),
+    lambda x, w_q, w_k: x @ (w_q @ w_k.T) @ x.T,
+    _scores_triple_loop,
+    _scores_overwrites_x,
+])
+def test_scores_checker_accepts_the_readers_right_answers(fn):
+    check_attention_scores(fn)
+
+
+@pytest.mark.parametrize("fn", [_cross_in_place_softmax, _cross_sdpa_float32, _cross_with_weights, cross_loop])
+def test_cross_checker_accepts_the_readers_right_answers(fn):
+    check_cross_attention(fn)
 
 
 # --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------

@@ -49,6 +49,43 @@ SCORES_MISTAKES = [
     Mistake("softmax_applied", "you returned attention weights (softmax of the scores), not the scores",
             "stop before the softmax: the exercise asks for S itself",
             lambda x, w_q, w_k: softmax(_scores(x, w_q, w_k), axis=-1)),
+    Mistake("softmax_over_queries", "you applied a softmax down the columns (over the queries, axis 0)",
+            "stop before any softmax: the exercise asks for S itself (and attention's softmax runs along "
+            "each row, over the keys, axis=-1)",
+            lambda x, w_q, w_k: softmax(_scores(x, w_q, w_k), axis=-2)),
+    Mistake("log_softmax", "you returned the log of the softmax of the scores (log-softmax), not the scores",
+            "log-softmax subtracts each row's log-sum-exp from the scores; return S itself, before any softmax",
+            lambda x, w_q, w_k: np.log(softmax(_scores(x, w_q, w_k), axis=-1))),
+    Mistake("row_max_subtracted", "each row has its maximum subtracted (the softmax's stabilising shift)",
+            "that shift belongs inside a softmax, where it changes nothing; the scores themselves are unshifted",
+            lambda x, w_q, w_k: _scores(x, w_q, w_k) - _scores(x, w_q, w_k).max(axis=-1, keepdims=True)),
+    Mistake("divided_by_d_k", "your scores are divided by d_k, not left raw",
+            "this exercise asks for the raw dot products q_i . k_j; when chapter 3 scales them, the factor "
+            "is 1/sqrt(d_k), not 1/d_k",
+            lambda x, w_q, w_k: _scores(x, w_q, w_k) / w_q.shape[-1]),
+    Mistake("divided_by_sqrt_n", "your scores are divided by sqrt(n), the square root of the number of tokens",
+            "this exercise asks for the raw dot products; a scale, when there is one (chapter 3), depends on "
+            "the width d_k of the queries and keys, not on how many tokens there are",
+            lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(x.shape[-2])),
+    Mistake("symmetrised", "your scores are symmetrised, (S + S^T) / 2",
+            "S_ij = q_i . k_j and S_ji = q_j . k_i differ: the scores of attention need not be symmetric",
+            lambda x, w_q, w_k: (_scores(x, w_q, w_k) + _t(_scores(x, w_q, w_k))) / 2),
+    Mistake("diagonal_only", "only the diagonal is filled: each token's query against its own key",
+            "S_ij pairs query i with key j for every i and j: (x @ w_q) @ (x @ w_k).T fills the whole (n, n) matrix",
+            lambda x, w_q, w_k: np.eye(x.shape[-2]) * _scores(x, w_q, w_k)),
+    Mistake("cosine_similarity", "you returned cosine similarities: the queries and keys are normalised to length 1",
+            "the scores are plain dot products q_i . k_j; their lengths count too",
+            lambda x, w_q, w_k: _scores(x, w_q, w_k)
+            / np.linalg.norm(x @ w_q, axis=-1)[..., :, None] / np.linalg.norm(x @ w_k, axis=-1)[..., None, :]),
+    Mistake("float16", "your scores are rounded to float16 (half precision, about 3 significant digits)",
+            "compute and return the scores in the precision of the inputs (float64 here)",
+            lambda x, w_q, w_k: _scores(x, w_q, w_k).astype(np.float16)),
+    Mistake("w_q_transposed", "w_q is applied transposed (x @ w_q.T); w_k is used the right way",
+            "the book's weights are (d_model, d_k) and project as x @ w: the queries are x @ w_q",
+            lambda x, w_q, w_k: (x @ _t(w_q)) @ _t(x @ w_k)),
+    Mistake("w_k_transposed", "w_k is applied transposed (x @ w_k.T); w_q is used the right way",
+            "the book's weights are (d_model, d_k) and project as x @ w: the keys are x @ w_k",
+            lambda x, w_q, w_k: (x @ w_q) @ _t(x @ _t(w_k))),
 ]
 
 
@@ -107,6 +144,11 @@ CROSS_MISTAKES = [
     Mistake("scale_by_sqrt_n_k", "the scores are divided by sqrt(n_k), the number of context tokens, not sqrt(d_k)",
             "d_k is the width of each query and key, q.shape[-1]; len(context) counts the keys",
             lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(len(c))) @ (c @ w_v)),
+    Mistake("scale_by_sqrt_d_context", "the scores are divided by sqrt(d_context), the width of the context "
+            "tokens, not sqrt(d_k)",
+            "the dot products are between projected queries and keys, d_k features each: divide by "
+            "sqrt(w_q.shape[-1]), not by sqrt(context.shape[-1]) or sqrt(w_k.shape[0])",
+            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(c.shape[-1])) @ (c @ w_v)),
     Mistake("scale_by_sqrt_d_model", "the scores are divided by sqrt(d_model), the width of the tokens, not sqrt(d_k)",
             "the dot products are between projected queries and keys, d_k features each: divide by sqrt(d_k)",
             lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(x.shape[-1])) @ (c @ w_v)),
@@ -116,6 +158,31 @@ CROSS_MISTAKES = [
     Mistake("no_softmax", "the scores multiply the values directly, without a softmax",
             "turn each row of scores into weights that are positive and sum to 1 before multiplying by v",
             lambda x, c, w_q, w_k, w_v: (x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]) @ (c @ w_v)),
+    Mistake("keys_from_x", "the keys come from x instead of the context (the values do come from the context)",
+            "the queries of x are matched against the context's tokens: k = context @ w_k, like v = context @ w_v",
+            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, x @ w_k, c @ w_v)),
+    Mistake("scale_by_d_k", "the scores are divided by d_k, not by its square root",
+            "divide by np.sqrt(d_k): a dot product of d_k terms has a standard deviation growing like sqrt(d_k) "
+            "(chapter 3)",
+            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / w_q.shape[-1]) @ (c @ w_v)),
+    Mistake("scale_times_sqrt_d_k", "the scores are multiplied by sqrt(d_k) instead of divided by it",
+            "the scale makes the scores smaller: q @ k.T / np.sqrt(d_k)",
+            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) * np.sqrt(w_q.shape[-1])) @ (c @ w_v)),
+    Mistake("scale_after_softmax", "the 1/sqrt(d_k) is applied after the softmax, to the weights",
+            "scale the scores, then take the softmax: softmax(q @ k.T / np.sqrt(d_k)); scaled after it, "
+            "the weights no longer sum to 1",
+            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k)) / np.sqrt(w_q.shape[-1]) @ (c @ w_v)),
+    Mistake("sigmoid", "the weights are a sigmoid of the scores, not a softmax",
+            "a sigmoid squashes each score on its own; the softmax normalises each row so its weights sum to 1",
+            lambda x, c, w_q, w_k, w_v: (1 / (1 + np.exp(-(x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]))))
+            @ (c @ w_v)),
+    Mistake("softmax_whole_matrix", "one softmax runs over the whole score matrix, so all the weights together sum to 1",
+            "each query has its own distribution over the context tokens: softmax along the last axis only",
+            lambda x, c, w_q, w_k, w_v: (softmax(((x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1])).reshape(-1))
+                                         .reshape(len(x), len(c))) @ (c @ w_v)),
+    Mistake("mean_of_values", "every output row is the plain mean of the values: the scores play no part",
+            "weight the values by softmax(q @ k.T / np.sqrt(d_k)), one row of weights per query",
+            lambda x, c, w_q, w_k, w_v: np.repeat((c @ w_v).mean(axis=0, keepdims=True), len(x), axis=0)),
 ]
 
 
