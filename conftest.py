@@ -24,7 +24,7 @@ SLOWEST_FIRST = (
     "book/06-positional-encodings.ipynb",      # 160 s native, 239 s with the other numerics (AMD EPYC)
     "book/11-grouped-query-attention.ipynb",   # kernel CPU time 64 s native, 149 s other numerics (AMD EPYC, 3 seeds;
                                                # 112 s and 264 s with 5 seeds, when nbval took 99 s and 254 s)
-    "book/03-scaling.ipynb",                   # 115 s, 129 s
+    "book/03-scaling.ipynb",                   # 77 s, 94 s CPU (cells run alone, AMD EPYC under load; was 143 s, 163 s CPU; 115 s, 129 s nbval)
     "book/09-flash-attention.ipynb",           # 64 s, 68 s
     "tests/test_lite.py",                      # 150 s: chapters run in Pyodide in a browser
     "tests/test_book.py",                      # 70 s: the HTML build

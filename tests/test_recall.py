@@ -191,3 +191,45 @@ def test_attends_to_match_counts_queries_whose_largest_weight_is_on_the_matching
     held_out = recall.recall_batch(512, 8, 16, 16, torch.Generator().manual_seed(5))
     assert held_out[0].equal(query)
     assert run.attends_to_match[0] == pytest.approx(hits / 512, abs=1e-12)
+
+
+def test_runs_trained_together_are_the_runs_of_train_recall():
+    """Stacked training (vmap over the runs) rearranges the arithmetic of train_recall, nothing else:
+    the same initial weights, batches and probes; scaled runs (not chaotic) end where train_recall's do."""
+    together = recall.train_recall_seeds(16, True, seeds=[0, 3], lrs=(1e-3, 1e-2), steps=40, early_steps=4)
+    assert set(together) == {(1e-3, 0), (1e-3, 3), (1e-2, 0), (1e-2, 3)}
+    for (lr, seed), run in together.items():
+        alone = recall.train_recall(16, True, steps=40, lr=lr, seed=seed, early_steps=4)
+        assert run.losses.shape == (40,)
+        assert run.score_std[0] == alone.score_std[0] and run.entropy[0] == alone.entropy[0]  # same start
+        assert run.attends_to_match[0] == alone.attends_to_match[0]
+        np.testing.assert_allclose(run.losses, alone.losses, rtol=1e-5)   # same batches, rounding apart
+        assert run.losses[0] == pytest.approx(alone.losses[0], rel=1e-6)
+        assert run.early_score_change == pytest.approx(alone.early_score_change, rel=1e-4)
+        assert run.accuracy == alone.accuracy
+        assert run.held_out_loss == pytest.approx(alone.held_out_loss, rel=1e-4)
+        assert run.entropy[1] == pytest.approx(alone.entropy[1], rel=1e-4)
+    # the two learning rates really differ, per run
+    assert together[1e-2, 0].losses[-1] < 0.5 * together[1e-3, 0].losses[-1]
+
+
+def test_a_run_trained_together_does_not_depend_on_the_other_runs_of_the_stack():
+    both = recall.train_recall_seeds(256, False, seeds=[0, 1], lrs=(1e-3, 5e-3), steps=30)
+    one = recall.train_recall_seeds(256, False, seeds=[1], lrs=[5e-3], steps=30)
+    np.testing.assert_array_equal(both[5e-3, 1].losses, one[5e-3, 1].losses)
+    assert both[5e-3, 1].accuracy == one[5e-3, 1].accuracy
+
+
+def test_runs_trained_together_keep_their_options():
+    nudged = recall.train_recall_seeds(16, True, seeds=[0], lrs=[1e-3], steps=5, perturb_ulps=1)[1e-3, 0]
+    assert nudged.entropy[0] == recall.train_recall(16, True, steps=5, lr=1e-3, seed=0, perturb_ulps=1).entropy[0]
+    wide = recall.train_recall_seeds(64, True, seeds=[2], lrs=[1e-3], steps=5, init_std=32**-0.5)[1e-3, 2]
+    assert wide.score_std[0] == recall.train_recall(64, True, steps=5, lr=1e-3, seed=2, init_std=32**-0.5).score_std[0]
+    additive = recall.train_recall_seeds(64, False, seeds=[1], lrs=[5e-3], steps=20, additive=True)[5e-3, 1]
+    alone = recall.train_recall(64, False, steps=20, lr=5e-3, seed=1, additive=True)
+    assert additive.score_std[0] == alone.score_std[0]
+    np.testing.assert_allclose(additive.losses, alone.losses, rtol=1e-5)
+    with pytest.raises(ValueError, match="without repeats"):
+        recall.train_recall_seeds(16, True, seeds=[0, 0], lrs=[1e-3], steps=5)
+    with pytest.raises(ValueError, match=r"early_steps must lie in \[1, steps=3\]; got 4"):
+        recall.train_recall_seeds(16, True, seeds=[0], lrs=[1e-3], steps=3, early_steps=4)

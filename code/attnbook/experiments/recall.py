@@ -1,13 +1,14 @@
 """Associative recall: train a one-layer attention model with and without the ``1/sqrt(d_k)`` scale.
 
 Chapter 3 (the scale) trains :class:`RecallAttention` over a grid of ``d_k``, learning rates and
-seeds, and shows that the unscaled training runs are chaotic: moving every initial weight by one
+seeds (the runs of one setting together, :func:`train_recall_seeds`), and shows that the unscaled training runs are chaotic: moving every initial weight by one
 float32 ulp (:func:`nudge_parameters`) changes where they end, while the scaled runs end where
 they did. :func:`query_blind_accuracy` is the best accuracy a model that ignores the query can reach,
 the baseline its failing runs are measured against.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -187,6 +188,93 @@ def train_recall(d_k: int, scaled: bool, steps: int = 300, lr: float = 3e-3, bat
     end = _recall_probe(model, held_out)
     return RecallRun(d_k, scaled, losses, end[0], end[3], (start[1], end[1]), (start[2], end[2]), early,
                      (start[4], end[4]))
+
+
+def train_recall_seeds(d_k: int, scaled: bool, seeds, lrs=(3e-3,), steps: int = 300, batch: int = 32,
+                       n_pairs: int = 8, n_symbols: int = 16, n_values: int = 16, d_model: int = 32,
+                       init_std: float | None = None, early_steps: int = 5, perturb_ulps: int = 0,
+                       additive: bool = False) -> dict[tuple[float, int], RecallRun]:
+    """:func:`train_recall` for every learning rate in ``lrs`` and every seed in ``seeds``, all trained at once.
+
+    Returns ``{(lr, seed): RecallRun}``. Each run is the one :func:`train_recall` describes, with the
+    same arguments: its model is built and nudged from its own seed as there, and it trains on the same
+    batches and is probed on the same held-out batch. Only the arithmetic is arranged differently: the
+    runs' weights are stacked along a leading axis and one call of the model (``torch.vmap`` over
+    :class:`RecallAttention`'s own ``forward``) computes every run's step, since a step of these tiny
+    models costs mostly the overhead of launching its operations. The runs stay independent (the loss
+    minimised is the sum of the runs' losses, whose gradient for each run's weights is that run's own;
+    Adam works element by element), but the batched kernels round differently from the unbatched ones,
+    as another CPU's kernels do, so a chaotic (unscaled, large ``d_k``) run can end elsewhere than its
+    :func:`train_recall` twin; the scaled runs agree with it to rounding (``tests/test_recall.py``).
+    A run's numbers do not depend on which other runs share the stack. Chapter 3 trains its grids so.
+    """
+    if not 1 <= early_steps <= steps:
+        raise ValueError(f"early_steps must lie in [1, steps={steps}]; got {early_steps}")
+    seeds, lrs = [int(s) for s in seeds], [float(lr) for lr in lrs]
+    if not seeds or not lrs or len(set(seeds)) != len(seeds) or len(set(lrs)) != len(lrs):
+        raise ValueError(f"seeds and lrs must be non-empty and without repeats; got seeds={seeds}, lrs={lrs}")
+    model_class = AdditiveRecallAttention if additive else RecallAttention
+    keys_of_runs = [(lr, seed) for lr in lrs for seed in seeds]      # run i of the stack, lr-major
+    models = []
+    for lr, seed in keys_of_runs:                                    # each built exactly as train_recall builds it
+        torch.manual_seed(seed)
+        model = model_class(n_symbols, n_values, d_model, d_k, scaled, init_std)
+        if perturb_ulps:
+            nudge_parameters(model, perturb_ulps)
+        models.append(model)
+    n_runs, n_seeds = len(models), len(seeds)
+    # the batches of every step for every seed, drawn in train_recall's order: (steps, n_runs, batch) each
+    draws = []
+    for seed in seeds:
+        data = torch.Generator().manual_seed(seed + 1)
+        draws.append([recall_batch(batch, n_pairs, n_symbols, n_values, data) for _ in range(steps)])
+    run_seed = [seeds.index(seed) for _, seed in keys_of_runs]
+    stream = [torch.stack([torch.stack([draws[j][step][part] for step in range(steps)]) for j in run_seed], dim=1)
+              for part in range(4)]
+    held_out = {seed: recall_batch(512, n_pairs, n_symbols, n_values, torch.Generator().manual_seed(seed + 2))
+                for seed in seeds}
+    start = [_recall_probe(model, held_out[seed]) for model, (_, seed) in zip(models, keys_of_runs)]
+    with torch.no_grad():
+        start_scores = [model.scores(*held_out[seed][:2]) for model, (_, seed) in zip(models, keys_of_runs)]
+
+    # one stack of weights per learning rate (an Adam parameter group each), joined for the model call
+    groups = [torch.func.stack_module_state(models[i * n_seeds:(i + 1) * n_seeds])[0] for i in range(len(lrs))]
+    opt = torch.optim.Adam([{"params": list(g.values()), "lr": lr} for g, lr in zip(groups, lrs)])
+    template = copy.deepcopy(models[0]).to("meta")
+    step_all = torch.vmap(lambda params, q, k, v: torch.func.functional_call(template, params, (q, k, v)))
+
+    def stacked() -> dict[str, torch.Tensor]:
+        return groups[0] if len(groups) == 1 else {name: torch.cat([g[name] for g in groups]) for name in groups[0]}
+
+    def unstack() -> None:  # copy each run's weights into its own model, to probe it with train_recall's code
+        with torch.no_grad():
+            for name, weights in stacked().items():
+                for model, w in zip(models, weights):
+                    model.get_parameter(name).copy_(w)
+
+    losses = torch.empty(steps, n_runs)
+    early = [0.0] * n_runs
+    for step in range(steps):
+        query, keys, values, target = (part[step] for part in stream)     # (n_runs, batch) each
+        logits, _ = step_all(stacked(), query, keys, values)              # (n_runs, batch, n_values)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
+        loss = loss.view(n_runs, batch).mean(1)                           # each run's own mean loss
+        opt.zero_grad()
+        loss.sum().backward()
+        opt.step()
+        losses[step] = loss.detach()
+        if step + 1 == early_steps:
+            unstack()
+            with torch.no_grad():
+                early = [(model.scores(*held_out[seed][:2]) - s0).abs().mean().item()
+                         for model, (_, seed), s0 in zip(models, keys_of_runs, start_scores)]
+    unstack()
+    runs = {}
+    for i, (model, (lr, seed)) in enumerate(zip(models, keys_of_runs)):
+        end = _recall_probe(model, held_out[seed])
+        runs[lr, seed] = RecallRun(d_k, scaled, losses[:, i].double().numpy(), end[0], end[3],
+                                   (start[i][1], end[1]), (start[i][2], end[2]), early[i], (start[i][4], end[4]))
+    return runs
 
 
 def reparametrisation_gap(d_k: int, steps: int = 50, lr: float = 1e-3, batch: int = 32, n_pairs: int = 8,
