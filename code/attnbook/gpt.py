@@ -146,12 +146,12 @@ class TinyGPT(nn.Module):
         if ids.ndim != 2 or ids.dtype != torch.long:
             raise ValueError(f"ids must be an int64 tensor (batch, n); got {ids.dtype} {tuple(ids.shape)}")
         n = ids.shape[1]
-        if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
-            raise ValueError(f"start_pos must be a non-negative integer; got {start_pos!r}")
+        start_pos = _validate.nonnegative_int("start_pos", start_pos)
         if n == 0 or start_pos + n > cfg.context_length:
             raise ValueError(f"positions {start_pos}..{start_pos + n - 1} do not fit context_length="
                              f"{cfg.context_length} (ids of shape {tuple(ids.shape)})")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+        if ids.numel() and _validate.sync_checks_enabled() and (int(ids.min()) < 0
+                                                                or int(ids.max()) >= cfg.vocab_size):
             raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}); got {int(ids.min())}..{int(ids.max())}")
         if kv_cache is not None:
             if len(kv_cache) != cfg.n_layers:
@@ -172,7 +172,8 @@ class TinyGPT(nn.Module):
         if tuple(positions.shape) not in (tuple(ids.shape), (ids.shape[1],)):
             raise ValueError(f"positions must have the shape of ids {tuple(ids.shape)} or ({ids.shape[1]},); "
                              f"got {tuple(positions.shape)}")
-        if int(positions.min()) < 0 or int(positions.max()) >= self.config.context_length:
+        if _validate.sync_checks_enabled() and (int(positions.min()) < 0
+                                                or int(positions.max()) >= self.config.context_length):
             raise ValueError(f"positions must lie in [0, {self.config.context_length}) (context_length); "
                              f"got {int(positions.min())}..{int(positions.max())}")
 
