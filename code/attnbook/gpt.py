@@ -32,7 +32,8 @@ TEXT_FILE = "kjv.txt"
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Shape of a :class:`TinyGPT`. ``n_kv_heads=None`` means one key/value head per query head."""
+    """Shape of a :class:`TinyGPT`. ``n_kv_heads=None`` means one key/value head per query head: the
+    config then holds ``n_kv_heads = n_heads``."""
 
     vocab_size: int
     context_length: int = 256
@@ -44,10 +45,10 @@ class GPTConfig:
     def __post_init__(self):
         for name in ("vocab_size", "context_length", "n_layers", "n_heads", "d_model"):
             _validate.positive_int(name, getattr(self, name))
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)       # frozen: set once, here
 
-    @property
-    def kv_heads(self) -> int:
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+    kv_heads = property(lambda self: self.n_kv_heads)  # the old name, until rename_kv_heads.sh: delete
 
 
 class CharTokenizer:
@@ -204,7 +205,7 @@ class TinyGPT(nn.Module):
             raise ValueError(f"max_len={max_len} exceeds context_length={cfg.context_length}: "
                              "there are no position embeddings beyond it")
         weight = self.tok_emb.weight
-        return [cache_class(batch, cfg.kv_heads, max_len, cfg.d_model // cfg.n_heads, dtype=weight.dtype,
+        return [cache_class(batch, cfg.n_kv_heads, max_len, cfg.d_model // cfg.n_heads, dtype=weight.dtype,
                             device=weight.device, **options) for _ in range(cfg.n_layers)]
 
     @torch.no_grad()

@@ -62,9 +62,9 @@ def repeat_kv(x, n_rep: int):
     n_rep = _validate.repeat_kv_inputs(x, n_rep)
     if n_rep == 1:
         return x
-    b, h_kv, n, d = x.shape
+    b, n_kv_heads, n, d = x.shape
     # expand makes a view without copying; reshape then lays the copies of head j side by side.
-    return x[:, :, None].expand(b, h_kv, n_rep, n, d).reshape(b, h_kv * n_rep, n, d)
+    return x[:, :, None].expand(b, n_kv_heads, n_rep, n, d).reshape(b, n_kv_heads * n_rep, n, d)
 
 
 def with_causal(mask, is_causal: bool, n_q: int, n_k: int, device=None):
