@@ -62,7 +62,8 @@ def test_an_open_coded_check_is_found(source, lines):
     (lambda v: _validate.positive_int("n", v), True, "n must be a positive integer; got True"),
     (lambda v: _validate.positive_int("n", v), 2.0, "n must be a positive integer; got 2.0"),
     (lambda v: _validate.nonnegative_int("n_past", v), -1, "n_past must be a non-negative integer; got -1"),
-    (lambda v: _validate.int_in_range("prefix", v, 0, 6), 7, r"prefix must be \[0, 6\]; got 7"),
+    (lambda v: _validate.int_in_range("prefix", v, 0, 6), 7, r"prefix must be an integer in \[0, 6\]; got 7"),
+    (lambda v: _validate.int_in_range("n_blocks", v, 2), 1, r"n_blocks must be an integer >= 2; got 1"),
     (lambda v: _validate.queries_last("causal_mask", v, 3), 4, r"needs n_q <= n_k .*got n_q=4, n_k=3"),
 ])
 def test_each_check_names_the_value_at_fault(check, value, message):

@@ -98,10 +98,10 @@ def mask_shape(mask, scores_shape: tuple[int, ...]) -> None:
 
 def int_in_range(name: str, value, low: int, high: int | None = None, bounds: str | None = None) -> int:
     """Return ``value`` as an int, or raise unless it is an integer (not a bool) with ``low <= value``
-    (and ``value <= high``). ``bounds`` names the range in the message (default ``[low, high]``)."""
+    (and ``value <= high``). ``bounds`` names the range in the message (default ``an integer in [low, high]``)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low \
             or (high is not None and value > high):
-        bounds = bounds or f"[{low}, {high}]"
+        bounds = bounds or (f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]")
         raise ValueError(f"{name} must be {bounds}; got {value!r}")
     return int(value)
 
