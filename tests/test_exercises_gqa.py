@@ -50,8 +50,8 @@ def share_positions(x, n_heads):
 
 def share_scrambled(x, n_heads):
     """Copies inserted after the positions, then reshaped: positions leak into heads."""
-    b, h_kv, n, d = x.shape
-    g = n_heads // h_kv
+    b, n_kv_heads, n, d = x.shape
+    g = n_heads // n_kv_heads
     return torch.stack([x] * g, dim=3).reshape(b, n_heads, n, d)
 
 

@@ -29,8 +29,8 @@ def numpy_gqa(q, k, v, mask=None):
     """Float64 numpy reference: one softmax per query head, key/value head j // g looked up by index."""
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     b, h, n_q, d = q.shape
-    h_kv, n_k = k.shape[1], k.shape[2]
-    g = h // h_kv
+    n_kv_heads, n_k = k.shape[1], k.shape[2]
+    g = h // n_kv_heads
     full = None if mask is None else np.broadcast_to(np.asarray(mask), (b, h, n_q, n_k))
     out = np.zeros((b, h, n_q, v.shape[-1]))
     for bi in range(b):
@@ -53,13 +53,13 @@ def randn(gen, *shape, dtype=torch.float64):
 # ---- grouped_query_attention -------------------------------------------------------------------
 
 @settings(max_examples=40, deadline=None)
-@given(b=st.integers(1, 2), h_kv=st.integers(1, 3), g=st.integers(1, 3), n_q=st.integers(1, 5),
+@given(b=st.integers(1, 2), n_kv_heads=st.integers(1, 3), g=st.integers(1, 3), n_q=st.integers(1, 5),
        n_k=st.integers(1, 6), d=st.integers(1, 5), d_v=st.integers(1, 4), masked=st.booleans(),
        seed=st.integers(0, 10_000))
-def test_matches_numpy_reference_and_repeat_kv(b, h_kv, g, n_q, n_k, d, d_v, masked, seed):
+def test_matches_numpy_reference_and_repeat_kv(b, n_kv_heads, g, n_q, n_k, d, d_v, masked, seed):
     gen = torch.Generator().manual_seed(seed)
-    h = h_kv * g
-    q, k, v = randn(gen, b, h, n_q, d), randn(gen, b, h_kv, n_k, d), randn(gen, b, h_kv, n_k, d_v)
+    h = n_kv_heads * g
+    q, k, v = randn(gen, b, h, n_q, d), randn(gen, b, n_kv_heads, n_k, d), randn(gen, b, n_kv_heads, n_k, d_v)
     mask = torch.rand(b, h, n_q, n_k, generator=gen) < 0.6 if masked else None   # rows may be fully masked
     out = grouped_query_attention(q, k, v, mask)
     assert out.shape == (b, h, n_q, d_v)
@@ -67,10 +67,10 @@ def test_matches_numpy_reference_and_repeat_kv(b, h_kv, g, n_q, n_k, d, d_v, mas
     torch.testing.assert_close(out, attend(q, repeat_kv(k, g), repeat_kv(v, g), mask), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("h, h_kv", [(4, 4), (6, 2), (8, 1), (6, 3)])
-def test_matches_sdpa_enable_gqa(h, h_kv):
-    gen = torch.Generator().manual_seed(h * 10 + h_kv)
-    q, k, v = randn(gen, 2, h, 5, 8), randn(gen, 2, h_kv, 7, 8), randn(gen, 2, h_kv, 7, 3)
+@pytest.mark.parametrize("h, n_kv_heads", [(4, 4), (6, 2), (8, 1), (6, 3)])
+def test_matches_sdpa_enable_gqa(h, n_kv_heads):
+    gen = torch.Generator().manual_seed(h * 10 + n_kv_heads)
+    q, k, v = randn(gen, 2, h, 5, 8), randn(gen, 2, n_kv_heads, 7, 8), randn(gen, 2, n_kv_heads, 7, 3)
     expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     torch.testing.assert_close(grouped_query_attention(q, k, v), expected, rtol=1e-10, atol=1e-12)
     mask = torch.rand(2, h, 5, 7, generator=gen) < 0.5
@@ -208,16 +208,17 @@ def test_grouped_model_equals_model_with_and_without_cache():
 # ---- pooling and conversion --------------------------------------------------------------------
 
 @pytest.mark.parametrize("method", ["mean", "first"])
-@pytest.mark.parametrize("h, h_kv, trailing", [(4, 2, (5,)), (6, 3, (2,)), (8, 1, (3,)), (4, 4, (2,)), (6, 2, ())])
-def test_pool_kv_heads_against_loop(method, h, h_kv, trailing):
-    gen = torch.Generator().manual_seed(h + h_kv)
-    d_head, g = 3, h // h_kv
+@pytest.mark.parametrize("h, n_kv_heads, trailing",
+                         [(4, 2, (5,)), (6, 3, (2,)), (8, 1, (3,)), (4, 4, (2,)), (6, 2, ())])
+def test_pool_kv_heads_against_loop(method, h, n_kv_heads, trailing):
+    gen = torch.Generator().manual_seed(h + n_kv_heads)
+    d_head, g = 3, h // n_kv_heads
     w = randn(gen, h * d_head, *trailing)
     expected = []
-    for i in range(h_kv):
+    for i in range(n_kv_heads):
         members = [w[(i * g + m) * d_head:(i * g + m + 1) * d_head] for m in range(g)]
         expected.append(sum(members) / g if method == "mean" else members[0])
-    torch.testing.assert_close(pool_kv_heads(w, h, h_kv, method), torch.cat(expected))
+    torch.testing.assert_close(pool_kv_heads(w, h, n_kv_heads, method), torch.cat(expected))
 
 
 def test_pool_kv_heads_errors():
@@ -260,7 +261,7 @@ def test_conversion_is_exact_when_the_heads_of_each_group_agree():
     for method in ("mean", "first"):
         torch.testing.assert_close(mha_to_gqa(layer, 3, method)(x, is_causal=True), layer(x, is_causal=True),
                                    rtol=1e-10, atol=1e-12)
-    # Pooled in the wrong order, heads i, i + h_kv (reshape to (g, h_kv, ...)): the outputs change.
+    # Pooled in the wrong order, heads i, i + n_kv_heads (reshape to (g, n_kv_heads, ...)): the outputs change.
     strided = mha_to_gqa(layer, 3, "mean")
     with torch.no_grad():
         for lin, new in ((layer.k_proj, strided.k_proj), (layer.v_proj, strided.v_proj)):
@@ -277,7 +278,7 @@ def test_convert_tiny_gpt():
     with torch.no_grad():
         torch.testing.assert_close(same(ids), model(ids), rtol=1e-12, atol=1e-12)
     mqa = mha_to_gqa(model, 1, "first")
-    assert mqa.config == dataclasses.replace(model.config, n_kv_heads=1) and model.config.n_kv_heads is None
+    assert mqa.config == dataclasses.replace(model.config, n_kv_heads=1) and model.config.n_kv_heads == model.config.n_heads
     assert all(block.attn.k_proj.out_features == 2 for block in mqa.blocks)
     assert mqa.new_kv_cache(1)[0].keys.shape == (1, 1, 8, 2)
     with torch.no_grad():
@@ -297,14 +298,14 @@ def test_conversion_errors():
 
 
 def test_the_query_reshape_is_a_view_exactly_when_the_comment_says():
-    """grouped_query_attention's comment: reshaping q to (b, h_kv, g * n_q, d) relabels a contiguous q,
+    """grouped_query_attention's comment: reshaping q to (b, n_kv_heads, g * n_q, d) relabels a contiguous q,
     and a q transposed from (b, n_q, h, d) when n_q == 1; it copies a transposed q with n_q > 1."""
-    b, h, h_kv, d = 2, 8, 2, 4
+    b, h, n_kv_heads, d = 2, 8, 2, 4
     for n_q, layout, is_view in ((5, "contiguous", True), (1, "transposed", True), (5, "transposed", False)):
         if layout == "contiguous":
             q = torch.randn(b, h, n_q, d)
         else:
             q = torch.randn(b, n_q, h, d).transpose(1, 2)                    # as a projection gives it
-        rows = q.reshape(b, h_kv, (h // h_kv) * n_q, d)
+        rows = q.reshape(b, n_kv_heads, (h // n_kv_heads) * n_q, d)
         assert (rows.data_ptr() == q.data_ptr() and rows._base is not None) == is_view, (n_q, layout)
-        assert torch.equal(rows, q.contiguous().view(b, h_kv, -1, d))          # the same numbers either way
+        assert torch.equal(rows, q.contiguous().view(b, n_kv_heads, -1, d))    # the same numbers either way

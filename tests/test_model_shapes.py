@@ -26,8 +26,8 @@ def test_published_parameter_counts():
 def test_shapes_and_validation():
     assert [s.name for s in PUBLISHED_MODELS] == ["GPT-2 small", "Llama-2-7B", "Llama-2-70B", "Mistral-7B",
                                                  "Llama-3-8B", "Falcon-7B"]
-    assert LLAMA2_70B.kv_heads == 8 and as_multi_head(LLAMA2_70B).kv_heads == 64
-    assert GPT2_SMALL.kv_heads == 12
+    assert LLAMA2_70B.n_kv_heads == 8 and as_multi_head(LLAMA2_70B).n_kv_heads == 64
+    assert GPT2_SMALL.n_kv_heads == 12
     config = GPTConfig(vocab_size=73, context_length=256, n_layers=4, n_heads=4, d_model=96)
     assert shape_of(config) == ModelShape("tiny GPT", 4, 4, 24, 96, 384, 73, 256)
     with pytest.raises(ValueError, match="n_heads=6 is not divisible by n_kv_heads=4"):
@@ -70,5 +70,5 @@ def test_a_sliding_window_caps_the_cache():
                    context_length=16)
     for m in PUBLISHED_MODELS:       # the cache of each, against kv_cache_bytes and the model's own shape
         held = m.context_length if m.sliding_window is None else min(m.context_length, m.sliding_window)
-        assert m.cache_bytes() == kv_cache_bytes(m.n_layers, m.kv_heads, m.d_head, held)
+        assert m.cache_bytes() == kv_cache_bytes(m.n_layers, m.n_kv_heads, m.d_head, held)
         assert m.n_heads * m.d_head == m.d_model

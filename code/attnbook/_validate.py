@@ -7,7 +7,37 @@ shown function starts with one call here (or to a checking function of its own m
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
+
+# Whether the checks that read a tensor's values run (see sync_checks_enabled).
+_SYNC_CHECKS = contextvars.ContextVar("attnbook_sync_checks", default=True)
+
+
+def sync_checks_enabled() -> bool:
+    """Whether the checks that read the *values* of a tensor run (they do, unless turned off).
+
+    Such a check (token ids within the vocabulary, positions within the table, a mask with no fully
+    masked row) copies a number from the GPU to the host: a synchronisation that waits for all queued
+    work and stalls every decoding step. Shape and dtype checks never sync and always run.
+    """
+    return _SYNC_CHECKS.get()
+
+
+@contextlib.contextmanager
+def skip_sync_checks():
+    """Inside the ``with`` block, skip the checks that sync (:func:`sync_checks_enabled` is False).
+
+    For timing code, which must not measure them: the inputs must then be right already, since a
+    wrong one is no longer caught (an id out of range fails inside the embedding instead).
+    """
+    token = _SYNC_CHECKS.set(False)
+    try:
+        yield
+    finally:
+        _SYNC_CHECKS.reset(token)
 
 
 def require_rank(name: str, x, min_rank: int, layout: str) -> None:
@@ -66,11 +96,42 @@ def mask_shape(mask, scores_shape: tuple[int, ...]) -> None:
         )
 
 
+def int_in_range(name: str, value, low: int, high: int | None = None, bounds: str | None = None) -> int:
+    """Return ``value`` as an int, or raise unless it is an integer (not a bool) with ``low <= value``
+    (and ``value <= high``). ``bounds`` names the range in the message (default ``an integer in [low, high]``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low \
+            or (high is not None and value > high):
+        bounds = bounds or (f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]")
+        raise ValueError(f"{name} must be {bounds}; got {value!r}")
+    return int(value)
+
+
 def positive_int(name: str, value) -> int:
     """Return ``value`` as an int, or raise if it is not a positive integer."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value!r}")
-    return int(value)
+    return int_in_range(name, value, 1, bounds="a positive integer")
+
+
+def nonnegative_int(name: str, value) -> int:
+    """Return ``value`` as an int, or raise if it is not a non-negative integer."""
+    return int_in_range(name, value, 0, bounds="a non-negative integer")
+
+
+def queries_fit(name: str, n_q: int, n_k: int, got: str | None = None) -> None:
+    """Raise unless ``n_q <= n_k``: the queries of causal attention are the last ``n_q`` of the ``n_k``
+    key positions, so there cannot be more of them. ``got`` says where the counts come from
+    (default ``n_q=..., n_k=...``), e.g. the shapes of ``q`` and ``k``."""
+    if n_q > n_k:
+        raise ValueError(f"{name} needs n_q <= n_k (queries are the last n_q of n_k positions); "
+                         f"got {got or f'n_q={n_q}, n_k={n_k}'}")
+
+
+def queries_last(name: str, n_q, n_k=None) -> tuple[int, int]:
+    """Check that ``n_q`` queries can be the last of ``n_k`` positions (default ``n_k = n_q``):
+    both positive integers, and :func:`queries_fit`. Returns ``(n_q, n_k)`` as ints."""
+    n_q = positive_int("n_q", n_q)
+    n_k = n_q if n_k is None else positive_int("n_k", n_k)
+    queries_fit(name, n_q, n_k)
+    return n_q, n_k
 
 
 def attend_inputs(q, k, v, mask=None, bias=None) -> tuple[tuple[int, ...], int, int, int, int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import sys
 
-from .exercises._framework import NotAttemptedError
+from .verdicts import NotAttemptedError
 
 # the packages that come with PyTorch or need it (the minilm extra's), none of which Pyodide has
 TORCH_PACKAGES = ("torch", "triton", "transformers", "safetensors", "tokenizers", "huggingface_hub")

@@ -24,6 +24,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from . import _validate
+
 UNK = "<unk>"
 
 # A token is a run of letters/digits/underscores (keeping an inner apostrophe, as in "don't"),
@@ -119,9 +121,8 @@ def _checked_ids(ids, vocab_size: int) -> np.ndarray:
 
 def one_hot(ids, vocab_size: int) -> np.ndarray:
     """One-hot rows: ids ``(...,)`` -> ``(..., V)`` float64 with a single 1 per row, at the id."""
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < 1:
-        raise ValueError(f"vocab_size must be a positive integer; got {vocab_size!r}")
-    ids = _checked_ids(ids, int(vocab_size))
+    vocab_size = _validate.positive_int("vocab_size", vocab_size)
+    ids = _checked_ids(ids, vocab_size)
     return (ids[..., None] == np.arange(vocab_size)).astype(np.float64)
 
 
@@ -178,8 +179,7 @@ def cooccurrence_counts(sequences: Iterable, vocab_size: int, window: int = 2) -
     positions ``i != j`` in one sentence with ``|i - j| <= window``, token ``w`` at
     ``i`` and token ``c`` at ``j``. Sentences do not see each other.
     """
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise ValueError(f"window must be a positive integer; got {window!r}")
+    window = _validate.positive_int("window", window)
     vocab_size = int(vocab_size)
     words, contexts = [], []
     for seq in sequences:
@@ -226,9 +226,8 @@ def svd_embeddings(matrix, d: int) -> np.ndarray:
     matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.ndim != 2:
         raise ValueError(f"matrix must be 2-D; got shape {matrix.shape}")
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 1 <= d <= min(matrix.shape):
-        raise ValueError(f"d must be an integer in 1..{min(matrix.shape)} for a matrix of shape "
-                         f"{matrix.shape}; got {d!r}")
+    d = _validate.int_in_range("d", d, 1, min(matrix.shape),
+                               f"an integer in 1..{min(matrix.shape)} for a matrix of shape {matrix.shape}")
     u, s, _ = np.linalg.svd(matrix, full_matrices=False)
     u = u[:, :d]
     signs = np.sign(u[np.argmax(np.abs(u), axis=0), np.arange(d)])

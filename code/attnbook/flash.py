@@ -179,11 +179,8 @@ def _check(q, k, v, causal, block_q, block_k):
     batch, n_q, n_k, d_k, d_v = _validate.attention_shapes(q, k, v)
     _validate.positive_int("block_q", block_q)
     _validate.positive_int("block_k", block_k)
-    if causal and n_q > n_k:
-        raise ValueError(
-            f"causal attention needs n_q <= n_k (queries are the last n_q of n_k positions); "
-            f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
-        )
+    if causal:
+        _validate.queries_fit("causal attention", n_q, n_k, f"q {tuple(q.shape)} and k {tuple(k.shape)}")
     return batch, n_q, n_k, d_k, d_v
 
 

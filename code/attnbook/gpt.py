@@ -32,7 +32,8 @@ TEXT_FILE = "kjv.txt"
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Shape of a :class:`TinyGPT`. ``n_kv_heads=None`` means one key/value head per query head."""
+    """Shape of a :class:`TinyGPT`. ``n_kv_heads=None`` means one key/value head per query head: the
+    config then holds ``n_kv_heads = n_heads``."""
 
     vocab_size: int
     context_length: int = 256
@@ -44,10 +45,10 @@ class GPTConfig:
     def __post_init__(self):
         for name in ("vocab_size", "context_length", "n_layers", "n_heads", "d_model"):
             _validate.positive_int(name, getattr(self, name))
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)       # frozen: set once, here
 
-    @property
-    def kv_heads(self) -> int:
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+    kv_heads = property(lambda self: self.n_kv_heads)  # the old name, until rename_kv_heads.sh: delete
 
 
 class CharTokenizer:
@@ -146,12 +147,12 @@ class TinyGPT(nn.Module):
         if ids.ndim != 2 or ids.dtype != torch.long:
             raise ValueError(f"ids must be an int64 tensor (batch, n); got {ids.dtype} {tuple(ids.shape)}")
         n = ids.shape[1]
-        if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
-            raise ValueError(f"start_pos must be a non-negative integer; got {start_pos!r}")
+        start_pos = _validate.nonnegative_int("start_pos", start_pos)
         if n == 0 or start_pos + n > cfg.context_length:
             raise ValueError(f"positions {start_pos}..{start_pos + n - 1} do not fit context_length="
                              f"{cfg.context_length} (ids of shape {tuple(ids.shape)})")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+        if ids.numel() and _validate.sync_checks_enabled() and (int(ids.min()) < 0
+                                                                or int(ids.max()) >= cfg.vocab_size):
             raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}); got {int(ids.min())}..{int(ids.max())}")
         if kv_cache is not None:
             if len(kv_cache) != cfg.n_layers:
@@ -172,7 +173,8 @@ class TinyGPT(nn.Module):
         if tuple(positions.shape) not in (tuple(ids.shape), (ids.shape[1],)):
             raise ValueError(f"positions must have the shape of ids {tuple(ids.shape)} or ({ids.shape[1]},); "
                              f"got {tuple(positions.shape)}")
-        if int(positions.min()) < 0 or int(positions.max()) >= self.config.context_length:
+        if _validate.sync_checks_enabled() and (int(positions.min()) < 0
+                                                or int(positions.max()) >= self.config.context_length):
             raise ValueError(f"positions must lie in [0, {self.config.context_length}) (context_length); "
                              f"got {int(positions.min())}..{int(positions.max())}")
 
@@ -203,7 +205,7 @@ class TinyGPT(nn.Module):
             raise ValueError(f"max_len={max_len} exceeds context_length={cfg.context_length}: "
                              "there are no position embeddings beyond it")
         weight = self.tok_emb.weight
-        return [cache_class(batch, cfg.kv_heads, max_len, cfg.d_model // cfg.n_heads, dtype=weight.dtype,
+        return [cache_class(batch, cfg.n_kv_heads, max_len, cfg.d_model // cfg.n_heads, dtype=weight.dtype,
                             device=weight.device, **options) for _ in range(cfg.n_layers)]
 
     @torch.no_grad()

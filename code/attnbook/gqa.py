@@ -49,40 +49,40 @@ def grouped_query_attention(q, k, v, mask=None, scale: float | None = None, retu
     ``repeat_kv(v, g)``, but the keys and values are never repeated: the ``g`` query heads of a
     group are stacked into ``g * n_q`` rows that attend to their one key/value head.
     """
-    b, h, h_kv, g, n_q, n_k, d_k, d_v = grouped_shapes(q, k, v)
+    b, h, n_kv_heads, g, n_q, n_k, d_k, d_v = grouped_shapes(q, k, v)
     # Group i becomes g * n_q query rows facing key/value head i. For a contiguous q, heads
     # i*g .. i*g + g - 1 are adjacent in memory and this reshape only relabels them (a view).
     # A q transposed from (b, n_q, h, d_k), as projections produce it, is copied here when
     # n_q > 1 (a copy the size of q, never of k or v); with n_q = 1 (decoding) it stays a view.
-    q_rows = q.reshape(b, h_kv, g * n_q, d_k)                            # (b, h_kv, g n_q, d_k)
+    q_rows = q.reshape(b, n_kv_heads, g * n_q, d_k)                 # (b, n_kv_heads, g n_q, d_k)
     if mask is not None:
-        mask = grouped_mask(mask, (b, h, n_q, n_k), h_kv, g)            # (b, h_kv, g n_q, n_k)
+        mask = grouped_mask(mask, (b, h, n_q, n_k), n_kv_heads, g)  # (b, n_kv_heads, g n_q, n_k)
     out, weights = attend(q_rows, k, v, mask, scale, return_weights=True)
-    out = out.reshape(b, h, n_q, d_v)                                   # (b, h, n_q, d_v)
+    out = out.reshape(b, h, n_q, d_v)                               # (b, h, n_q, d_v)
     return (out, weights.reshape(b, h, n_q, n_k)) if return_weights else out
 
 
 def grouped_shapes(q, k, v):
-    """Check the shapes of :func:`grouped_query_attention`; return b, h, h_kv, g, n_q, n_k, d_k, d_v."""
+    """Check the shapes of :func:`grouped_query_attention`; return b, h, n_kv_heads, g, n_q, n_k, d_k, d_v."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:
             raise ValueError(f"{name} must have 4 dimensions (batch, heads, n, d); got {tuple(t.shape)}")
-    (b, h, n_q, d_k), (bk, h_kv, n_k, d_kk), (bv, h_v, n_v, d_v) = q.shape, k.shape, v.shape
-    if (bk, h_kv, n_k) != (bv, h_v, n_v):
+    (b, h, n_q, d_k), (bk, n_kv_heads, n_k, d_kk), (bv, h_v, n_v, d_v) = q.shape, k.shape, v.shape
+    if (bk, n_kv_heads, n_k) != (bv, h_v, n_v):
         raise ValueError(f"k and v must agree on (batch, n_kv_heads, n_k); got k {tuple(k.shape)} "
                          f"and v {tuple(v.shape)}")
     if bk != b or d_kk != d_k:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch and d_k")
-    g = group_size(h, h_kv, f" (the heads of q {tuple(q.shape)} and of k {tuple(k.shape)})")
-    return b, h, h_kv, g, n_q, n_k, d_k, d_v
+    g = group_size(h, n_kv_heads, f" (the heads of q {tuple(q.shape)} and of k {tuple(k.shape)})")
+    return b, h, n_kv_heads, g, n_q, n_k, d_k, d_v
 
 
-def grouped_mask(mask, scores_shape, h_kv: int, g: int):
-    """A mask broadcastable to (b, h, n_q, n_k) as the (b, h_kv, g * n_q, n_k) mask of the stacked rows."""
+def grouped_mask(mask, scores_shape, n_kv_heads: int, g: int):
+    """A mask broadcastable to (b, h, n_q, n_k) as the (b, n_kv_heads, g * n_q, n_k) mask of the stacked rows."""
     _validate.mask_shape(mask, scores_shape)
     b, h, n_q, n_k = scores_shape
     mask = mask.expand(b, h, n_q, n_k)           # head j -> (group j // g, member j % g)
-    return mask.reshape(b, h_kv, g * n_q, n_k)
+    return mask.reshape(b, n_kv_heads, g * n_q, n_k)
 
 
 class GroupedQueryAttention(MultiHeadAttention):
@@ -129,7 +129,7 @@ def pool_kv_heads(weight, n_heads: int, n_kv_heads: int, method: str = "mean"):
     if weight.shape[0] % n_heads:
         raise ValueError(f"weight has {weight.shape[0]} rows, not a multiple of n_heads={n_heads}")
     d_head = weight.shape[0] // n_heads
-    heads = weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:])    # (h_kv, g, d_head, ...)
+    heads = weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:])    # (n_kv_heads, g, d_head, ...)
     pooled = heads.mean(dim=1) if method == "mean" else heads[:, 0]
     return pooled.reshape(n_kv_heads * d_head, *weight.shape[1:])
 

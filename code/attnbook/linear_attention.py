@@ -150,9 +150,7 @@ def attention_from_features(phi_q, phi_k, v, causal: bool = False, chunk_size: i
         z = np.sum(phi_k, axis=-2)[..., :, None]             # (..., m, 1): sum of the key features
         return (phi_q @ s) / (phi_q @ z)                     # (..., n_q, d_v)
     chunk_size = _validate.positive_int("chunk_size", chunk_size)
-    if n_q > n_k:
-        raise ValueError(f"causal attention needs n_q <= n_k (queries are the last n_q of n_k "
-                         f"positions); got phi_q {tuple(phi_q.shape)} and phi_k {tuple(phi_k.shape)}")
+    _validate.queries_fit("causal attention", n_q, n_k, f"phi_q {tuple(phi_q.shape)} and phi_k {tuple(phi_k.shape)}")
     offset = n_k - n_q                                        # keys before the first query
     s = np.swapaxes(phi_k[..., :offset, :], -1, -2) @ v[..., :offset, :]   # (..., m, d_v)
     z = np.sum(phi_k[..., :offset, :], axis=-2)[..., :, None]              # (..., m, 1)
@@ -204,8 +202,7 @@ def linear_attention_recurrent(q, k, v, feature_map: Callable = elu_feature_map)
     """
     phi_q, phi_k, v = _features(q, k, v, feature_map)
     batch, n_q, n_k, m, d_v = _validate.attention_shapes(phi_q, phi_k, v)
-    if n_q > n_k:
-        raise ValueError(f"causal attention needs n_q <= n_k; got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    _validate.queries_fit("causal attention", n_q, n_k, f"q {tuple(q.shape)} and k {tuple(k.shape)}")
     dtype = _float_dtype(phi_q, phi_k, v)
     s, z = np.zeros(batch + (m, d_v), dtype), np.zeros(batch + (m,), dtype)
     out = np.empty(batch + (n_q, d_v), dtype)

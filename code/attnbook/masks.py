@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import positive_int
+from ._validate import int_in_range, positive_int, queries_last
 
 
 def causal_mask(n_q: int, n_k: int | None = None) -> np.ndarray:
@@ -26,18 +26,6 @@ def causal_mask(n_q: int, n_k: int | None = None) -> np.ndarray:
     n_q, n_k = queries_last("causal_mask", n_q, n_k)
     offset = n_k - n_q
     return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
-
-
-def queries_last(name: str, n_q, n_k=None) -> tuple[int, int]:
-    """Check that ``n_q`` queries can be the last of ``n_k`` positions (default ``n_k = n_q``)."""
-    n_q = positive_int("n_q", n_q)
-    n_k = n_q if n_k is None else positive_int("n_k", n_k)
-    if n_q > n_k:
-        raise ValueError(
-            f"{name} needs n_q <= n_k (queries are the last n_q of n_k positions); "
-            f"got n_q={n_q}, n_k={n_k}"
-        )
-    return n_q, n_k
 
 
 def sliding_window_mask(n: int, window: int) -> np.ndarray:
@@ -69,7 +57,6 @@ def prefix_lm_mask(n: int, prefix: int) -> np.ndarray:
     would; the continuation is generated causally, as a decoder would.
     """
     n = positive_int("n", n)
-    if isinstance(prefix, bool) or not isinstance(prefix, (int, np.integer)) or not 0 <= prefix <= n:
-        raise ValueError(f"prefix must be an integer in [0, n={n}]; got {prefix!r}")
+    prefix = int_in_range("prefix", prefix, 0, n, bounds=f"an integer in [0, n={n}]")
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     return (j <= i) | (j < prefix)

@@ -48,19 +48,18 @@ class ModelShape:
             _validate.positive_int(field, getattr(self, field))
         if self.sliding_window is not None:
             _validate.positive_int("sliding_window", self.sliding_window)
-        _validate.group_size(self.n_heads, self.kv_heads)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)       # frozen: set once, here
+        _validate.group_size(self.n_heads, self.n_kv_heads)
 
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads: ``n_kv_heads``, or ``n_heads`` for multi-head attention."""
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+    kv_heads = property(lambda self: self.n_kv_heads)  # the old name, until rename_kv_heads.sh: delete
 
     @property
     def kind(self) -> str:
         """"MHA", "GQA" or "MQA"."""
-        if self.kv_heads == self.n_heads:
+        if self.n_kv_heads == self.n_heads:
             return "MHA"
-        return "MQA" if self.kv_heads == 1 else "GQA"
+        return "MQA" if self.n_kv_heads == 1 else "GQA"
 
     def cached_positions(self, context_length: int | None = None) -> int:
         """Positions the cache holds for a sequence of ``context_length`` tokens (its own by default):
@@ -71,11 +70,11 @@ class ModelShape:
     def cache_bytes(self, context_length: int | None = None, batch: int = 1, bytes_per_element: float = 2):
         """:func:`attnbook.kv_cache_bytes` for this model, at its own context length by default, over
         the :meth:`cached_positions` (a sliding window caps them)."""
-        return kv_cache_bytes(self.n_layers, self.kv_heads, self.d_head, self.cached_positions(context_length),
+        return kv_cache_bytes(self.n_layers, self.n_kv_heads, self.d_head, self.cached_positions(context_length),
                               batch, bytes_per_element)
 
     def bytes_per_token(self, bytes_per_element: float = 2) -> int | float:
-        """Cache bytes that one more token adds: ``2 * n_layers * kv_heads * d_head * bytes``."""
+        """Cache bytes that one more token adds: ``2 * n_layers * n_kv_heads * d_head * bytes``."""
         return self.cache_bytes(1, 1, bytes_per_element)
 
     def matmul_params(self) -> int:
@@ -84,7 +83,7 @@ class ModelShape:
         Biases, layer norms and the (position) embeddings are not counted; the output
         head is, whether or not it shares its matrix with the token embedding.
         """
-        d, attn_width, kv_width = self.d_model, self.n_heads * self.d_head, self.kv_heads * self.d_head
+        d, attn_width, kv_width = self.d_model, self.n_heads * self.d_head, self.n_kv_heads * self.d_head
         per_layer = 2 * d * attn_width + 2 * d * kv_width + self.mlp_matrices * d * self.d_ff
         return self.n_layers * per_layer + d * self.vocab_size
 

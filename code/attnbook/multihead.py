@@ -73,20 +73,20 @@ class MultiHeadAttention(nn.Module):
         """
         b, n, m = self._check_inputs(x, context)
         source = x if context is None else context
-        h, h_kv, d_head = self.n_heads, self.n_kv_heads, self.d_head
+        h, n_kv_heads, d_head = self.n_heads, self.n_kv_heads, self.d_head
         # Split the features into heads, then move heads next to batch: (b, heads, tokens, d_head).
-        q = self.q_proj(x).view(b, n, h, d_head).transpose(1, 2)            # (b, h, n, d_head)
-        k = self.k_proj(source).view(b, m, h_kv, d_head).transpose(1, 2)    # (b, h_kv, m, d_head)
-        v = self.v_proj(source).view(b, m, h_kv, d_head).transpose(1, 2)    # (b, h_kv, m, d_head)
+        q = self.q_proj(x).view(b, n, h, d_head).transpose(1, 2)                # (b, h, n, d_head)
+        k = self.k_proj(source).view(b, m, n_kv_heads, d_head).transpose(1, 2)  # (b, n_kv_heads, m, d_head)
+        v = self.v_proj(source).view(b, m, n_kv_heads, d_head).transpose(1, 2)  # (b, n_kv_heads, m, d_head)
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)                                    # (b, h_kv, n_k, d_head)
+            k, v = kv_cache.update(k, v)                                        # (b, n_kv_heads, n_k, d_head)
         mask = self._check_mask(mask, b, n, k.shape[2], x.device)
-        out, weights = self.attention(q, k, v, mask, is_causal)            # (b, h, n, d_head)
+        out, weights = self.attention(q, k, v, mask, is_causal)                 # (b, h, n, d_head)
         if self.keep_weights:
-            self.weights = weights.detach()                                 # (b, h, n, n_k)
+            self.weights = weights.detach()                                     # (b, h, n, n_k)
         # Concatenate the heads again: (b, h, n, d_head) -> (b, n, h * d_head).
         out = out.transpose(1, 2).reshape(b, n, h * d_head)
-        return self.out_proj(out)                                           # (b, n, d_model)
+        return self.out_proj(out)                                               # (b, n, d_model)
 
     def attention(self, q, k, v, mask=None, is_causal: bool = False):
         """The attention step, once the tokens are split into heads: the hook a variant overrides.

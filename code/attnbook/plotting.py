@@ -11,6 +11,8 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ._validate import int_in_range
+
 #: The book's colour cycle (colour-blind safe, after Okabe and Ito).
 COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 
@@ -91,11 +93,9 @@ def flash_data_movement(ax, n_blocks: int = 4, query_block: int = 1, key_block: 
     """
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
-    if not (isinstance(n_blocks, int) and n_blocks >= 2):
-        raise ValueError(f"n_blocks must be an integer >= 2; got {n_blocks!r}")
+    n_blocks = int_in_range("n_blocks", n_blocks, 2, bounds="an integer >= 2")
     for name, value in (("query_block", query_block), ("key_block", key_block)):
-        if not (isinstance(value, int) and 0 <= value < n_blocks):
-            raise ValueError(f"{name} must be an integer in [0, n_blocks = {n_blocks}); got {value!r}")
+        int_in_range(name, value, 0, n_blocks - 1, bounds=f"an integer in [0, n_blocks = {n_blocks})")
     resident, streamed, idle, state = COLORS[0], COLORS[1], "#e8e8e8", COLORS[2]
     patches = {}
 

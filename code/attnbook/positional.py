@@ -29,8 +29,7 @@ import math
 
 import numpy as np
 
-from ._validate import positive_int
-from .masks import queries_last
+from ._validate import positive_int, queries_last
 
 LAYOUTS = ("half", "interleaved")
 

@@ -62,9 +62,9 @@ def repeat_kv(x, n_rep: int):
     n_rep = _validate.repeat_kv_inputs(x, n_rep)
     if n_rep == 1:
         return x
-    b, h_kv, n, d = x.shape
+    b, n_kv_heads, n, d = x.shape
     # expand makes a view without copying; reshape then lays the copies of head j side by side.
-    return x[:, :, None].expand(b, h_kv, n_rep, n, d).reshape(b, h_kv * n_rep, n, d)
+    return x[:, :, None].expand(b, n_kv_heads, n_rep, n, d).reshape(b, n_kv_heads * n_rep, n, d)
 
 
 def with_causal(mask, is_causal: bool, n_q: int, n_k: int, device=None):
@@ -86,12 +86,14 @@ def fused_attention(q, k, v, mask=None, is_causal: bool = False):
     q: (b, h, n_q, d), k, v: (b, h, n_k, d); mask as in :func:`attend`; ``is_causal`` adds the
     causal mask of the last ``n_q`` keys. torch's own ``is_causal`` aligns the queries with the
     *first* keys, so it is used only where the two agree (``n_q == n_k``). A fully masked row
-    goes to :func:`attend`: some torch versions and GPU kernels give NaN there.
+    goes to :func:`attend`: some torch versions and GPU kernels give NaN there. Finding one reads
+    the mask on the host (a GPU sync); under :func:`attnbook._validate.skip_sync_checks` the
+    mask is trusted to have none.
     """
     n_q, n_k = q.shape[-2], k.shape[-2]
     if is_causal and mask is None and n_q == n_k:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     mask = with_causal(mask, is_causal, n_q, n_k, q.device)
-    if mask is not None and not bool(mask.any(dim=-1).all()):
+    if mask is not None and _validate.sync_checks_enabled() and not bool(mask.any(dim=-1).all()):
         return attend(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import positive_int
+from ._validate import nonnegative_int, positive_int
 from .masks import causal_mask, sliding_window_mask
 
 
@@ -43,8 +43,7 @@ def sink_window_mask(n: int, window: int, n_sinks: int) -> np.ndarray:
     Returns bool (n, n), causal: query ``i`` sees keys ``i - window + 1 .. i`` and keys
     ``0 .. n_sinks - 1`` (those at or before ``i``). ``n_sinks = 0`` is the plain window.
     """
-    if isinstance(n_sinks, bool) or not isinstance(n_sinks, (int, np.integer)) or n_sinks < 0:
-        raise ValueError(f"n_sinks must be a non-negative integer; got {n_sinks!r}")
+    n_sinks = nonnegative_int("n_sinks", n_sinks)
     sinks = np.zeros((n, n), dtype=bool) if n_sinks == 0 else causal_mask(n) & (np.arange(n) < n_sinks)
     return sliding_window_mask(n, window) | sinks
 

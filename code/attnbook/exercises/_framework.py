@@ -17,6 +17,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..verdicts import ExerciseError, NotAttemptedError  # the library's; re-exported here
+
 
 @dataclass(frozen=True)
 class Case:
@@ -99,31 +101,6 @@ def in_place_note(exercise: str, case: "Case", names: Sequence[str]) -> str:
     return (f"Note: {exercise}: your function changed its input{'s' if len(names) > 1 else ''} {which} in "
             f"place (first in case '{case.name}'). The checker gave it fresh copies and judged only what it "
             "returned; a caller who still needs those arrays would find them changed.")
-
-
-class ExerciseError(AssertionError):
-    """The reader's function failed a case. ``mistake`` is the key of the diagnosed mistake, if any."""
-
-    def __init__(self, exercise: str, case: str, problem: str,
-                 mistake: Mistake | None = None, hint: str | None = None):
-        self.exercise, self.case, self.problem = exercise, case, problem
-        self.mistake = mistake.key if mistake else None
-        lines = [f"{exercise}: case '{case}': {problem}"]
-        if mistake is not None:
-            lines.append(f"Diagnosis: {mistake.description}")
-            hint = mistake.hint
-        if hint:
-            lines.append(f"Hint: {hint}")
-        super().__init__("\n".join(lines))
-
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows for this error: the verdict alone, without the checker's stack frames
-        (which say nothing to a reader and would print this machine's paths into the book)."""
-        return f"{type(self).__name__}: {self}".split("\n")
-
-
-class NotAttemptedError(ExerciseError):
-    """The reader's function is still the stub that raises ``NotImplementedError``."""
 
 
 def as_array(x) -> np.ndarray:

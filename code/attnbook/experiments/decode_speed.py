@@ -94,7 +94,7 @@ def compare_decode(models: dict, batch: int = 1, n_prompt: int = 128, n_new: int
         for name, model in models.items():
             seconds[name].append(_decode_seconds(model, prefilled[name], n_prompt, n_new)[0])
     return {name: DecodeMeasurement(
-                models[name].config.kv_heads, batch, n_prompt, n_new,
+                models[name].config.n_kv_heads, batch, n_prompt, n_new,
                 Timing(statistics.median(s), min(s), max(s), rounds, 1), cache_bytes[name])
             for name, s in seconds.items()}
 
