@@ -4,7 +4,8 @@ Without a CUDA GPU the kernels run under Triton's interpreter (``TRITON_INTERPRE
 executes every program with numpy on CPU tensors: the same kernel code, only slow. Setting that
 variable is a side effect on the whole process, so only the modules of :mod:`attnbook.kernels`
 that need Triton import this one (through :mod:`attnbook.kernels.device`); the rest of the
-package, the resource table and the time model included, never sets it.
+package, the resource table and the time model included, never sets it. Chapter 10 shows
+:func:`use_interpreter_without_cuda`.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import torch
 # Launch configurations (BLOCK_Q, BLOCK_K, num_warps, num_stages), chosen from the compiler's
 # resource table (attnbook.kernels.resources, printed in chapter 10): every entry below compiles
 # with no register spills and within the target's shared memory, for d_head 64 and 128, in float16
-# and bfloat16; tests/test_kernel_resources.py checks that on every target. Keys: the GPU family
+# and bfloat16; tests/test_resources.py checks that on every target. Keys: the GPU family
 # (T4 = 7.x; A100 = 8.0; other 8.x, e.g. L4 = 8.9, with 99 KiB of shared memory; H100 = 9.x) and
 # whether the head is padded to 64 or to 128 features.
 _BEST = {
@@ -33,19 +33,7 @@ _BEST = {
     # the other: the dQ kernel keeps BLOCK_Q query rows (as the forward does), so it wants
     # BLOCK_Q >= BLOCK_K; the dK, dV kernel keeps BLOCK_K key rows and two float32 accumulators
     # (dK and dV) for them, and at d = 64 a longer key block than query block spilled there
-    # (32 x 64 on sm_80 and sm_89, 64 x 128 on sm_90; chapter 10, tests/test_kernel_resources.py),
-    # so at d = 64 its key block stays at most its query block. The exception is sm_90 at d = 128,
-    # whose dK, dV kernel ships 32 x 64 (236 registers, no spill, in the committed table).
-    # T4: no tensor cores in Triton and no asynchronous copies (num_stages 1); its FMA-based
-    # products need many registers, so small tiles and 8 warps (more threads share the tile).
-    # decode (flash_decode): 16 query rows, the fewest tl.dot takes, since a decoding step has one
-    # query row per head; long key tiles and (from Ampere on) two stages of prefetch, since it
-    # waits on memory far more than on arithmetic. (On the T4, 4 warps spilled: 8 share the tiles.)
-    # The two backward kernels get tiles of their own. Each keeps one block resident and streams
-    # the other: the dQ kernel keeps BLOCK_Q query rows (as the forward does), so it wants
-    # BLOCK_Q >= BLOCK_K; the dK, dV kernel keeps BLOCK_K key rows and two float32 accumulators
-    # (dK and dV) for them, and at d = 64 a longer key block than query block spilled there
-    # (32 x 64 on sm_80 and sm_89, 64 x 128 on sm_90; chapter 10, tests/test_kernel_resources.py),
+    # (32 x 64 on sm_80 and sm_89, 64 x 128 on sm_90; chapter 10, tests/test_resources.py),
     # so at d = 64 its key block stays at most its query block. The exception is sm_90 at d = 128,
     # whose dK, dV kernel ships 32 x 64 (236 registers, no spill, in the committed table).
     ("sm75", 64): {"forward": (64, 32, 8, 1), "backward_dkdv": (32, 32, 8, 1), "backward_dq": (32, 32, 8, 1),

@@ -1,4 +1,4 @@
-"""The compiler's resource table for the Triton kernels (attnbook.kernel_resources, chapter 10).
+"""The compiler's resource table for the Triton kernels (attnbook.kernels.resources, chapter 10).
 
 Every launch configuration attnbook.kernels.launch can choose, for every kernel of the registry, must compile, on every target, with
 no register spills and within the target's shared memory. No GPU is needed: Triton compiles
