@@ -68,10 +68,10 @@ def test_key_blocks_reference_style_solution_passes(capsys):
                                                        (20, 77, 32, 16), (100, 130, 16, 64), (33, 33, 32, 32)])
 def test_the_reference_counts_the_blocks_the_kernels_load(n_q, n_k, block_q, block_k):
     """The checker's reference (chapter 9's tile schedule, numpy only) against the kernels' own host-side
-    bounds (attnbook.triton_flash.key_block_bounds)."""
+    bounds (attnbook.kernels.host.key_block_bounds)."""
     pytest.importorskip("triton")
     from attnbook.exercises.triton_flash import key_blocks_visited
-    from attnbook.triton_flash import key_block_bounds
+    from attnbook.kernels.host import key_block_bounds
 
     kernels = [-(-key_block_bounds(b, n_q, n_k, block_q, block_k, causal=True)[1] // block_k)
                for b in range(-(-n_q // block_q))]

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import attnbook  # noqa: E402
-from attnbook import triton_flash  # noqa: E402,F401  (before the next import: it imports triton)
+from attnbook.kernels import host  # noqa: E402,F401  (before the next import: it imports triton)
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from attnbook.cost import benchmark_flops  # noqa: E402

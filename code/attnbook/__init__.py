@@ -23,7 +23,7 @@ _LAZY = {
     "KVCache": "kv_cache", "kv_cache_bytes": "kv_cache",
     "MultiHeadAttention": "multihead", "attend": "torch_attention", "repeat_kv": "torch_attention",
     "grouped_query_attention": "gqa", "mha_to_gqa": "gqa", "load_minilm": "minilm",
-    "triton_flash_attention": "triton_flash",
+    "triton_flash_attention": "kernels",
 }
 
 

@@ -44,8 +44,7 @@ def forward_flops(shape: ModelShape, n_new: int, n_past: int = 0) -> dict[str, i
     ``n_past=0`` and ``n_new=t`` is a pass without a cache over ``t`` tokens.
     """
     n_new = _validate.positive_int("n_new", n_new)
-    if isinstance(n_past, bool) or not isinstance(n_past, int) or n_past < 0:
-        raise ValueError(f"n_past must be a non-negative integer; got {n_past!r}")
+    n_past = _validate.nonnegative_int("n_past", n_past)
     s, d = shape, shape.d_model
     n_k = n_past + n_new
     attn_width, kv_width = s.n_heads * s.d_head, s.kv_heads * s.d_head
@@ -97,8 +96,7 @@ def forward_bytes(shape: ModelShape, n_new: int, n_past: int = 0, batch: int = 1
     on the chip, are left out, so the estimate is a lower bound.
     """
     n_new = _validate.positive_int("n_new", n_new)
-    if isinstance(n_past, bool) or not isinstance(n_past, int) or n_past < 0:
-        raise ValueError(f"n_past must be a non-negative integer; got {n_past!r}")
+    n_past = _validate.nonnegative_int("n_past", n_past)
     return {"weights": shape.matmul_params() * bytes_per_element,
             "kv": shape.cache_bytes(n_past + n_new, batch, bytes_per_element)}
 

@@ -97,3 +97,22 @@ def fused_attention(q, k, v, mask=None, is_causal: bool = False):
     if mask is not None and _validate.sync_checks_enabled() and not bool(mask.any(dim=-1).all()):
         return attend(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def merge_splits(o_part, lse_part):
+    """Combine attention over runs of keys into attention over all of them: chapter 9's merge of
+    softmax states (:func:`attnbook.online_softmax.merge_softmax_states`), for S runs at once.
+
+    o_part: (S, ..., d) the output of each run normalised over that run, lse_part: (S, ...) each
+    run's log-sum-exp. A run's state ``(m, l)`` has ``lse = m + log l``, so the merge
+    ``l = sum_s l_s exp(m_s - m)`` is ``lse = logsumexp_s lse_s``, and the output, which each run
+    normalised by its own ``l_s``, is re-weighted by the run's share of the row's mass,
+    ``exp(lse_s - lse)``. An empty run (``lse`` -inf, any finite output) has no share; a row that
+    no run saw (every ``lse`` -inf) gets output 0 and ``lse`` -inf, as :func:`attend` gives a fully
+    masked row. Returns ``(out, lse)``: (..., d) and (...). Flash-Decoding (chapter 10), ring
+    attention, attention sinks and paged decoding all combine their pieces with it.
+    """
+    lse = torch.logsumexp(lse_part, dim=0)                  # (...)
+    seen = torch.where(torch.isneginf(lse), 0.0, lse)       # a row no run saw: -inf - 0 keeps its shares at 0
+    share = torch.exp(lse_part - seen)                      # (S, ...): sums to 1 over the runs (0 if unseen)
+    return (share[..., None] * o_part).sum(dim=0), lse

@@ -90,15 +90,14 @@ warnings.filterwarnings("ignore")
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from attnbook import triton_flash
-from attnbook.kernel_resources import kernel_signature
+from attnbook.kernels.registry import KERNELS
 
 d_head, block_q, block_k, *capabilities = map(int, sys.argv[1:])
-kernel = triton_flash.flash_forward_kernel
-types = kernel_signature("forward", "fp16")
+spec = KERNELS["forward"]
+kernel = spec.jit()
+types = spec.signature("fp16")
 signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
-constants = dict(CAUSAL=False, BLOCK_Q=block_q, BLOCK_K=block_k, D_HEAD=d_head, BLOCK_D=d_head,
-                 DOT_PRECISION="tf32")
+constants = spec.constants(d_head, block_q, block_k, causal=False)
 counts = {}
 for capability in capabilities:
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=constants),
@@ -174,7 +173,7 @@ def implementations(include_numpy: bool = True) -> dict[str, Callable]:
     """
     from torch.nn.attention import SDPBackend
 
-    from ..triton_flash import triton_flash_attention
+    from ..kernels import triton_flash_attention
 
     impls: dict[str, Callable] = {"triton (ch. 10)": triton_flash_attention}
     for label, name in (("sdpa flash", "FLASH_ATTENTION"), ("sdpa efficient", "EFFICIENT_ATTENTION"),

@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import attnbook
-from attnbook import triton_flash
-from attnbook.triton_flash import flash_forward, key_block_bounds, triton_flash_attention
+from attnbook.kernels import host, launch
+from attnbook.kernels.host import flash_forward, key_block_bounds, triton_flash_attention
+from attnbook.kernels.launch import LaunchPolicy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Tolerances against the float64 reference: float16 inputs round to ~5e-4
@@ -31,13 +32,13 @@ TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=4e-3,
 
 def _triton_imported_too_early() -> bool:
     try:
-        triton_flash._check_interpreter()
+        host._check_interpreter()
     except RuntimeError:
         return True
     return False
 
 
-# When another test module imported triton (torch.utils.flop_counter does) before attnbook.triton_flash
+# When another test module imported triton (torch.utils.flop_counter does) before attnbook.kernels
 # could set TRITON_INTERPRET=1, the kernels cannot run in this process: then this whole file runs
 # again in a fresh Python (test_the_kernels_in_a_fresh_process), and its tests here step aside.
 TOO_EARLY = _triton_imported_too_early()
@@ -212,13 +213,13 @@ def test_query_block_bounds_agree_with_the_causal_mask(n_q, n_k, block_q, block_
     visible = attnbook.causal_mask(n_q, n_k)                      # (n_q, n_k), True = query sees key
     for k_block in range(-(-n_k // block_k)):
         keys = slice(k_block * block_k, min((k_block + 1) * block_k, n_k))
-        start, full_start = triton_flash.query_block_bounds(k_block, n_q, n_k, block_q, block_k)
+        start, full_start = host.query_block_bounds(k_block, n_q, n_k, block_q, block_k)
         assert start % block_q == 0 and full_start % block_q == 0 and start <= full_start
         assert not visible[:start, keys].any()                   # skipped blocks see nothing of these keys
         assert visible[full_start:, keys].all()                  # unmasked blocks see all of them
         if start < n_q:                                          # the first visited block sees some key
             assert visible[start:start + block_q, keys].any()
-    assert triton_flash.query_block_bounds(3, 100, 100, 32, 32, causal=False) == (0, 0)
+    assert host.query_block_bounds(3, 100, 100, 32, 32, causal=False) == (0, 0)
 
 
 def test_non_causal_bounds_cover_every_key():
@@ -262,9 +263,9 @@ def test_grouped_query_attention_inside_the_kernels(batch, heads, kv_heads, n_q,
 def test_batch_n_heads_d_layout_is_read_in_place(dtype):
     check_gqa_against_reference(2, 4, 2, 40, 40, 16, dtype, True, layout="bnhd")
     x = torch.zeros(2, 40, 4, 16).transpose(1, 2)          # (batch, heads, n, d) view, not contiguous
-    assert not x.is_contiguous() and triton_flash._rows_of(x) is x        # no copy
+    assert not x.is_contiguous() and host._rows_of(x) is x        # no copy
     columns_apart = torch.zeros(2, 4, 16, 40).transpose(2, 3)             # last dimension has stride 40
-    assert triton_flash._rows_of(columns_apart).is_contiguous()            # the one case that copies
+    assert host._rows_of(columns_apart).is_contiguous()            # the one case that copies
 
 
 # --- decoding with the keys split across programs (flash_decode) ---------------------------
@@ -283,7 +284,7 @@ def test_decode_with_split_keys_matches_sdpa(batch, heads, kv_heads, n_q, n_k, d
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(batch, heads, n_q, d, generator=gen).to(DEVICE, dtype)
     k, v = (torch.randn(batch, kv_heads, n_k, d, generator=gen).to(DEVICE, dtype) for _ in range(2))
-    out, lse = triton_flash.flash_decode(q, k, v, causal, n_splits=n_splits)
+    out, lse = host.flash_decode(q, k, v, causal, n_splits=n_splits)
     group = heads // kv_heads
     k64, v64 = (x.double().repeat_interleave(group, 1) for x in (k, v))
     assert out.shape == q.shape and out.dtype == dtype and lse.shape == q.shape[:3]
@@ -297,43 +298,19 @@ def test_decode_with_split_keys_matches_sdpa(batch, heads, kv_heads, n_q, n_k, d
 def test_decode_agrees_with_the_forward_kernel_it_splits():
     q, k, v = (x.detach() for x in random_qkv(1, 2, 1, 200, 32, torch.float32, seed=3))
     for n_splits in (1, 2, 7):
-        out, lse = triton_flash.flash_decode(q, k, v, n_splits=n_splits, block_k=16)
+        out, lse = host.flash_decode(q, k, v, n_splits=n_splits, block_k=16)
         want, want_lse = flash_forward(q, k, v, block_k=16)
         torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(lse, want_lse, atol=1e-6, rtol=1e-6)
 
 
-def test_merge_splits_is_chapter_9s_merge_of_softmax_states():
-    """Each run's (output, lse) is a softmax state; folding the states with merge_softmax_states (numpy,
-    chapter 9) gives the merged lse, and re-weighting the outputs by exp(lse_s - lse) gives the output."""
-    from attnbook.online_softmax import SoftmaxState, merge_softmax_states
-
-    rng = np.random.default_rng(0)
-    scores, values = rng.normal(size=(3, 50)) * 3, rng.normal(size=(50, 4))
-    runs = [slice(0, 7), slice(7, 7), slice(7, 31), slice(31, 50)]       # an empty run among them
-    o_part, lse_part = [], []
-    for run in runs:
-        s = scores[:, run]
-        lse = np.log(np.exp(s).sum(-1)) if s.shape[1] else np.full(3, -np.inf)
-        w = np.exp(s - lse[:, None]) if s.shape[1] else np.zeros_like(s)
-        o_part.append(w @ values[run])
-        lse_part.append(lse)
-    out, lse = triton_flash.merge_splits(torch.tensor(np.array(o_part)), torch.tensor(np.array(lse_part)))
-    state = SoftmaxState(np.full(3, -np.inf), np.zeros(3))
-    for run_lse in lse_part:                    # the state (m, l) = (lse_s, 1) has the run's mass
-        state = merge_softmax_states(state, SoftmaxState(run_lse, np.where(np.isfinite(run_lse), 1.0, 0.0)))
-    np.testing.assert_allclose(lse.numpy(), state.max + np.log(state.sum), rtol=1e-12)
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    np.testing.assert_allclose(out.numpy(), (weights / weights.sum(-1, keepdims=True)) @ values, rtol=1e-12)
-
-
 def test_decode_splits_cut_whole_key_blocks_and_leave_no_run_empty():
-    assert triton_flash.decode_splits(1000, 64, n_programs=8, target=64) == (8, 128)
-    assert triton_flash.decode_splits(100, 64, n_programs=1, target=100) == (2, 64)       # at most one per block
-    assert triton_flash.decode_splits(100, 64, n_programs=500, target=64) == (1, 128)    # already enough programs
+    assert host.decode_splits(1000, 64, n_programs=8, target=64) == (8, 128)
+    assert host.decode_splits(100, 64, n_programs=1, target=100) == (2, 64)       # at most one per block
+    assert host.decode_splits(100, 64, n_programs=500, target=64) == (1, 128)    # already enough programs
     for n_k in range(1, 300, 7):
         for target in (1, 5, 64):
-            splits, split_len = triton_flash.decode_splits(n_k, 16, 2, target)
+            splits, split_len = host.decode_splits(n_k, 16, 2, target)
             assert split_len % 16 == 0 and (splits - 1) * split_len < n_k <= splits * split_len
 
 
@@ -341,18 +318,22 @@ def test_decode_refuses_a_bad_number_of_splits():
     q, k, v = (x.detach() for x in random_qkv(1, 1, 1, 8, 16, torch.float32))
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="n_splits must be a positive integer"):
-            triton_flash.flash_decode(q, k, v, n_splits=bad)
+            host.flash_decode(q, k, v, n_splits=bad)
 
 
 # --- launch configurations --------------------------------------------------------------
 
-def test_launch_falls_back_to_smaller_tiles_when_shared_memory_runs_out(monkeypatch):
+def _policy(configs, timer=None, autotune=False):
+    """A LaunchPolicy of its own whose candidates are ``configs`` whatever the device."""
+    policy = LaunchPolicy(autotune=autotune, **({} if timer is None else dict(timer=timer)))
+    policy.candidates = lambda *args: list(configs)
+    return policy
+
+
+def test_launch_falls_back_to_smaller_tiles_when_shared_memory_runs_out():
     from triton.runtime.errors import OutOfResources
 
-    monkeypatch.setenv("ATTNBOOK_AUTOTUNE", "0")
-
-    monkeypatch.setattr(triton_flash, "_configs", lambda *args: [(128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)])
-    monkeypatch.setattr(triton_flash, "_chosen", {})
+    policy = _policy([(128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)])
     tried = []
 
     def launch(block_q, block_k, num_warps, num_stages):
@@ -360,57 +341,55 @@ def test_launch_falls_back_to_smaller_tiles_when_shared_memory_runs_out(monkeypa
         if block_q * block_k * 16 > 65536:  # pretend a 64 KiB limit
             raise OutOfResources(block_q * block_k * 16, 65536, "shared memory")
 
-    triton_flash._launch("forward", launch, 64, torch.float16, "cuda:0")
+    policy.launch("forward", launch, 64, torch.float16, "cuda:0")
     assert tried == [(128, 64), (64, 64)]
     tried.clear()
-    triton_flash._launch("forward", launch, 64, torch.float16, "cuda:0")
+    policy.launch("forward", launch, 64, torch.float16, "cuda:0")
     assert tried == [(64, 64)]                      # remembered: no second failed attempt
 
 
 def test_autotuning_keeps_the_fastest_configuration_that_launches(monkeypatch):
     from triton.runtime.errors import OutOfResources
 
-    monkeypatch.delenv("ATTNBOOK_AUTOTUNE", raising=False)
-    monkeypatch.setattr(triton_flash, "_configs", lambda *args: [(128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)])
-    monkeypatch.setattr(triton_flash, "_chosen", {})
     seconds = {(64, 64): 2.0, (32, 32): 3.0}          # (128, 64) does not fit; (64, 64) is the fastest
     last = []
 
-    def launch(block_q, block_k, num_warps, num_stages):
+    def launch_(block_q, block_k, num_warps, num_stages):
         if (block_q, block_k) == (128, 64):
             raise OutOfResources(1 << 20, 65536, "shared memory")
         last.append((block_q, block_k))
         return seconds[block_q, block_k]
 
-    monkeypatch.setattr(triton_flash, "_timer", lambda run: run())     # a fake clock: the launch's "time"
-    assert triton_flash._launch("forward", launch, 64, torch.float16, "cuda:0") == 2.0
+    # a fake clock: the launch's "time"
+    policy = _policy([(128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 1)], timer=lambda run: run(), autotune=True)
+    assert policy.launch("forward", launch_, 64, torch.float16, "cuda:0") == 2.0
     assert last[-1] == (64, 64)                       # the outputs come from the chosen configuration
     last.clear()
-    triton_flash._launch("forward", launch, 64, torch.float16, "cuda:0")
+    policy.launch("forward", launch_, 64, torch.float16, "cuda:0")
     assert last == [(64, 64)]                         # remembered: no second round of timing
-    assert not triton_flash.autotuning("cpu")
+    assert not policy.autotuning("cpu")
+    assert not LaunchPolicy(autotune=False).autotuning("cuda:0")
     monkeypatch.setenv("ATTNBOOK_AUTOTUNE", "0")
-    assert not triton_flash.autotuning("cuda:0")
+    assert not LaunchPolicy().autotuning("cuda:0")    # the environment's default, read when the policy is made
+    monkeypatch.delenv("ATTNBOOK_AUTOTUNE")
+    assert LaunchPolicy().autotuning("cuda:0")
 
 
-def test_autotuning_is_keyed_on_what_changes_the_best_configuration(monkeypatch):
+def test_autotuning_is_keyed_on_what_changes_the_best_configuration():
     """A configuration timed at n = 100 must not serve n = 16384, nor a causal one a full one, nor one
     (batch, head) pair thousands; lengths of one octave share a timing."""
-    monkeypatch.delenv("ATTNBOOK_AUTOTUNE", raising=False)
-    monkeypatch.setattr(triton_flash, "_configs", lambda *args: [(64, 64, 4, 2), (32, 32, 4, 1)])
-    monkeypatch.setattr(triton_flash, "_chosen", {})
     timed = []
 
     def timer(run):
         timed.append(1)
         return run()
 
-    monkeypatch.setattr(triton_flash, "_timer", timer)
+    policy = _policy([(64, 64, 4, 2), (32, 32, 4, 1)], timer=timer, autotune=True)
 
     def tune(shape, fastest):
         timed.clear()
-        triton_flash._launch("forward", lambda *c: {fastest: 1.0}.get(c[:2], 2.0), 64, torch.float16, "cuda:0",
-                             shape=shape)
+        policy.launch("forward", lambda *c: {fastest: 1.0}.get(c[:2], 2.0), 64, torch.float16, "cuda:0",
+                      shape=shape)
         return len(timed)
 
     assert tune((1, 8, 8, 100, 100, False), (64, 64)) == 2           # first time: both timed
@@ -418,10 +397,11 @@ def test_autotuning_is_keyed_on_what_changes_the_best_configuration(monkeypatch)
     assert tune((1, 8, 8, 16384, 16384, False), (32, 32)) == 2       # another length: timed again
     assert tune((1, 8, 8, 100, 100, True), (32, 32)) == 2            # causal: timed again
     assert tune((64, 8, 8, 100, 100, False), (32, 32)) == 2          # more (batch, head) pairs: timed again
-    key = triton_flash.tuning_key
+    key = launch.tuning_key
     assert key((1, 8, 8, 100, 100, False)) == key((1, 8, 8, 128, 128, False))
     assert key((2, 4, 4, 64, 64, True)) == key((1, 8, 8, 64, 64, True)) != key((1, 8, 2, 64, 64, True))
-    chosen = {k[-1]: v for k, v in triton_flash._chosen.items()}
+    assert [launch.length_bucket(n) for n in (1, 2, 3, 64, 65, 100, 16384)] == [1, 2, 4, 64, 128, 128, 16384]
+    chosen = {k[-1]: v for k, v in policy.chosen.items()}
     assert chosen[key((1, 8, 8, 100, 100, False))] == (64, 64, 4, 2)
     assert chosen[key((1, 8, 8, 16384, 16384, False))] == (32, 32, 4, 1)
 
@@ -431,50 +411,47 @@ def test_the_backward_kernels_get_their_own_tiles():
     dK, dV kernel's key block is at most its query block only where a larger one spills (chapter 10)."""
     for capability in ((7, 5), (8, 0), (8, 9), (9, 0)):
         for d_head in (64, 128):
-            dq = triton_flash.gpu_configs("backward_dq", d_head, capability)[0]
+            dq = launch.gpu_configs("backward_dq", d_head, capability)[0]
             assert dq[0] >= dq[1]
-            assert triton_flash.gpu_configs("backward", d_head, capability) == \
-                triton_flash.gpu_configs("backward_dq", d_head, capability)
-    assert triton_flash.gpu_configs("backward_dq", 128, (9, 0))[0] != \
-        triton_flash.gpu_configs("backward_dkdv", 128, (9, 0))[0]
+            assert launch.gpu_configs("backward", d_head, capability) == \
+                launch.gpu_configs("backward_dq", d_head, capability)
+    assert launch.gpu_configs("backward_dq", 128, (9, 0))[0] != \
+        launch.gpu_configs("backward_dkdv", 128, (9, 0))[0]
     with pytest.raises(ValueError, match="kind"):
-        triton_flash.gpu_configs("sideways", 64, (8, 0))
+        launch.gpu_configs("sideways", 64, (8, 0))
 
 
 def test_the_backward_launches_each_kernel_with_its_own_configuration(monkeypatch):
     q, k, v = (x.detach() for x in random_qkv(1, 2, 40, 40, 16, torch.float32))
-    out, lse = triton_flash.flash_forward(q, k, v)
+    out, lse = host.flash_forward(q, k, v)
     kinds = []
-    real = triton_flash._launch
+    real = launch.POLICY.launch
 
-    def spy(kind, launch, *args, **kwargs):
+    def spy(kind, launch_, *args, **kwargs):
         kinds.append((kind, kwargs.get("shape")))
-        return real(kind, launch, *args, **kwargs)
+        return real(kind, launch_, *args, **kwargs)
 
-    monkeypatch.setattr(triton_flash, "_launch", spy)
-    triton_flash.flash_backward(torch.ones_like(out), q, k, v, out, lse)
+    monkeypatch.setattr(launch.POLICY, "launch", spy)
+    host.flash_backward(torch.ones_like(out), q, k, v, out, lse)
     assert [kind for kind, _ in kinds] == ["backward_dkdv", "backward_dq"]
     assert kinds[0][1] == (1, 2, 2, 40, 40, False)
 
 
-def test_launch_reraises_when_no_configuration_fits(monkeypatch):
+def test_launch_reraises_when_no_configuration_fits():
     from triton.runtime.errors import OutOfResources
 
-    monkeypatch.setattr(triton_flash, "_configs", lambda *args: [(64, 64, 4, 1), (32, 32, 4, 1)])
-    monkeypatch.setattr(triton_flash, "_chosen", {})
-
-    def launch(*config):
+    def launch_(*config):
         raise OutOfResources(1 << 20, 65536, "shared memory")
 
     with pytest.raises(OutOfResources):
-        triton_flash._launch("backward", launch, 256, torch.float16, "cuda:0")
+        _policy([(64, 64, 4, 1), (32, 32, 4, 1)]).launch("backward", launch_, 256, torch.float16, "cuda:0")
 
 
 @pytest.mark.parametrize("capability", [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0)])
 @pytest.mark.parametrize("d_head", [32, 64, 128, 256])
 def test_gpu_configurations_end_with_small_tiles(capability, d_head):
-    for kind in triton_flash.KINDS:
-        configs = triton_flash.gpu_configs(kind, d_head, capability)
+    for kind in launch.KINDS:
+        configs = launch.gpu_configs(kind, d_head, capability)
         assert configs[-1][:2] == (16, 16) and len(set(configs)) == len(configs)
         assert all(b >= 16 and b & (b - 1) == 0 for config in configs for b in config[:2])
         assert all(config[3] == 1 for config in configs) or capability >= (8, 0)   # no cp.async on a T4
@@ -483,7 +460,7 @@ def test_gpu_configurations_end_with_small_tiles(capability, d_head):
 @pytest.mark.parametrize("capability, expected", [((7, 5), (64, 32, 4, 1)), ((8, 0), (64, 32, 4, 2)),
                                                   ((9, 0), (128, 64, 8, 2))])
 def test_user_tile_sizes_get_warps_and_stages_for_the_gpu(capability, expected):
-    assert triton_flash.user_config(expected[0], expected[1], capability) == expected
+    assert launch.user_config(expected[0], expected[1], capability) == expected
 
 
 # --- bad input ---------------------------------------------------------------------------
@@ -527,6 +504,37 @@ def test_non_tensor_raises_type_error():
         triton_flash_attention(np.zeros((1, 1, 4, 16)), _t(1, 1, 4, 16), _t(1, 1, 4, 16))
 
 
+def _backward_inputs(**change):
+    """(do, q, k, v, out, lse) of a small forward pass, with the named ones replaced."""
+    q, k, v = (x.detach() for x in random_qkv(1, 2, 8, 8, 16, torch.float32))
+    out, lse = flash_forward(q, k, v)
+    args = dict(do=torch.ones_like(out), q=q, k=k, v=v, out=out, lse=lse)
+    return {**args, **{name: f(args) for name, f in change.items()}}
+
+
+@pytest.mark.parametrize("change, kwargs, match", [
+    (dict(do=lambda a: a["do"][:, :, :5]), {}, r"do and out must have q's shape.*do \(1, 2, 5, 16\)"),
+    (dict(out=lambda a: a["out"].transpose(2, 3)), {}, r"q's shape.*out \(1, 2, 16, 8\)"),
+    (dict(lse=lambda a: a["lse"][..., None]), {}, r"lse \(batch, heads, n_q\).*lse \(1, 2, 8, 1\)"),
+    (dict(do=lambda a: a["do"].half()), {}, r"q's dtype torch.float32.*do torch.float16"),
+    (dict(lse=lambda a: a["lse"].double()), {}, r"lse float32.*lse torch.float64"),
+    (dict(k=lambda a: a["k"][..., :8]), {}, r"head dimension.*k \(1, 2, 8, 8\)"),
+    (dict(q=lambda a: torch.cat([a["q"]] * 2, 2), do=lambda a: torch.cat([a["do"]] * 2, 2),
+          out=lambda a: torch.cat([a["out"]] * 2, 2), lse=lambda a: torch.cat([a["lse"]] * 2, 2)),
+     dict(causal=True), r"n_q <= n_k"),
+    ({}, dict(block_k=24), r"block_k must be a power of two"),
+])
+def test_flash_backward_validates_its_inputs(change, kwargs, match):
+    """flash_backward checked nothing: a dO or an lse of the wrong shape or dtype reached the kernels."""
+    with pytest.raises(ValueError, match=match):
+        host.flash_backward(**_backward_inputs(**change), **kwargs)
+
+
+def test_flash_backward_refuses_a_non_tensor():
+    with pytest.raises(TypeError, match="lse must be a torch.Tensor"):
+        host.flash_backward(**_backward_inputs(lse=lambda a: a["lse"].tolist()))
+
+
 # --- the interpreter must be chosen before triton is imported ---------------------------
 
 def _run_fresh_python(code: str) -> subprocess.CompletedProcess:
@@ -539,7 +547,7 @@ def _run_fresh_python(code: str) -> subprocess.CompletedProcess:
 def test_importing_the_module_first_selects_the_interpreter():
     result = _run_fresh_python("""
         import torch
-        from attnbook.triton_flash import interpreted, triton_flash_attention
+        from attnbook.kernels import interpreted, triton_flash_attention
         q = torch.randn(1, 1, 20, 16)
         out = triton_flash_attention(q, q, q, causal=True)
         ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
@@ -554,7 +562,7 @@ def test_importing_triton_too_early_gives_a_clear_error():
     result = _run_fresh_python("""
         import triton  # decorates Triton's own library before TRITON_INTERPRET is set
         import torch
-        from attnbook.triton_flash import triton_flash_attention
+        from attnbook.kernels import triton_flash_attention
         q = torch.randn(1, 1, 8, 16)
         triton_flash_attention(q, q, q)
     """)

@@ -3,13 +3,15 @@
 Triton compiles ahead of time for any NVIDIA target, and its bundled ``ptxas -v`` reports what
 each compiled kernel needs from the hardware: registers per thread, the bytes it *spills* to
 slow local memory when the registers run out, and shared memory per block. Chapter 10 prints
-that table for every launch configuration :mod:`attnbook.triton_flash` can choose, on four
-targets, and the tests assert that no shipped configuration spills or overflows shared memory.
+that table for every kernel of :data:`attnbook.kernels.registry.KERNELS` at every launch
+configuration :func:`attnbook.kernels.launch.gpu_configs` can choose, on four targets, and the
+tests assert that no shipped configuration spills or overflows shared memory.
 
 The kernels are specialised as a real launch specialises them: pointers and lengths divisible
 by 16 (``tt.divisibility``), so the addresses and vector loads match what a GPU would run.
 Compiling needs a process in which Triton is *not* interpreted, so the work runs in child
-processes (``python -m attnbook.kernel_resources`` reads rows as JSON on stdin).
+processes (``python -m attnbook.kernels.resources`` reads rows as JSON on stdin); this module
+itself imports neither Triton nor the device code.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from .registry import KERNELS as REGISTRY
 
 
 @dataclass(frozen=True)
@@ -44,14 +48,15 @@ TARGETS = {
 }
 MAX_REGISTERS = 255                  # per thread, on every target above
 
-KERNELS = ("forward", "backward_dkdv", "backward_dq", "decode_split")
+#: The kernels of the table: every kernel of the registry.
+KERNELS = tuple(REGISTRY)
 
 
 @dataclass(frozen=True)
 class Row:
     """One compilation: a kernel, a head size, a dtype, a launch configuration and a target."""
 
-    kernel: str                # one of KERNELS
+    kernel: str                # one of KERNELS (a name of the registry)
     d_head: int
     dtype: str                 # "fp16" or "bf16"
     block_q: int
@@ -83,16 +88,7 @@ class Resources:
 
 def kernel_signature(kernel: str, dtype: str) -> dict[str, str]:
     """Triton types of the kernel's runtime arguments (every other argument is a constexpr)."""
-    t = f"*{dtype}"
-    names = {
-        "forward": dict(Q=t, K=t, V=t, O=t, LSE="*fp32"),
-        "backward_dkdv": dict(Q=t, K=t, V=t, DO=t, LSE="*fp32", DELTA="*fp32", DK=t, DV=t),
-        "backward_dq": dict(Q=t, K=t, V=t, DO=t, LSE="*fp32", DELTA="*fp32", DQ=t),
-        "decode_split": dict(Q=t, K=t, V=t, O_PART="*fp32", LSE_PART="*fp32"),
-    }[kernel]
-    ints = ["n_q", "n_k", "n_heads", "n_kv_heads", "group", "n_rows", "split_len", "n_splits"] + [
-        f"stride_{x}{axis}" for x in ("q", "k", "v", "do") for axis in "bhn"]
-    return {**names, **{name: "i32" for name in ints}, "scale": "fp32"}
+    return REGISTRY[kernel].signature(dtype)
 
 
 def _compile(row: Row) -> Resources:
@@ -105,16 +101,11 @@ def _compile(row: Row) -> Resources:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from . import triton_flash
-
-    kernel = {"forward": triton_flash.flash_forward_kernel,
-              "backward_dkdv": triton_flash.flash_backward_dkdv_kernel,
-              "backward_dq": triton_flash.flash_backward_dq_kernel,
-              "decode_split": triton_flash.flash_decode_split_kernel}[row.kernel]
-    types = {name: ty for name, ty in kernel_signature(row.kernel, row.dtype).items() if name in kernel.arg_names}
+    spec = REGISTRY[row.kernel]
+    kernel = spec.jit()
+    types = {name: ty for name, ty in spec.signature(row.dtype).items() if name in kernel.arg_names}
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
-    constants = dict(CAUSAL=row.causal, BLOCK_Q=row.block_q, BLOCK_K=row.block_k, D_HEAD=row.d_head,
-                     BLOCK_D=triton_flash._block_d(row.d_head), DOT_PRECISION="tf32")
+    constants = spec.constants(row.d_head, row.block_q, row.block_k, row.causal)
     # what a real launch sees: every pointer, both lengths and the strides divisible by 16
     divisible = [name for name, ty in types.items()
                  if ty.startswith("*") or name in ("n_q", "n_k") or name.startswith("stride")]
@@ -144,16 +135,19 @@ def _cache_path() -> str:
     return os.path.join(folder, "kernel_resources.json")
 
 
-def kernels_source_hash() -> str:
-    """A hash of the source of every ``@triton.jit`` function of :mod:`attnbook.triton_flash`: what
-    the compiler sees. Host-side code (launchers, configurations, autotuning) is left out, so an
-    edit there recompiles nothing."""
+def kernels_source_hash(source: str | None = None) -> str:
+    """A hash of what the compiler sees of :mod:`attnbook.kernels.device`: the source of every
+    ``@triton.jit`` function and of every module-level constant they read (``LOG2E``, ``LN2``).
+    Host-side code (launchers, configurations, autotuning) lives in other modules, and the
+    device module's docstrings and comments between functions are left out, so an edit there
+    recompiles nothing. ``source``: another text of the device module (the tests' edits)."""
     import ast
 
-    text = (Path(__file__).with_name("triton_flash.py")).read_text()
-    jitted = [ast.get_source_segment(text, node) for node in ast.parse(text).body
-              if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list)]
-    return hashlib.sha256("\n".join(jitted).encode()).hexdigest()
+    text = (Path(__file__).with_name("device.py")).read_text() if source is None else source
+    compiled = [ast.get_source_segment(text, node) for node in ast.parse(text).body
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) or (isinstance(node, ast.FunctionDef) and any(
+                    "jit" in ast.unparse(d) for d in node.decorator_list))]
+    return hashlib.sha256("\n".join(compiled).encode()).hexdigest()
 
 
 def _cache_key(row: Row) -> str:
@@ -184,7 +178,7 @@ def compile_rows(rows, workers: int | None = None, cache: bool = True) -> list[R
         env = dict(os.environ, TRITON_INTERPRET="0", TRITON_ALWAYS_COMPILE="1")
 
         def run(chunk):
-            done = subprocess.run([sys.executable, "-m", "attnbook.kernel_resources"], env=env, text=True,
+            done = subprocess.run([sys.executable, "-m", "attnbook.kernels.resources"], env=env, text=True,
                                   input=json.dumps([asdict(r) for r in chunk]), capture_output=True, timeout=3600)
             if done.returncode != 0:
                 raise RuntimeError(f"compiling the kernels failed:\n{done.stderr[-3000:]}")
@@ -208,19 +202,18 @@ def compile_rows(rows, workers: int | None = None, cache: bool = True) -> list[R
 
 
 def shipped_rows(capabilities=tuple(TARGETS), d_heads=(64, 128)) -> list[Row]:
-    """Every configuration :func:`attnbook.triton_flash.gpu_configs` may launch, on every target,
-    in float16 and (sm_80 and newer) bfloat16: the rows chapter 10 prints and the tests check."""
-    from .triton_flash import gpu_configs
+    """Every configuration :func:`attnbook.kernels.launch.gpu_configs` may launch each kernel of the
+    registry with, on every target, in float16 and (sm_80 and newer) bfloat16: the rows chapter 10
+    prints and the tests check."""
+    from .launch import gpu_configs
 
     rows = []
     for capability in capabilities:
         for d_head in d_heads:
             for dtype in ("fp16", "bf16") if capability >= 80 else ("fp16",):
-                for kind, kernels in (("forward", ("forward",)), ("backward_dkdv", ("backward_dkdv",)),
-                                      ("backward_dq", ("backward_dq",)), ("decode", ("decode_split",))):
-                    for block_q, block_k, num_warps, num_stages in gpu_configs(kind, d_head, (capability // 10, capability % 10)):
-                        rows += [Row(kernel, d_head, dtype, block_q, block_k, num_warps, num_stages, capability)
-                                 for kernel in kernels]
+                for spec in REGISTRY.values():
+                    for block_q, block_k, num_warps, num_stages in gpu_configs(spec.kind, d_head, divmod(capability, 10)):
+                        rows.append(Row(spec.name, d_head, dtype, block_q, block_k, num_warps, num_stages, capability))
     return rows
 
 
@@ -228,7 +221,7 @@ def shipped_rows(capabilities=tuple(TARGETS), d_heads=(64, 128)) -> list[Row]:
 OLD_T4_FORWARD = Row("forward", 64, "fp16", 64, 64, 4, 1, 75)
 
 #: The table chapter 10 prints, as compiled when it was committed (write_committed_table).
-COMMITTED_TABLE = Path(__file__).with_name("data") / "kernel_resources.json"
+COMMITTED_TABLE = Path(__file__).parents[1] / "data" / "kernel_resources.json"
 
 
 def write_committed_table(resources, path=COMMITTED_TABLE) -> None:

@@ -1,6 +1,6 @@
-"""The compiler's resource table for the Triton kernels (attnbook.kernel_resources, chapter 10).
+"""The compiler's resource table for the Triton kernels (attnbook.kernels.resources, chapter 10).
 
-Every launch configuration attnbook.triton_flash can choose must compile, on every target, with
+Every launch configuration attnbook.kernels.launch can choose, for every kernel of the registry, must compile, on every target, with
 no register spills and within the target's shared memory. No GPU is needed: Triton compiles
 ahead of time and its ptxas reports the resources.
 """
@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from attnbook import kernel_resources as kr  # noqa: E402
+from attnbook.kernels import resources as kr  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +84,18 @@ def test_the_kernels_hash_ignores_host_code_only():
     import ast
     from pathlib import Path
 
-    source = Path(kr.__file__).with_name("triton_flash.py").read_text()
+    source = Path(kr.__file__).with_name("device.py").read_text()
     jitted = [node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)
               and any("jit" in ast.unparse(d) for d in node.decorator_list)]
     assert {"flash_forward_kernel", "forward_step", "flash_backward_dkdv_kernel", "flash_backward_dq_kernel",
             "flash_decode_split_kernel", "may_attend", "key_range"} <= set(jitted)
+    # the constants the kernels read are what the compiler sees too; the module's docstring is not
+    assert kr.kernels_source_hash(source.replace("1.4426950408889634", "1.4427")) != kr.kernels_source_hash()
+    assert kr.kernels_source_hash(source.replace("The device code", "The GPU code", 1)) == kr.kernels_source_hash()
 
 
 def test_a_longer_key_block_spills_in_the_dkdv_kernel():
-    """Why, at d = 64, the dK, dV kernel's key block stays at most its query block (triton_flash._BEST,
+    """Why, at d = 64, the dK, dV kernel's key block stays at most its query block (attnbook.kernels.launch._BEST,
     chapter 10): its two float32 accumulators grow with the key block, and these longer key tiles,
     compiled at d = 64, spill. (At d = 128 the H100 ships a longer key block, 32 x 64, which the
     shipped-configuration tests check for spills like every other.)"""

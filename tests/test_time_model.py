@@ -8,8 +8,10 @@ import pytest
 
 pytest.importorskip("triton")
 
-from attnbook import cost, kernel_time as kt, memory_traffic as mt  # noqa: E402
-from attnbook.triton_flash import gpu_configs, key_block_bounds, query_block_bounds  # noqa: E402
+from attnbook import cost, memory_traffic as mt  # noqa: E402
+from attnbook.kernels import time_model as kt  # noqa: E402
+from attnbook.kernels.host import key_block_bounds, query_block_bounds  # noqa: E402
+from attnbook.kernels.launch import gpu_configs  # noqa: E402
 
 T4, A100, H100 = kt.HARDWARE
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -39,7 +41,7 @@ def band(rows):
 
 
 def brute_force_visits(n, block_q, block_k, causal, keys_outer):
-    """Scores and streamed rows from the kernels' own host-side bounds (triton_flash)."""
+    """Scores and streamed rows from the kernels' own host-side bounds (attnbook.kernels.host)."""
     scores = rows = 0
     if keys_outer:
         for kb in range(-(-n // block_k)):
@@ -217,7 +219,7 @@ def test_bad_arguments_are_named():
 
 
 def test_launch_configs_take_the_first_choice_and_its_occupancy():
-    from attnbook.kernel_resources import Resources, Row
+    from attnbook.kernels.resources import Resources, Row
 
     def resources(kernel, config, registers, shared):
         return Resources(Row(kernel, 64, "fp16", *config, 80), registers, 0, 0, shared, 0, 0, 0)
