@@ -146,9 +146,8 @@ def private_uses(source: str, path: Path) -> list[str]:
     return [f"{path.relative_to(ROOT)}: {use}" for use in found]
 
 
-# Known uses that another branch of issue 32 removes: kernel_resources reads triton_flash._block_d until
-# the kernel registry (the kernels' branch) replaces it. Delete the entry once it is gone.
-AWAITING = {"code/attnbook/kernel_resources.py: triton_flash._block_d"}
+# Known uses that another change is about to remove (none today). Delete an entry once it is gone.
+AWAITING: set[str] = set()
 
 
 def test_no_private_name_of_another_module_is_used():
@@ -178,16 +177,6 @@ OLD_KV_NAMES = {"h_kv", "kv_heads"}           # the number of key/value heads is
 # Files that keep an old name until /work/scratch/rename_kv_heads.sh renames it after the branches of
 # issue 32 are merged (they belong to the other branches); the script deletes these lines.
 KV_AWAITING = set([
-    "code/attnbook/kv_cache.py",  # awaiting rename_kv_heads.sh
-    "code/attnbook/decoding.py",  # awaiting rename_kv_heads.sh
-    "code/attnbook/triton_flash.py",  # awaiting rename_kv_heads.sh
-    "code/attnbook/exercises/gqa.py",  # awaiting rename_kv_heads.sh
-    "code/attnbook/gpt.py",  # awaiting rename_kv_heads.sh (the old name's alias)
-    "code/attnbook/model_shapes.py",  # awaiting rename_kv_heads.sh (the old name's alias)
-    "tests/test_triton_flash.py",  # awaiting rename_kv_heads.sh
-    "book/08-kv-cache.ipynb",  # awaiting rename_kv_heads.sh
-    "book/10-flash-attention-gpu.ipynb",  # awaiting rename_kv_heads.sh
-    "book/11-grouped-query-attention.ipynb",  # awaiting rename_kv_heads.sh
 ])
 
 

@@ -228,10 +228,10 @@ def test_non_causal_bounds_cover_every_key():
 
 # --- grouped-query attention and strided inputs, inside the kernels -------------------
 
-def check_gqa_against_reference(batch, heads, kv_heads, n_q, n_k, d, dtype, causal, layout="bhnd"):
-    """The kernels with kv_heads < heads against float64 SDPA on keys and values repeated per group."""
+def check_gqa_against_reference(batch, heads, n_kv_heads, n_q, n_k, d, dtype, causal, layout="bhnd"):
+    """The kernels with n_kv_heads < heads against float64 SDPA on keys and values repeated per group."""
     gen = torch.Generator().manual_seed(3)
-    shapes = [(batch, heads, n_q, d), (batch, kv_heads, n_k, d), (batch, kv_heads, n_k, d)]
+    shapes = [(batch, heads, n_q, d), (batch, n_kv_heads, n_k, d), (batch, n_kv_heads, n_k, d)]
     if layout == "bnhd":          # stored (batch, n, heads, d), seen as (batch, heads, n, d): not contiguous
         q, k, v = (torch.randn(b, n, h, dd, generator=gen).to(DEVICE, dtype).transpose(1, 2).requires_grad_()
                    for b, h, n, dd in shapes)
@@ -241,7 +241,7 @@ def check_gqa_against_reference(batch, heads, kv_heads, n_q, n_k, d, dtype, caus
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    group = heads // kv_heads
+    group = heads // n_kv_heads
     out64 = reference(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1), causal)
     grads64 = torch.autograd.grad(out64, (q64, k64, v64), grad_out.double())   # summed over each group
     for name, got, want in zip(("output", "dq", "dk", "dv"), (out, *grads), (out64, *grads64)):
@@ -250,13 +250,13 @@ def check_gqa_against_reference(batch, heads, kv_heads, n_q, n_k, d, dtype, caus
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, d", [
+@pytest.mark.parametrize("batch, heads, n_kv_heads, n_q, n_k, d", [
     pytest.param(2, 4, 2, 37, 37, 16, id="GQA 4:2, ragged"),
     pytest.param(1, 6, 2, 20, 45, 32, id="GQA 6:2, n_q < n_k"),
     pytest.param(2, 3, 1, 33, 50, 16, id="MQA 3:1"),
 ])
-def test_grouped_query_attention_inside_the_kernels(batch, heads, kv_heads, n_q, n_k, d, causal):
-    check_gqa_against_reference(batch, heads, kv_heads, n_q, n_k, d, torch.float32, causal)
+def test_grouped_query_attention_inside_the_kernels(batch, heads, n_kv_heads, n_q, n_k, d, causal):
+    check_gqa_against_reference(batch, heads, n_kv_heads, n_q, n_k, d, torch.float32, causal)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
@@ -272,7 +272,7 @@ def test_batch_n_heads_d_layout_is_read_in_place(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, d, n_splits", [
+@pytest.mark.parametrize("batch, heads, n_kv_heads, n_q, n_k, d, n_splits", [
     pytest.param(2, 2, 2, 1, 100, 16, None, id="one query row, default splits"),
     pytest.param(1, 4, 2, 1, 257, 32, 3, id="GQA 4:2, ragged last run"),
     pytest.param(1, 2, 1, 17, 70, 16, 5, id="17 rows: a run holds no key some causal rows may see"),
@@ -280,12 +280,12 @@ def test_batch_n_heads_d_layout_is_read_in_place(dtype):
     pytest.param(1, 2, 2, 1, 1, 64, 1, id="one key"),
     pytest.param(1, 2, 2, 40, 300, 48, 2, id="two query blocks, d padded"),
 ])
-def test_decode_with_split_keys_matches_sdpa(batch, heads, kv_heads, n_q, n_k, d, n_splits, causal, dtype):
+def test_decode_with_split_keys_matches_sdpa(batch, heads, n_kv_heads, n_q, n_k, d, n_splits, causal, dtype):
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(batch, heads, n_q, d, generator=gen).to(DEVICE, dtype)
-    k, v = (torch.randn(batch, kv_heads, n_k, d, generator=gen).to(DEVICE, dtype) for _ in range(2))
+    k, v = (torch.randn(batch, n_kv_heads, n_k, d, generator=gen).to(DEVICE, dtype) for _ in range(2))
     out, lse = host.flash_decode(q, k, v, causal, n_splits=n_splits)
-    group = heads // kv_heads
+    group = heads // n_kv_heads
     k64, v64 = (x.double().repeat_interleave(group, 1) for x in (k, v))
     assert out.shape == q.shape and out.dtype == dtype and lse.shape == q.shape[:3]
     torch.testing.assert_close(out.double(), reference(q, k64, v64, causal), **TOL[dtype])

@@ -168,13 +168,13 @@ def test_kept_weights_reproduce_the_output(layer_class, arguments, missing):
     assert not missing, f"{layer_class.__name__} requires {missing}: list example values in LAYER_ARGUMENTS"
     torch.manual_seed(1)
     attn = layer_class(**arguments)
-    h, h_kv = attn.n_heads, attn.n_kv_heads
+    h, n_kv_heads = attn.n_heads, attn.n_kv_heads
     x = torch.randn(2, 6, 16)
     mask = torch.rand(2, h, 6, 6) > 0.2
     plain = attn(x, mask=mask, is_causal=True)
     attn.keep_weights = True
     kept = attn(x, mask=mask, is_causal=True)
-    v = attn.v_proj(x).view(2, 6, h_kv, 16 // h).transpose(1, 2).repeat_interleave(h // h_kv, dim=1)
+    v = attn.v_proj(x).view(2, 6, n_kv_heads, 16 // h).transpose(1, 2).repeat_interleave(h // n_kv_heads, dim=1)
     by_hand = attn.out_proj((attn.weights @ v).transpose(1, 2).reshape(2, 6, 16))
     torch.testing.assert_close(kept, plain)
     torch.testing.assert_close(by_hand, kept)

@@ -25,7 +25,7 @@ LIBRARY = sorted(p for p in PACKAGE.rglob("*.py")
 COPIES = re.compile(r"must be (a positive|a non-negative|an) integer|needs n_q <= n_k")
 # Copies in modules that another branch of issue 32 rewrites (the kernels move into attnbook/kernels/,
 # which calls _validate); delete an entry once its module has none.
-AWAITING = {"triton_flash.py": 2}
+AWAITING: dict[str, int] = {}
 
 
 def open_coded_checks(source: str) -> list[int]:

@@ -47,7 +47,7 @@ def forward_flops(shape: ModelShape, n_new: int, n_past: int = 0) -> dict[str, i
     n_past = _validate.nonnegative_int("n_past", n_past)
     s, d = shape, shape.d_model
     n_k = n_past + n_new
-    attn_width, kv_width = s.n_heads * s.d_head, s.kv_heads * s.d_head
+    attn_width, kv_width = s.n_heads * s.d_head, s.n_kv_heads * s.d_head
     return {
         # q and the output projection are attn_width wide; k and v only kv_width (GQA shrinks them)
         "qkv_out": s.n_layers * 2 * n_new * (2 * d * attn_width + 2 * d * kv_width),

@@ -48,7 +48,6 @@ class GPTConfig:
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)       # frozen: set once, here
 
-    kv_heads = property(lambda self: self.n_kv_heads)  # the old name, until rename_kv_heads.sh: delete
 
 
 class CharTokenizer:

@@ -84,8 +84,8 @@ class KVCache:
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, d_head: int,
                  dtype: torch.dtype = torch.float32, device=None):
         shape = cache_shape(batch, n_kv_heads, max_len, d_head)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)    # (b, h_kv, max_len, d_head)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (b, h_kv, max_len, d_head)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)    # (b, n_kv_heads, max_len, d_head)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (b, n_kv_heads, max_len, d_head)
         self.length = 0
 
     @property
@@ -120,8 +120,8 @@ class KVCache:
         self.length = 0
 
     def __repr__(self) -> str:
-        b, h_kv, max_len, d_head = self.keys.shape
-        return (f"KVCache(batch={b}, n_kv_heads={h_kv}, max_len={max_len}, d_head={d_head}, "
+        b, n_kv_heads, max_len, d_head = self.keys.shape
+        return (f"KVCache(batch={b}, n_kv_heads={n_kv_heads}, max_len={max_len}, d_head={d_head}, "
                 f"length={self.length}, dtype={self.keys.dtype})")
 
 
@@ -141,8 +141,8 @@ class RollingKVCache:
                  dtype: torch.dtype = torch.float32, device=None):
         self.shape = cache_shape(batch, n_kv_heads, max_len, d_head)
         ring = (batch, n_kv_heads, _validate.positive_int("window", window), d_head)
-        self.keys = torch.zeros(ring, dtype=dtype, device=device)     # (b, h_kv, window, d_head)
-        self.values = torch.zeros(ring, dtype=dtype, device=device)   # (b, h_kv, window, d_head)
+        self.keys = torch.zeros(ring, dtype=dtype, device=device)     # (b, n_kv_heads, window, d_head)
+        self.values = torch.zeros(ring, dtype=dtype, device=device)   # (b, n_kv_heads, window, d_head)
         self.length = 0
 
     @property
@@ -195,8 +195,8 @@ class RollingKVCache:
         self.length = 0
 
     def __repr__(self) -> str:
-        b, h_kv, _, d_head = self.shape
-        return (f"RollingKVCache(batch={b}, n_kv_heads={h_kv}, window={self.window}, d_head={d_head}, "
+        b, n_kv_heads, _, d_head = self.shape
+        return (f"RollingKVCache(batch={b}, n_kv_heads={n_kv_heads}, window={self.window}, d_head={d_head}, "
                 f"length={self.length}, max_len={self.max_len}, dtype={self.keys.dtype})")
 
 

@@ -52,7 +52,6 @@ class ModelShape:
             object.__setattr__(self, "n_kv_heads", self.n_heads)       # frozen: set once, here
         _validate.group_size(self.n_heads, self.n_kv_heads)
 
-    kv_heads = property(lambda self: self.n_kv_heads)  # the old name, until rename_kv_heads.sh: delete
 
     @property
     def kind(self) -> str:

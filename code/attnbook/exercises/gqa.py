@@ -80,32 +80,32 @@ POOL_MISTAKES = [
             "the heads are grouped in the wrong order: key/value head i pools query heads i, i + n_kv_heads, "
             "i + 2 n_kv_heads, ... instead of the consecutive heads i*g .. i*g + g - 1",
             "reshape the rows to (n_kv_heads, g, d_head, ...) and average over the g axis (dim 1)",
-            lambda w, h, h_kv: _heads(w, h).reshape(h // h_kv, h_kv, *_heads(w, h).shape[1:]).mean(0)
+            lambda w, h, n_kv_heads: _heads(w, h).reshape(h // n_kv_heads, n_kv_heads, *_heads(w, h).shape[1:]).mean(0)
             .reshape(-1, *w.shape[1:])),
     Mistake("first_head",
             "only the first head of each group is kept (the ablation of Ainslie et al.), not the mean",
             "average all g heads of the group: mean-pooling keeps information from each of them",
-            lambda w, h, h_kv: _heads(w, h)[:: h // h_kv].reshape(-1, *w.shape[1:])),
+            lambda w, h, n_kv_heads: _heads(w, h)[:: h // n_kv_heads].reshape(-1, *w.shape[1:])),
     Mistake("last_head",
             "only the last head of each group is kept, not the mean",
             "average all g heads of the group: reshape to (n_kv_heads, g, d_head, ...) and take .mean(1)",
-            lambda w, h, h_kv: _heads(w, h)[h // h_kv - 1:: h // h_kv].reshape(-1, *w.shape[1:])),
+            lambda w, h, n_kv_heads: _heads(w, h)[h // n_kv_heads - 1:: h // n_kv_heads].reshape(-1, *w.shape[1:])),
     Mistake("median",
             "the heads of a group are pooled by their median, not their mean",
             "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), not .median(1)",
-            lambda w, h, h_kv: np.median(np.asarray(_heads(w, h)).reshape(h_kv, h // h_kv, w.shape[0] // h,
+            lambda w, h, n_kv_heads: np.median(np.asarray(_heads(w, h)).reshape(n_kv_heads, h // n_kv_heads, w.shape[0] // h,
                                                                          *w.shape[1:]), axis=1)
             .reshape(-1, *w.shape[1:])),
     Mistake("summed",
             "the heads of a group are summed instead of averaged (the keys come out g times too large)",
             "divide the sum by the group size g, or use .mean",
-            lambda w, h, h_kv: _heads(w, h).reshape(h_kv, h // h_kv, -1, *w.shape[1:]).sum(1)
+            lambda w, h, n_kv_heads: _heads(w, h).reshape(n_kv_heads, h // n_kv_heads, -1, *w.shape[1:]).sum(1)
             .reshape(-1, *w.shape[1:])),
     Mistake("mixed_features",
             "the rows were split as (n_kv_heads, d_head, g): features of one head are averaged with each other",
             "row r of head j is row j * d_head + r, so the head index varies slowest: reshape to "
             "(n_kv_heads, g, d_head, ...)",
-            lambda w, h, h_kv: w.reshape(h_kv, w.shape[0] // h, h // h_kv, *w.shape[1:]).mean(2)
+            lambda w, h, n_kv_heads: w.reshape(n_kv_heads, w.shape[0] // h, h // n_kv_heads, *w.shape[1:]).mean(2)
             .reshape(-1, *w.shape[1:])),
 ]
 
@@ -127,4 +127,4 @@ def check_pool_kv_heads(fn) -> None:
     """Check ``fn(weight, n_heads, n_kv_heads)`` mean-pools the head blocks of a key or value
     projection's rows, weight (n_heads * d_head, ...) -> (n_kv_heads * d_head, ...)."""
     run_checks("mean-pooling key/value heads", fn, pool_cases(),
-               lambda w, h, h_kv: pool_kv_heads(w, h, h_kv, "mean"), POOL_MISTAKES)
+               lambda w, h, n_kv_heads: pool_kv_heads(w, h, n_kv_heads, "mean"), POOL_MISTAKES)

@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from .. import _validate
 from ..torch_attention import merge_splits
 from .device import (backward_preprocess_kernel, flash_backward_dkdv_kernel, flash_backward_dq_kernel,
                      flash_decode_split_kernel, flash_forward_kernel)
@@ -71,10 +72,8 @@ def _check_inputs(q, k, v, causal: bool) -> None:
         raise ValueError(f"q, k and v must not be empty; got {shapes}")
     if q.shape[3] > MAX_D_HEAD:
         raise ValueError(f"head dimension d must be at most {MAX_D_HEAD}; got {shapes}")
-    if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(
-            f"causal attention needs n_q <= n_k (the queries are the last n_q of the n_k positions); "
-            f"got {shapes}")
+    if causal:
+        _validate.queries_fit("causal attention", q.shape[2], k.shape[2], got=shapes)
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
         raise ValueError(f"q, k and v must share one dtype among float16, bfloat16, float32; "
                          f"got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -270,8 +269,8 @@ def flash_decode(q, k, v, causal: bool = False, scale: float | None = None, *, n
     """
     _check_inputs(q, k, v, causal)
     _validate_blocks(block_q, block_k)
-    if n_splits is not None and (isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 1):
-        raise ValueError(f"n_splits must be a positive integer; got {n_splits!r}")
+    if n_splits is not None:
+        n_splits = _validate.positive_int("n_splits", n_splits)
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
