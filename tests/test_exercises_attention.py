@@ -351,3 +351,156 @@ CATALOGUE["check_causal_mask"]["wrong"] += [
     (lambda n: np.fliplr(np.tril(np.ones((n, n), dtype=bool))), "flipped"),
     (lambda n: np.tril(np.ones((n, n), dtype=bool), k=2), "two_ahead"),
 ]
+
+
+# --- from the second expert reading of chapter 4 (read-s2-ch04) ------------------------------------------
+# Each wrong solution below was accepted, or rejected without a diagnosis or with a misleading one, by the
+# checker before this reading.
+
+def softmax_median_shift(x):
+    """Accepted before: every case row's top score was within exp's range of its median."""
+    x = np.asarray(x, dtype=float)
+    e = np.exp(x - np.median(x, axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_runner_up_shift(x):
+    """Accepted before, like the median shift."""
+    if x.shape[-1] == 1:
+        return np.ones_like(x)
+    e = np.exp(x - np.sort(x, axis=-1)[..., -2:-1])
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_first_entry_shift(x):
+    e = np.exp(x - x[..., :1])
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_finite_min_shift(x):
+    """Named before through a chance match with the mean shift, whose description it got."""
+    m = np.min(np.where(np.isfinite(x), x, np.inf), axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_mask_as_minus_1e9(x):
+    x = np.where(np.isneginf(x), -1e9, x)                   # the "safe" -inf of many codebases
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def log_softmax_returned(x):
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def softmax_at_temperature_2(x):
+    e = np.exp((x - x.max(axis=-1, keepdims=True)) / 2)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_in_float16(x):
+    h = x.astype(np.float16)
+    e = np.exp(h - h.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_eps_denominator(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / (e.sum(axis=-1, keepdims=True) + 1e-3)
+
+
+def softmax_clipped_scores(x):
+    e = np.exp(np.clip(x, -80, 80))                         # "exp overflows above 88, so clip"
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention_scaled_by_sqrt_n_q(q, k, v):
+    return good_softmax(q @ k.T / np.sqrt(q.shape[0])) @ v
+
+
+def attention_base_2(q, k, v):
+    s = q @ k.T / np.sqrt(q.shape[-1])
+    e = 2.0 ** (s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True) @ v
+
+
+def attention_sqrt_dk_plus_1(q, k, v):
+    return good_softmax(q @ k.T / np.sqrt(q.shape[-1] + 1)) @ v
+
+
+def softmax_copy_in_place_masked_rows(x):
+    y = np.array(x, dtype=np.float64, copy=True)
+    m = y.max(-1, keepdims=True)
+    m[~np.isfinite(m)] = 0
+    y -= m
+    np.exp(y, out=y)
+    with np.errstate(invalid="ignore"):
+        y /= y.sum(-1, keepdims=True)
+    return y
+
+
+def softmax_moveaxis(x):
+    y = np.moveaxis(np.asarray(x, float), -1, 0)
+    e = np.exp(y - y.max(0))
+    return np.moveaxis(e / e.sum(0), 0, -1)
+
+
+def attention_einsum_scipy(q, k, v):
+    import scipy.special
+    s = np.einsum("qd,kd->qk", q, k) / np.sqrt(q.shape[-1])
+    return np.einsum("qk,kd->qd", scipy.special.softmax(s, axis=-1), v)
+
+
+def attention_torch_sdpa(q, k, v):
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v)]
+    return torch.nn.functional.scaled_dot_product_attention(*t).numpy()
+
+
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_median_shift, "shift_not_max"), (softmax_runner_up_shift, "shift_not_max"),
+    (softmax_first_entry_shift, "shift_not_max"), (softmax_finite_min_shift, "shift_not_max"),
+    (softmax_mask_as_minus_1e9, "masked_row_uniform"), (log_softmax_returned, "log_softmax"),
+    (softmax_at_temperature_2, "temperature_2"), (softmax_in_float16, "float16"),
+    (softmax_eps_denominator, "eps_denominator"), (softmax_clipped_scores, "clipped_scores"),
+]
+CATALOGUE["check_softmax"]["right"] += [
+    softmax_copy_in_place_masked_rows, softmax_moveaxis,
+    lambda x: np.exp(x - __import__("scipy.special").special.logsumexp(x, axis=-1, keepdims=True)),
+]
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_scaled_by_sqrt_n_q, "scale_by_sqrt_n_q"), (attention_base_2, "base_2"),
+    (attention_sqrt_dk_plus_1, "scale_by_sqrt_dk_plus_1"),
+]
+CATALOGUE["check_attention"]["right"] += [
+    attention_einsum_scipy, attention_torch_sdpa,
+    lambda q, k, v: (good_softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-1])) @ v, None),
+]
+
+
+@pytest.mark.parametrize("wrong", [softmax_median_shift, softmax_runner_up_shift])
+def test_a_shift_by_anything_but_the_maximum_is_caught_when_the_top_score_stands_alone(wrong):
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(wrong)
+    assert err.value.mistake == "shift_not_max"
+    assert "one score far above all the others" in str(err.value) or "float32 row [0, 100, -5]" in str(err.value)
+
+
+def test_the_shift_diagnosis_names_no_particular_statistic():
+    """It used to say "here the mean of its finite entries" to a reader who shifted by the minimum."""
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(softmax_finite_min_shift)
+    assert err.value.mistake == "shift_not_max" and "here the mean" not in str(err.value)
+
+
+def test_dividing_by_sqrt_n_q_is_not_called_sqrt_n_k():
+    with pytest.raises(ExerciseError) as err:
+        check_attention(attention_scaled_by_sqrt_n_q)
+    assert err.value.mistake == "scale_by_sqrt_n_q" and "number of queries" in str(err.value)
+
+
+def test_the_minus_1e9_mask_diagnosis_states_the_convention():
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(softmax_mask_as_minus_1e9)
+    assert err.value.mistake == "masked_row_uniform" and "all zeros" in str(err.value)

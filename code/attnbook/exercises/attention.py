@@ -32,8 +32,46 @@ def _finite_mean(x):
     return np.where(count > 0, np.where(finite, x, 0).sum(-1, keepdims=True) / np.maximum(count, 1), 0.0)
 
 
+def _finite_min(x):
+    """Each row's minimum over its finite entries (inf for a row with none), keepdims kept."""
+    return np.where(np.isfinite(x), x, np.inf).min(-1, keepdims=True)
+
+
+def _runner_up(x):
+    """Each row's second-largest entry (its only entry in a row of one), keepdims kept."""
+    return np.sort(x, -1)[..., -2:-1] if x.shape[-1] > 1 else x
+
+
 def _shifted_by(x, shift):
     e = np.exp(x - shift)
+    return e / e.sum(-1, keepdims=True)
+
+
+_SHIFT_NOT_MAX = ("each row is shifted by a statistic other than its maximum (its mean, median, minimum, "
+                  "runner-up, first entry, ...): on a row whose top score lies further above that statistic than "
+                  "exp's range (~709 in float64, ~88 in float32) an exponent overflows, or on one far below it every "
+                  "exponent underflows, and the result is NaN")
+_SHIFT_NOT_MAX_HINT = ("only the maximum makes every exponent <= 0 with at least one equal to 0: the sum is then "
+                       "between 1 and n, never inf and never 0")
+
+
+def _fill_neg_inf(x, value=-1e9):
+    return np.where(np.isneginf(x), value, x)
+
+
+def _clipped(x, bound):
+    e = np.exp(np.clip(x, -bound, bound))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _eps_denominator(x, eps):
+    e = _exp_rows(x)
+    return e / (e.sum(-1, keepdims=True) + eps)
+
+
+def _float16_softmax(x):
+    y = np.asarray(x, dtype=np.float16)
+    e = np.exp(y - y.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
 
 
@@ -56,18 +94,15 @@ SOFTMAX_MISTAKES = [
             "it underflows to all zeros, and 0/0 is NaN",
             "subtract each row's own maximum: x - x.max(axis=-1, keepdims=True)",
             lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum(axis=-1, keepdims=True)),
-    Mistake("shift_not_max", "each row is shifted by a statistic other than its maximum (its mean, minimum, "
-            "first entry, ...): on a row whose scores span more than exp's range (~709 in float64, ~88 in "
-            "float32) some exponent still overflows, or every one underflows, and the result is NaN",
-            "only the maximum makes every exponent <= 0 with at least one equal to 0: the sum is then "
-            "between 1 and n, never inf and never 0",
+    Mistake("shift_not_max", _SHIFT_NOT_MAX, _SHIFT_NOT_MAX_HINT,
             lambda x: np.exp(x - x.mean(-1, keepdims=True)) / np.exp(x - x.mean(-1, keepdims=True)).sum(-1, keepdims=True)),
-    Mistake("shift_not_max", "each row is shifted by a statistic other than its maximum (here the mean of its "
-            "finite entries): on a row whose scores span more than exp's range (~709 in float64, ~88 in float32) "
-            "some exponent still overflows, or every one underflows, and the result is NaN",
-            "only the maximum makes every exponent <= 0 with at least one equal to 0: the sum is then "
-            "between 1 and n, never inf and never 0",
-            lambda x: _shifted_by(x, _finite_mean(x))),
+    Mistake("shift_not_max", _SHIFT_NOT_MAX, _SHIFT_NOT_MAX_HINT, lambda x: _shifted_by(x, _finite_mean(x))),
+    # the other statistics readers shift by, each computed in the input's dtype and in float64
+    *[Mistake("shift_not_max", _SHIFT_NOT_MAX, _SHIFT_NOT_MAX_HINT,
+              lambda x, stat=stat, dtype=dtype: (lambda y: _shifted_by(y, stat(y)))(np.asarray(x, dtype=dtype)))
+      for stat in (lambda y: y.min(-1, keepdims=True), _finite_min, lambda y: y[..., :1],
+                   lambda y: np.median(y, -1, keepdims=True), _runner_up)
+      for dtype in (None, np.float64)],
     Mistake("global_sum", "the exponentials are divided by the sum over the whole matrix, not per row (each "
             "row's maximum is subtracted, but one sum divides them all)",
             "sum along axis=-1 with keepdims=True", lambda x: _exp_rows(x) / _exp_rows(x).sum()),
@@ -95,6 +130,33 @@ SOFTMAX_MISTAKES = [
             "from the columns, not the rows",
             "x.max(axis=-1, keepdims=True) has shape (..., n, 1): each row minus its own maximum",
             lambda x: (lambda e: e / e.sum(-1, keepdims=True))(np.exp(x - x.max(-1)))),
+    Mistake("masked_row_uniform", "a fully masked row (every score -inf) gets the uniform weights 1/n: -inf was "
+            "replaced by a large negative number such as -1e9, so after the shift every score of that row is 0. "
+            "The book's convention is all zeros there (torch gives NaN; both are accepted): a query that may "
+            "see no key gets no weight, not an average of values it must not see",
+            "keep -inf as it is (exp(-inf) = 0 masks a key exactly), and return zeros for a row whose maximum is "
+            "-inf, e.g. with np.where(np.isfinite(m), x - m, -np.inf) before exp and 0 where the sum is 0",
+            lambda x: softmax(_fill_neg_inf(x), axis=-1)),
+    Mistake("log_softmax", "the log-softmax is returned (x - max - log sum exp(x - max)), not the weights",
+            "exponentiate: the weights are exp(x - m) / sum exp(x - m), positive and summing to 1 along the "
+            "last axis", lambda x: x - x.max(-1, keepdims=True) - np.log(_exp_rows(x).sum(-1, keepdims=True))),
+    Mistake("temperature_2", "the scores are divided by 2 before the exponential: that is softmax at temperature "
+            "T = 2, flatter than softmax itself",
+            "softmax is exp(x - m) / sum exp(x - m) with no factor on the scores (temperature T = 1)",
+            lambda x: softmax(x / 2, axis=-1)),
+    Mistake("float16", "the softmax is computed in float16: its 3 significant digits are far from the float64 "
+            "(or float32) answer", "compute in the input's own dtype: do not cast to float16 (np.half)",
+            _float16_softmax),
+    *[Mistake("eps_denominator", f"a constant (here {eps:g}) is added to the denominator, so the weights sum to "
+              "less than 1: after the shift by the row maximum the sum is at least 1 and needs no guard",
+              "divide by the sum alone; only a fully masked row has the sum 0, and it needs its own case "
+              "(zeros), not an epsilon", lambda x, eps=eps: _eps_denominator(x, eps))
+      for eps in (1e-2, 1e-3, 1e-4)],
+    *[Mistake("clipped_scores", f"the scores are clipped (here to +-{bound:g}) instead of shifted: every score "
+              "beyond the bound is changed, so rows with large scores get wrong weights",
+              "subtract each row's maximum instead: softmax is unchanged by the shift, and changed by clipping",
+              lambda x, bound=bound: _clipped(x, bound))
+      for bound in (80, 88, 700)],
 ]
 
 
@@ -115,6 +177,12 @@ def softmax_cases() -> list[Case]:
         Case("a batch 2 x 3 x 5 with -inf entries and one fully masked row (there NaN or zeros are accepted)",
              (batch,)),
         Case("one score per row, shape (3, 1)", (rng.normal(size=(3, 1)),)),
+        # Last, so that the verdicts on the cases above stay as they were: a shift by anything but the
+        # maximum (median, runner-up) overflows only when the top score is far above all the others.
+        Case("one score far above all the others in each row, [[0, 1000, -5], [2000, 0, 1]]",
+             (np.array([[0.0, 1000.0, -5.0], [2000.0, 0.0, 1.0]]),)),
+        Case("one float32 row [0, 100, -5], its top score far above the rest",
+             (np.array([0.0, 100.0, -5.0], dtype=np.float32),)),
     ]
 
 
@@ -176,6 +244,17 @@ ATTENTION_MISTAKES = [
     Mistake("scale_by_sqrt_n_k", "the scores are divided by sqrt(n_k), the number of keys, not sqrt(d_k)",
             "d_k is the dimension of each query and key vector, q.shape[-1]; len(k) counts the keys",
             _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-2]))),
+    Mistake("scale_by_sqrt_n_q", "the scores are divided by sqrt(n_q), the number of queries, not sqrt(d_k)",
+            "d_k is the dimension of each query and key vector, q.shape[-1]; q.shape[0] counts the queries",
+            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-2]))),
+    Mistake("scale_by_sqrt_dk_plus_1", "the scores are divided by sqrt(d_k + 1), not sqrt(d_k)",
+            "the variance of q . k is d_k (d_k terms of variance 1): divide by np.sqrt(q.shape[-1])",
+            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1] + 1))),
+    Mistake("base_2", "the exponential is base 2 (2**s or np.exp2) instead of e: 2**s = e**(s ln 2), a softmax "
+            "of the scores times ln 2 ~ 0.69",
+            "use np.exp: the softmax of attention is exp(s - max) / sum exp(s - max)",
+            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
+                            lambda s: (lambda e: e / e.sum(-1, keepdims=True))(np.exp2(s - s.max(-1, keepdims=True))))),
     Mistake("global_softmax", "the softmax is taken over the whole score matrix, not over each query's row",
             "each query's weights over the keys must sum to 1: softmax along the last axis, per row",
             _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
