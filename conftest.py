@@ -21,7 +21,8 @@ HANG_LIMIT_S = 900.0
 # the run depends on this list: a stale entry costs a minute, never a result.
 SLOWEST_FIRST = (
     "book/11-grouped-query-attention.ipynb",   # 99 s native, 254 s with the other numerics (AMD EPYC)
-    "book/06-positional-encodings.ipynb",      # 160 s, 239 s
+    "book/06-positional-encodings.ipynb",      # CPU s, 1 thread, machine loaded by other jobs:
+                                               # 85 s native, 136 s other numerics (were 179 s, 248 s)
     "book/03-scaling.ipynb",                   # 115 s, 129 s
     "book/09-flash-attention.ipynb",           # 64 s, 68 s
     "tests/test_lite.py",                      # 150 s: chapters run in Pyodide in a browser
