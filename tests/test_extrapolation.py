@@ -258,3 +258,70 @@ def test_fine_tune_trains_a_copy_and_keeps_its_stretched_rope():
     assert E.fine_tune(learned.model, task, 32, steps=2).clip_positions is False
     with pytest.raises(ValueError, match="steps"):
         E.fine_tune(run.model, task, 32, steps=0)
+
+
+# --- several seeds trained together -------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", E.SCHEMES)
+def test_train_together_is_separate_trainings(scheme):
+    # in float64, so that the batched computation and the one-at-a-time one agree to rounding
+    task = E.MarkovText()
+    data = [task.batch(6 * 4, 12, torch.Generator().manual_seed(s)) for s in range(3)]
+    alone, together = [], []
+    for s in range(3):
+        torch.manual_seed(s)
+        alone.append(E.TinyCausalLM(16, scheme, 12, d_model=16, n_heads=2, n_layers=2).double())
+        together.append(__import__("copy").deepcopy(alone[-1]))
+    losses_alone = np.stack([E.train(m, *d, batch=4) for m, d in zip(alone, data)])
+    losses = E.train_together(together, torch.stack([d[0] for d in data]), torch.stack([d[1] for d in data]), batch=4)
+    assert losses.shape == (3, 6)
+    np.testing.assert_allclose(losses, losses_alone, rtol=1e-10)
+    assert losses[:, 0].std() > 1e-3                                     # three different models
+    for a, b in zip(alone, together):
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            torch.testing.assert_close(q, p, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_train_together_rejects_mismatched_inputs():
+    models = [E.TinyCausalLM(8, "rope", 8, d_model=16, n_heads=2) for _ in range(2)]
+    tokens = torch.zeros(3, 4, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"n_models=2"):
+        E.train_together(models, tokens, tokens)
+    with pytest.raises(ValueError, match="one architecture"):
+        E.train_together([models[0], E.TinyCausalLM(8, "alibi", 8, d_model=16, n_heads=2)], tokens[:2], tokens[:2])
+
+
+def test_train_and_evaluate_seeds_matches_one_seed_at_a_time():
+    task = E.ShiftedCopy(vocab=8, shift=2)
+    runs = E.train_and_evaluate_seeds(task, "rope", 8, (8, 16), seeds=(3, 5), steps=20, d_model=16, n_heads=2)
+    for seed, run in zip((3, 5), runs):
+        alone = E.train_and_evaluate(task, "rope", 8, (8, 16), steps=20, seed=seed, d_model=16, n_heads=2)
+        np.testing.assert_allclose(run.losses, alone.losses, rtol=1e-4)     # float32: rounding only
+        for n in (8, 16):
+            assert run.evaluations[n].loss == pytest.approx(alone.evaluations[n].loss, rel=1e-3)
+            assert run.evaluations[n].length == n
+        assert not run.model.clip_positions
+
+
+def test_fine_tune_seeds_matches_fine_tune():
+    task = E.ShiftedCopy()
+    runs = E.train_and_evaluate_seeds(task, "rope", 16, (16,), seeds=(0, 1), steps=10, d_model=16, n_heads=2,
+                                      n_layers=1)
+    models = [r.model.double() for r in runs]
+    freqs = P.interpolated_frequencies(8, 10000.0, 2)
+    for m in models:
+        E.set_rope_frequencies(m, freqs, 1.5)
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in models]
+    tuned = E.fine_tune_seeds(models, task, 32, steps=4, seeds=(0, 1))
+    for seed, m, b, t in zip((0, 1), models, before, tuned):
+        assert all(torch.equal(b[k], v) for k, v in m.state_dict().items())          # originals untouched
+        one = E.fine_tune(m, task, 32, steps=4, seed=seed)
+        for k, v in one.state_dict().items():
+            torch.testing.assert_close(t.state_dict()[k], v, rtol=1e-9, atol=1e-12)
+        assert all(blk.attn.logit_scale == 1.5 and np.array_equal(blk.attn.frequencies, freqs) for blk in t.blocks)
+        assert t.clip_positions is False
+    with pytest.raises(ValueError, match="one seed per model"):
+        E.fine_tune_seeds(models, task, 32, steps=2, seeds=(0,))
+    E.set_rope_frequencies(models[1])
+    with pytest.raises(ValueError, match="same RoPE frequencies"):
+        E.fine_tune_seeds(models, task, 32, steps=2, seeds=(0, 1))

@@ -249,6 +249,54 @@ def train(model: TinyCausalLM, tokens: torch.Tensor, targets: torch.Tensor, batc
     return losses
 
 
+def train_together(models, tokens: torch.Tensor, targets: torch.Tensor, batch: int = 16,
+                   lr: float = 1e-2) -> np.ndarray:
+    """:func:`train` for several models of one architecture at once: model ``i`` on ``tokens[i]``.
+
+    tokens, targets: ``(n_models, n_sequences, length)``. The models' parameters are stacked
+    (``torch.func.stack_module_state``) and one ``vmap`` of the forward pass computes every
+    model's loss in the same batched operations. The training loss is their sum, and the models
+    share no parameter, so each one's gradient is that of its own loss; Adam updates each weight
+    from its own gradient only. So this is ``n_models`` separate trainings, each as :func:`train`
+    would run it, computed together (only the rounding can differ): on a CPU, where a model this
+    small spends much of a step on per-operation overhead, several seeds cost little more than one.
+    The trained weights are copied back into ``models``. Returns the ``(n_models, steps)`` losses.
+    """
+    from torch.func import functional_call, stack_module_state, vmap
+
+    models = list(models)
+    if tokens.shape[0] != len(models) or targets.shape != tokens.shape:
+        raise ValueError(f"tokens and targets must both be (n_models={len(models)}, n_sequences, length); "
+                         f"got {tuple(tokens.shape)} and {tuple(targets.shape)}")
+    if len({(type(m), m.scheme, tuple((k, v.shape) for k, v in m.state_dict().items())) for m in models}) != 1:
+        raise ValueError("train_together needs models of one architecture and scheme")
+    params, buffers = stack_module_state(models)          # each (n_models, *shape), trainable leaves
+    template = copy.deepcopy(models[0]).to("meta")        # the architecture, without weights
+    for m in (template, *models):
+        m.train()
+
+    def loss_of_one(p, b, x, y):
+        logits = functional_call(template, (p, b), (x,))
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+
+    losses_of_all = vmap(loss_of_one)
+    opt = torch.optim.Adam(params.values(), lr=lr, foreach=True)
+    steps = tokens.shape[1] // batch
+    losses = np.empty((len(models), steps))
+    for step in range(steps):
+        rows = slice(step * batch, (step + 1) * batch)
+        loss = losses_of_all(params, buffers, tokens[:, rows], targets[:, rows])     # (n_models,)
+        opt.zero_grad()
+        loss.sum().backward()
+        opt.step()
+        losses[:, step] = loss.detach().numpy()
+    with torch.no_grad():
+        for i, m in enumerate(models):
+            for name, value in m.named_parameters():
+                value.copy_(params[name][i])
+    return losses
+
+
 @dataclass
 class Evaluation:
     """One model on held-out sequences of one length."""
@@ -307,6 +355,30 @@ def train_and_evaluate(task, scheme: str, train_length: int, eval_lengths, steps
     return Run(scheme, model, losses, evaluations)
 
 
+def train_and_evaluate_seeds(task, scheme: str, train_length: int, eval_lengths, seeds, steps: int = 300,
+                             batch: int = 16, eval_batch: int = 64, lr: float = 1e-2, **model_kwargs) -> list[Run]:
+    """:func:`train_and_evaluate` for each of ``seeds``, the trainings run together (:func:`train_together`).
+
+    Seed ``s`` gets the initial weights and the training and held-out sequences that
+    ``train_and_evaluate(..., seed=s)`` would give it. Returns one :class:`Run` per seed, in order.
+    """
+    seeds = list(seeds)
+    data = [task.batch(steps * batch, train_length, torch.Generator().manual_seed(seed + 1)) for seed in seeds]
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(TinyCausalLM(task.vocab, scheme, train_length, **model_kwargs))
+    losses = train_together(models, torch.stack([d[0] for d in data]), torch.stack([d[1] for d in data]),
+                            batch=batch, lr=lr)
+    runs = []
+    for seed, model, seed_losses in zip(seeds, models, losses):
+        model.clip_positions = True
+        evaluations = {n: evaluate(model, task, *held_out(task, n, eval_batch, seed)) for n in eval_lengths}
+        model.clip_positions = False
+        runs.append(Run(scheme, model, seed_losses, evaluations))
+    return runs
+
+
 def held_out(task, length: int, batch: int = 64, seed: int = 0):
     """The evaluation sequences of one length: ``tokens, targets (batch, length)``, seeded apart from training."""
     return task.batch(batch, length, torch.Generator().manual_seed(10_000 + 97 * seed + length))
@@ -354,6 +426,33 @@ def fine_tune(model: TinyCausalLM, task, length: int, steps: int, seed: int = 0,
     tuned.clip_positions = True
     train(tuned, *data, batch=batch, lr=lr)
     tuned.clip_positions = False
+    return tuned
+
+
+def fine_tune_seeds(models, task, length: int, steps: int, seeds, batch: int = 16,
+                    lr: float = 1e-3) -> list[TinyCausalLM]:
+    """:func:`fine_tune` for each model and its seed (``models[i]`` with ``seeds[i]``), trained together.
+
+    Copies of ``models`` (one architecture, the same RoPE frequencies and logit scale), each trained
+    for ``steps`` steps of Adam on the fine-tuning sequences :func:`fine_tune` would give its seed,
+    with :func:`train_together`. The models themselves are not changed. Chapter 6 fine-tunes the
+    RoPE models of all its seeds at ``4L`` at once, after position interpolation or YaRN.
+    """
+    steps, length = positive_int("steps", steps), positive_int("length", length)
+    models, seeds = list(models), list(seeds)
+    if len(models) != len(seeds):
+        raise ValueError(f"one seed per model: got {len(models)} models and {len(seeds)} seeds")
+    tuned = [copy.deepcopy(m) for m in models]
+    settings = {(str(None if b.attn.frequencies is None else np.asarray(b.attn.frequencies).tolist()),
+                 b.attn.logit_scale) for m in tuned for b in m.blocks}
+    if len(settings) > 1:
+        raise ValueError("fine_tune_seeds needs the same RoPE frequencies and logit scale in every model")
+    data = [task.batch(steps * batch, length, torch.Generator().manual_seed(20_000 + seed)) for seed in seeds]
+    for m in tuned:
+        m.clip_positions = True
+    train_together(tuned, torch.stack([d[0] for d in data]), torch.stack([d[1] for d in data]), batch=batch, lr=lr)
+    for m in tuned:
+        m.clip_positions = False
     return tuned
 
 
