@@ -21,6 +21,39 @@ def test_time_call_loops_a_fast_call_until_min_time():
     assert t.loops > 100 and t.median < 1e-4
 
 
+def test_time_call_runs_a_slow_call_exactly_repeats_times():
+    """A call longer than min_time needs no loops: the calibration's run is the first repeat."""
+    import time
+
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.003)
+
+    t = bench.time_call(slow, repeats=5, min_time=0.001)
+    assert t.loops == 1 and t.repeats == 5 and len(calls) == 5
+    assert 0.0029 < t.low <= t.median <= t.high
+    calls.clear()
+    t = bench.time_call(slow, repeats=5, min_time=0.0)
+    assert t.loops == 1 and len(calls) == 5
+
+
+def test_time_call_counts_loops_of_the_calibration_once():
+    calls = []
+    t = bench.time_call(lambda: calls.append(1), repeats=3, min_time=0.001)
+    # calibration: 1 + 2 + ... + loops calls, of which the last `loops` are the first repeat
+    assert len(calls) == (2 * t.loops - 1) + 2 * t.loops
+
+
+def test_time_call_rejects_a_bad_repeat_count():
+    import pytest
+
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="repeats"):
+            bench.time_call(len, "abc", repeats=bad)
+
+
 def test_peak_memory_sees_a_numpy_allocation():
     result, peak = bench.peak_memory(lambda: np.ones(1_000_000).sum())
     assert result == 1_000_000

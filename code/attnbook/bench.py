@@ -49,20 +49,28 @@ def time_call(fn, *args, repeats: int = 5, min_time: float = 0.05, **kwargs) -> 
     """Time ``fn(*args, **kwargs)``: loops per repeat chosen so a repeat lasts ``min_time``.
 
     Returns the fastest, median and slowest per-call time over ``repeats`` repeats (at least 5
-    for a number the book quotes).
+    for a number the book quotes). The last run of the calibration already timed ``loops`` loops,
+    so it counts as the first repeat: a call that takes seconds runs ``repeats`` times, not once more.
     """
+    repeats = _positive_int("repeats", repeats)
     timer = timeit.Timer(lambda: fn(*args, **kwargs))
-    loops = _loops_for(timer, min_time)
-    per_call = [t / loops for t in timer.repeat(repeat=repeats, number=loops)]
+    loops, first = _loops_for(timer, min_time)
+    per_call = [t / loops for t in [first] + timer.repeat(repeat=repeats - 1, number=loops)]
     return Timing(statistics.median(per_call), min(per_call), max(per_call), repeats, loops)
 
 
-def _loops_for(timer: timeit.Timer, min_time: float) -> int:
-    """Smallest power of two of loops whose total time reaches ``min_time``."""
+def _loops_for(timer: timeit.Timer, min_time: float) -> tuple[int, float]:
+    """Smallest power of two of loops whose total time reaches ``min_time``, and that total time."""
     loops = 1
-    while timer.timeit(loops) < min_time and loops < 1_000_000:
+    while (elapsed := timer.timeit(loops)) < min_time and loops < 1_000_000:
         loops *= 2
-    return loops
+    return loops, elapsed
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    return value
 
 
 def peak_memory(fn, *args, **kwargs) -> tuple[object, int]:
