@@ -146,3 +146,16 @@ def test_flash_data_movement_draws_the_blocks_and_checks_its_arguments():
     for bad in (dict(n_blocks=1), dict(query_block=4), dict(key_block=-1)):
         with pytest.raises(ValueError):
             plotting.flash_data_movement(ax, **bad)
+
+
+def test_cpu_caches_reads_per_core_sizes_from_sysfs(tmp_path):
+    # a fake sysfs of the machine that builds the book: 32 KiB L1d and L1i, 512 KiB L2, 32 MiB L3
+    for i, (level, kind, size) in enumerate([(1, "Data", "32K"), (1, "Instruction", "32K"),
+                                             (2, "Unified", "512K"), (3, "Unified", "32768K")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert bench.cpu_caches(str(tmp_path)) == {"L1": 32 * 2**10, "L2": 512 * 2**10, "L3": 32 * 2**20}
+    assert bench.cpu_caches(str(tmp_path / "absent")) == {}

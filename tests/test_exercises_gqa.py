@@ -55,6 +55,35 @@ def share_scrambled(x, n_heads):
     return torch.stack([x] * g, dim=3).reshape(b, n_heads, n, d)
 
 
+def share_only_head_zero(x, n_heads):
+    """Every query head gets key/value head 0."""
+    return torch.cat([x[:, 0:1]] * n_heads, dim=1)
+
+
+def share_divided_by_g(x, n_heads):
+    """Splits each key/value head among its g query heads, as if sharing divided it."""
+    g = n_heads // x.shape[1]
+    return torch.cat([x[:, i:i + 1] / g for i in range(x.shape[1]) for _ in range(g)], dim=1)
+
+
+def share_one_copy_too_many(x, n_heads):
+    """Off by one: g + 1 copies of each head, from an index list."""
+    g = n_heads // x.shape[1]
+    return x[:, [i for i in range(x.shape[1]) for _ in range(g + 1)]]
+
+
+def share_one_copy_too_few(x, n_heads):
+    """Off by one: g - 1 copies of each head (range(1, g))."""
+    g = n_heads // x.shape[1]
+    return torch.cat([x[:, i:i + 1] for i in range(x.shape[1]) for _ in range(1, g)], dim=1)
+
+
+def share_last_axis(x, n_heads):
+    """Copies stacked on a new last axis, then reshaped: features and positions leak into heads."""
+    b, n_kv_heads, n, d = x.shape
+    return torch.stack([x] * (n_heads // n_kv_heads), dim=-1).reshape(b, n_heads, n, d)
+
+
 def share_stub(x, n_heads):
     raise NotImplementedError
 
@@ -71,6 +100,11 @@ def test_share_correct_solutions_pass(fn, capsys):
     (share_n_heads_copies, "wrong_group_size"),
     (share_positions, "wrong_axis"),
     (share_scrambled, "scrambled"),
+    (share_only_head_zero, "first_head_only"),
+    (share_divided_by_g, "divided_by_g"),
+    (share_one_copy_too_many, "group_size_off_by_one"),
+    (share_one_copy_too_few, "group_size_off_by_one"),
+    (share_last_axis, "scrambled_features"),
 ])
 def test_share_mistakes_are_diagnosed(fn, key):
     with pytest.raises(ExerciseError) as err:
@@ -134,6 +168,24 @@ def pool_features_mixed(w, n_heads, n_kv_heads):
     return w.reshape(-1, g, *w.shape[1:]).mean(1)
 
 
+def pool_all_heads(w, n_heads, n_kv_heads):
+    """One global mean: every head of the layer averaged into one block."""
+    d_head = w.shape[0] // n_heads
+    return sum(w[j * d_head:(j + 1) * d_head] for j in range(n_heads)) / n_heads
+
+
+def pool_all_heads_tiled(w, n_heads, n_kv_heads):
+    """One global mean, copied to every key/value head so that the shape is right."""
+    return pool_all_heads(w, n_heads, n_kv_heads).repeat(n_kv_heads, *[1] * (w.dim() - 1))
+
+
+def pool_max(w, n_heads, n_kv_heads):
+    """Takes each group's elementwise maximum."""
+    d_head, g = w.shape[0] // n_heads, n_heads // n_kv_heads
+    return torch.cat([torch.stack([w[(i * g + m) * d_head:(i * g + m + 1) * d_head] for m in range(g)]).max(0).values
+                      for i in range(n_kv_heads)])
+
+
 @pytest.mark.parametrize("fn", [pool_by_loop, pool_by_view])
 def test_pool_correct_solutions_pass(fn, capsys):
     check_pool_kv_heads(fn)
@@ -145,6 +197,9 @@ def test_pool_correct_solutions_pass(fn, capsys):
     (pool_first, "first_head"),
     (pool_sum, "summed"),
     (pool_features_mixed, "mixed_features"),
+    (pool_all_heads, "global_mean"),
+    (pool_all_heads_tiled, "global_mean"),
+    (pool_max, "max"),
 ])
 def test_pool_mistakes_are_diagnosed(fn, key):
     with pytest.raises(ExerciseError) as err:
@@ -189,12 +244,15 @@ CATALOGUE = {
         "right": [share_by_index, share_by_loop, share_einsum_style],
         "wrong": [(share_tiled, "wrong_order"), (share_modulo_index, "wrong_order"),
                   (share_n_heads_copies, "wrong_group_size"), (share_positions, "wrong_axis"),
-                  (share_scrambled, "scrambled")],
+                  (share_scrambled, "scrambled"), (share_only_head_zero, "first_head_only"),
+                  (share_divided_by_g, "divided_by_g"), (share_one_copy_too_many, "group_size_off_by_one"),
+                  (share_one_copy_too_few, "group_size_off_by_one"), (share_last_axis, "scrambled_features")],
     },
     "check_pool_kv_heads": {
         "right": [pool_by_loop, pool_by_view, pool_float32],
         "wrong": [(pool_strided, "wrong_order"), (pool_first, "first_head"), (pool_sum, "summed"),
-                  (pool_features_mixed, "mixed_features"), (pool_no_division, "summed")],
+                  (pool_features_mixed, "mixed_features"), (pool_no_division, "summed"),
+                  (pool_all_heads, "global_mean"), (pool_all_heads_tiled, "global_mean"), (pool_max, "max")],
     },
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import glob
 import math
 import os
 import platform
@@ -107,6 +108,32 @@ def machine() -> str:
     except ImportError:
         pass
     return "; ".join(parts)
+
+
+def cpu_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:
+    """The data and unified cache sizes one core sees, in bytes, read from Linux's sysfs:
+    ``{"L1": ..., "L2": ..., "L3": ...}`` (``{}`` where sysfs does not say, as on macOS or Windows).
+
+    These are per-cache sizes, not the totals that ``lscpu`` prints (its ``L2 cache: 1 MiB (2 instances)``
+    sums the private L2 of two cores); ``index*/shared_cpu_list`` says which cores share each one.
+    """
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    sizes = {}
+    for index in sorted(glob.glob(os.path.join(root, "index*"))):
+        try:
+            with open(os.path.join(index, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(index, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(index, "size")) as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not text:
+            continue
+        size = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        sizes[f"L{level}"] = size
+    return sizes
 
 
 def _cpu_name() -> str | None:

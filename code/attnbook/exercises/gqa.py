@@ -47,6 +47,30 @@ SHARE_MISTAKES = [
             "then reshape to (b, n_kv * g, n, d)",
             lambda x, n_heads: x[:, :, :, None].expand(*x.shape[:3], _group(x, n_heads), x.shape[3])
             .reshape(x.shape[0], n_heads, x.shape[2], x.shape[3])),
+    Mistake("scrambled_features",
+            "the copies were made on the last axis (next to the features), so the final reshape mixes "
+            "features and positions into heads",
+            "insert the new axis right after the head axis: x[:, :, None].expand(b, n_kv, g, n, d), "
+            "then reshape to (b, n_kv * g, n, d)",
+            lambda x, n_heads: x[..., None].expand(*x.shape, _group(x, n_heads))
+            .reshape(x.shape[0], n_heads, x.shape[2], x.shape[3])),
+    Mistake("first_head_only",
+            "every query head reads key/value head 0: the other key/value heads are never used",
+            "query head j reads key/value head j // g: copy *each* key/value head g times, "
+            "x.repeat_interleave(g, dim=1)",
+            lambda x, n_heads: x[:, :1].expand(x.shape[0], n_heads, *x.shape[2:])),
+    Mistake("divided_by_g",
+            "the copies are divided by g: sharing copies a key/value head, it does not average or split it",
+            "each query head of a group gets the key/value head itself, unscaled",
+            lambda x, n_heads: x.repeat_interleave(_group(x, n_heads), dim=1) / _group(x, n_heads)),
+    Mistake("group_size_off_by_one",
+            "each key/value head is copied g + 1 times instead of g = n_heads // n_kv_heads",
+            "the output must have n_heads = n_kv_heads * g heads: copy each head exactly g times",
+            lambda x, n_heads: x.repeat_interleave(_group(x, n_heads) + 1, dim=1)),
+    Mistake("group_size_off_by_one",
+            "each key/value head is copied g - 1 times instead of g = n_heads // n_kv_heads",
+            "the output must have n_heads = n_kv_heads * g heads: copy each head exactly g times",
+            lambda x, n_heads: x.repeat_interleave(_group(x, n_heads) - 1, dim=1)),
 ]
 
 
@@ -106,6 +130,19 @@ POOL_MISTAKES = [
             "row r of head j is row j * d_head + r, so the head index varies slowest: reshape to "
             "(n_kv_heads, g, d_head, ...)",
             lambda w, h, n_kv_heads: w.reshape(n_kv_heads, w.shape[0] // h, h // n_kv_heads, *w.shape[1:]).mean(2)
+            .reshape(-1, *w.shape[1:])),
+    Mistake("global_mean",
+            "all n_heads heads are averaged into one, instead of each group of g heads into its own key/value head",
+            "average within each group only: reshape to (n_kv_heads, g, d_head, ...) and take .mean(1)",
+            lambda w, h, n_kv_heads: _heads(w, h).mean(0)),
+    Mistake("global_mean",
+            "every key/value head is the mean of all n_heads heads, instead of the mean of its own group of g",
+            "average within each group only: reshape to (n_kv_heads, g, d_head, ...) and take .mean(1)",
+            lambda w, h, n_kv_heads: torch.cat([_heads(w, h).mean(0)] * n_kv_heads)),
+    Mistake("max",
+            "the heads of a group are pooled by their elementwise maximum, not their mean",
+            "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), not .max(1) or .amax(1)",
+            lambda w, h, n_kv_heads: _heads(w, h).reshape(n_kv_heads, h // n_kv_heads, -1, *w.shape[1:]).amax(1)
             .reshape(-1, *w.shape[1:])),
 ]
 
