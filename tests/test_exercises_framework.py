@@ -124,6 +124,30 @@ def test_wrong_finite_values_keep_a_match_strong():
     assert diagnose(got, case, [halve], same, reader, [other], expected=np.array([1.0, 2.0, 9.0])) is halve
 
 
+def _halving_cases():
+    first = Case("blind", (np.array([2.0, 2.0]),))            # halving and subtracting 1 coincide here
+    others = [Case(f"other {i}", (np.array([float(i), 4.0 + i]),)) for i in range(3, 6)]
+    return first, others
+
+
+def test_a_match_the_other_cases_contradict_names_no_mistake():
+    # One mistake matches on a case blind to the difference; every other case contradicts it.
+    halve = Mistake("halved", "halved", "do not halve", lambda x: x / 2)
+    first, others = _halving_cases()
+    reader = lambda x: x - 1  # noqa: E731
+    assert diagnose(reader(*first.args), first, [halve], same, reader, others,
+                    expected=first.args[0], reference=lambda x: x) is None
+
+
+def test_a_match_most_other_cases_confirm_is_kept():
+    # The reader halves too, except on one edge case (where it clips): still the halving mistake.
+    halve = Mistake("halved", "halved", "do not halve", lambda x: x / 2)
+    first, others = _halving_cases()
+    reader = lambda x: np.minimum(x / 2, 4.0)  # noqa: E731   differs from x / 2 on "other 5" only
+    assert diagnose(reader(*first.args), first, [halve], same, reader, others,
+                    expected=first.args[0], reference=lambda x: x) is halve
+
+
 def test_the_online_softmax_exercise_names_an_unshifted_exponential():
     def online_exp_sum(scores):
         m, l = -math.inf, 0.0

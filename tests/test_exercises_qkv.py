@@ -255,6 +255,43 @@ def test_cross_checker_accepts_the_readers_right_answers(fn):
     check_cross_attention(fn)
 
 
+# --- the third reading of chapter 2: a first case blind to a difference named the wrong mistake -------
+# (d_model = d_k = 5 in the scores' first case; n_q = n_k = 4 and d_v = sqrt(n_k) = 2 in cross-attention's)
+
+def _scores_over_d_model(x, w_q, w_k):
+    q, k = x @ w_q, x @ w_k
+    return np.einsum("ic,jc->ij", q, k) / x.shape[1]
+
+
+def _cross_over_sqrt_n_q(x, context, w_q, w_k, w_v):
+    q, k, v = x @ w_q, context @ w_k, context @ w_v
+    return _softmax_rows(q @ k.T / np.sqrt(q.shape[0])) @ v
+
+
+def _cross_over_d_v(x, context, w_q, w_k, w_v):
+    q, k, v = x @ w_q, context @ w_k, context @ w_v
+    return _sdpa(q, k, v, scale=1.0 / v.shape[1])
+
+
+@pytest.mark.parametrize("check, fn, key", [
+    (check_attention_scores, _scores_over_d_model, "divided_by_d_model"),
+    (check_cross_attention, _cross_over_sqrt_n_q, "scale_by_sqrt_n_q"),
+    (check_cross_attention, _cross_over_d_v, "scale_by_d_v"),
+])
+def test_a_mistake_the_first_case_cannot_see_is_named_by_the_others(check, fn, key):
+    with pytest.raises(ExerciseError) as info:
+        check(fn)
+    assert info.value.mistake == key
+
+
+def test_a_diagnosis_the_other_cases_contradict_is_not_given():
+    # sqrt(d_model * d_k) is d_k on the first case (5 = 5) but on no other: no mistake of the list is it
+    with pytest.raises(ExerciseError) as info:
+        check_attention_scores(lambda x, w_q, w_k: scores_loop(x, w_q, w_k) / math.sqrt(x.shape[1] * w_q.shape[1]))
+    assert info.value.mistake is None
+    assert "Hint" in str(info.value)
+
+
 # --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
 
 def cross_in_place(x, context, w_q, w_k, w_v):
@@ -279,13 +316,16 @@ def _cross_scaled_by(width):
 CATALOGUE = {
     "check_attention_scores": {
         "right": [scores_right, scores_loop, lambda x, w_q, w_k: torch.from_numpy(x @ w_q) @ torch.from_numpy(x @ w_k).T],
-        "wrong": [(SCORES_WRONG[key], key) for key in sorted(SCORES_WRONG)],
+        "wrong": [(SCORES_WRONG[key], key) for key in sorted(SCORES_WRONG)] + [
+            (_scores_over_d_model, "divided_by_d_model")],
     },
     "check_cross_attention": {
         "right": [cross_right, cross_loop, cross_in_place, cross_float32_torch],
         "wrong": [(CROSS_WRONG[key], key) for key in sorted(CROSS_WRONG)] + [
             (_cross_scaled_by(lambda x, c, q, v: v.shape[1]), "scale_by_sqrt_d_v"),
             (_cross_scaled_by(lambda x, c, q, v: len(c)), "scale_by_sqrt_n_k"),
-            (_cross_scaled_by(lambda x, c, q, v: x.shape[1]), "scale_by_sqrt_d_model")],
+            (_cross_scaled_by(lambda x, c, q, v: x.shape[1]), "scale_by_sqrt_d_model"),
+            (_cross_scaled_by(lambda x, c, q, v: q.shape[0]), "scale_by_sqrt_n_q"),
+            (_cross_over_d_v, "scale_by_d_v")],
     },
 }

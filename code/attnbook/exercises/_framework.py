@@ -152,9 +152,12 @@ def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare, fn: Callable
              expected=None, reference: Callable | None = None) -> Mistake | None:
     """The mistake whose output on ``case`` matches the reader's, or None.
 
-    When several match (a case can be blind to a difference: with ``d_model = d_k`` dividing by
-    either square root gives the same scores), the reader's ``fn`` is also run on the ``others``
-    cases and only the mistakes that keep matching it there are kept; the first of those wins.
+    A case can be blind to a difference (with ``d_model = d_k`` dividing by either square root gives
+    the same scores), so one match on ``case`` is not enough: the reader's ``fn`` is also run on the
+    ``others`` cases, and a mistake is named only if those cases (where both run and neither output
+    breaks to NaN or inf) confirm it at least as often as they contradict it. When none survives,
+    no mistake is named (the verdict gives the generic hint rather than a wrong diagnosis); when
+    several do, the first wins, preferring those that also match on the other cases.
 
     A match through NaN or inf is weak evidence: ``compare`` counts NaN as equal to NaN, so on a
     case where the reader's output breaks, *every* mistake that breaks the same entries matches,
@@ -184,11 +187,18 @@ def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare, fn: Callable
     if candidates and expected is not None and _breaks_only(got, expected):
         candidates = [m for m in candidates
                       if all(_agrees(m, other, outputs, compare) for other in others)]
-    if candidates and expected is not None and _all_zero(got) and not _all_zero(expected):
+    elif candidates and expected is not None and _all_zero(got) and not _all_zero(expected):
         # an all-zero output is weak evidence too: every mistake that zeroes the case matches it (a
         # PPMI whose ratio never exceeds 1 is clipped to zeros, however it went wrong)
         candidates = [m for m in candidates
                       if all(_agrees_where_finite(m, other, outputs) for other in others)]
+    elif candidates:
+        # a case can be blind to a difference (with d_model = d_k, dividing by d_model and by d_k
+        # coincide), so a match on ``case`` alone is not enough: a mistake is kept only if the other
+        # cases, where both it and the reader's function run, confirm it at least as often as they
+        # contradict it. (Not every one must agree: a reader who divides by k.shape[0] commits
+        # "sqrt(n_k)" on every case but a batched one.)
+        candidates = [m for m in candidates if _confirmed(m, others, outputs, compare)]
     for other in others:
         if len(candidates) <= 1:
             break
@@ -235,6 +245,35 @@ def _agrees(mistake: Mistake, case: Case, outputs: _ReaderOutputs, compare) -> b
     """False only when both the mistake and the reader's function run on ``case`` and differ."""
     theirs, wrong = outputs(case), _mistake_output(mistake, case)
     return theirs is _FAILED or wrong is _FAILED or bool(compare(theirs, wrong))
+
+
+def _confirmed(mistake: Mistake, others: Sequence[Case], outputs: _ReaderOutputs, compare) -> bool:
+    """Whether the cases of ``others`` confirm ``mistake`` at least as often as they contradict it
+    (a tie keeps it: a case that tells two readings apart may still hit an edge, such as a zero row,
+    where a reader's version of the mistake and the checker's differ). A case counts only where both the mistake and the reader's function run and
+    neither output holds NaN or inf (a formula that breaks on an input is another symptom, not
+    evidence either way)."""
+    confirm = contradict = 0
+    for case in others:
+        theirs, wrong = outputs(case), _mistake_output(mistake, case)
+        if theirs is _FAILED or wrong is _FAILED or _non_finite(theirs) or _non_finite(wrong):
+            continue
+        if compare(theirs, wrong):
+            confirm += 1
+        else:
+            contradict += 1
+    return confirm >= contradict
+
+
+def _non_finite(x) -> bool:
+    """Whether ``x`` (an array, a tensor or a tuple of them) holds a NaN or an inf."""
+    if isinstance(x, (tuple, list)):
+        return any(_non_finite(part) for part in x)
+    try:
+        a = as_array(x)
+        return a.dtype.kind in "fc" and not bool(np.all(np.isfinite(a)))
+    except Exception:
+        return False
 
 
 def _all_zero(x) -> bool:

@@ -63,6 +63,10 @@ SCORES_MISTAKES = [
             "this exercise asks for the raw dot products q_i . k_j; when chapter 3 scales them, the factor "
             "is 1/sqrt(d_k), not 1/d_k",
             lambda x, w_q, w_k: _scores(x, w_q, w_k) / w_q.shape[-1]),
+    Mistake("divided_by_d_model", "your scores are divided by d_model, the width of the tokens, not left raw",
+            "this exercise asks for the raw dot products q_i . k_j; when chapter 3 scales them, the factor is "
+            "1/sqrt(d_k), with d_k the width of the queries and keys (w_q.shape[-1]), not of the tokens",
+            lambda x, w_q, w_k: _scores(x, w_q, w_k) / x.shape[-1]),
     Mistake("divided_by_sqrt_n", "your scores are divided by sqrt(n), the square root of the number of tokens",
             "this exercise asks for the raw dot products; a scale, when there is one (chapter 3), depends on "
             "the width d_k of the queries and keys, not on how many tokens there are",
@@ -144,6 +148,12 @@ CROSS_MISTAKES = [
     Mistake("scale_by_sqrt_n_k", "the scores are divided by sqrt(n_k), the number of context tokens, not sqrt(d_k)",
             "d_k is the width of each query and key, q.shape[-1]; len(context) counts the keys",
             lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(len(c))) @ (c @ w_v)),
+    Mistake("scale_by_sqrt_n_q", "the scores are divided by sqrt(n_q), the number of queries, not sqrt(d_k)",
+            "d_k is the width of each query and key, q.shape[-1]; q.shape[0] (or len(x)) counts the queries",
+            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(len(x))) @ (c @ w_v)),
+    Mistake("scale_by_d_v", "the scores are divided by d_v, the width of the values, not by sqrt(d_k)",
+            "the scale belongs to the dot products q . k, which have d_k terms: divide by np.sqrt(w_q.shape[-1])",
+            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / w_v.shape[-1]) @ (c @ w_v)),
     Mistake("scale_by_sqrt_d_context", "the scores are divided by sqrt(d_context), the width of the context "
             "tokens, not sqrt(d_k)",
             "the dot products are between projected queries and keys, d_k features each: divide by "
