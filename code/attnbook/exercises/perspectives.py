@@ -209,6 +209,7 @@ def _growth(fn, make_args, n_small, n_large, repeats, clock):
 # 3-6x and 6-9x; a loop over the queries 3-7x (Python's overhead dominates) and 28-32x; a
 # three-operand einsum about 14x on the first step, and is stopped there, before the long one.
 LINEAR_TIME_STEPS = ((256, 1024, 10.0), (1024, 8192, 20.0))
+LINEAR_TIME_TRIES = 3
 
 
 def _check_linear_time(fn, d_k: int = 32, d_v: int = 1) -> None:
@@ -225,7 +226,14 @@ def _check_linear_time(fn, d_k: int = 32, d_v: int = 1) -> None:
         return inputs[n]
 
     for n_small, n_large, limit in LINEAR_TIME_STEPS:
+        # A busy machine can slow one run of the small length: a growth above the limit is measured
+        # again, up to LINEAR_TIME_TRIES times in all, and only the smallest counts. Quadratic work
+        # exceeds the limit in every try, so this rejects no wrong answer that one try would not.
         growth = work_growth(fn, make, n_small, n_large)
+        for _ in range(LINEAR_TIME_TRIES - 1):
+            if growth <= limit:
+                break
+            growth = min(growth, work_growth(fn, make, n_small, n_large))
         if growth > limit:
             ratio = n_large // n_small
             raise ExerciseError(
