@@ -34,8 +34,10 @@ WRONG_SCORES = {
     "scale_by_dk": lambda q, k: (q / math.sqrt(q.shape[-1])) @ np.swapaxes(k / math.sqrt(k.shape[-1]), -1, -2),
     "times_sqrt_dk": lambda q, k: np.einsum("...id,...jd->...ij", q, k) * q.shape[-1] ** 0.5,
     "precedence": lambda q, k: q @ np.swapaxes(k, -1, -2) / q.shape[-1] ** 1 / 2,
+    "precedence_half": lambda q, k: q @ np.swapaxes(k, -1, -2) / (q.shape[-1] ** 1 / 2),
     "sqrt_n_k": lambda q, k: q @ np.swapaxes(k, -1, -2) / math.sqrt(len(k)),
     "sqrt_n_q": lambda q, k: q @ k.T / math.sqrt(len(q)),
+    "second_axis": lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[1]),
     "transposed": lambda q, k: np.swapaxes(np.einsum("...id,...jd->...ij", q, k), -1, -2) / math.sqrt(q.shape[-1]),
     "cosine": lambda q, k: np.einsum("...id,...jd->...ij", q, k)
     / np.outer(np.sqrt((q**2).sum(-1)), np.sqrt((k**2).sum(-1))),
@@ -45,7 +47,7 @@ WRONG_SCORES = {
 @pytest.mark.parametrize("fn", [scores_reference, scores_in_torch, scores_scaling_q_first])
 def test_correct_scaled_scores_pass(fn, capsys):
     check_scaled_scores(fn)
-    assert "Correct: scaled scores passes all 5 cases." in capsys.readouterr().out
+    assert "Correct: scaled scores passes all 6 cases." in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("key", sorted(WRONG_SCORES))
@@ -174,3 +176,58 @@ WRONG_VARIANCES["scaled_variance"] = variance_of_the_scaled_score      # test_ev
 CATALOGUE["check_dot_variance"]["wrong"] += [(variance_of_the_scaled_score, "scaled_variance")]
 CATALOGUE["check_dot_variance"]["right"] += [variance_in_place]
 CATALOGUE["check_scaled_scores"]["wrong"] += [(scores_scaled_in_place_and_again, "scale_by_dk")]
+
+
+# --- from the second expert reading of chapter 3 ------------------------------------------------------------
+
+def scores_scale_first_with_precedence_slip(q, k):
+    d_k = q.shape[-1]
+    scale = d_k ** 1/2                       # (d_k ** 1) / 2 = d_k / 2, not sqrt(d_k)
+    return q @ np.swapaxes(k, -1, -2) / scale
+
+
+def scores_d_k_from_the_second_axis(q, k):
+    return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[1])   # d_k on a matrix, n_q on a batch
+
+
+def scores_one_leading_axis_only(q, k):
+    kt = k.T if k.ndim == 2 else k.transpose(0, 2, 1)        # raises on (batch, heads, n, d)
+    return q @ kt / np.sqrt(q.shape[-1])
+
+
+def test_d_k_over_two_is_named_as_precedence():
+    with pytest.raises(ExerciseError) as err:
+        check_scaled_scores(scores_scale_first_with_precedence_slip)
+    assert err.value.mistake == "precedence_half" and "d_k / 2" in str(err.value)
+
+
+def test_d_k_from_q_shape_1_is_named():
+    # right on every 2-d case, so only a mistake that is right there too can name it
+    with pytest.raises(ExerciseError) as err:
+        check_scaled_scores(scores_d_k_from_the_second_axis)
+    assert err.value.mistake == "second_axis" and "q.shape[-1]" in str(err.value)
+
+
+def test_two_leading_dimensions_are_checked():
+    with pytest.raises(ExerciseError, match="two leading dimensions.*your function raised"):
+        check_scaled_scores(scores_one_leading_axis_only)
+    q, k = np.ones((2, 3, 4, 16)), np.ones((2, 3, 5, 16))
+    with pytest.raises(ValueError):  # it really fails on a (batch, heads, n, d_k) input
+        scores_one_leading_axis_only(q, k)
+
+
+def scores_with_mT_in_torch(q, k):
+    q, k = torch.from_numpy(q).float(), torch.from_numpy(k).float()
+    return q @ k.mT / math.sqrt(q.shape[-1])
+
+
+def test_right_alternatives_still_pass_with_two_leading_dimensions(capsys):
+    for fn in (scores_reference, scores_in_torch, scores_scaling_q_first, scores_with_mT_in_torch,
+               lambda q, k: np.einsum("...id,...jd->...ij", q / np.sqrt(q.shape[-1]), k)):
+        check_scaled_scores(fn)
+        assert "passes all 6 cases" in capsys.readouterr().out
+
+
+CATALOGUE["check_scaled_scores"]["wrong"] += [(scores_scale_first_with_precedence_slip, "precedence_half"),
+                                              (scores_d_k_from_the_second_axis, "second_axis")]
+CATALOGUE["check_scaled_scores"]["right"] += [scores_with_mT_in_torch]

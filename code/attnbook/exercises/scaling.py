@@ -26,10 +26,14 @@ SCALED_SCORES_MISTAKES = [
     Mistake("times_sqrt_dk", "the scores are multiplied by sqrt(d_k) instead of divided",
             "the scale shrinks the scores: q @ k^T / np.sqrt(d_k)",
             lambda q, k: q @ _t(k) * np.sqrt(q.shape[-1])),
-    Mistake("precedence", "operator precedence: `d_k ** 1/2` is (d_k ** 1) / 2, so you divided by d_k / 2 "
-            "(or by 2 d_k)",
+    Mistake("precedence", "operator precedence: `d_k ** 1/2` is (d_k ** 1) / 2, so `q @ k^T / d_k ** 1/2` "
+            "computes (q k^T / d_k) / 2: you divided by 2 d_k",
             "write np.sqrt(d_k) or d_k ** 0.5",
             lambda q, k: q @ _t(k) / q.shape[-1] / 2),
+    Mistake("precedence_half", "operator precedence: `d_k ** 1/2` is (d_k ** 1) / 2, so a scale computed "
+            "first (`scale = d_k ** 1/2`) is d_k / 2, and you divided by d_k / 2",
+            "write np.sqrt(d_k) or d_k ** 0.5",
+            lambda q, k: q @ _t(k) / (q.shape[-1] / 2)),
     Mistake("sqrt_n_k", "the scores are divided by the square root of the number of keys n_k, not of d_k",
             "d_k is the dimension of each query and key vector, q.shape[-1] (the number of features, not the number of keys)",
             lambda q, k: q @ _t(k) / np.sqrt(k.shape[-2])),
@@ -37,6 +41,10 @@ SCALED_SCORES_MISTAKES = [
             "(len(q) or q.shape[0] on a matrix), not of d_k",
             "d_k is the last dimension: q.shape[-1]",
             lambda q, k: q @ _t(k) / np.sqrt(q.shape[-2])),
+    Mistake("second_axis", "d_k was read as q.shape[1], which is d_k only for a 2-d q: with leading batch "
+            "dimensions it is n_q (or the number of heads), so the batched scores are divided by the wrong number",
+            "d_k is the last dimension, whatever the number of leading ones: q.shape[-1]",
+            lambda q, k: q @ _t(k) / np.sqrt(q.shape[1])),
     Mistake("transposed", "the score matrix is transposed: row i should be query i against every key",
             "compute q @ k^T, shape (n_q, n_k), not k @ q^T",
             lambda q, k: k @ _t(q) / np.sqrt(q.shape[-1])),
@@ -56,6 +64,8 @@ def scaled_scores_cases() -> list[Case]:
         Case("one query, n_k = 7, d_k = 256", (n(1, 256), n(7, 256))),
         Case("d_k = 1 (the scale is 1)", (n(4, 1), n(3, 1))),
         Case("n_q = n_k = d_k = 9", (n(9, 9), n(9, 9))),
+        Case("two leading dimensions, (batch, heads): q (2, 3, 4, 16), k (2, 3, 5, 16)",
+             (n(2, 3, 4, 16), n(2, 3, 5, 16))),
     ]
 
 
