@@ -169,7 +169,8 @@ def test_every_ppmi_mistake_is_tested():
     assert {m.key for m in PPMI_MISTAKES} == {"no_clip", "zero_row_nan", "missing_total", "log2",
                                               "swapped_marginals", "negative_kept", "all_zero",
                                               "rows_guarded_only", "columns_guarded_only", "row_sums_twice",
-                                              "column_sums_twice", "absolute", "context_smoothing", "add_one"}
+                                              "column_sums_twice", "absolute", "context_smoothing", "add_one",
+                                              "shifted"}
 
 
 def test_ppmi_checker_passes_the_loop_reference(capsys):
@@ -513,3 +514,33 @@ def test_the_right_answers_of_the_third_reading_pass(check, right, capsys):
 for _check, _name in ((check_cosine_similarity, "check_cosine_similarity"), (check_ppmi, "check_ppmi")):
     CATALOGUE[_name]["wrong"] += THIRD_READING_WRONG[_check]
     CATALOGUE[_name]["right"] += THIRD_READING_RIGHT[_check]
+
+
+# --- from the fourth expert reading of chapter 1: the shifted PPMI (SPPMI) of Levy & Goldberg 2014 ----------
+
+def sppmi(counts, k):
+    """max(0, PMI - log k), written the way the word2vec literature writes it, with a loop over the entries."""
+    counts = np.asarray(counts, dtype=float)
+    total, rows, cols = counts.sum(), counts.sum(axis=1), counts.sum(axis=0)
+    out = np.zeros_like(counts)
+    for w in range(counts.shape[0]):
+        for c in range(counts.shape[1]):
+            if counts[w, c] > 0:
+                out[w, c] = max(0.0, math.log(counts[w, c] * total / (rows[w] * cols[c])) - math.log(k))
+    return out
+
+
+def test_a_shift_by_log_2_is_named_sppmi():
+    with pytest.raises(ExerciseError) as info:
+        check_ppmi(lambda counts: sppmi(counts, 2))
+    assert info.value.mistake == "shifted", str(info.value)
+
+
+def test_a_shift_that_zeroes_everything_names_the_shift_among_the_causes():
+    """log 5 is above every PMI of the cases: the output is all zero, and the diagnosis names both causes."""
+    with pytest.raises(ExerciseError) as info:
+        check_ppmi(lambda counts: sppmi(counts, 5))
+    assert info.value.mistake == "all_zero" and "SPPMI" in str(info.value), str(info.value)
+
+
+CATALOGUE["check_ppmi"]["wrong"] += [(lambda counts: sppmi(counts, 2), "shifted")]

@@ -144,11 +144,18 @@ PPMI_MISTAKES = [
             "PPMI is max(0, PMI): clip every negative value to 0 with np.maximum(pmi, 0), not only the -inf "
             "of the zero counts",
             lambda n: np.nan_to_num(_pmi(n, _expected(n, n.sum(1), n.sum(0))), nan=0.0, neginf=0.0, posinf=0.0)),
-    Mistake("all_zero", "every entry of your output is 0: the ratio inside your log never exceeds 1, so the clip "
-            "at 0 removes everything. log p(c | w) = log(N_wc / N_w) is such a ratio: it is not PMI",
+    Mistake("all_zero", "every entry of your output is 0: whatever you clip at 0 never exceeds 0 here. Either the "
+            "ratio inside your log never exceeds 1 (log p(c | w) = log(N_wc / N_w) is such a ratio: it is not "
+            "PMI), or you subtracted a shift such as log k (the shifted PPMI, SPPMI, of Levy & Goldberg 2014) "
+            "larger than every PMI of these small matrices",
             "PMI compares p(w, c) with p(w) p(c): log(N_wc N / (N_w N_c)), the total N in the numerator; it is "
-            "positive for pairs seen together more often than chance",
+            "positive for pairs seen together more often than chance. The exercise asks for max(0, PMI), unshifted",
             lambda n: np.zeros(np.shape(n))),
+    Mistake("shifted", "your PMI is shifted down by log 2 before the clip: max(0, PMI - log k) is the shifted PPMI "
+            "(SPPMI) of Levy & Goldberg 2014, with k = 2",
+            "the exercise asks for the unshifted PPMI, max(0, PMI): leave out the - log k",
+            lambda n: np.maximum(np.nan_to_num(_pmi(n, _expected(n, n.sum(1), n.sum(0))), nan=0.0, neginf=0.0,
+                                               posinf=0.0) - np.log(2), 0.0)),
     Mistake("zero_row_nan", "a word that never occurs (a zero row) gives 0/0 = NaN",
             "guard the division where the count is 0, e.g. np.divide(..., where=counts > 0), and set "
             "those entries to 0",
