@@ -67,11 +67,40 @@ def test_merge_correct_solutions_pass(capsys):
     assert capsys.readouterr().out.count("Correct") == 2
 
 
-def test_merge_accepts_zero_as_the_max_of_an_empty_state():
-    def merge_zero_for_empty(m_a, l_a, m_b, l_b):
-        m, l = merge_good(m_a, l_a, m_b, l_b)
-        return np.where(l == 0, 0.0, m), l
-    check_merge_softmax_states(merge_zero_for_empty)
+def merge_returns_stand_in(m_a, l_a, m_b, l_b):
+    """Wrong: the guard's finite stand-in is returned as the maximum, so two empty states give (0, 0)."""
+    ms = np.where(np.isneginf(np.maximum(m_a, m_b)), 0.0, np.maximum(m_a, m_b))
+    return ms, l_a * np.exp(m_a - ms) + l_b * np.exp(m_b - ms)
+
+
+def merge_zero_for_empty(m_a, l_a, m_b, l_b):
+    """Wrong: an empty result reported with the maximum 0."""
+    m, l = merge_good(m_a, l_a, m_b, l_b)
+    return np.where(l == 0, 0.0, m), l
+
+
+def merge_guarded_rescales_old_only(m_a, l_a, m_b, l_b):
+    m = np.maximum(m_a, m_b)
+    m_f = np.where(np.isneginf(m), 0, m)                   # the chapter's guard, copied
+    return m, l_a * np.exp(m_a - m_f) + l_b
+
+
+def merge_guarded_keeps_first_max(m_a, l_a, m_b, l_b):
+    m_f = np.where(np.isneginf(m_a), 0, m_a)               # the chapter's guard, on the kept maximum
+    return m_a, l_a + l_b * np.exp(m_b - m_f)
+
+
+def test_an_empty_state_reported_as_zero_is_not_empty():
+    """From an expert reading of chapter 9: returning the stand-in 0 as the maximum of two empty states
+    passed. (0, 0) is not the empty state: merged with (-800, 1) it loses that block's mass."""
+    from attnbook.online_softmax import SoftmaxState, merge_softmax_states
+    lost = merge_softmax_states(SoftmaxState(np.float64(0.0), np.float64(0.0)),
+                                SoftmaxState(np.float64(-800.0), np.float64(1.0)))
+    assert float(lost.sum) == 0.0                          # the mass of the second block is gone
+    for wrong in (merge_returns_stand_in, merge_zero_for_empty):
+        with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+            check_merge_softmax_states(wrong)
+        assert err.value.mistake == "max_is_stand_in"
 
 
 @pytest.mark.parametrize("wrong, key", [
@@ -82,6 +111,9 @@ def test_merge_accepts_zero_as_the_max_of_an_empty_state():
     (merge_keeps_first_max, "max_not_updated"),
     (merge_without_shift, "unshifted"),
     (merge_unguarded, "nan_on_empty"),
+    (merge_guarded_rescales_old_only, "only_a_rescaled"),  # with the guard, from the expert reading
+    (merge_guarded_keeps_first_max, "max_not_updated"),
+    (merge_returns_stand_in, "max_is_stand_in"),
 ])
 def test_merge_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
@@ -165,6 +197,17 @@ def online_fixed_max(scores):
     return first, l
 
 
+def online_fixed_at_first_visible(scores):
+    """Wrong: the maximum is fixed at the first finite score (masked scores skipped), never updated."""
+    first, l = None, 0.0
+    for xj in scores:
+        if xj == -math.inf:
+            continue
+        first = xj if first is None else first
+        l += np.exp(xj - first)
+    return (-math.inf, 0.0) if first is None else (first, l)
+
+
 def online_unguarded(scores):
     m, l = -np.inf, 0.0
     for xj in scores:
@@ -199,6 +242,7 @@ def test_online_stored_scores_are_rejected_by_memory():
     (online_forgets_rescale, "no_rescale"),
     (online_upside_down, "inverted_factor"),
     (online_fixed_max, "max_not_updated"),
+    (online_fixed_at_first_visible, "max_not_updated"),    # from the expert reading
     (online_unguarded, "nan_on_masked_start"),
     (online_unshifted, "unshifted"),
 ])
@@ -269,14 +313,18 @@ CATALOGUE = {
         "wrong": [(merge_adds_sums, "no_rescale"), (merge_rescales_old_only, "only_a_rescaled"),
                   (merge_rescales_new_only, "only_b_rescaled"), (merge_upside_down, "inverted_factor"),
                   (merge_keeps_first_max, "max_not_updated"), (merge_without_shift, "unshifted"),
-                  (merge_unguarded, "nan_on_empty"), (merge_max_from_zero, "max_at_least_zero")],
+                  (merge_unguarded, "nan_on_empty"), (merge_max_from_zero, "max_at_least_zero"),
+                  (merge_returns_stand_in, "max_is_stand_in"),
+                  (merge_guarded_rescales_old_only, "only_a_rescaled"),
+                  (merge_guarded_keeps_first_max, "max_not_updated")],
     },
     "check_online_softmax": {
         "right": [online_good, online_good_blocks, online_logaddexp],
         "wrong": [(online_two_pass, "two_pass"), (online_forgets_rescale, "no_rescale"),
                   (online_upside_down, "inverted_factor"), (online_fixed_max, "max_not_updated"),
                   (online_unguarded, "nan_on_masked_start"), (online_unshifted, "unshifted"),
-                  (online_max_from_zero, "max_starts_at_zero")],
+                  (online_max_from_zero, "max_starts_at_zero"),
+                  (online_fixed_at_first_visible, "max_not_updated")],
     },
 }
 

@@ -27,21 +27,42 @@ def _as_state(out) -> np.ndarray:
 
 
 def _same_state(got, expected) -> bool:
-    """Sums agree everywhere; maxima agree wherever the sum is positive (an empty state's max is moot)."""
+    """Sums and maxima agree everywhere, an empty state's maximum included.
+
+    An empty state must be ``(-inf, 0)``: a state ``(0, 0)`` (the finite stand-in returned as the
+    maximum) is not empty, since merging it with a block whose maximum is far below 0 loses that
+    block's mass: ``(0, 0)`` and ``(-800, 1)`` merge to ``(0, e^-800) = (0, 0)``, not ``(-800, 1)``.
+    """
     got, expected = _as_state(got), _as_state(expected)
     if got.shape != expected.shape or np.isnan(got[0]).any():
         return False
-    seen = ~(expected[1] == 0)  # NaN sums count as seen, so NaN is compared (and equal only to NaN)
-    return same(got[1], expected[1]) and same(got[0][seen], expected[0][seen])
+    return same(got[1], expected[1]) and same(got[0], expected[0])
 
 
-def _merge_with(rule):
-    """A merge whose new max is ``max(m_a, m_b)`` and whose sum is ``rule(m_a, l_a, m_b, l_b, m)``."""
+def _finite(m):
+    """The empty-state guard of the chapter's solution: a finite stand-in (0) where ``m`` is -inf."""
+    return np.where(np.isneginf(m), 0.0, m)
+
+
+def _merge_with(rule, guard=True):
+    """A merge whose new max is ``max(m_a, m_b)`` and whose sum is ``rule(m_a, l_a, m_b, l_b, m)``.
+
+    With ``guard``, ``rule`` sees the chapter's finite stand-in for an empty maximum, as a reader who
+    copied the guard but made another mistake would write it: such a mistake merges two empty states
+    correctly, so it is named when the reader's function does too.
+    """
     def merge(m_a, l_a, m_b, l_b):
         m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
         m = np.maximum(m_a, m_b)
-        return m, rule(m_a, l_a, m_b, l_b, m)
+        return m, rule(m_a, l_a, m_b, l_b, _finite(m) if guard else m)
     return merge
+
+
+def _max_is_stand_in(m_a, l_a, m_b, l_b):
+    """Right sums, but the finite stand-in is returned as the maximum of two empty states."""
+    m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+    m = _finite(np.maximum(m_a, m_b))
+    return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
 
 
 # Mistakes that are right except on an edge case come first: on a case where they are wrong,
@@ -50,7 +71,14 @@ MERGE_MISTAKES = [
     Mistake("nan_on_empty", "merging two empty states gives NaN: exp(-inf - (-inf)) is exp(NaN)",
             "an empty state (a fully masked block) is (m=-inf, l=0); subtract a finite stand-in for m, "
             "e.g. np.where(np.isneginf(m), 0, m), so that exp(-inf - 0) = 0",
-            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m))),
+            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m),
+                        guard=False)),
+    Mistake("max_is_stand_in", "two empty states merge to a finite maximum (the stand-in for -inf), not to "
+            "the empty state (-inf, 0): merged later with a block whose maximum is far below it, that "
+            "block's sum underflows to 0 and its mass is lost",
+            "use the finite stand-in only inside the exponentials; return the true maximum max(m_a, m_b), "
+            "which is -inf for two empty states",
+            _max_is_stand_in),
     Mistake("no_rescale", "the two sums are added as they are: each was computed relative to its own maximum",
             "move both sums to the new maximum m first: l = l_a * exp(m_a - m) + l_b * exp(m_b - m)",
             _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a + l_b)),
@@ -66,7 +94,8 @@ MERGE_MISTAKES = [
     Mistake("max_not_updated", "the merged maximum stays at the first state's maximum",
             "the new state's maximum is max(m_a, m_b); keeping m_a lets exp(m_b - m_a) overflow",
             lambda m_a, l_a, m_b, l_b: (np.asarray(m_a, float),
-                                        np.asarray(l_a, float) + np.asarray(l_b, float) * np.exp(np.subtract(m_b, m_a)))),
+                                        np.asarray(l_a, float)
+                                        + np.asarray(l_b, float) * np.exp(np.subtract(m_b, _finite(np.asarray(m_a, float)))))),
     Mistake("unshifted", "the sums are multiplied by exp(m_old) instead of exp(m_old - m): the maximum was never subtracted",
             "rescale relative to the new maximum, exp(m_a - m) and exp(m_b - m), so that nothing overflows",
             _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a) + l_b * np.exp(m_b))),
@@ -171,8 +200,18 @@ ONLINE_MISTAKES = [
     Mistake("max_not_updated", "the maximum stays at the first score, so exp(x_j - m) overflows once x_j exceeds "
             "it by ~710",
             "update m_new = max(m_old, x_j) at every step, and rescale the sum to it",
-            lambda x: (float(np.asarray(x)[0]), float(np.sum(np.exp(np.asarray(x, float) - np.asarray(x)[0]))))),
+            lambda x: _first_score_state(x)),
 ]
+
+
+def _first_score_state(x) -> tuple[float, float]:
+    """The state with the maximum fixed at the first visible (finite) score; a reader who skips the
+    leading masked scores writes it so, and on rows that start visible it is fixing it at x[0]."""
+    x = np.asarray(x, float)
+    visible = x[np.isfinite(x)]
+    if visible.size == 0:
+        return -np.inf, 0.0
+    return float(visible[0]), float(np.sum(np.exp(visible - visible[0])))
 
 
 def online_cases() -> list[Case]:
