@@ -59,6 +59,9 @@ SPLIT_WRONG = {
     "split_tokens": lambda qkv, h: tuple(
         u.view(qkv.shape[0], qkv.shape[1], h, -1).transpose(1, 2)
         for u in torch.from_numpy(qkv).reshape(qkv.shape[0], 3 * qkv.shape[1], -1).chunk(3, dim=1)),
+    # the right split, returned in the wrong order
+    "order_kqv": lambda qkv, h: (lambda q, k, v: (k, q, v))(*split_torch(qkv, h)),
+    "order_qvk": lambda qkv, h: (lambda q, k, v: (q, v, k))(*split_loops(qkv, h)),
 }
 
 
@@ -186,7 +189,28 @@ MHA_WRONG = {
     "transposed_weights": _wrong(good_split, good_merge, weights=lambda w: w.T),
     "no_scale": _wrong(good_split, good_merge, scale=lambda x: 1.0),
     "causal_mask": lambda x, w_q, w_k, w_v, w_o, n_heads: _causal_mha(x, w_q, w_k, w_v, w_o, n_heads),
+    "scale_d_head": lambda x, w_q, w_k, w_v, w_o, n_heads: _loop_variant(
+        x, w_q, w_k, w_v, w_o, n_heads, scale=n_heads / x.shape[-1]),
+    "scale_sqrt_heads": lambda x, w_q, w_k, w_v, w_o, n_heads: _loop_variant(
+        x, w_q, w_k, w_v, w_o, n_heads, scale=1 / np.sqrt(n_heads)),
+    "w_o_transposed": lambda x, w_q, w_k, w_v, w_o, n_heads: mha_loop(x, w_q, w_k, w_v, w_o.T, n_heads),
+    "softmax_heads": _wrong(good_split, good_merge, softmax_dim=1),
+    "keys_with_w_q": lambda x, w_q, w_k, w_v, w_o, n_heads: mha_torch(x, w_q, w_q, w_v, w_o, n_heads),
+    "strided_split": _wrong(lambda t, h: t.unflatten(-1, (-1, h)).permute(0, 3, 1, 2), good_merge),
 }
+
+
+def _loop_variant(x, w_q, w_k, w_v, w_o, n_heads, scale):
+    """mha_loop with another scale: a loop over heads, written out."""
+    b, n, d = x.shape
+    d_head = d // n_heads
+    out = np.zeros_like(x)
+    for r in range(n_heads):
+        cols = slice(r * d_head, (r + 1) * d_head)
+        s = (x @ w_q[:, cols]) @ (x @ w_k[:, cols]).transpose(0, 2, 1) * scale
+        p = np.exp(s - s.max(-1, keepdims=True))
+        out += (p / p.sum(-1, keepdims=True)) @ (x @ w_v[:, cols]) @ w_o[cols]
+    return out
 
 
 def _causal_mha(x, w_q, w_k, w_v, w_o, n_heads):

@@ -84,6 +84,14 @@ def _tokens_last(qkv, h):
     return np.stack([t.reshape(b, n, h, three_d // 3 // h).transpose(0, 2, 3, 1) for t in _thirds(qkv)])
 
 
+def _order(*which):
+    """q, k, v split correctly into heads but returned in another order (``which`` indexes q, k, v)."""
+    def split(qkv, h):
+        parts = _split_qkv(qkv, h)
+        return np.stack([parts[i] for i in which])
+    return split
+
+
 def _split_tokens(qkv, h):
     b, n, three_d = qkv.shape
     # q, k, v cut out of the token axis instead of the feature axis
@@ -114,6 +122,14 @@ SPLIT_QKV_MISTAKES = [
     Mistake("split_tokens", "q, k and v were cut out of the token axis, not the feature axis",
             "the three thirds of the *last* axis are q, k and v: np.split(qkv, 3, axis=-1)",
             _split_tokens),
+    Mistake("order_kqv", "q and k are swapped: the function returns (k, q, v)",
+            "the packed features are [q | k | v], as in GPT-2: the first third is q, the second k, the third v; "
+            "return them in that order",
+            _order(1, 0, 2)),
+    Mistake("order_qvk", "k and v are swapped: the function returns (q, v, k)",
+            "the packed features are [q | k | v], as in GPT-2: the second third is k and the last v; return "
+            "(q, k, v) in that order",
+            _order(0, 2, 1)),
 ]
 
 
@@ -174,10 +190,15 @@ def _merge(t):
     return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
 
 
-def _variant(split=_split, merge=_merge, scale=None, axis=-1, out=True, transpose_w=False, causal=False):
+def _variant(split=_split, merge=_merge, scale=None, axis=-1, out=True, transpose_w=False, causal=False,
+             transpose_w_o=False, keys_with_w_q=False):
     def mha(x, w_q, w_k, w_v, w_o, h):
         if transpose_w:
             w_q, w_k, w_v, w_o = (w.T for w in (w_q, w_k, w_v, w_o))
+        if transpose_w_o:
+            w_o = w_o.T
+        if keys_with_w_q:
+            w_k = w_q
         q, k, v = (split(x @ w, h) for w in (w_q, w_k, w_v))
         s = 1 / np.sqrt(q.shape[-1]) if scale is None else scale(x, h)
         if causal:
@@ -244,6 +265,29 @@ MHA_MISTAKES = [
     Mistake("transposed_weights", "the weights were applied transposed (x @ w.T, torch.nn.Linear's layout)",
             "the book's weights are (d_in, d_out) and project as x @ w",
             _variant(transpose_w=True)),
+    Mistake("scale_d_head", "the scores were divided by d_head instead of sqrt(d_head)",
+            "the variance of a dot product of d_head unit-variance terms is d_head, so its standard deviation, "
+            "the scale, is sqrt(d_head) (chapter 3)",
+            _variant(scale=lambda x, h: 1 / (x.shape[-1] // h))),
+    Mistake("scale_sqrt_heads", "the scores were divided by sqrt(n_heads) instead of sqrt(d_head)",
+            "the scale depends on how many terms each dot product has, d_head = d_model // n_heads, not on the "
+            "number of heads",
+            _variant(scale=lambda x, h: 1 / np.sqrt(h))),
+    Mistake("w_o_transposed", "the output projection was applied transposed (concat @ w_o.T); q, k and v are right",
+            "w_o is (d_model, d_model) in the book's (d_in, d_out) layout, like the others: finish with concat @ w_o",
+            _variant(transpose_w_o=True)),
+    Mistake("softmax_heads", "the softmax normalises over the heads axis instead of the keys",
+            "scores are (batch, n_heads, n, n): each query's weights over the keys, the last axis, must sum to 1",
+            _variant(axis=-3)),
+    Mistake("keys_with_w_q", "the keys were projected with w_q: k = x @ w_q, so every score is q_i . q_j",
+            "project the keys with their own matrix: k = x @ w_k",
+            _variant(keys_with_w_q=True)),
+    Mistake("strided_split", "the heads were split strided, as (d_head, n_heads), but merged with the standard "
+            "(n_heads, d_head) merge: head r got features r, r + h, r + 2h, ... and its output went back to "
+            "the block r * d_head ... (r + 1) * d_head - 1",
+            "split each of q, k, v by reshaping to (batch, n, n_heads, d_head) and swapping axes 1 and 2; the merge "
+            "must be its exact inverse",
+            _variant(split=_strided_split)),
 ]
 
 
