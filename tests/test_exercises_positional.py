@@ -176,6 +176,17 @@ def test_alibi_mistakes_are_diagnosed(wrong, key):
     assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
 
 
+def test_alibi_reversed_slopes_message_numbers_heads_from_one():
+    """The chapter numbers ALiBi heads r = 1 .. h (eq-ch6-alibi-slopes, the figure's 'head 1'); the
+    reversed-slopes diagnosis and hint must use that numbering, not mix in a 'head 0'."""
+    with pytest.raises(ExerciseError) as err:
+        check_alibi_bias(lambda h, n: loop_bias(h, n, slopes=loop_slopes(h)[::-1]))
+    message = str(err.value)
+    assert err.value.mistake == "slopes_reversed"
+    assert "head 0" not in message
+    assert "r = 1" in message
+
+
 def test_alibi_wrong_shape_is_reported():
     with pytest.raises(ExerciseError, match="expected shape") as err:
         check_alibi_bias(lambda h, n: loop_bias(h, n)[0])

@@ -143,8 +143,9 @@ ALIBI_MISTAKES = [
             "the bias is -slope * (i - j) for a key j at or before the query i: a penalty, never a reward. "
             "(Using the key's position, -slope * j, is the same mistake up to a constant per row.)",
             lambda h, n: +alibi_slopes(h)[:, None, None] * _distance(n)),
-    Mistake("slopes_reversed", "the slopes are in reverse order: head 0 has the smallest slope",
-            "head 1 of h gets the steepest slope 2**(-8/h), the last head the gentlest 2**(-8)",
+    Mistake("slopes_reversed", "the slopes are in reverse order: the first head (r = 1) has the smallest slope",
+            "heads are numbered r = 1 .. h: head r = 1 gets the steepest slope 2**(-8/h), head r = h the "
+            "gentlest 2**(-8)",
             lambda h, n: -alibi_slopes(h)[::-1, None, None] * _distance(n)),
     Mistake("missing_slope", "every head has the same bias -(i - j): the per-head slope is missing",
             "multiply each head's distance matrix by its own slope from alibi_slopes",
