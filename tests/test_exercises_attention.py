@@ -3,6 +3,8 @@
 The wrong implementations here are written independently of the checkers' own
 Mistake functions, the way a reader might write them.
 """
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -465,16 +467,17 @@ CATALOGUE["check_softmax"]["wrong"] += [
     (softmax_at_temperature_2, "temperature_2"), (softmax_in_float16, "float16"),
     (softmax_eps_denominator, "eps_denominator"), (softmax_clipped_scores, "clipped_scores"),
 ]
-CATALOGUE["check_softmax"]["right"] += [
-    softmax_copy_in_place_masked_rows, softmax_moveaxis,
+# scipy is no dependency of the book (the minimum environment has none): its right answers run where it is installed
+HAVE_SCIPY = importlib.util.find_spec("scipy") is not None
+CATALOGUE["check_softmax"]["right"] += [softmax_copy_in_place_masked_rows, softmax_moveaxis] + ([
     lambda x: np.exp(x - __import__("scipy.special").special.logsumexp(x, axis=-1, keepdims=True)),
-]
+] if HAVE_SCIPY else [])
 CATALOGUE["check_attention"]["wrong"] += [
     (attention_scaled_by_sqrt_n_q, "scale_by_sqrt_n_q"), (attention_base_2, "base_2"),
     (attention_sqrt_dk_plus_1, "scale_by_sqrt_dk_plus_1"),
 ]
-CATALOGUE["check_attention"]["right"] += [
-    attention_einsum_scipy, attention_torch_sdpa,
+CATALOGUE["check_attention"]["right"] += [attention_einsum_scipy] * HAVE_SCIPY + [
+    attention_torch_sdpa,
     lambda q, k, v: (good_softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-1])) @ v, None),
 ]
 

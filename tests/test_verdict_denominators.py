@@ -35,12 +35,12 @@ def range_length(node) -> int | None:
 
 def seed_counts(source: str) -> set[int]:
     """Numbers of seeds the code defines with ``range``, under a name that ends in ``seeds``:
-    ``seeds = range(5)``, ``recall_seeds = range(5)``, ``sizes, seeds = (4, 16), range(5)``, and a keyword
+    ``seeds = range(5)``, ``SEEDS = range(3)``, ``recall_seeds = range(5)``, ``sizes, seeds = (4, 16), range(5)``, and a keyword
     argument ``seeds=range(0, 8)``."""
     counts = set()
 
     def add(target, value):
-        if isinstance(target, ast.Name) and target.id.endswith("seeds") and range_length(value) is not None:
+        if isinstance(target, ast.Name) and target.id.lower().endswith("seeds") and range_length(value) is not None:
             counts.add(range_length(value))
         elif isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
             for t, v in zip(target.elts, value.elts):

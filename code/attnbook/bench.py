@@ -20,6 +20,8 @@ import timeit
 import tracemalloc
 from dataclasses import dataclass
 
+from . import _validate
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -53,7 +55,7 @@ def time_call(fn, *args, repeats: int = 5, min_time: float = 0.05, **kwargs) -> 
     for a number the book quotes). The last run of the calibration already timed ``loops`` loops,
     so it counts as the first repeat: a call that takes seconds runs ``repeats`` times, not once more.
     """
-    repeats = _positive_int("repeats", repeats)
+    repeats = _validate.positive_int("repeats", repeats)
     timer = timeit.Timer(lambda: fn(*args, **kwargs))
     loops, first = _loops_for(timer, min_time)
     per_call = [t / loops for t in [first] + timer.repeat(repeat=repeats - 1, number=loops)]
@@ -68,10 +70,6 @@ def _loops_for(timer: timeit.Timer, min_time: float) -> tuple[int, float]:
     return loops, elapsed
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value!r}")
-    return value
 
 
 def peak_memory(fn, *args, **kwargs) -> tuple[object, int]:
