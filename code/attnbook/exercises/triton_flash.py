@@ -144,6 +144,12 @@ FLOPS_MISTAKES = [
             "halve the forward count when causal, then multiply by the mode's factor (1, 2.5 or 3.5)",
             lambda batch, heads, n, d, causal=False, mode="fwd":
                 4.0 * batch * heads * n * n * d / (2 if causal and mode == "fwd" else 1) * _MODE_FACTOR[mode]),
+    Mistake("fwd_bwd_not_halved", "causal forward + backward is counted as the full 3.5 x 4 B H n^2 d: the halving "
+            "was applied to the forward and the backward alone, not to the two together",
+            "a causal training step skips the same blocks in both passes: halve the forward count when causal, "
+            "then multiply by 3.5 for forward + backward",
+            lambda batch, heads, n, d, causal=False, mode="fwd":
+                4.0 * batch * heads * n * n * d / (2 if causal and mode != "fwd_bwd" else 1) * _MODE_FACTOR[mode]),
     Mistake("backward_seven", "the backward is counted as 3.5 times the forward, the seven n x n x d products "
             "the book's two backward kernels really perform (S and dP computed in both), and forward + backward "
             "as 4.5 times",
@@ -169,6 +175,11 @@ def flops_cases() -> list[Case]:
              dict(causal=True, mode="bwd")),
         Case("forward + backward, batch 8, heads 32, n = 512, d = 64", (8, 32, 512, 64),
              dict(causal=False, mode="fwd_bwd")),
+        Case("backward, batch 2, heads 4, n = 1024, d = 128", (2, 4, 1024, 128), dict(causal=False, mode="bwd")),
+        # the forward + backward of a causal training step, the case the chapter's benchmark prints; without it
+        # a count that forgets to halve causal forward + backward passed every other case
+        Case("causal forward + backward, batch 4, heads 16, n = 1024, d = 64", (4, 16, 1024, 64),
+             dict(causal=True, mode="fwd_bwd")),
     ]
 
 
