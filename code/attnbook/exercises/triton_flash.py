@@ -65,6 +65,13 @@ BLOCK_COUNT_MISTAKES = [
             "the keys to cover end at the block's last query position (offset included) or at the last key, "
             "whichever comes first: cdiv(min(a0 + block_q, n_k), block_k)",
             _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq, n_q), bk))),
+    Mistake("floor_not_ceil", "the keys to cover were divided by block_k rounding down: a partly covered "
+            "last block is dropped",
+            "a block that holds even one visible key is visited: round up, cdiv(min(a0 + block_q, n_k), block_k)",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq, n_k) // bk)),
+    Mistake("offset_reversed", "the cache offset has the wrong sign: n_q - n_k instead of n_k - n_q",
+            "the queries are the LAST n_q of the n_k positions, so query i sits at i + n_k - n_q, at or after i",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min((qb + 1) * bq + n_q - n_k, n_k), bk))),
     Mistake("one_past", "one key block too many where the last visible key ends a block",
             "the last visible key of the block is at a0 + block_q - 1; the keys to cover are "
             "0 .. a0 + block_q - 1, that is a0 + block_q of them, not one more",
@@ -157,6 +164,16 @@ FLOPS_MISTAKES = [
             "products (S, dV, dP, dQ, dK) to the forward's two, 2.5 times the forward, and forward + backward "
             "3.5 times, whatever a kernel recomputes",
             _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, {"fwd": 1.0, "bwd": 3.5, "fwd_bwd": 4.5})),
+    Mistake("causal_strictly_below", "causal attention is counted as n (n - 1) / 2 scores, those strictly below "
+            "the diagonal",
+            "each query also sees its own key (the diagonal), and benchmarks count n^2 / 2 for causal attention "
+            "(the FlashAttention papers' convention): use half of the full count",
+            lambda batch, heads, n, d, causal=False, mode="fwd":
+                4.0 * batch * heads * (n * (n - 1) / 2 if causal else n * n) * d * _MODE_FACTOR[mode]),
+    Mistake("tflops_not_flops", "the count is in TFLOP (divided by 10^12), not in FLOP",
+            "return the number of floating-point operations itself; the benchmark divides by the time and "
+            "by 10^12 later",
+            lambda batch, heads, n, d, causal=False, mode="fwd": benchmark_flops(batch, heads, n, d, causal, mode) / 1e12),
     Mistake("exact_causal", "causal attention is counted exactly, n (n + 1) / 2 scores, not by the papers' convention",
             "your count is the true one, but benchmarks report n^2 / 2 for causal attention (the convention "
             "of the FlashAttention papers, which the chapter's plots use), so that causal and full TFLOP/s "
