@@ -289,3 +289,79 @@ def test_the_last_visible_key_counted_as_a_count_is_rejected():
     except ExerciseError:
         return
     raise AssertionError("check_key_blocks accepted a count one block short")
+
+
+# --- from the third expert reading of chapter 10 ---------------------------------------------------------
+
+def flops_fwd_bwd_not_halved(batch, heads, n, d, causal=False, mode="fwd"):
+    """Halves causal forward and backward, but forgets it for forward + backward (the reader's E1)."""
+    f = 4 * batch * heads * n * n * d
+    if mode == "fwd":
+        return f / 2 if causal else f
+    if mode == "bwd":
+        return 2.5 * f / 2 if causal else 2.5 * f
+    return 3.5 * f
+
+
+def flops_bwd_non_causal_halved(batch, heads, n, d, causal=False, mode="fwd"):
+    """Right everywhere except the non-causal backward, which it halves as if it were causal."""
+    f = flops_good(batch, heads, n, d, causal, mode)
+    return f / 2 if mode == "bwd" and not causal else f
+
+
+CATALOGUE["check_benchmark_flops"]["wrong"] += [(flops_fwd_bwd_not_halved, "fwd_bwd_not_halved")]
+
+
+def test_causal_fwd_bwd_not_halved_is_rejected_and_named():
+    with pytest.raises(ExerciseError) as err:
+        check_benchmark_flops(flops_fwd_bwd_not_halved)
+    assert err.value.mistake == "fwd_bwd_not_halved"
+
+
+def test_a_wrong_non_causal_backward_is_rejected():
+    with pytest.raises(ExerciseError):
+        check_benchmark_flops(flops_bwd_non_causal_halved)
+
+
+def test_the_flops_cases_cover_every_mode_with_and_without_causal():
+    from attnbook.exercises.triton_flash import flops_cases
+
+    covered = {(c.kwargs["causal"], c.kwargs["mode"]) for c in flops_cases()}
+    assert {(True, "fwd_bwd"), (False, "bwd")} <= covered
+
+
+# wrong answers the third reading saw rejected with only the generic hint; each now gets its named diagnosis
+
+def blocks_floor(n_q, n_k, block_q, block_k):
+    return [min((b + 1) * block_q + n_k - n_q, n_k) // block_k for b in range(-(-n_q // block_q))]
+
+
+def blocks_offset_sign_flipped(n_q, n_k, block_q, block_k):
+    return [-(-min((b + 1) * block_q - 1 + (n_q - n_k) + 1, n_k) // block_k) for b in range(-(-n_q // block_q))]
+
+
+def flops_strictly_below(batch, heads, n, d, causal=False, mode="fwd"):
+    scores = n * (n - 1) / 2 if causal else n * n
+    return 4 * batch * heads * scores * d * {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+
+
+def flops_in_tflop(batch, heads, n, d, causal=False, mode="fwd"):
+    return flops_good(batch, heads, n, d, causal, mode) / 1e12
+
+
+CATALOGUE["check_key_blocks"]["wrong"] += [(blocks_floor, "floor_not_ceil"),
+                                           (blocks_offset_sign_flipped, "offset_reversed")]
+CATALOGUE["check_benchmark_flops"]["wrong"] += [(flops_strictly_below, "causal_strictly_below"),
+                                                (flops_in_tflop, "tflops_not_flops")]
+
+
+@pytest.mark.parametrize("check, wrong, key", [
+    (check_key_blocks, blocks_floor, "floor_not_ceil"),
+    (check_key_blocks, blocks_offset_sign_flipped, "offset_reversed"),
+    (check_benchmark_flops, flops_strictly_below, "causal_strictly_below"),
+    (check_benchmark_flops, flops_in_tflop, "tflops_not_flops"),
+])
+def test_third_reading_mistakes_are_named(check, wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check(wrong)
+    assert err.value.mistake == key

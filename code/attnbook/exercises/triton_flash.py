@@ -65,6 +65,13 @@ BLOCK_COUNT_MISTAKES = [
             "the keys to cover end at the block's last query position (offset included) or at the last key, "
             "whichever comes first: cdiv(min(a0 + block_q, n_k), block_k)",
             _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq, n_q), bk))),
+    Mistake("floor_not_ceil", "the keys to cover were divided by block_k rounding down: a partly covered "
+            "last block is dropped",
+            "a block that holds even one visible key is visited: round up, cdiv(min(a0 + block_q, n_k), block_k)",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq, n_k) // bk)),
+    Mistake("offset_reversed", "the cache offset has the wrong sign: n_q - n_k instead of n_k - n_q",
+            "the queries are the LAST n_q of the n_k positions, so query i sits at i + n_k - n_q, at or after i",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min((qb + 1) * bq + n_q - n_k, n_k), bk))),
     Mistake("one_past", "one key block too many where the last visible key ends a block",
             "the last visible key of the block is at a0 + block_q - 1; the keys to cover are "
             "0 .. a0 + block_q - 1, that is a0 + block_q of them, not one more",
@@ -144,6 +151,12 @@ FLOPS_MISTAKES = [
             "halve the forward count when causal, then multiply by the mode's factor (1, 2.5 or 3.5)",
             lambda batch, heads, n, d, causal=False, mode="fwd":
                 4.0 * batch * heads * n * n * d / (2 if causal and mode == "fwd" else 1) * _MODE_FACTOR[mode]),
+    Mistake("fwd_bwd_not_halved", "causal forward + backward is counted as the full 3.5 x 4 B H n^2 d: the halving "
+            "was applied to the forward and the backward alone, not to the two together",
+            "a causal training step skips the same blocks in both passes: halve the forward count when causal, "
+            "then multiply by 3.5 for forward + backward",
+            lambda batch, heads, n, d, causal=False, mode="fwd":
+                4.0 * batch * heads * n * n * d / (2 if causal and mode != "fwd_bwd" else 1) * _MODE_FACTOR[mode]),
     Mistake("backward_seven", "the backward is counted as 3.5 times the forward, the seven n x n x d products "
             "the book's two backward kernels really perform (S and dP computed in both), and forward + backward "
             "as 4.5 times",
@@ -151,6 +164,16 @@ FLOPS_MISTAKES = [
             "products (S, dV, dP, dQ, dK) to the forward's two, 2.5 times the forward, and forward + backward "
             "3.5 times, whatever a kernel recomputes",
             _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, {"fwd": 1.0, "bwd": 3.5, "fwd_bwd": 4.5})),
+    Mistake("causal_strictly_below", "causal attention is counted as n (n - 1) / 2 scores, those strictly below "
+            "the diagonal",
+            "each query also sees its own key (the diagonal), and benchmarks count n^2 / 2 for causal attention "
+            "(the FlashAttention papers' convention): use half of the full count",
+            lambda batch, heads, n, d, causal=False, mode="fwd":
+                4.0 * batch * heads * (n * (n - 1) / 2 if causal else n * n) * d * _MODE_FACTOR[mode]),
+    Mistake("tflops_not_flops", "the count is in TFLOP (divided by 10^12), not in FLOP",
+            "return the number of floating-point operations itself; the benchmark divides by the time and "
+            "by 10^12 later",
+            lambda batch, heads, n, d, causal=False, mode="fwd": benchmark_flops(batch, heads, n, d, causal, mode) / 1e12),
     Mistake("exact_causal", "causal attention is counted exactly, n (n + 1) / 2 scores, not by the papers' convention",
             "your count is the true one, but benchmarks report n^2 / 2 for causal attention (the convention "
             "of the FlashAttention papers, which the chapter's plots use), so that causal and full TFLOP/s "
@@ -169,6 +192,11 @@ def flops_cases() -> list[Case]:
              dict(causal=True, mode="bwd")),
         Case("forward + backward, batch 8, heads 32, n = 512, d = 64", (8, 32, 512, 64),
              dict(causal=False, mode="fwd_bwd")),
+        Case("backward, batch 2, heads 4, n = 1024, d = 128", (2, 4, 1024, 128), dict(causal=False, mode="bwd")),
+        # the forward + backward of a causal training step, the case the chapter's benchmark prints; without it
+        # a count that forgets to halve causal forward + backward passed every other case
+        Case("causal forward + backward, batch 4, heads 16, n = 1024, d = 64", (4, 16, 1024, 64),
+             dict(causal=True, mode="fwd_bwd")),
     ]
 
 
