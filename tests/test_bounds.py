@@ -46,6 +46,7 @@ NEWEST_APIS = [
     (r"np\.broadcast_shapes", "numpy", "1.20"),
     (r"""loc\s*=\s*["']outside""", "matplotlib", "3.7"),
     (r"""attn_implementation\s*=""", "transformers", "4.36"),
+    (r"GemmaConfig", "transformers", "4.38"),
     # attnbook.kernels.resources: triton.knobs and ASTSource(..., constexprs=) are in 3.4.0's wheel, but
     # knobs.nvidia.dump_ptxas_log first in 3.5.0's (python/triton/knobs.py of each release's wheel)
     (r"ASTSource\([^)]*constexprs\s*=", "triton", "3.4"),

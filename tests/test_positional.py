@@ -320,7 +320,7 @@ def test_scaling_bad_input(call, message):
 def test_yarn_code_ramp_matches_transformers(d, base, scale, length):
     """ramp="code" is the frequency table that transformers builds for rope_type "yarn" (float32 there)."""
     # rope_parameters is transformers 5's name for the RoPE settings; the minilm extra's lowest
-    # transformers (4.36) has no YaRN table to compare with, so there the test is skipped.
+    # transformers (4.38) has no YaRN table to compare with, so there the test is skipped.
     transformers = pytest.importorskip("transformers", minversion="5.0")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
