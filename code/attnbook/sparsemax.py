@@ -59,8 +59,8 @@ def sparsemax_threshold(z) -> np.ndarray:
 def sparsemax_jacobian(p) -> np.ndarray:
     """Jacobian of sparsemax at the point whose output is ``p``.
 
-    p: (..., n) sparsemax weights. Returns (..., n, n): ``diag(s) - s s^T / |S|``, where ``s`` is
-    1 on the support ``S`` (the entries with ``p_i > 0``) and 0 elsewhere. Rows and columns outside
+    p: (..., n) sparsemax weights. Returns (..., n, n): ``diag(s) - s s^T / |R|``, where ``s`` is
+    1 on the support ``R`` (the entries with ``p_i > 0``) and 0 elsewhere. Rows and columns outside
     the support are zero: a key with zero weight passes no gradient back to its score.
     """
     p = as_float(p)
