@@ -65,10 +65,91 @@ SPLIT_WRONG = {
 }
 
 
-@pytest.mark.parametrize("fn", [split_torch, split_loops, split_einops_style])
+# Torch-native answers: written for a tensor argument (no torch.from_numpy), as the exercise allows
+# ("numpy or torch"). Such a function raises on the checker's numpy arrays ('numpy.ndarray' object has
+# no attribute 'chunk'), so the checker gives it the cases as tensors.
+
+def split_torch_native(qkv, n_heads):
+    """Correct, in torch only: chunk into thirds, unflatten the features into heads, swap axes 1 and 2."""
+    q, k, v = qkv.chunk(3, dim=-1)
+    return tuple(p.unflatten(-1, (n_heads, -1)).transpose(1, 2) for p in (q, k, v))
+
+
+def split_torch_native_view(qkv, n_heads):
+    """Correct, in torch only: the packed axis viewed as (3, heads, d_head), then one permute."""
+    b, n, three_d = qkv.size()
+    return qkv.view(b, n, 3, n_heads, three_d // 3 // n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+SPLIT_WRONG_TORCH_NATIVE = {
+    "no_transpose": lambda qkv, h: tuple(u.reshape(u.size(0), h, u.size(1), -1) for u in qkv.chunk(3, dim=-1)),
+    "heads_strided": lambda qkv, h: tuple(u.unflatten(-1, (-1, h)).permute(0, 3, 1, 2)
+                                          for u in qkv.chunk(3, dim=-1)),
+    "interleaved": lambda qkv, h: qkv.unflatten(-1, (h, 3, -1)).permute(3, 0, 2, 1, 4).unbind(0),
+    "tokens_last": lambda qkv, h: tuple(u.unflatten(-1, (h, -1)).permute(0, 2, 3, 1)
+                                        for u in qkv.chunk(3, dim=-1)),
+    "order_kqv": lambda qkv, h: (lambda q, k, v: (k, q, v))(*split_torch_native(qkv, h)),
+}
+
+
+@pytest.mark.parametrize("fn", [split_torch, split_loops, split_einops_style, split_torch_native,
+                                split_torch_native_view])
 def test_split_checker_passes_correct_solutions(fn, capsys):
     check_split_qkv(fn)
     assert "Correct" in capsys.readouterr().out
+
+
+def test_the_torch_native_answers_fail_on_arrays():
+    """What made the old checker reject them: they do not run on the numpy arrays it passed."""
+    qkv = np.random.default_rng(0).normal(size=(2, 5, 36))
+    for fn in (split_torch_native, split_torch_native_view, *SPLIT_WRONG_TORCH_NATIVE.values()):
+        with pytest.raises((AttributeError, TypeError)):
+            fn(qkv, 3)
+
+
+@pytest.mark.parametrize("key", sorted(SPLIT_WRONG_TORCH_NATIVE))
+def test_split_checker_names_each_mistake_in_a_torch_native_answer(key):
+    with pytest.raises(ExerciseError) as info:
+        check_split_qkv(SPLIT_WRONG_TORCH_NATIVE[key])
+    assert info.value.mistake == key, str(info.value)
+    assert "raised" not in str(info.value)
+
+
+def test_split_checker_reports_the_error_on_arrays_when_tensors_fail_too():
+    def broken(qkv, n_heads):
+        return qkv.reshape(7, -1, 5)                 # fails on an array and on a tensor alike
+    with pytest.raises(ExerciseError) as info:
+        check_split_qkv(broken)
+    assert "your function raised ValueError" in str(info.value) and "cannot reshape" in str(info.value)
+
+
+def test_split_checker_notes_a_torch_native_answer_that_changes_its_input(capsys):
+    def in_place(qkv, n_heads):
+        q, k, v = qkv.chunk(3, dim=-1)
+        out = tuple(p.unflatten(-1, (n_heads, -1)).transpose(1, 2).clone() for p in (q, k, v))
+        qkv.zero_()                                   # changes the caller's tensor
+        return out
+    check_split_qkv(in_place)
+    out = capsys.readouterr().out
+    assert "changed its input `qkv` in place" in out and "Correct" in out
+
+
+def test_split_checker_without_torch_reports_a_torch_native_answer_s_error():
+    """In the browser there is no torch: the verdict is the error on the array, not a crash."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from attnbook.exercises import check_split_qkv\n"
+            "def split_qkv(qkv, h):\n"
+            "    return tuple(p.unflatten(-1, (h, -1)).transpose(1, 2) for p in qkv.chunk(3, dim=-1))\n"
+            "try:\n"
+            "    check_split_qkv(split_qkv)\n"
+            "except AssertionError as err:\n"
+            "    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "AttributeError: 'numpy.ndarray' object has no attribute 'chunk'" in done.stdout
 
 
 @pytest.mark.parametrize("key", sorted(SPLIT_WRONG))
@@ -302,8 +383,9 @@ def mha_einsum(x, w_q, w_k, w_v, w_o, n_heads):
 
 CATALOGUE = {
     "check_split_qkv": {
-        "right": [split_torch, split_loops, split_einops_style, split_float32_einops],
-        "wrong": [(SPLIT_WRONG[key], key) for key in sorted(SPLIT_WRONG)],
+        "right": [split_torch, split_loops, split_einops_style, split_float32_einops, split_torch_native],
+        "wrong": [(SPLIT_WRONG[key], key) for key in sorted(SPLIT_WRONG)]
+                 + [(SPLIT_WRONG_TORCH_NATIVE[key], key) for key in sorted(SPLIT_WRONG_TORCH_NATIVE)],
     },
     "check_multihead_attention": {
         "right": [mha_torch, mha_loop, mha_nn_module, mha_einsum],

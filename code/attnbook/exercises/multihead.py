@@ -1,9 +1,13 @@
 """Checkers for chapter 5: splitting a packed q/k/v projection into heads, and multi-head attention.
 
 Weights are in the book's layout, ``(d_in, d_out)``, so a projection is ``x @ w``.
-Both checkers accept numpy arrays or torch tensors as results.
+Both checkers accept numpy arrays or torch tensors as results. The split checker passes numpy
+arrays, and a function that fails on them but runs on torch tensors (a torch-native answer,
+``qkv.chunk(3, dim=-1)``) gets the same cases as tensors, where torch is installed.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -155,15 +159,64 @@ def _split_problem(got, expected, case) -> str:
     return difference(got, expected)
 
 
+class ArraysOrTensors:
+    """The reader's ``fn(qkv, n_heads)``, given numpy arrays, or torch tensors where it needs them.
+
+    The exercise allows numpy or torch. On its first call the wrapper passes the numpy array; if
+    ``fn`` raises (``'numpy.ndarray' object has no attribute 'chunk'``) and torch is importable, it
+    calls ``fn`` again on the same values as a tensor (``torch.from_numpy``, which shares the array's
+    memory, so that a change in place is still seen), and from then on always passes tensors. When
+    the tensor fails too, or torch is missing (the browser), the error on the array stands.
+    """
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)          # the reader's signature, for the in-place note
+        self.fn, self.tensors = fn, None            # None: not yet known which the function takes
+
+    def __call__(self, qkv, n_heads):
+        if self.tensors:
+            return self.fn(_torch().from_numpy(qkv), n_heads)
+        if self.tensors is False:
+            return self.fn(qkv, n_heads)
+        before = np.array(qkv, copy=True)
+        try:
+            out = self.fn(qkv, n_heads)
+        except NotImplementedError:
+            raise
+        except Exception as on_array:
+            torch = _torch()
+            if torch is None:
+                raise
+            qkv[...] = before                        # undo anything the failed call changed
+            try:
+                out = self.fn(torch.from_numpy(qkv), n_heads)
+            except Exception:
+                raise on_array from None
+            self.tensors = True
+            return out
+        self.tensors = False
+        return out
+
+
+def _torch():
+    """The torch module, or None where it is not installed (the browser)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 def check_split_qkv(fn) -> None:
     """Check ``fn(qkv, n_heads)`` splits a packed projection into per-head q, k, v.
 
     qkv: (batch, n, 3 * d_model), the concatenation ``[x @ w_q | x @ w_k | x @ w_v]`` along the
-    features (what one fused linear layer computes). Returns ``(q, k, v)``, each
-    (batch, n_heads, n, d_head) with head ``r`` holding the features ``r * d_head .. (r + 1) * d_head - 1``
-    of its third.
+    features (what one fused linear layer computes), a float64 numpy array; a function that fails
+    on arrays is given torch tensors instead, where torch is installed (:class:`ArraysOrTensors`).
+    Returns ``(q, k, v)``, each (batch, n_heads, n, d_head) with head ``r`` holding the features
+    ``r * d_head .. (r + 1) * d_head - 1`` of its third, as numpy arrays or torch tensors.
     """
-    run_checks("split packed q, k, v into heads", fn, split_qkv_cases(), _split_qkv,
+    run_checks("split packed q, k, v into heads", ArraysOrTensors(fn), split_qkv_cases(), _split_qkv,
                SPLIT_QKV_MISTAKES, postprocess=_stack, describe=_split_problem)
 
 
