@@ -507,3 +507,22 @@ def test_the_minus_1e9_mask_diagnosis_states_the_convention():
     with pytest.raises(ExerciseError) as err:
         check_softmax(softmax_mask_as_minus_1e9)
     assert err.value.mistake == "masked_row_uniform" and "all zeros" in str(err.value)
+
+
+# --- from the third expert reading of chapter 7 (s3 reader-ch07) --------------------------------------------
+# The checker rejected this mask before, on its case n = 1, but named no mistake ("compare your steps").
+
+def causal_mask_squeezed(n):
+    """Built as if for a batch, then squeezed: right for n >= 2, a 0-d array for n = 1."""
+    i = np.arange(n)
+    return np.squeeze(i[None, :] <= i[:, None])
+
+
+CATALOGUE["check_causal_mask"]["wrong"] += [(causal_mask_squeezed, "squeezed")]
+
+
+def test_a_mask_wrong_only_for_a_single_position_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(causal_mask_squeezed)
+    assert err.value.mistake == "squeezed" and "n = 1" in str(err.value) and "[[True]]" in str(err.value)
+    check_causal_mask(lambda n: np.squeeze(np.tril(np.ones((1, n, n), bool)), axis=0))   # a squeeze that keeps (n, n)

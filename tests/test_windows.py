@@ -5,7 +5,8 @@ import torch
 
 import attnbook
 from attnbook.multihead import MultiHeadAttention
-from attnbook.windows import key_share, receptive_field, sink_window_mask, uniform_share
+from attnbook.windows import (key_share, mean_lookback, receptive_field, recent_share, sink_window_mask,
+                              uniform_share)
 
 
 def reach_by_paths(mask, n_layers):
@@ -71,7 +72,46 @@ def test_key_share_of_uniform_attention_is_the_uniform_share():
     np.testing.assert_allclose(key_share(weights, 0, 1), [uniform_share(n, 1), 0.0])
 
 
+def _lookback_by_loops(w, first_query):
+    """Mean over queries i >= first_query of sum_j w[i, j] (i - j), with plain loops."""
+    n = len(w)
+    return np.mean([sum(w[i, j] * (i - j) for j in range(n)) for i in range(first_query, n)])
+
+
+def _recent_by_loops(w, last, first_query):
+    n = len(w)
+    return np.mean([sum(w[i, j] for j in range(max(0, i - last + 1), i + 1)) for i in range(first_query, n)])
+
+
+def test_lookback_and_recent_share_against_loops(rng):
+    n = 10
+    scores = np.where(attnbook.causal_mask(n), rng.normal(size=(3, n, n)), -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)                       # (3, n, n) causal softmax rows
+    for first in (0, 4, 9):
+        expected = [_lookback_by_loops(w, first) for w in weights]
+        np.testing.assert_allclose(mean_lookback(weights, first_query=first), expected, rtol=1e-12)
+        for last in (1, 3, n + 2):
+            expected = [_recent_by_loops(w, last, first) for w in weights]
+            np.testing.assert_allclose(recent_share(weights, last, first_query=first), expected, rtol=1e-12)
+
+
+def test_lookback_and_recent_share_of_uniform_and_self_attention():
+    n, first = 12, 5
+    uniform = attnbook.causal_mask(n) / np.arange(1, n + 1)[:, None]
+    queries = np.arange(first, n)
+    assert mean_lookback(uniform, first) == pytest.approx(np.mean(queries / 2))
+    assert recent_share(uniform, 3, first) == pytest.approx(np.mean(np.minimum(3, queries + 1) / (queries + 1)))
+    assert mean_lookback(np.eye(n), first) == 0.0 and recent_share(np.eye(n), 1, first) == 1.0
+    # a key after its query is not one of the recent keys
+    assert recent_share(np.eye(n, k=1), 3, 0) == 0.0
+
+
 @pytest.mark.parametrize("call", [
+    lambda: mean_lookback(np.ones((3, 4))),
+    lambda: mean_lookback(np.ones((4, 4)), first_query=4),
+    lambda: recent_share(np.ones((4, 4)), 0),
+    lambda: recent_share(np.ones((4, 4)), 2, first_query=-1),
     lambda: receptive_field(np.ones((3, 3)), 1),
     lambda: receptive_field(np.ones((3, 4), bool), 1),
     lambda: receptive_field(np.ones((3, 3), bool), 0),

@@ -8,7 +8,9 @@ computes exactly which inputs each output can depend on after ``n_layers`` layer
 :func:`sink_window_mask` adds back the first few positions, the "attention sinks"
 of Xiao et al. (2024), which StreamingLLM keeps in the cache forever.
 
-Chapter 7 (masking) shows :func:`receptive_field` and :func:`sink_window_mask`.
+Chapter 7 (masking) shows :func:`receptive_field`, :func:`sink_window_mask` and
+:func:`mean_lookback`, and measures where the tiny GPT's heads look with them, :func:`key_share`
+and :func:`recent_share`.
 """
 from __future__ import annotations
 
@@ -62,6 +64,42 @@ def key_share(weights, key: int = 0, first_query: int = 0) -> np.ndarray:
     if not (0 <= key < n and key <= first_query < n):
         raise ValueError(f"need 0 <= key <= first_query < n={n}; got key={key}, first_query={first_query}")
     return w[..., first_query:, key].mean(axis=-1)
+
+
+def _lookback_distances(weights, first_query: int):
+    """The rows ``first_query .. n-1`` of square ``weights`` and each entry's distance ``i - j``."""
+    w = np.asarray(weights)
+    n = w.shape[-1]
+    if w.ndim < 2 or w.shape[-2] != n:
+        raise ValueError(f"weights must be square (..., n, n); got shape {w.shape}")
+    if not 0 <= first_query < n:
+        raise ValueError(f"first_query must lie in 0..{n - 1}; got {first_query}")
+    i = np.arange(n)
+    return w[..., first_query:, :], i[first_query:, None] - i[None, :]      # (..., m, n), (m, n)
+
+
+def mean_lookback(weights, first_query: int = 0) -> np.ndarray:
+    """How far back queries ``first_query .. n-1`` look on average: the mean over ``i`` of
+    ``sum_j weights[..., i, j] (i - j)``.
+
+    weights: (..., n, n) causal attention weights (rows = queries, each summing to 1); a weight on
+    a key after its query would count as a negative distance. Returns (...,). Uniform causal
+    attention looks back ``i / 2`` from query ``i``; a head that looks only at itself, 0.
+    """
+    w, back = _lookback_distances(weights, first_query)
+    return (w * back).sum(axis=-1).mean(axis=-1)
+
+
+def recent_share(weights, last: int, first_query: int = 0) -> np.ndarray:
+    """Average weight that queries ``first_query .. n-1`` give to their ``last`` most recent keys,
+    ``i - last + 1 .. i`` (the query's own key included).
+
+    weights: (..., n, n) attention weights (rows = queries). Returns (...,). Uniform causal
+    attention gives query ``i`` a share of ``min(last, i + 1) / (i + 1)``.
+    """
+    last = positive_int("last", last)
+    w, back = _lookback_distances(weights, first_query)
+    return (w * ((back >= 0) & (back < last))).sum(axis=-1).mean(axis=-1)
 
 
 def uniform_share(n: int, first_query: int = 0) -> float:

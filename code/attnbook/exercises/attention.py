@@ -329,6 +329,11 @@ CAUSAL_MISTAKES = [
 
 CAUSAL_MISTAKES.append(Mistake(
     "float_mask", FLOAT_MASK_DESCRIPTION, FLOAT_MASK_HINT, lambda n: np.tril(np.ones((n, n)))))
+CAUSAL_MISTAKES.append(Mistake(
+    "squeezed", "the mask is right for n >= 2 but loses its shape for a single position: squeezed, "
+    "the (1, 1) mask of n = 1 becomes a 0-d array",
+    "return an (n, n) array for every n, with no squeeze(): for n = 1 the one query sees its own key, [[True]]",
+    lambda n: np.tril(np.ones((n, n), bool)).squeeze()))
 
 
 def _as_bool_mask(out):
