@@ -42,3 +42,23 @@ def test_decode_benchmark_refuses_when_the_modes_disagree():
 def test_decode_speed_ratio():
     row = DecodeSpeed(100, Timing(0.6, 0.5, 0.9, 3, 1), Timing(2.2, 2.0, 2.1, 3, 1))   # the fastest runs count
     assert row.speedup == 4.0 and row.cached_tokens_per_s == 200.0 and row.uncached_tokens_per_s == 50.0
+
+
+def test_time_decode_step_repeats_the_same_step():
+    from attnbook.experiments.cache_speed import time_decode_step
+    model = small_gpt(seed=1)
+    ids = torch.randint(0, 13, (1, 12), generator=torch.Generator().manual_seed(0))
+    calls = []
+    original = model.forward
+
+    def recording(x, kv_cache=None, start_pos=0, **kwargs):
+        calls.append((x.shape[1], start_pos, kv_cache[0].length if kv_cache is not None else None))
+        return original(x, kv_cache, start_pos, **kwargs)
+
+    model.forward = recording
+    timing = time_decode_step(model, ids, 7, repeats=4)
+    assert timing.repeats == 4 and 0 < timing.low <= timing.median <= timing.high
+    # one prefill of 7 tokens, then a warm-up and 4 timed steps, each one token at position 7 after 7 cached
+    assert calls == [(7, 0, 0)] + [(1, 7, 7)] * 5
+    with pytest.raises(ValueError, match="position"):
+        time_decode_step(model, ids, 12)

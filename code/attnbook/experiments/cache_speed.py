@@ -1,7 +1,8 @@
 """How much faster the tiny GPT generates with a KV cache than without, measured on this CPU.
 
 Chapter 8 (the KV cache) times greedy generation of several lengths both ways
-(:func:`decode_benchmark`) and compares the ratio with the flop count of :mod:`attnbook.decoding`.
+(:func:`decode_benchmark`) and compares the ratio with the flop count of :mod:`attnbook.decoding`,
+and times single decode steps at several cache lengths (:func:`time_decode_step`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,36 @@ def time_generation(model, prompt, n_new: int, use_cache: bool, repeats: int = 3
             model.generate(prompt, n_new, temperature=0, use_cache=use_cache)
 
     seconds = timeit.Timer(generate).repeat(repeat=repeats, number=1)
+    return Timing(statistics.median(seconds), min(seconds), max(seconds), repeats, 1)
+
+
+def time_decode_step(model, ids, position: int, repeats: int = 20) -> Timing:
+    """Seconds of one cached decode step with ``position`` tokens already in the cache.
+
+    ``ids`` (1, n) holds at least ``position + 1`` token ids. Its first ``position`` fill a fresh
+    cache (one prefill, untimed); then the step ``model(ids[:, position:position + 1], cache,
+    start_pos=position)`` is timed ``repeats`` times, one call per repeat, under
+    ``torch.inference_mode()``, each cache's ``length`` set back to ``position`` after every call,
+    so that every repeat does the same work. A single step is short enough to run undisturbed, so
+    its fastest repeat (``Timing.low``) is comparable with the fastest single prefill.
+    """
+    position = _validate.positive_int("position", position)
+    repeats = _validate.positive_int("repeats", repeats)
+    if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] <= position:
+        raise ValueError(f"ids must have shape (1, n) with n > position = {position}; got {tuple(ids.shape)}")
+    cache = model.new_kv_cache()
+    token = ids[:, position:position + 1]
+    with torch.inference_mode():
+        model(ids[:, :position], cache)
+
+    def step():
+        with torch.inference_mode():
+            model(token, cache, start_pos=position)
+        for layer in cache:
+            layer.length = position
+
+    step()                                                    # warm-up
+    seconds = timeit.Timer(step).repeat(repeat=repeats, number=1)
     return Timing(statistics.median(seconds), min(seconds), max(seconds), repeats, 1)
 
 
