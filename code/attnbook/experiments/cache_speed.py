@@ -2,7 +2,7 @@
 
 Chapter 8 (the KV cache) times greedy generation of several lengths both ways
 (:func:`decode_benchmark`) and compares the ratio with the flop count of :mod:`attnbook.decoding`,
-and times single decode steps at several cache lengths (:func:`time_decode_step`).
+and times single decode steps at several cache lengths (:func:`time_decode_steps`).
 """
 from __future__ import annotations
 
@@ -31,34 +31,44 @@ def time_generation(model, prompt, n_new: int, use_cache: bool, repeats: int = 3
     return Timing(statistics.median(seconds), min(seconds), max(seconds), repeats, 1)
 
 
-def time_decode_step(model, ids, position: int, repeats: int = 20) -> Timing:
-    """Seconds of one cached decode step with ``position`` tokens already in the cache.
+def time_decode_steps(model, ids, positions, repeats: int = 20) -> dict[int, Timing]:
+    """Seconds of one cached decode step with ``p`` tokens already in the cache, for each ``p`` in ``positions``.
 
-    ``ids`` (1, n) holds at least ``position + 1`` token ids. Its first ``position`` fill a fresh
-    cache (one prefill, untimed); then the step ``model(ids[:, position:position + 1], cache,
-    start_pos=position)`` is timed ``repeats`` times, one call per repeat, under
-    ``torch.inference_mode()``, each cache's ``length`` set back to ``position`` after every call,
-    so that every repeat does the same work. A single step is short enough to run undisturbed, so
-    its fastest repeat (``Timing.low``) is comparable with the fastest single prefill.
+    ``ids`` (1, n) holds at least ``max(positions) + 1`` token ids. For each ``p`` its first ``p`` ids fill
+    a fresh cache (one prefill, untimed); then the step ``model(ids[:, p:p + 1], cache, start_pos=p)`` is
+    timed ``repeats`` times, one call per repeat, under ``torch.inference_mode()``, each cache's ``length``
+    set back to ``p`` after every call, so that every repeat does the same work. The positions take
+    turns, so that a busy spell of a shared machine hits them alike. A single step is short enough to
+    run undisturbed, so its fastest repeat (``Timing.low``) is comparable with the fastest single prefill.
+    Returns ``{p: Timing}`` in the order of ``positions``.
     """
-    position = _validate.positive_int("position", position)
+    positions = [_validate.positive_int("position", p) for p in positions]
     repeats = _validate.positive_int("repeats", repeats)
-    if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] <= position:
-        raise ValueError(f"ids must have shape (1, n) with n > position = {position}; got {tuple(ids.shape)}")
-    cache = model.new_kv_cache()
-    token = ids[:, position:position + 1]
-    with torch.inference_mode():
-        model(ids[:, :position], cache)
+    if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] <= max(positions):
+        raise ValueError(f"ids must have shape (1, n) with n > the largest position {max(positions)}; "
+                         f"got {tuple(ids.shape)}")
 
-    def step():
+    def step_at(p):
+        cache = model.new_kv_cache()
+        token = ids[:, p:p + 1]
         with torch.inference_mode():
-            model(token, cache, start_pos=position)
-        for layer in cache:
-            layer.length = position
+            model(ids[:, :p], cache)
 
-    step()                                                    # warm-up
-    seconds = timeit.Timer(step).repeat(repeat=repeats, number=1)
-    return Timing(statistics.median(seconds), min(seconds), max(seconds), repeats, 1)
+        def step():
+            with torch.inference_mode():
+                model(token, cache, start_pos=p)
+            for layer in cache:
+                layer.length = p
+        return step
+
+    steps = {p: step_at(p) for p in positions}
+    for step in steps.values():
+        step()                                                # warm-up
+    seconds = {p: [] for p in positions}
+    for _ in range(repeats):
+        for p, step in steps.items():
+            seconds[p].extend(timeit.Timer(step).repeat(repeat=1, number=1))
+    return {p: Timing(statistics.median(t), min(t), max(t), repeats, 1) for p, t in seconds.items()}
 
 
 @dataclass(frozen=True)
