@@ -112,6 +112,15 @@ def no_scale(q, k_new, v_new, k_cache, v_cache):
     return out, keys, values
 
 
+def float_tril_mask(q, k_new, v_new, k_cache, v_cache):
+    # the nanoGPT idiom torch.ones(...).tril(): a float mask, which torch's SDPA adds to the scores
+    q, k_new, v_new, k_cache, v_cache = (torch.as_tensor(x) for x in (q, k_new, v_new, k_cache, v_cache))
+    keys, values = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
+    mask = torch.ones(q.shape[-2], keys.shape[-2], dtype=q.dtype).tril(diagonal=k_cache.shape[-2])
+    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return out, keys, values
+
+
 def test_correct_solutions_pass(capsys):
     check_kv_cache_step(good_loops)
     check_kv_cache_step(good_torch)
@@ -126,6 +135,7 @@ def test_correct_solutions_pass(capsys):
     (is_causal_alignment, "top_left_causal"),
     (unmasked_chunk, "no_causal_mask"),
     (new_first, "prepends"),
+    (float_tril_mask, "float_mask"),
     (mask_hides_own_key, "diagonal_hidden"),
     (tril_diagonal_t_minus_1, "diagonal_hidden"),
     (scale_by_value_width, "scaled_by_d_v"),
@@ -141,6 +151,19 @@ def test_mistakes_are_diagnosed(wrong, key):
 def test_forgetting_to_append_is_reported_as_a_cache_that_did_not_grow():
     with pytest.raises(ExerciseError, match=r"k_cache has 5 positions; .* 5 \+ 1 = 6"):
         check_kv_cache_step(no_append)
+
+
+def test_a_float_mask_is_named_and_told_that_torch_adds_it():
+    """One new token passes (every score +1 changes nothing); the chunk case fails, with the float-mask diagnosis."""
+    with pytest.raises(ExerciseError) as err:
+        check_kv_cache_step(float_tril_mask)
+    assert err.value.mistake == "float_mask" and err.value.case.startswith("a chunk")
+    assert "adds a float mask to the scores" in str(err.value) and "dtype=torch.bool" in str(err.value)
+
+
+def test_a_cache_of_one_position_is_not_called_plural():
+    with pytest.raises(ExerciseError, match=r"k_cache has 1 position; .* p \+ n_new = 5 \+ 1 = 6"):
+        check_kv_cache_step(overwrite)
 
 
 def test_a_right_cache_with_a_wrong_output_is_rejected_without_a_diagnosis():
@@ -198,7 +221,7 @@ CATALOGUE = {
         "wrong": [(no_append, "forgets_to_append"), (attend_then_append, "appends_after_attending"),
                   (attend_new_only, "attends_to_new_only"), (overwrite, "overwrites"),
                   (is_causal_alignment, "top_left_causal"), (unmasked_chunk, "no_causal_mask"),
-                  (new_first, "prepends"), (mask_hides_own_key, "diagonal_hidden"),
+                  (new_first, "prepends"), (float_tril_mask, "float_mask"), (mask_hides_own_key, "diagonal_hidden"),
                   (tril_diagonal_t_minus_1, "diagonal_hidden"), (scale_by_value_width, "scaled_by_d_v"),
                   (no_scale, "unscaled")],
     },

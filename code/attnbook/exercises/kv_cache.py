@@ -4,10 +4,11 @@ The reader writes ``decode_step(q, k_new, v_new, k_cache, v_cache)``, numpy in a
 
 - ``q, k_new``: (..., n_new, d_k), ``v_new``: (..., n_new, d_v), for the ``n_new`` newest tokens
   (1 when generating, more for a prompt or a chunk);
-- ``k_cache``: (..., t, d_k), ``v_cache``: (..., t, d_v), the ``t`` earlier tokens (``t`` may be 0);
+- ``k_cache``: (..., p, d_k), ``v_cache``: (..., p, d_v), the ``p`` earlier tokens (``p`` may be 0;
+  chapter 8 calls the number of cached tokens p);
 - returns ``(out, k_cache, v_cache)``: ``out`` (..., n_new, d_v) is causal attention of the new
-  queries over all ``t + n_new`` keys (the queries are the *last* ``n_new`` positions), and the
-  caches grown to ``t + n_new`` positions, old ones first.
+  queries over all ``p + n_new`` keys (the queries are the *last* ``n_new`` positions), and the
+  caches grown to ``p + n_new`` positions, old ones first.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
-from ._framework import Case, Mistake, as_array, run_checks, same
+from ._framework import FLOAT_MASK_DESCRIPTION, FLOAT_MASK_HINT, Case, Mistake, as_array, run_checks, same
 
 EXERCISE = "KV-cache decoding step"
 
@@ -43,8 +44,8 @@ def _appends_after_attending(q, k_new, v_new, k_cache, v_cache):
 
 def _diagonal_hidden(q, k_new, v_new, k_cache, v_cache):
     _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
-    t = k_cache.shape[-2]
-    mask = np.tril(np.ones((q.shape[-2], keys.shape[-2]), dtype=bool), k=t - 1)   # query i sees 0..t+i-1
+    p = k_cache.shape[-2]
+    mask = np.tril(np.ones((q.shape[-2], keys.shape[-2]), dtype=bool), k=p - 1)   # query i sees 0..p+i-1
     return _attend(q, keys, values, mask), keys, values
 
 
@@ -86,6 +87,16 @@ def _prepends(q, k_new, v_new, k_cache, v_cache):
     return _attend(q, keys, values, causal_mask(q.shape[-2], keys.shape[-2])), keys, values
 
 
+def _float_mask_added(q, k_new, v_new, k_cache, v_cache):
+    # a float 0/1 mask handed to torch's scaled_dot_product_attention is ADDED to the scores: +1 where a key
+    # may be seen, +0 where it may not, so nothing is masked (one new token: +1 everywhere, which is harmless)
+    _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
+    scores = q @ np.swapaxes(keys, -1, -2) / np.sqrt(q.shape[-1])
+    scores = scores + causal_mask(q.shape[-2], keys.shape[-2]).astype(scores.dtype)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return (weights / weights.sum(-1, keepdims=True)) @ values, keys, values
+
+
 MISTAKES = [
     Mistake("forgets_to_append", "the new keys and values are never added to the cache: the new token "
             "attends only to the old ones, and the cache you return has not grown",
@@ -95,9 +106,9 @@ MISTAKES = [
             "cannot see itself (its own key and value are missing from its attention)",
             "append first, then attend: a token's query must meet its own key", _appends_after_attending),
     Mistake("diagonal_hidden", "the cache is right, but the causal mask is off by one: it hides the "
-            "diagonal, so each new query misses its own key (query i sees keys 0..t+i-1)",
-            "new query i sits at position t + i and may see keys 0..t + i, itself included: "
-            "causal_mask(n_new, t + n_new), or np.tril(..., k=t), not k=t - 1 (with t = 0 the first "
+            "diagonal, so each new query misses its own key (query i sees keys 0..p+i-1)",
+            "new query i sits at position p + i and may see keys 0..p + i, itself included: "
+            "causal_mask(n_new, p + n_new), or np.tril(..., k=p), not k=p - 1 (with p = 0 the first "
             "query would see no key at all)", _diagonal_hidden),
     Mistake("scaled_by_d_v", "the scores are divided by sqrt(d_v), the width of the values, instead of "
             "sqrt(d_k), the width of the vectors in the dot product",
@@ -110,16 +121,20 @@ MISTAKES = [
             "attend over the concatenation of the cache and the new keys/values, not over k_new alone",
             _attends_to_new_only),
     Mistake("overwrites", "the cache is replaced by the new keys and values instead of extended",
-            "the returned cache must hold the t old positions followed by the n_new new ones",
+            "the returned cache must hold the p old positions followed by the n_new new ones",
             _overwrites),
     Mistake("top_left_causal", "the causal mask is aligned at the top left (query i sees keys 0..i): "
-            "with a cache the new queries are the LAST n_new of the t + n_new positions",
-            "new query i sits at position t + i and may see keys 0..t + i: use causal_mask(n_new, t + n_new) "
-            "or np.tril(..., k=t); this is also what torch's is_causal gets wrong when n_q != n_k",
+            "with a cache the new queries are the LAST n_new of the p + n_new positions",
+            "new query i sits at position p + i and may see keys 0..p + i: use causal_mask(n_new, p + n_new) "
+            "or np.tril(..., k=p); this is also what torch's is_causal gets wrong when n_q != n_k",
             _top_left_causal),
     Mistake("no_causal_mask", "with several new tokens, each attends to the later new tokens too (no causal mask)",
-            "mask the new queries causally: new query i may not see new keys after position t + i",
+            "mask the new queries causally: new query i may not see new keys after position p + i",
             _no_causal_mask),
+    Mistake("float_mask", FLOAT_MASK_DESCRIPTION + ": the later new tokens of a chunk stay visible (with one "
+            "new token every score gets +1, which changes nothing, so only the chunk cases show it)",
+            FLOAT_MASK_HINT + "; or pass attn_mask=torch.ones(n_new, p + n_new, dtype=torch.bool).tril(p)",
+            _float_mask_added),
     Mistake("prepends", "the new keys and values are put before the cached ones",
             "the cache is in time order: old positions first, then the new ones (np.concatenate([k_cache, k_new]))",
             _prepends),
@@ -129,16 +144,16 @@ MISTAKES = [
 def cases() -> list[Case]:
     rng = np.random.default_rng(8)
 
-    def step(lead, n_new, t, d_k, d_v):
+    def step(lead, n_new, p, d_k, d_v):
         shape = lambda n, d: (*lead, n, d)                                     # noqa: E731
         return (rng.normal(size=shape(n_new, d_k)), rng.normal(size=shape(n_new, d_k)),
-                rng.normal(size=shape(n_new, d_v)), rng.normal(size=shape(t, d_k)), rng.normal(size=shape(t, d_v)))
+                rng.normal(size=shape(n_new, d_v)), rng.normal(size=shape(p, d_k)), rng.normal(size=shape(p, d_v)))
 
     return [
         Case("one new token after a cache of 5 (d_k = d_v = 4)", step((), 1, 5, 4, 4)),
         Case("one new token after a cache of 6, 2 heads, d_k = 4, d_v = 3", step((2,), 1, 6, 4, 3)),
         Case("a chunk of 3 new tokens after a cache of 4, 2 heads", step((2,), 3, 4, 5, 5)),
-        Case("the prompt: 4 tokens into an empty cache (t = 0)", step((), 4, 0, 3, 3)),
+        Case("the prompt: 4 tokens into an empty cache (p = 0)", step((), 4, 0, 3, 3)),
         Case("a chunk of 2 new tokens after a cache of 1, batch 2 x 3 heads", step((2, 3), 2, 1, 4, 2)),
     ]
 
@@ -158,13 +173,14 @@ def _same_step(got, expected) -> bool:
 def _problem(got, expected, case: Case) -> str:
     """What is wrong, shapes first: a cache of the wrong length says more than a wrong output."""
     expected = _unpack(expected)
-    t = case.args[3].shape[-2]
+    p = case.args[3].shape[-2]
     names = ("the output", "the returned k_cache", "the returned v_cache")
     for name, g, e in zip(names, got, expected):
         if g.shape != e.shape:
             if name != "the output" and g.shape[:-2] == e.shape[:-2] and g.shape[-1] == e.shape[-1]:
-                return (f"{name} has {g.shape[-2]} positions; after this step it should hold "
-                        f"t + n_new = {t} + {e.shape[-2] - t} = {e.shape[-2]}")
+                have = g.shape[-2]
+                return (f"{name} has {have} position{'' if have == 1 else 's'}; after this step it should hold "
+                        f"p + n_new = {p} + {e.shape[-2] - p} = {e.shape[-2]}")
             return f"{name} has shape {g.shape}, expected {e.shape}"
     for name, g, e in zip(names, got, expected):
         if not same(g, e):
@@ -177,4 +193,4 @@ def check_kv_cache_step(fn) -> None:
     __tracebackhide__ = True
     run_checks(EXERCISE, fn, cases(), _reference, MISTAKES, compare=_same_step, postprocess=_unpack,
                describe=_problem, hint="append first, then attend over old and new keys with "
-               "softmax(q k^T / sqrt(d_k)) and the causal mask causal_mask(n_new, t + n_new)")
+               "softmax(q k^T / sqrt(d_k)) and the causal mask causal_mask(n_new, p + n_new)")

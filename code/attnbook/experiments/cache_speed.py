@@ -1,7 +1,8 @@
 """How much faster the tiny GPT generates with a KV cache than without, measured on this CPU.
 
 Chapter 8 (the KV cache) times greedy generation of several lengths both ways
-(:func:`decode_benchmark`) and compares the ratio with the flop count of :mod:`attnbook.decoding`.
+(:func:`decode_benchmark`) and compares the ratio with the flop count of :mod:`attnbook.decoding`,
+and times single decode steps at several cache lengths (:func:`time_decode_steps`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,46 @@ def time_generation(model, prompt, n_new: int, use_cache: bool, repeats: int = 3
 
     seconds = timeit.Timer(generate).repeat(repeat=repeats, number=1)
     return Timing(statistics.median(seconds), min(seconds), max(seconds), repeats, 1)
+
+
+def time_decode_steps(model, ids, positions, repeats: int = 20) -> dict[int, Timing]:
+    """Seconds of one cached decode step with ``p`` tokens already in the cache, for each ``p`` in ``positions``.
+
+    ``ids`` (1, n) holds at least ``max(positions) + 1`` token ids. For each ``p`` its first ``p`` ids fill
+    a fresh cache (one prefill, untimed); then the step ``model(ids[:, p:p + 1], cache, start_pos=p)`` is
+    timed ``repeats`` times, one call per repeat, under ``torch.inference_mode()``, each cache's ``length``
+    set back to ``p`` after every call, so that every repeat does the same work. The positions take
+    turns, so that a busy spell of a shared machine hits them alike. A single step is short enough to
+    run undisturbed, so its fastest repeat (``Timing.low``) is comparable with the fastest single prefill.
+    Returns ``{p: Timing}`` in the order of ``positions``.
+    """
+    positions = [_validate.positive_int("position", p) for p in positions]
+    repeats = _validate.positive_int("repeats", repeats)
+    if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] <= max(positions):
+        raise ValueError(f"ids must have shape (1, n) with n > the largest position {max(positions)}; "
+                         f"got {tuple(ids.shape)}")
+
+    def step_at(p):
+        cache = model.new_kv_cache()
+        token = ids[:, p:p + 1]
+        with torch.inference_mode():
+            model(ids[:, :p], cache)
+
+        def step():
+            with torch.inference_mode():
+                model(token, cache, start_pos=p)
+            for layer in cache:
+                layer.length = p
+        return step
+
+    steps = {p: step_at(p) for p in positions}
+    for step in steps.values():
+        step()                                                # warm-up
+    seconds = {p: [] for p in positions}
+    for _ in range(repeats):
+        for p, step in steps.items():
+            seconds[p].extend(timeit.Timer(step).repeat(repeat=1, number=1))
+    return {p: Timing(statistics.median(t), min(t), max(t), repeats, 1) for p, t in seconds.items()}
 
 
 @dataclass(frozen=True)
