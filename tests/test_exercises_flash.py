@@ -370,3 +370,94 @@ def test_float32_accumulators_are_accepted_and_a_float32_stored_row_is_not():
     check_online_softmax(float32_state)
     with pytest.raises(ExerciseError, match="stored the scores"):
         check_online_softmax(stored_float32)
+
+
+# --- from the expert reading of chapter 9, session 3 -------------------------------------------------
+
+def merge_returns_huge_negative(m_a, l_a, m_b, l_b):
+    """Wrong: the kernels' stand-in -1e30 for -inf, returned as the maximum of two empty states."""
+    m = np.maximum(np.maximum(m_a, m_b), -1e30)
+    return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
+
+
+def merge_returns_finfo_min(m_a, l_a, m_b, l_b):
+    """Wrong: np.finfo(float).min as the stand-in, kept as the maximum of two empty states."""
+    lowest = np.finfo(float).min
+    m = np.where(np.isneginf(np.maximum(m_a, m_b)), lowest, np.maximum(m_a, m_b))
+    return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
+
+
+def online_new_term_old_max(scores):
+    """Wrong: the old sum is rescaled to the new maximum, but the new term is taken against the old one."""
+    m, l = -math.inf, 0.0
+    for xj in scores:
+        if m == -math.inf:                                 # first visible score starts the state
+            if xj != -math.inf:
+                m, l = xj, 1.0
+            continue
+        m_new = max(m, xj)
+        with np.errstate(over="ignore"):
+            l = l * math.exp(m - m_new) + float(np.exp(xj - m))   # should be xj - m_new
+        m = m_new
+    return m, l
+
+
+def online_reset_on_new_max(scores):
+    """Wrong: a new maximum starts the sum again at 1, dropping the earlier scores' mass."""
+    m, l = -math.inf, 0.0
+    for xj in scores:
+        if xj > m:
+            m, l = xj, 1.0
+        elif xj != -math.inf:
+            l += math.exp(xj - m)
+    return m, l
+
+
+def online_returns_lse(scores):
+    """Wrong: returns the log-sum-exp m + log(l) as the second entry."""
+    m, l = -math.inf, 0.0
+    for xj in scores:
+        m_new = max(m, xj)
+        if m_new == -math.inf:
+            continue
+        l, m = l * math.exp(m - m_new) + math.exp(xj - m_new), m_new
+    return m, (m + math.log(l) if l > 0 else -math.inf)
+
+
+NEW_WRONG = {
+    "check_merge_softmax_states": [(merge_returns_huge_negative, "max_is_stand_in"),
+                                   (merge_returns_finfo_min, "max_is_stand_in")],
+    "check_online_softmax": [(online_new_term_old_max, "new_term_old_max"),
+                             (online_reset_on_new_max, "reset_on_new_max"),
+                             (online_returns_lse, "returns_lse")],
+}
+for _name, _wrong in NEW_WRONG.items():
+    CATALOGUE[_name]["wrong"].extend(_wrong)
+
+
+@pytest.mark.parametrize("wrong, key", NEW_WRONG["check_merge_softmax_states"])
+def test_merge_any_finite_stand_in_is_named(wrong, key):
+    """Any finite stand-in returned as an empty maximum is named, not only 0 (the old checker gave -1e30
+    and np.finfo(float).min the generic hint)."""
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check_merge_softmax_states(wrong)
+    assert err.value.mistake == key
+
+
+@pytest.mark.parametrize("wrong, key", NEW_WRONG["check_online_softmax"])
+def test_online_new_mistakes_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check_online_softmax(wrong)
+    assert err.value.mistake == key
+
+
+def test_merge_wrong_shape_names_m_and_l():
+    """A loop that returns shape (1,) for scalar states: the message names the shape of m and l, not of the
+    stacked pair (the old message said "expected shape (2,), got (2, 1)")."""
+    def merge_always_1d(m_a, l_a, m_b, l_b):
+        m_a, l_a, m_b, l_b = (np.atleast_1d(np.asarray(x, float)) for x in (m_a, l_a, m_b, l_b))
+        return merge_good(m_a, l_a, m_b, l_b)
+    with pytest.raises(ExerciseError) as err:
+        check_merge_softmax_states(merge_always_1d)
+    assert "your m and l have shape (1,)" in str(err.value) and "the inputs' shape is ()" in str(err.value)
+    assert "(2, 1)" not in str(err.value)

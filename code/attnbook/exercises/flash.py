@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..online_softmax import SoftmaxState, merge_softmax_states, softmax_state
-from ._framework import Case, ExerciseError, Mistake, run_checks, same
+from ._framework import Case, ExerciseError, Mistake, difference, run_checks, same
 
 _inf = np.inf
 
@@ -32,11 +32,32 @@ def _same_state(got, expected) -> bool:
     An empty state must be ``(-inf, 0)``: a state ``(0, 0)`` (the finite stand-in returned as the
     maximum) is not empty, since merging it with a block whose maximum is far below 0 loses that
     block's mass: ``(0, 0)`` and ``(-800, 1)`` merge to ``(0, e^-800) = (0, 0)``, not ``(-800, 1)``.
+
+    Which finite stand-in a state reports as an empty maximum (0, -1e30, ``np.finfo(float).min``) is
+    the reader's choice, so two such states, ``(c, 0)`` and ``(c', 0)`` with ``c`` and ``c'`` finite,
+    count as the same mistake. The reference never returns one (its empty state is ``(-inf, 0)``, and
+    every other state has ``l > 0``), so this matches a reader's output with a mistake's, never a wrong
+    answer with the reference.
     """
     got, expected = _as_state(got), _as_state(expected)
     if got.shape != expected.shape or np.isnan(got[0]).any():
         return False
-    return same(got[1], expected[1]) and same(got[0], expected[0])
+    stand_in = _stand_in_empty(got) & _stand_in_empty(expected)
+    return same(got[1], expected[1]) and same(np.where(stand_in, 0.0, got[0]), np.where(stand_in, 0.0, expected[0]))
+
+
+def _stand_in_empty(state: np.ndarray) -> np.ndarray:
+    """Where a stacked state ``(m, l)`` is empty (``l = 0``) but reports a finite maximum."""
+    return np.isfinite(state[0]) & (state[1] == 0)
+
+
+def _describe_state(got, expected, case=None) -> str:
+    """What differs between two merged states; a wrong shape is named as the shape of m and l."""
+    got_s, expected_s = _as_state(got), _as_state(expected)
+    if got_s.shape != expected_s.shape:
+        return (f"your m and l have shape {got_s.shape[1:]} (broadcast together), the inputs' shape is "
+                f"{expected_s.shape[1:]}: return one m and one l per state, of the inputs' shape")
+    return difference(got_s, expected_s, case)
 
 
 def _finite(m):
@@ -73,9 +94,9 @@ MERGE_MISTAKES = [
             "e.g. np.where(np.isneginf(m), 0, m), so that exp(-inf - 0) = 0",
             _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m),
                         guard=False)),
-    Mistake("max_is_stand_in", "two empty states merge to a finite maximum (the stand-in for -inf), not to "
-            "the empty state (-inf, 0): merged later with a block whose maximum is far below it, that "
-            "block's sum underflows to 0 and its mass is lost",
+    Mistake("max_is_stand_in", "two empty states merge to a finite maximum (a stand-in for -inf, such as 0, "
+            "-1e30 or np.finfo(float).min), not to the empty state (-inf, 0): merged later with a block whose "
+            "maximum is far below it, that block's sum underflows to 0 and its mass is lost",
             "use the finite stand-in only inside the exponentials; return the true maximum max(m_a, m_b), "
             "which is -inf for two empty states",
             _max_is_stand_in),
@@ -126,7 +147,7 @@ def merge_cases() -> list[Case]:
 def check_merge_softmax_states(fn) -> None:
     """Check ``fn(m_a, l_a, m_b, l_b) -> (m, l)`` merges two softmax states (arrays of shape (n,))."""
     run_checks("merge softmax states", fn, merge_cases(), _merge_reference, MERGE_MISTAKES,
-               compare=_same_state, postprocess=_as_state)
+               compare=_same_state, postprocess=_as_state, describe=_describe_state)
 
 
 # --- the one-pass online softmax -------------------------------------------
@@ -197,6 +218,20 @@ ONLINE_MISTAKES = [
     Mistake("log_of_sum", "the second entry is log(l), a log-sum-exp relative to m, instead of the sum l itself",
             "return l = sum_j exp(x_j - m), not its logarithm; the log-sum-exp of the row is m + log(l)",
             lambda x: (lambda m, l: (m, float(np.log(l)) if l > 0 else -np.inf))(*_reference_state(x))),
+    Mistake("new_term_old_max", "each new term is exp(x_j - m_old), relative to the old maximum, while the "
+            "old sum is rescaled to the new one: the two parts of the sum are relative to different maxima",
+            "after the maximum grows, both parts must be relative to m_new: l = l * exp(m_old - m_new) + "
+            "exp(x_j - m_new)",
+            _state_with(lambda l, m, m_new, xj: l * np.exp(m - m_new)
+                        + np.exp(xj - (m if np.isfinite(m) else m_new)))),
+    Mistake("reset_on_new_max", "the running sum restarts at 1 whenever the maximum grows: the mass of the "
+            "scores before the new maximum is dropped instead of rescaled",
+            "when the maximum grows, keep the old sum and rescale it: l = l * exp(m_old - m_new) + 1",
+            _state_with(lambda l, m, m_new, xj: 1.0 if xj > m else l + np.exp(xj - m_new))),
+    Mistake("returns_lse", "the second entry is the row's log-sum-exp m + log(l), not the sum l",
+            "return l = sum_j exp(x_j - m) itself; m + log(l) is what the forward pass saves for the "
+            "backward pass, but the state is the pair (m, l)",
+            lambda x: (lambda m, l: (m, m + float(np.log(l)) if l > 0 else -np.inf))(*_reference_state(x))),
     Mistake("max_not_updated", "the maximum stays at the first score, so exp(x_j - m) overflows once x_j exceeds "
             "it by ~710",
             "update m_new = max(m_old, x_j) at every step, and rescale the sum to it",
