@@ -341,3 +341,47 @@ def test_growth_over_the_limit_in_every_try_is_rejected(monkeypatch):
     with pytest.raises(ExerciseError, match="times the CPU time"):
         check_linear_attention(good_linear)
     assert len(tries) == perspectives.LINEAR_TIME_TRIES
+
+
+# --- from the expert reading of chapter 12, session 3 ----------------------------------------------------
+
+def nw_nan_to_nearest(x_query, x_train, y_train, h):
+    """Wrong: the unstable estimator, its NaN (every exponential underflowed) patched to the nearest y.
+    Right in the limit h -> 0, wrong where two training points are almost equally near (the old
+    checker accepted it: in its cases every underflowed row had one clearly nearest point)."""
+    x_query, x_train, y_train = (np.asarray(a, float) for a in (x_query, x_train, y_train))
+    k = np.exp(-np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        est = k @ y_train / k.sum(axis=1)
+    nearest = y_train[np.argmin(np.abs(np.subtract.outer(x_query, x_train)), axis=1)]
+    return np.where(np.isfinite(est), est, nearest)
+
+
+def test_a_nan_patched_to_the_nearest_neighbour_is_diagnosed():
+    with pytest.raises(ExerciseError, match="almost equally near") as err:
+        check_nadaraya_watson(nw_nan_to_nearest)
+    assert err.value.mistake == "nearest_fallback"
+    assert "limit h -> 0" in str(err.value)
+
+
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [(nw_nan_to_nearest, "nearest_fallback")]
+
+
+def test_the_memory_check_of_a_torch_answer_leaves_stderr_to_the_reader(capfd):
+    """torch's profiler, which measures a torch answer's allocations, logs 'USDT: ... profiler_start' and
+    'profiler_stop' to the C-level stderr in some builds (this environment's); the checker silences its
+    start and stop, not the reader's function, whose own messages still show."""
+    import sys
+
+    from attnbook.exercises.perspectives import _largest_torch_allocation
+
+    def noisy_linear(q, k, v):
+        print("the reader's own message", file=sys.stderr)
+        return good_linear(q, k, v)
+
+    rng = np.random.default_rng(0)
+    out, largest = _largest_torch_allocation(noisy_linear, *(rng.normal(size=(64, 4)) for _ in range(3)))
+    captured = capfd.readouterr()
+    assert "profiler_start" not in captured.err and "profiler_stop" not in captured.err
+    assert "the reader's own message" in captured.err
+    assert largest > 0 and out.shape == (64, 4)
