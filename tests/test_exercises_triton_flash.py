@@ -65,7 +65,8 @@ def test_key_blocks_reference_style_solution_passes(capsys):
 
 
 @pytest.mark.parametrize("n_q, n_k, block_q, block_k", [(256, 256, 64, 64), (65, 65, 64, 16), (1, 100, 16, 32),
-                                                       (20, 77, 32, 16), (100, 130, 16, 64), (33, 33, 32, 32)])
+                                                       (20, 77, 32, 16), (100, 130, 16, 64), (33, 33, 32, 32),
+                                                       (65, 192, 32, 64), (192, 192, 128, 64), (1, 256, 16, 64)])
 def test_the_reference_counts_the_blocks_the_kernels_load(n_q, n_k, block_q, block_k):
     """The checker's reference (chapter 9's tile schedule, numpy only) against the kernels' own host-side
     bounds (attnbook.kernels.host.key_block_bounds)."""
@@ -365,3 +366,73 @@ def test_third_reading_mistakes_are_named(check, wrong, key):
     with pytest.raises(ExerciseError) as err:
         check(wrong)
     assert err.value.mistake == key
+
+
+# --- from the expert reading of chapter 10, session 3 ------------------------------------------------------
+# The checker accepted a count that clamps the last visible key at n_k instead of n_k - 1: none of its cases
+# had an overhanging last query block with n_k a multiple of block_k. A case that has both replaced the
+# weakest one (n_q = n_k = 256, block_q = 64, block_k = 128), so the checker still runs seven.
+
+def blocks_clamped_at_n_k(n_q, n_k, block_q, block_k):
+    """The reader's wrong answer: the last visible key clamped at n_k, the key past the end."""
+    counts = []
+    for b in range(math.ceil(n_q / block_q)):
+        last = (b + 1) * block_q - 1 + n_k - n_q
+        counts.append(min(last, n_k) // block_k + 1)
+    return counts
+
+
+def blocks_capped_at_whole_blocks(n_q, n_k, block_q, block_k):
+    """Caps the count at n_k // block_k: forgets the ragged last key block."""
+    return [min(math.ceil(((b + 1) * block_q + n_k - n_q) / block_k), n_k // block_k)
+            for b in range(math.ceil(n_q / block_q))]
+
+
+def blocks_first_row_plus_width(n_q, n_k, block_q, block_k):
+    """The first row's key block, plus as many blocks as the query block is wide."""
+    total = math.ceil(n_k / block_k)
+    return [min((b * block_q + n_k - n_q) // block_k + math.ceil(block_q / block_k), total)
+            for b in range(math.ceil(n_q / block_q))]
+
+
+def blocks_as_generator(n_q, n_k, block_q, block_k):
+    """Correct, but returned as a generator."""
+    offset = n_k - n_q
+    return (math.ceil(min((b + 1) * block_q + offset, n_k) / block_k) for b in range(math.ceil(n_q / block_q)))
+
+
+CATALOGUE["check_key_blocks"]["wrong"] += [(blocks_clamped_at_n_k, "clamp_at_n_k"),
+                                           (blocks_capped_at_whole_blocks, "cap_drops_ragged"),
+                                           (blocks_first_row_plus_width, "first_row_plus_width")]
+CATALOGUE["check_key_blocks"]["right"] += [blocks_as_generator]
+
+
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k, right, wrong", [
+    (1, 64, 16, 64, [1], [2]), (1, 256, 16, 64, [4], [5]), (192, 192, 128, 64, [2, 3], [2, 4])])
+def test_clamping_at_n_k_is_one_block_too_many_where_the_reader_found_it(n_q, n_k, block_q, block_k, right, wrong):
+    from attnbook.exercises.triton_flash import key_blocks_visited
+
+    assert key_blocks_visited(n_q, n_k, block_q, block_k).tolist() == blocks_by_loop(n_q, n_k, block_q, block_k) == right
+    assert blocks_clamped_at_n_k(n_q, n_k, block_q, block_k) == wrong
+
+
+@pytest.mark.parametrize("wrong, key", [(blocks_clamped_at_n_k, "clamp_at_n_k"),
+                                        (blocks_capped_at_whole_blocks, "cap_drops_ragged"),
+                                        (blocks_first_row_plus_width, "first_row_plus_width")])
+def test_session_3_mistakes_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_key_blocks(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_a_right_count_returned_as_a_generator_is_accepted(capsys):
+    check_key_blocks(blocks_as_generator)
+    assert capsys.readouterr().out.startswith("Correct: causal key blocks passes all 7 cases.")
+
+
+def test_a_case_hangs_past_the_end_with_n_k_a_multiple_of_block_k():
+    from attnbook.exercises.triton_flash import block_count_cases
+
+    assert any(-(-n_q // block_q) * block_q > n_q and n_k % block_k == 0
+               for n_q, n_k, block_q, block_k in (c.args for c in block_count_cases()))

@@ -76,6 +76,22 @@ BLOCK_COUNT_MISTAKES = [
             "the last visible key of the block is at a0 + block_q - 1; the keys to cover are "
             "0 .. a0 + block_q - 1, that is a0 + block_q of them, not one more",
             _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq + 1, n_k), bk))),
+    Mistake("clamp_at_n_k", "the last visible key was clamped at n_k instead of n_k - 1: one key block too many "
+            "when the last query block hangs past the end and n_k is a multiple of block_k",
+            "the last key that exists is n_k - 1, not n_k: the block's last visible key is "
+            "min(a0 + block_q - 1, n_k - 1), and the blocks that hold keys 0 .. that key are "
+            "cdiv(min(a0 + block_q, n_k), block_k)",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq - 1, n_k) // bk + 1)),
+    Mistake("cap_drops_ragged", "the count is capped at n_k // block_k, the whole key blocks: the ragged last "
+            "block, which holds the last n_k % block_k keys, is dropped",
+            "the key blocks that exist are cdiv(n_k, block_k), the last one possibly ragged; clamping the keys "
+            "to cover, cdiv(min(a0 + block_q, n_k), block_k), counts it",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(_cdiv(a0 + bq, bk), n_k // bk))),
+    Mistake("first_row_plus_width", "the count is the first row's key block plus block_q / block_k blocks: right "
+            "only when the block's first query position is a multiple of block_k",
+            "rows a0 .. a0 + block_q - 1 that start inside a key block reach one block further than "
+            "block_q / block_k blocks: convert the LAST row's position, cdiv(min(a0 + block_q, n_k), block_k)",
+            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 // bk + _cdiv(bq, bk), _cdiv(n_k, bk)))),
 ]
 
 
@@ -83,7 +99,12 @@ def block_count_cases() -> list[Case]:
     return [
         Case("n_q = n_k = 256, block_q = block_k = 64", (256, 256, 64, 64)),
         Case("n_q = n_k = 256, block_q = 128, block_k = 64", (256, 256, 128, 64)),
-        Case("n_q = n_k = 256, block_q = 64, block_k = 128", (256, 256, 64, 128)),
+        # the last query block (one row) hangs past the end while n_k is a multiple of block_k: a count that
+        # clamps the last visible key at n_k instead of n_k - 1 comes out one block too many; and the first
+        # rows of the query blocks (offset 127) sit inside a key block, so that the first row's block plus
+        # block_q / block_k more comes out one block short
+        Case("65 new queries after 127 cached keys (the last query block hangs past the end, n_k a multiple of "
+             "block_k): n_q = 65, n_k = 192, block_q = 32, block_k = 64", (65, 192, 32, 64)),
         Case("n_q = n_k = 200 (a ragged last block), block_q = block_k = 64", (200, 200, 64, 64)),
         # an offset that is not a multiple of block_k, and n_q != n_k where clamping to n_q or aligning the
         # queries top-left give different wrong counts; with an offset of 129 the last visible key of the
@@ -98,6 +119,8 @@ def block_count_cases() -> list[Case]:
 
 
 def _as_counts(out):
+    if not isinstance(out, np.ndarray) and not hasattr(out, "__len__") and hasattr(out, "__iter__"):
+        out = list(out)              # a generator or another iterable: its values, not one object
     out = np.asarray(out)
     if out.dtype.kind == "f" and np.all(out == np.round(out)):
         out = out.astype(int)
