@@ -79,6 +79,11 @@ SOFTMAX_MISTAKES = [
     Mistake("unstable", "your softmax overflows: exp of a large score is inf, and inf/inf is NaN",
             "subtract each row's maximum before exponentiating; softmax is unchanged by the shift",
             naive_softmax),
+    # the same formula computed in float64 (a reader who casts first): it survives the float32 case
+    # near 100 that overflows the version above, so that version no longer matches it everywhere
+    Mistake("unstable", "your softmax overflows: exp of a large score is inf, and inf/inf is NaN",
+            "subtract each row's maximum before exponentiating; softmax is unchanged by the shift",
+            lambda x: naive_softmax(np.asarray(x, dtype=np.float64))),
     Mistake("wrong_axis", "the softmax normalises over the wrong axis (columns instead of rows)",
             "each row (one query's scores) must sum to 1: use axis=-1 with keepdims=True",
             lambda x: softmax(x, axis=0) if np.ndim(x) > 1 else softmax(x)),
