@@ -21,8 +21,9 @@ HANG_LIMIT_S = 900.0
 # started last, one of them would run alone at the end while the other core idles). Only the order of
 # the run depends on this list: a stale entry costs a minute, never a result.
 SLOWEST_FIRST = (
-    "book/06-positional-encodings.ipynb",      # CPU s, 1 thread, machine loaded by other jobs:
-                                               # 85 s native, 136 s other numerics (were 179 s, 248 s)
+    "book/06-positional-encodings.ipynb",      # code cells' CPU s, 1 thread, alone in one process (AMD EPYC,
+                                               # load ~12): 71 s native, 106 s other numerics (95 s native
+                                               # before the budget work of 2026-11-25; 179 s, 248 s earlier)
     "book/11-grouped-query-attention.ipynb",   # kernel CPU time 64 s native, 149 s other numerics (AMD EPYC, 3 seeds;
                                                # 112 s and 264 s with 5 seeds, when nbval took 99 s and 254 s)
     "book/03-scaling.ipynb",                   # 77 s, 94 s CPU (cells run alone, AMD EPYC under load; was 143 s, 163 s CPU; 115 s, 129 s nbval)

@@ -165,7 +165,7 @@ def test_evaluate_at_matches_the_runs_own_evaluation_and_restores_the_model():
     windowed = E.evaluate_at(run.model, task, 16, seed=3, window=2)
     # by hand: the same model with the window set, on the same sequences
     run.model.window, run.model.clip_positions = 2, True
-    expected = E.evaluate(run.model, task, *E.held_out(task, 16, 64, 3))
+    expected = E.evaluate(run.model, task, *E.held_out(task, 16, E.EVAL_BATCH, 3))
     run.model.window, run.model.clip_positions = None, False
     assert windowed.loss == expected.loss and windowed.loss != full.loss
     E.evaluate_at(run.model, task, 16, seed=3, window=2)
