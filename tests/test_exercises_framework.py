@@ -306,7 +306,7 @@ def test_a_function_that_changes_its_inputs_is_judged_on_its_output_with_one_not
     assert out == ["Note: scaled scores: your function changed its input `q` in place (first in case "
                    "'n_q = 3, n_k = 5, d_k = 16'). The checker gave it fresh copies and judged only what it "
                    "returned; a caller who still needs those arrays would find them changed.",
-                   "Correct: scaled scores passes all 6 cases."]
+                   "Correct: scaled scores passes all 7 cases."]
     check_attention(attention)
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith("Note: scaled dot-product attention: your function changed "

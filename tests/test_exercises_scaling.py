@@ -47,7 +47,7 @@ WRONG_SCORES = {
 @pytest.mark.parametrize("fn", [scores_reference, scores_in_torch, scores_scaling_q_first])
 def test_correct_scaled_scores_pass(fn, capsys):
     check_scaled_scores(fn)
-    assert "Correct: scaled scores passes all 6 cases." in capsys.readouterr().out
+    assert "Correct: scaled scores passes all 7 cases." in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("key", sorted(WRONG_SCORES))
@@ -225,9 +225,45 @@ def test_right_alternatives_still_pass_with_two_leading_dimensions(capsys):
     for fn in (scores_reference, scores_in_torch, scores_scaling_q_first, scores_with_mT_in_torch,
                lambda q, k: np.einsum("...id,...jd->...ij", q / np.sqrt(q.shape[-1]), k)):
         check_scaled_scores(fn)
-        assert "passes all 6 cases" in capsys.readouterr().out
+        assert "passes all 7 cases" in capsys.readouterr().out
 
 
 CATALOGUE["check_scaled_scores"]["wrong"] += [(scores_scale_first_with_precedence_slip, "precedence_half"),
                                               (scores_d_k_from_the_second_axis, "second_axis")]
 CATALOGUE["check_scaled_scores"]["right"] += [scores_with_mT_in_torch]
+
+
+# --- from the third expert reading of chapter 3: an integer square root ---------------------------------------
+# Every case of the old checker had a perfect-square d_k (16, 64, 256, 1, 9, 16), so these passed it.
+
+def scores_int_of_sqrt(q, k):
+    return q @ np.swapaxes(k, -1, -2) / int(np.sqrt(q.shape[-1]))
+
+
+def scores_isqrt(q, k):
+    return q @ np.swapaxes(k, -1, -2) / math.isqrt(q.shape[-1])
+
+
+def scores_rounded_sqrt(q, k):
+    return q @ np.swapaxes(k, -1, -2) / round(q.shape[-1] ** 0.5)
+
+
+@pytest.mark.parametrize("fn", [scores_int_of_sqrt, scores_isqrt, scores_rounded_sqrt])
+def test_an_integer_square_root_is_rejected_and_named(fn):
+    with pytest.raises(ExerciseError) as err:
+        check_scaled_scores(fn)
+    assert err.value.mistake == "integer_sqrt", str(err.value)
+    assert "d_k = 128" in str(err.value) and "Hint:" in str(err.value)
+
+
+def test_right_answers_pass_the_case_with_d_k_128(capsys):
+    for fn in (scores_reference, scores_in_torch, scores_scaling_q_first, scores_with_mT_in_torch,
+               scores_float32, lambda q, k: q @ np.swapaxes(k, -1, -2) * q.shape[-1] ** -0.5,
+               lambda q, k: q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])):
+        check_scaled_scores(fn)
+        assert "passes all 7 cases" in capsys.readouterr().out
+
+
+WRONG_SCORES["integer_sqrt"] = scores_isqrt                              # test_every_scores_mistake_is_covered
+CATALOGUE["check_scaled_scores"]["wrong"] += [(scores_int_of_sqrt, "integer_sqrt"), (scores_isqrt, "integer_sqrt"),
+                                              (scores_rounded_sqrt, "integer_sqrt")]

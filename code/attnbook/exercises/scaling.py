@@ -1,6 +1,8 @@
 """Checkers for chapter 3: the scaled scores ``q k^T / sqrt(d_k)`` and the variance of ``q . k``."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..attention import attention_scores
@@ -52,6 +54,11 @@ SCALED_SCORES_MISTAKES = [
             "the scale is one number for the whole matrix; it keeps the vectors' lengths in the scores",
             lambda q, k: (q / np.linalg.norm(q, axis=-1, keepdims=True))
             @ _t(k / np.linalg.norm(k, axis=-1, keepdims=True))),
+    Mistake("integer_sqrt", "the square root of d_k was rounded to a whole number (int(np.sqrt(d_k)), "
+            "math.isqrt(d_k) or round(d_k ** 0.5)): right only when d_k is a perfect square, and "
+            "sqrt(128) = 11.31, not 11",
+            "divide by the real square root, np.sqrt(d_k) or d_k ** 0.5, with no int(), round() or isqrt",
+            lambda q, k: q @ _t(k) / math.isqrt(q.shape[-1])),
 ]
 
 
@@ -66,6 +73,9 @@ def scaled_scores_cases() -> list[Case]:
         Case("n_q = n_k = d_k = 9", (n(9, 9), n(9, 9))),
         Case("two leading dimensions, (batch, heads): q (2, 3, 4, 16), k (2, 3, 5, 16)",
              (n(2, 3, 4, 16), n(2, 3, 5, 16))),
+        # every d_k above is a perfect square: an integer square root would pass them all
+        Case("a batch of 2 with d_k = 128, not a perfect square: q (2, 3, 128), k (2, 4, 128)",
+             (n(2, 3, 128), n(2, 4, 128))),
     ]
 
 

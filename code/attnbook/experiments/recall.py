@@ -96,8 +96,10 @@ class AdditiveRecallAttention(RecallAttention):
     and ``k`` the same projections to ``d_k`` as the dot-product model and ``w (d_k,)`` a learned
     vector (``score_vector``). Every ``tanh`` lies in (-1, 1) and ``w`` starts with variance
     ``1 / (3 d_k)``, so the scores start with a spread that does not grow with ``d_k``: there is
-    nothing to scale, and ``scaled`` must be False. Britz et al. (2017) found that this kind of
-    attention beat unscaled dot products at large ``d_k``; chapter 3 repeats the comparison.
+    nothing to scale, and ``scaled`` must be False. Britz et al. (2017) found additive attention
+    slightly but consistently better than (unscaled) multiplicative attention in their sweep of
+    translation models; Vaswani et al. (2017, section 3.2.1) read this as additive attention
+    outperforming unscaled dot products for larger ``d_k``. Chapter 3 repeats the comparison.
     Only :meth:`score_table` changes.
     """
 
@@ -325,8 +327,11 @@ def query_blind_accuracy(n_pairs: int = 8, n_values: int = 16) -> float:
     and the query picks one pair uniformly, independently of the keys and values. A model that
     does not look at the query can do no better than answer the most frequent value of the
     example, which is right with probability ``E[max_v count(v)] / n_pairs``. (Uniform attention
-    followed by a linear readout reaches it: the average of orthogonal value embeddings holds the
-    counts, and the readout's argmax picks the largest.) Computed in exact rational arithmetic:
+    followed by a linear readout reaches it: the attended vector is ``sum_v count(v) u_v / n_pairs``,
+    the average of the example's value vectors ``u_v``; when the ``n_values`` vectors ``u_v`` are
+    linearly independent (possible when ``n_values <= d_model``, and true of almost every random
+    draw), a linear readout recovers the counts, and its argmax picks the largest. They need not be
+    orthogonal.) Computed in exact rational arithmetic:
     ``P(max count <= m) = n_pairs! [x^n_pairs] (sum_{j <= m} x^j / j!)^n_values / n_values^n_pairs``.
     """
     if n_pairs < 1 or n_values < 1:
