@@ -385,3 +385,36 @@ def test_the_memory_check_of_a_torch_answer_leaves_stderr_to_the_reader(capfd):
     assert "profiler_start" not in captured.err and "profiler_stop" not in captured.err
     assert "the reader's own message" in captured.err
     assert largest > 0 and out.shape == (64, 4)
+
+
+# --- from the second expert reading of chapter 12 (session 3) ----------------------------------------------
+
+def nw_row_shift_column_sum(x_query, x_train, y_train, h):
+    """Shifted per query (the chapter's stable softmax), then normalised over the queries (axis 0)."""
+    s = -np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=0, keepdims=True)) @ y_train
+
+
+def nw_epsilon_denominator(x_query, x_train, y_train, h):
+    k = np.exp(-np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h))
+    return (k @ y_train) / (k.sum(axis=1) + 1e-12)             # 0/0 avoided by an epsilon: 0 where all underflow
+
+
+def test_row_shift_then_normalised_over_queries_is_named():
+    """Fails on the old checker, whose only wrong-axis mistake also shifted over the queries (generic hint)."""
+    with pytest.raises(ExerciseError) as err:
+        check_nadaraya_watson(nw_row_shift_column_sum)
+    assert err.value.mistake == "wrong_axis_row_shift"
+    assert "normalised over the query points" in str(err.value)
+
+
+def test_epsilon_in_the_denominator_is_named_as_patched():
+    with pytest.raises(ExerciseError) as err:
+        check_nadaraya_watson(nw_epsilon_denominator)
+    assert err.value.mistake == "underflow_patched"
+    assert "epsilon" in str(err.value)
+
+
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [(nw_row_shift_column_sum, "wrong_axis_row_shift"),
+                                                 (nw_epsilon_denominator, "underflow_patched")]

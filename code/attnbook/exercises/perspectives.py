@@ -324,12 +324,17 @@ NADARAYA_WATSON_MISTAKES = [
     Mistake("wrong_axis", "the weights are normalised over the query points instead of the training points",
             "for each query x, the weights K(x, x_i) must sum to 1 over the training points i",
             _gaussian_nw(_gauss, axis=0)),
+    Mistake("wrong_axis_row_shift", "each query's largest log-kernel value was subtracted (as in a stable softmax), "
+            "but the weights are then normalised over the query points instead of the training points",
+            "for each query x, the weights K(x, x_i) must sum to 1 over the training points i: sum along the "
+            "same axis as the maximum (axis=-1, keepdims=True), since the shift cancels only within a query's row",
+            _gaussian_nw(_gauss, axis=0, shift_axis=-1)),
     Mistake("underflow", "every kernel value underflows to 0 for a small bandwidth, giving 0 / 0 = NaN",
             "subtract, for each query, the largest log-kernel value before exponentiating: the common "
             "factor cancels in the ratio (as in a stable softmax)",
             _gaussian_nw(_gauss, stable=False)),
     Mistake("underflow_patched", "every kernel value underflows to 0 for a small bandwidth, and the 0 / 0 = NaN "
-            "was patched to 0 (np.nan_to_num) instead of avoided: the estimate there is 0, not the nearest "
+            "was patched to 0 (np.nan_to_num, or an epsilon in the denominator) instead of avoided: the estimate there is 0, not the nearest "
             "training point's y",
             "subtract, for each query, the largest log-kernel value before exponentiating: the largest kernel "
             "value is then exactly 1, the sum is at least 1, and nothing needs patching",
