@@ -100,8 +100,8 @@ def flash_attention_numpy(q, k, v, causal: bool = False, block_q: int = 64, bloc
     also the log-sum-exp of each query's scores, (..., n_q), which the backward
     pass needs. float16 inputs are computed in float32. ``causal`` follows
     :func:`attnbook.causal_mask` (needs n_q <= n_k) and skips fully masked tiles.
-    Query blocks are independent, so ``workers`` threads (default: one per CPU
-    core) process them in parallel, as a GPU spreads them over its SMs.
+    Query blocks are independent, so ``workers`` threads (default: ``os.cpu_count()``,
+    one per logical CPU) process them in parallel, as a GPU spreads them over its SMs.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     batch, n_q, n_k, d_k, d_v = _check(q, k, v, causal, block_q, block_k)
@@ -122,7 +122,7 @@ def flash_attention_numpy(q, k, v, causal: bool = False, block_q: int = 64, bloc
 
 
 def _run_in_threads(fn: Callable, items: Sequence, workers: int | None) -> None:
-    """Call ``fn(item)`` for every item on up to ``workers`` threads (None: one per CPU core).
+    """Call ``fn(item)`` for every item on up to ``workers`` threads (None: ``os.cpu_count()``, one per logical CPU).
 
     numpy releases Python's global interpreter lock inside its array operations,
     so threads that work on different blocks run on different cores.
