@@ -24,9 +24,9 @@ SLOWEST_FIRST = (
     "book/06-positional-encodings.ipynb",      # code cells' CPU s, 1 thread, alone in one process (AMD EPYC,
                                                # load ~12): 71 s native, 106 s other numerics (95 s native
                                                # before the budget work of 2026-11-25; 179 s, 248 s earlier)
-    "book/11-grouped-query-attention.ipynb",   # kernel CPU time 64 s native, 149 s other numerics (AMD EPYC, 3 seeds;
-                                               # 112 s and 264 s with 5 seeds, when nbval took 99 s and 254 s)
     "book/03-scaling.ipynb",                   # 77 s, 94 s CPU (cells run alone, AMD EPYC under load; was 143 s, 163 s CPU; 115 s, 129 s nbval)
+    "book/11-grouped-query-attention.ipynb",   # code cells' CPU time, 1 thread, run alone (AMD EPYC, load ~8): 41 s native,
+                                               # 89 s other numerics (2 seeds; were 69 s and 154 s with 3 seeds, 112 s and 264 s with 5)
     "book/09-flash-attention.ipynb",           # 64 s, 68 s before the budget work of 2026-11. Since, on a machine
     "book/07-masking.ipynb",                   # never quiet (AMD EPYC, load 3+): 59 s and 57 s wall natively, and
                                                # CPU time of the code cells 58 s / 60 s (ch9), 42 s / 64 s (ch7)

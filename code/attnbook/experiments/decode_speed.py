@@ -74,7 +74,7 @@ def compare_decode(models: dict, batch: int = 1, n_prompt: int = 128, n_new: int
     The prompt is ``batch`` seeded random sequences of ``n_prompt`` tokens, prefilled into a
     cache once per model (untimed; every run decodes from a copy of that cache). Each model is
     warmed up once, then every round times ``n_new`` decode steps of every model in turn, so that
-    a slow spell of a shared machine hits all of them alike. Compare the fastest round of each (:attr:`DecodeMeasurement.tokens_per_s`), over at least 5 rounds. The cache
+    a slow spell of a shared machine hits all of them alike. Compare the fastest round of each (:attr:`DecodeMeasurement.tokens_per_s`), over at least 3 rounds. The cache
     holds exactly ``n_prompt + n_new`` positions. Returns ``{name: DecodeMeasurement}``.
     """
     batch, n_prompt, n_new, rounds = (_validate.positive_int(name, value) for name, value in (
