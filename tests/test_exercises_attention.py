@@ -533,3 +533,17 @@ def test_a_mask_wrong_only_for_a_single_position_is_named():
         check_causal_mask(causal_mask_squeezed)
     assert err.value.mistake == "squeezed" and "n = 1" in str(err.value) and "[[True]]" in str(err.value)
     check_causal_mask(lambda n: np.squeeze(np.tril(np.ones((1, n, n), bool)), axis=0))   # a squeeze that keeps (n, n)
+
+
+@pytest.mark.parametrize("bound", [30, 50, 100])
+def test_a_clipped_softmax_is_named_without_a_bound_the_reader_did_not_write(bound):
+    """Clipping at any bound below the cases' largest scores gives one output; the diagnosis once quoted
+    the checker's own bound (80 or 700) to a reader who had clipped at 30, 50 or 100."""
+    def clipped(x):
+        e = np.exp(np.clip(x, -bound, bound))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(clipped)
+    assert err.value.mistake == "clipped_scores"
+    assert "here to" not in str(err.value) and "+-" not in str(err.value)

@@ -157,7 +157,8 @@ SOFTMAX_MISTAKES = [
               "divide by the sum alone; only a fully masked row has the sum 0, and it needs its own case "
               "(zeros), not an epsilon", lambda x, eps=eps: _eps_denominator(x, eps))
       for eps in (1e-2, 1e-3, 1e-4)],
-    *[Mistake("clipped_scores", f"the scores are clipped (here to +-{bound:g}) instead of shifted: every score "
+    # the message names no bound: clipping at any bound below the cases' largest scores gives the same output
+    *[Mistake("clipped_scores", "the scores are clipped at a fixed bound instead of shifted: every score "
               "beyond the bound is changed, so rows with large scores get wrong weights",
               "subtract each row's maximum instead: softmax is unchanged by the shift, and changed by clipping",
               lambda x, bound=bound: _clipped(x, bound))
