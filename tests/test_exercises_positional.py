@@ -99,6 +99,19 @@ def test_rope_mistakes_are_diagnosed(wrong, key):
     assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
 
 
+def test_rope_both_positions_reversed_is_named_in_the_diagnosis():
+    """q and k both rotated at positions n - 1 .. 0 give exactly the scores of a sign error in the sines
+    (R(-m) q . R(-n) k = q . R(m - n) k): the diagnosis must name the reversed positions too, so a reader
+    whose formula is right but whose positions run backwards is not sent to the sines alone."""
+    def both_reversed(q, k, v):
+        return F.scaled_dot_product_attention(my_rope(q.flip(-2)).flip(-2), my_rope(k.flip(-2)).flip(-2), v)
+
+    with pytest.raises(ExerciseError) as err:
+        check_rope_attention(both_reversed)
+    assert err.value.mistake == "reversed_rotation"
+    assert "counted backwards" in str(err.value) and "both q and k" in str(err.value)
+
+
 def test_rope_unknown_error_is_still_rejected():
     """Keys rotated three positions ahead of the queries: wrong, but not one of the listed mistakes."""
     with pytest.raises(ExerciseError) as err:

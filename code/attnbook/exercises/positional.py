@@ -55,8 +55,10 @@ ROPE_MISTAKES = [
             "layout, pairs (i, i + d/2)",
             "use layout='half': pair i is feature i with feature i + d/2. A checkpoint cares which one you use",
             lambda q, k, v: attend(apply_rope(q, layout="interleaved"), apply_rope(k, layout="interleaved"), v)),
-    Mistake("reversed_rotation", "each pair is rotated by -m*theta instead of +m*theta (a sign error in the sines)",
-            "the first half becomes x1*cos - x2*sin and the second x1*sin + x2*cos",
+    Mistake("reversed_rotation", "each pair is rotated by -m*theta instead of +m*theta (a sign error in the sines, "
+            "or positions counted backwards, n - 1 .. 0, for both q and k: the two give the same scores)",
+            "the first half becomes x1*cos - x2*sin and the second x1*sin + x2*cos, with positions 0, 1, ..., "
+            "n - 1 for q and k alike",
             lambda q, k, v: attend(_rope_with(q, sign=-1.0), _rope_with(k, sign=-1.0), v)),
     Mistake("frequency_exponent", "the frequencies are base**(-i/d) instead of base**(-2i/d)",
             "pair i (i = 0 .. d/2 - 1) turns at base**(-2i/d) radians per position",
