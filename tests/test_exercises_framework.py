@@ -370,3 +370,11 @@ def test_a_single_matching_mistake_is_dropped_when_it_is_wrong_where_the_reader_
     with pytest.raises(ExerciseError) as err:                         # x + 3 everywhere: the match stands
         run_checks("double", lambda x: x + 3, cases, double, [plus_three])
     assert err.value.case == "x = 5" and err.value.mistake == "plus_three"
+
+
+def test_equal_infinities_count_as_agreeing_in_the_largest_difference():
+    """Two empty softmax states are (-inf, 0); an answer (-inf, 1) differs by 1, not by inf - inf = NaN."""
+    from attnbook.exercises._framework import difference
+
+    message = difference(np.array([-np.inf, 1.0]), np.array([-np.inf, 0.0]))
+    assert "largest difference 1" in message and "nan" not in message
