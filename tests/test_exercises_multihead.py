@@ -263,6 +263,7 @@ MHA_WRONG = {
     "no_transpose": _wrong(lambda t, h: t.reshape(t.shape[0], h, t.shape[1], -1),
                            lambda t, shape: t.reshape(shape)),
     "merge_no_transpose": _wrong(good_split, lambda t, shape: t.reshape(shape)),
+    "split_no_transpose": _wrong(lambda t, h: t.reshape(t.shape[0], h, t.shape[1], -1), good_merge),
     "heads_strided": _wrong(lambda t, h: t.unflatten(-1, (-1, h)).permute(0, 3, 1, 2),
                             lambda t, shape: t.permute(0, 2, 3, 1).flatten(2)),
     "no_out_proj": _wrong(good_split, good_merge, out=False),

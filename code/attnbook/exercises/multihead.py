@@ -306,6 +306,10 @@ MHA_MISTAKES = [
             "swap the head and token axes back, (batch, n_heads, n, d_head) -> (batch, n, n_heads, d_head), "
             "before the reshape to (batch, n, d_model)",
             _variant(merge=_plain_merge)),
+    Mistake("split_no_transpose", "the heads were split by a reshape alone, straight to (batch, n_heads, n, "
+            "d_head), though the merge is right",
+            "split: reshape to (batch, n, n_heads, d_head), then swap axes 1 and 2",
+            _variant(split=_plain_split)),
     Mistake("heads_strided", "head r got the strided features r, r + h, r + 2h, ... (a (d_head, n_heads) split)",
             "with weights laid out like everyone else's, head r owns a contiguous block of d_head features",
             _variant(split=_strided_split, merge=_strided_merge)),
