@@ -288,3 +288,27 @@ def pool_first_overwriting_input(weight, n_heads, n_kv_heads):
 CATALOGUE["check_pool_kv_heads"]["wrong"] += [(pool_last, "last_head"), (pool_median, "median"),
                                               (pool_first_overwriting_input, "first_head")]
 CATALOGUE["check_pool_kv_heads"]["right"] += [pool_in_place_division]
+
+
+# --- from the third reading of chapter 11 (session 3) ---------------------------------------------
+
+def share_tiled_positions(x, n_heads):
+    """Wrong axis, tiled: the whole sequence of positions g times over (x.repeat along dim 2)."""
+    return x.repeat(1, 1, n_heads // x.shape[1], 1)
+
+
+def share_expand_flatten_positions(x, n_heads):
+    """Wrong axis, tiled: the new axis inserted before the positions, then merged with them."""
+    b, n_kv_heads, n, d = x.shape
+    return x[:, :, None].expand(b, n_kv_heads, n_heads // n_kv_heads, n, d).flatten(2, 3)
+
+
+def pool_torch_median(weight, n_heads, n_kv_heads):
+    """torch's .median(1): for an even group size the lower of the two middle values (the minimum at g = 2)."""
+    g, d_head = n_heads // n_kv_heads, weight.shape[0] // n_heads
+    return weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:]).median(1).values.reshape(-1, *weight.shape[1:])
+
+
+CATALOGUE["check_share_kv_heads"]["wrong"] += [(share_tiled_positions, "wrong_axis"),
+                                               (share_expand_flatten_positions, "wrong_axis")]
+CATALOGUE["check_pool_kv_heads"]["wrong"] += [(pool_torch_median, "lower_median")]

@@ -41,6 +41,11 @@ SHARE_MISTAKES = [
             "the positions are repeated (axis 2) instead of the heads (axis 1)",
             "x is (batch, n_kv_heads, n, d): the copies go along dim=1, and n must stay the same",
             lambda x, n_heads: x.repeat_interleave(_group(x, n_heads), dim=2)),
+    Mistake("wrong_axis",
+            "the whole sequence of positions is tiled g times (axis 2, as x.repeat(1, 1, g, 1) or expand then "
+            "flatten(2, 3) do) instead of copying the heads (axis 1)",
+            "x is (batch, n_kv_heads, n, d): the copies go along dim=1, and n must stay the same",
+            lambda x, n_heads: x.repeat(1, 1, _group(x, n_heads), 1)),
     Mistake("scrambled",
             "the copies were made next to the position axis, so the final reshape mixes positions into heads",
             "insert the new axis right after the head axis: x[:, :, None].expand(b, n_kv, g, n, d), "
@@ -99,6 +104,11 @@ def _heads(w, n_heads: int):
     return w.reshape(n_heads, w.shape[0] // n_heads, *w.shape[1:])       # (h, d_head, ...)
 
 
+def _lower_median(a):
+    """torch.median's semantics along axis 1, in numpy: the lower of the two middle values for an even count."""
+    return np.sort(a, axis=1)[:, (a.shape[1] - 1) // 2]
+
+
 POOL_MISTAKES = [
     Mistake("wrong_order",
             "the heads are grouped in the wrong order: key/value head i pools query heads i, i + n_kv_heads, "
@@ -116,9 +126,16 @@ POOL_MISTAKES = [
             lambda w, h, n_kv_heads: _heads(w, h)[h // n_kv_heads - 1:: h // n_kv_heads].reshape(-1, *w.shape[1:])),
     Mistake("median",
             "the heads of a group are pooled by their median, not their mean",
-            "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), not .median(1)",
+            "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), not np.median(..., axis=1)",
             lambda w, h, n_kv_heads: np.median(np.asarray(_heads(w, h)).reshape(n_kv_heads, h // n_kv_heads, w.shape[0] // h,
                                                                          *w.shape[1:]), axis=1)
+            .reshape(-1, *w.shape[1:])),
+    Mistake("lower_median",
+            "the heads of a group are pooled by torch's .median(1), which for an even group size takes the "
+            "lower of the two middle values (at g = 2 the minimum), not their mean",
+            "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), not .median(1)",
+            lambda w, h, n_kv_heads: _lower_median(np.asarray(_heads(w, h)).reshape(n_kv_heads, h // n_kv_heads,
+                                                                               w.shape[0] // h, *w.shape[1:]))
             .reshape(-1, *w.shape[1:])),
     Mistake("summed",
             "the heads of a group are summed instead of averaged (the keys come out g times too large)",
