@@ -461,3 +461,83 @@ def test_merge_wrong_shape_names_m_and_l():
         check_merge_softmax_states(merge_always_1d)
     assert "your m and l have shape (1,)" in str(err.value) and "the inputs' shape is ()" in str(err.value)
     assert "(2, 1)" not in str(err.value)
+
+
+# --- from the fourth expert reading of chapter 9, session 3: tied maxima ---------------------------------
+
+def merge_strict_branches(m_a, l_a, m_b, l_b):
+    """Wrong (the reader's): strict comparisons only, so where m_a == m_b b's sum is dropped."""
+    l = np.where(m_a > m_b, l_a + l_b * np.exp(m_b - m_a),
+                 np.where(m_b > m_a, l_b + l_a * np.exp(m_a - m_b), l_a))
+    return np.maximum(m_a, m_b), l
+
+
+def merge_branches_with_ties(m_a, l_a, m_b, l_b):
+    """Right: the same branches, with the tie sent to the first one (>=), and two empty states kept empty."""
+    m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+    with np.errstate(invalid="ignore", over="ignore"):
+        l = np.where(m_a >= m_b, l_a + l_b * np.exp(np.where(np.isneginf(m_a), 0.0, m_b - m_a)),
+                     l_b + l_a * np.exp(m_a - m_b))
+    l = np.where(np.isneginf(np.maximum(m_a, m_b)), 0.0, l)
+    return np.maximum(m_a, m_b), l
+
+
+def online_strict_branches(scores):
+    """Wrong (the reader's): a score equal to the running maximum falls in neither branch."""
+    m, l = -math.inf, 0.0
+    for x in scores:
+        if x < m:
+            l += math.exp(x - m)
+        elif x > m:
+            l = l * math.exp(m - x) + 1.0
+            m = x
+    return m, l
+
+
+def online_branches_with_ties(scores):
+    """Right: the same branches with <=, so a repeated maximum adds exp(0) = 1."""
+    m, l = -math.inf, 0.0
+    for x in scores:
+        if x == -math.inf:
+            continue
+        if x <= m:
+            l += math.exp(x - m)
+        else:
+            l = l * math.exp(m - x) + 1.0
+            m = x
+    return m, l
+
+
+TIE_WRONG = {
+    "check_merge_softmax_states": [(merge_strict_branches, "tie_dropped")],
+    "check_online_softmax": [(online_strict_branches, "tie_dropped")],
+}
+for _name, _wrong in TIE_WRONG.items():
+    CATALOGUE[_name]["wrong"].extend(_wrong)
+CATALOGUE["check_merge_softmax_states"]["right"].append(merge_branches_with_ties)
+CATALOGUE["check_online_softmax"]["right"].append(online_branches_with_ties)
+
+
+def test_strict_branches_wrong_on_ties():
+    """The two wrong answers really are wrong: a tie loses one state's (or one score's) mass."""
+    assert online_strict_branches(iter([1.0, 1.0])) == (1.0, 1.0)            # the answer is (1, 2)
+    m, l = merge_strict_branches(np.float64(1.0), np.float64(1.0), np.float64(1.0), np.float64(1.0))
+    assert (float(m), float(l)) == (1.0, 1.0)                                 # the answer is (1, 2)
+
+
+@pytest.mark.parametrize("check, wrong, key", [
+    (check_merge_softmax_states, merge_strict_branches, "tie_dropped"),
+    (check_online_softmax, online_strict_branches, "tie_dropped"),
+])
+def test_tied_maxima_dropped_are_named(check, wrong, key):
+    """Both checkers accepted these (no case had two equal finite maxima); now they are rejected, named."""
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check(wrong)
+    assert err.value.mistake == key
+    assert "equal" in str(err.value)
+
+
+def test_branches_with_ties_pass(capsys):
+    check_merge_softmax_states(merge_branches_with_ties)
+    check_online_softmax(online_branches_with_ties)
+    assert capsys.readouterr().out.count("Correct") == 2

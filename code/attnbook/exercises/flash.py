@@ -79,6 +79,15 @@ def _merge_with(rule, guard=True):
     return merge
 
 
+def _strict_merge(m_a, l_a, m_b, l_b):
+    """Strict comparisons only: where the two maxima are equal (and finite), b's sum is dropped."""
+    m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+    with np.errstate(all="ignore"):
+        l = np.where(m_a > m_b, l_a + l_b * np.exp(m_b - m_a),
+                     np.where(m_b > m_a, l_b + l_a * np.exp(m_a - m_b), l_a))
+    return np.maximum(m_a, m_b), l
+
+
 def _max_is_stand_in(m_a, l_a, m_b, l_b):
     """Right sums, but the finite stand-in is returned as the maximum of two empty states."""
     m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
@@ -126,6 +135,11 @@ MERGE_MISTAKES = [
             lambda m_a, l_a, m_b, l_b: (lambda m_a, l_a, m_b, l_b, m: (m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)))(
                 *(np.asarray(x, float) for x in (m_a, l_a, m_b, l_b)),
                 np.maximum(np.maximum(np.asarray(m_a, float), np.asarray(m_b, float)), 0.0))),
+    Mistake("tie_dropped", "a state whose maximum equals the other's is dropped: the branches compare the maxima "
+            "strictly (m_a > m_b, m_b > m_a), and where they are equal only one state's sum is kept",
+            "when m_a == m_b both sums count: l = l_a + l_b (both factors are 1); the general formula "
+            "l_a * exp(m_a - m) + l_b * exp(m_b - m) needs no branches at all",
+            _strict_merge),
 ]
 
 
@@ -141,6 +155,8 @@ def merge_cases() -> list[Case]:
         Case("one state empty (a fully masked block: m=-inf, l=0), the other's scores all negative",
              (np.array([-_inf, -2.0]), np.array([0.0, 2.0]), np.array([-0.5, -_inf]), np.array([1.0, 0.0]))),
         Case("both states empty", (np.array([-_inf]), np.array([0.0]), np.array([-_inf]), np.array([0.0]))),
+        Case("equal finite maxima: (1, 2) with (1, 1.5) and (-3, 0.5) with (-3, 4)",
+             (np.array([1.0, -3.0]), np.array([2.0, 0.5]), np.array([1.0, -3.0]), np.array([1.5, 4.0]))),
     ]
 
 
@@ -236,7 +252,23 @@ ONLINE_MISTAKES = [
             "it by ~710",
             "update m_new = max(m_old, x_j) at every step, and rescale the sum to it",
             lambda x: _first_score_state(x)),
+    Mistake("tie_dropped", "a score equal to the running maximum is dropped: the branches compare strictly "
+            "(x_j < m, x_j > m), so a repeated maximum adds nothing to the sum",
+            "a score equal to m adds exp(0) = 1; use x_j <= m (or x_j >= m) in one branch, or the branch-free "
+            "update m_new = max(m, x_j); l = l * exp(m - m_new) + exp(x_j - m_new)",
+            lambda x: _strict_state(x)),
 ]
+
+
+def _strict_state(x) -> tuple[float, float]:
+    """Strict comparisons only: a score equal to the running maximum falls in neither branch and is dropped."""
+    m, l = -np.inf, 0.0
+    for xj in np.asarray(x, float):
+        if xj < m:
+            l += float(np.exp(xj - m))
+        elif xj > m:
+            l, m = l * float(np.exp(m - xj)) + 1.0, float(xj)
+    return m, l
 
 
 def _first_score_state(x) -> tuple[float, float]:
@@ -257,6 +289,7 @@ def online_cases() -> list[Case]:
         Case("a fully masked row (every score -inf): the state (-inf, 0)", (np.array([-_inf, -_inf, -_inf]),)),
         Case("scores growing to 3000 (exp overflows past ~710)", (np.array([0.0, 800.0, 1600.0, 2400.0, 3000.0]),)),
         Case("a row that starts with masked scores (-inf)", (np.array([-_inf, -_inf, 0.3, 1.2, -_inf, 0.8]),)),
+        Case("a row whose maximum 2.0 occurs three times", (np.array([0.5, 2.0, 2.0, -1.0, 2.0]),)),
     ]
 
 
