@@ -508,8 +508,29 @@ def online_branches_with_ties(scores):
     return m, l
 
 
+def merge_strict_keeps_b(m_a, l_a, m_b, l_b):
+    """Wrong (fifth reading): if/elif/else, the else (the tie) keeps only b's sum."""
+    m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+    m, l = np.maximum(m_a, m_b), l_b.copy()
+    bigger_a, bigger_b = m_a > m_b, m_b > m_a
+    l[bigger_a] = (l_a + l_b * np.exp(m_b - m_a))[bigger_a]
+    l[bigger_b] = (l_b + l_a * np.exp(m_a - m_b))[bigger_b]
+    return m, l
+
+
+def merge_strict_from_zeros(m_a, l_a, m_b, l_b):
+    """Wrong (fifth reading): l starts at zeros and neither strict branch writes the tie, so it stays 0."""
+    m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+    l = np.zeros(np.broadcast(m_a, m_b).shape)
+    with np.errstate(all="ignore"):
+        l = np.where(m_a > m_b, l_a + l_b * np.exp(m_b - m_a), l)
+        l = np.where(m_b > m_a, l_b + l_a * np.exp(m_a - m_b), l)
+    return np.maximum(m_a, m_b), l
+
+
 TIE_WRONG = {
-    "check_merge_softmax_states": [(merge_strict_branches, "tie_dropped")],
+    "check_merge_softmax_states": [(merge_strict_branches, "tie_dropped"), (merge_strict_keeps_b, "tie_dropped"),
+                                   (merge_strict_from_zeros, "tie_dropped")],
     "check_online_softmax": [(online_strict_branches, "tie_dropped")],
 }
 for _name, _wrong in TIE_WRONG.items():
@@ -527,6 +548,8 @@ def test_strict_branches_wrong_on_ties():
 
 @pytest.mark.parametrize("check, wrong, key", [
     (check_merge_softmax_states, merge_strict_branches, "tie_dropped"),
+    (check_merge_softmax_states, merge_strict_keeps_b, "tie_dropped"),
+    (check_merge_softmax_states, merge_strict_from_zeros, "tie_dropped"),
     (check_online_softmax, online_strict_branches, "tie_dropped"),
 ])
 def test_tied_maxima_dropped_are_named(check, wrong, key):

@@ -79,12 +79,14 @@ def _merge_with(rule, guard=True):
     return merge
 
 
-def _strict_merge(m_a, l_a, m_b, l_b):
-    """Strict comparisons only: where the two maxima are equal (and finite), b's sum is dropped."""
+def _strict_merge(m_a, l_a, m_b, l_b, keep="a"):
+    """Strict comparisons only: where the two maxima are equal (and finite), one sum is kept (a's, b's) or
+    neither ("none": l started at zeros and no branch writes the tie)."""
     m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+    tie = {"a": l_a, "b": l_b, "none": np.zeros_like(l_a)}[keep]
     with np.errstate(all="ignore"):
         l = np.where(m_a > m_b, l_a + l_b * np.exp(m_b - m_a),
-                     np.where(m_b > m_a, l_b + l_a * np.exp(m_a - m_b), l_a))
+                     np.where(m_b > m_a, l_b + l_a * np.exp(m_a - m_b), tie))
     return np.maximum(m_a, m_b), l
 
 
@@ -135,11 +137,13 @@ MERGE_MISTAKES = [
             lambda m_a, l_a, m_b, l_b: (lambda m_a, l_a, m_b, l_b, m: (m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)))(
                 *(np.asarray(x, float) for x in (m_a, l_a, m_b, l_b)),
                 np.maximum(np.maximum(np.asarray(m_a, float), np.asarray(m_b, float)), 0.0))),
-    Mistake("tie_dropped", "a state whose maximum equals the other's is dropped: the branches compare the maxima "
-            "strictly (m_a > m_b, m_b > m_a), and where they are equal only one state's sum is kept",
+    # the tie may keep a's sum, b's, or neither (l started at zeros): each is the same mistake
+    *[Mistake("tie_dropped", "a state whose maximum equals the other's is dropped: the branches compare the maxima "
+            "strictly (m_a > m_b, m_b > m_a), and where they are equal a sum is lost (one state's, or both)",
             "when m_a == m_b both sums count: l = l_a + l_b (both factors are 1); the general formula "
             "l_a * exp(m_a - m) + l_b * exp(m_b - m) needs no branches at all",
-            _strict_merge),
+            lambda *state, keep=keep: _strict_merge(*state, keep=keep))
+      for keep in ("a", "b", "none")],
 ]
 
 
