@@ -192,8 +192,9 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
     """The head slopes of Press et al. (2022), ``(n_heads,)`` float64.
 
     For ``h`` a power of two: ``2 ** (-8 i / h)``, ``i = 1..h`` (for ``h = 8``: 1/2, 1/4, ...,
-    1/256). Otherwise the paper's rule: the slopes of the largest power of two ``p < h``,
-    followed by every other slope of ``2p`` (the first ``h - p`` of them).
+    1/256). Otherwise the rule of the authors' code (``get_slopes``; the paper trains only ``2 ** a``
+    heads): the slopes of the largest power of two ``p < h``, followed by every other slope of
+    ``2p`` (the first ``h - p`` of them).
     """
     h = positive_int("n_heads", n_heads)
     p = 2 ** int(math.floor(math.log2(h)))
