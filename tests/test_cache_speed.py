@@ -14,6 +14,18 @@ def small_gpt(seed=0, **overrides):
     config = dict(vocab_size=13, context_length=32, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16) | overrides
     return TinyGPT(GPTConfig(**config), use_sdpa=False).eval()
 
+def record_calls(model):
+    """Wrap model.forward to record each call as (tokens, start_pos, cached length or None); returns the list."""
+    calls, original = [], model.forward
+
+    def recording(x, kv_cache=None, start_pos=0, **kwargs):
+        calls.append((x.shape[1], start_pos, kv_cache[0].length if kv_cache is not None else None))
+        return original(x, kv_cache, start_pos, **kwargs)
+
+    model.forward = recording
+    return calls
+
+
 
 def test_decode_benchmark_reports_both_modes():
     model = small_gpt(seed=3)
@@ -48,14 +60,7 @@ def test_time_decode_steps_repeats_the_same_steps_in_turn():
     from attnbook.experiments.cache_speed import time_decode_steps
     model = small_gpt(seed=1)
     ids = torch.randint(0, 13, (1, 12), generator=torch.Generator().manual_seed(0))
-    calls = []
-    original = model.forward
-
-    def recording(x, kv_cache=None, start_pos=0, **kwargs):
-        calls.append((x.shape[1], start_pos, kv_cache[0].length if kv_cache is not None else None))
-        return original(x, kv_cache, start_pos, **kwargs)
-
-    model.forward = recording
+    calls = record_calls(model)
     timings = time_decode_steps(model, ids, [7, 3], repeats=4)
     assert list(timings) == [7, 3]
     for timing in timings.values():
@@ -71,14 +76,7 @@ def test_time_passes_times_uncached_prefixes_in_turn():
     from attnbook.experiments.cache_speed import time_passes
     model = small_gpt(seed=2)
     ids = torch.randint(0, 13, (1, 10), generator=torch.Generator().manual_seed(1))
-    calls = []
-    original = model.forward
-
-    def recording(x, kv_cache=None, start_pos=0, **kwargs):
-        calls.append((x.shape[1], start_pos, kv_cache))
-        return original(x, kv_cache, start_pos, **kwargs)
-
-    model.forward = recording
+    calls = record_calls(model)
     timings = time_passes(model, ids, [10, 1, 4], repeats=3)
     assert list(timings) == [10, 1, 4]
     for timing in timings.values():
@@ -129,14 +127,7 @@ def test_time_generation_calls_interleaves_passes_and_steps():
     from attnbook.experiments.cache_speed import time_generation_calls
     model = small_gpt(seed=5)
     ids = torch.randint(0, 13, (1, 9), generator=torch.Generator().manual_seed(2))
-    calls = []
-    original = model.forward
-
-    def recording(x, kv_cache=None, start_pos=0, **kwargs):
-        calls.append((x.shape[1], start_pos, kv_cache[0].length if kv_cache is not None else None))
-        return original(x, kv_cache, start_pos, **kwargs)
-
-    model.forward = recording
+    calls = record_calls(model)
     passes, steps = time_generation_calls(model, ids, [9, 2], [5, 1], repeats=3)
     assert list(passes) == [9, 2] and list(steps) == [5, 1]
     for timing in list(passes.values()) + list(steps.values()):
