@@ -1,9 +1,12 @@
-"""The classes of attnbook of one kind, found in the package's sources instead of listed by hand, so
-that a test parametrised over them takes a new class without being edited: the KV caches
-(tests/test_cache_protocol.py) and the subclasses of a layer (tests/test_torch_attention.py).
+"""The classes of attnbook of one kind, found in the package's sources instead
+of listed by hand, so that a test parametrised over them takes a new class
+without being edited: the KV caches (tests/test_cache_protocol.py) and the
+subclasses of a layer (tests/test_torch_attention.py).
 
-Only the modules that define a class found are imported (never, say, the Triton kernels).
+Only the modules that define a class found are imported (never, say, the Triton
+kernels).
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,7 +20,8 @@ PACKAGE = Path(attnbook.__file__).resolve().parent
 
 
 def defined_classes():
-    """``(module name, ast.ClassDef)`` of every class defined at the top level of a package module."""
+    """``(module name, ast.ClassDef)`` of every class defined at the top level
+    of a package module."""
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = ("attnbook",) + path.relative_to(PACKAGE).with_suffix("").parts
         module = ".".join(parts).removesuffix(".__init__")
@@ -27,7 +31,8 @@ def defined_classes():
 
 
 def base_names(node: ast.ClassDef) -> set[str]:
-    """The names of a class's bases, without their modules: ``{"MultiHeadAttention", "Protocol"}``."""
+    """The names of a class's bases, without their modules:
+    ``{"MultiHeadAttention", "Protocol"}``."""
     return {ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases}
 
 
@@ -36,11 +41,16 @@ def load(module: str, name: str) -> type:
 
 
 def cache_classes() -> list[type]:
-    """Every KV cache of the package: a class named ``...Cache``, or one that defines ``update`` and
-    ``reset``; not the protocol they follow (a class derived from ``typing.Protocol``)."""
+    """Every KV cache of the package: a class named ``...Cache``, or one that
+    defines ``update`` and ``reset``; not the protocol they follow (a class
+    derived from ``typing.Protocol``)."""
     found = []
     for module, node in defined_classes():
-        methods = {item.name for item in node.body if isinstance(item, ast.FunctionDef)}
+        methods = {
+            item.name
+            for item in node.body
+            if isinstance(item, ast.FunctionDef)
+        }
         if "Protocol" in base_names(node):
             continue
         if node.name.endswith("Cache") or {"update", "reset"} <= methods:
@@ -49,9 +59,11 @@ def cache_classes() -> list[type]:
 
 
 def subclasses(base: type) -> list[type]:
-    """``base`` and every class of the package derived from it, directly or through another one."""
+    """``base`` and every class of the package derived from it, directly or
+    through another one."""
     found, names, grown = [base], {base.__name__}, True
-    while grown:                    # a class may derive from one found in the previous round
+    # a class may derive from one found in the previous round
+    while grown:
         grown = False
         for module, node in defined_classes():
             if node.name not in names and base_names(node) & names:
@@ -64,6 +76,12 @@ def subclasses(base: type) -> list[type]:
 
 
 def required_arguments(cls: type, known) -> list[str]:
-    """The arguments that ``cls``'s constructor requires (no default) and that are not in ``known``."""
-    return [name for name, p in inspect.signature(cls).parameters.items() if name not in known
-            and p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    """The arguments that ``cls``'s constructor requires (no default) and that
+    are not in ``known``."""
+    return [
+        name
+        for name, p in inspect.signature(cls).parameters.items()
+        if name not in known
+        and p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]

@@ -1,4 +1,6 @@
-"""Attention rollout, reachability through stacked masks, and the graph drawing."""
+"""Attention rollout, reachability through stacked masks, and the graph
+drawing."""
+
 import functools
 
 import matplotlib
@@ -10,8 +12,12 @@ from hypothesis import strategies as st
 matplotlib.use("Agg")
 
 import attnbook  # noqa: E402
-from attnbook.attention_graph import (attention_rollout, check_row_stochastic, draw_attention_graph,  # noqa: E402
-                                      reachable)
+from attnbook.attention_graph import (
+    attention_rollout,
+    check_row_stochastic,
+    draw_attention_graph,  # noqa: E402
+    reachable,
+)
 
 
 def random_weights(rng, shape, mask=None):
@@ -22,13 +28,24 @@ def random_weights(rng, shape, mask=None):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 5), st.integers(1, 9), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.3, 0.5, 1.0]))
-def test_rollout_is_the_product_of_the_mixed_matrices(n_layers, n, seed, residual):
+@given(
+    st.integers(1, 5),
+    st.integers(1, 9),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0.0, 0.3, 0.5, 1.0]),
+)
+def test_rollout_is_the_product_of_the_mixed_matrices(
+    n_layers, n, seed, residual
+):
     a = random_weights(np.random.default_rng(seed), (n_layers, 2, n, n))
     mixed = [(1 - residual) * w + residual * np.eye(n) for w in a]
     for b in range(2):
-        expected = functools.reduce(lambda acc, m: m @ acc, [m[b] for m in mixed])
-        np.testing.assert_allclose(attention_rollout(a, residual)[b], expected, rtol=1e-12, atol=1e-14)
+        expected = functools.reduce(
+            lambda acc, m: m @ acc, [m[b] for m in mixed]
+        )
+        np.testing.assert_allclose(
+            attention_rollout(a, residual)[b], expected, rtol=1e-12, atol=1e-14
+        )
     cumulative = attention_rollout(a, residual, cumulative=True)
     assert cumulative.shape == (n_layers, 2, n, n)
     np.testing.assert_allclose(cumulative[-1], attention_rollout(a, residual))
@@ -41,22 +58,34 @@ def test_rollout_of_causal_weights_is_row_stochastic_and_lower_triangular(rng):
     r = attention_rollout(a)
     np.testing.assert_allclose(r.sum(-1), 1.0)
     assert np.all(np.triu(r, 1) == 0)
-    np.testing.assert_allclose(r[0], np.eye(n)[0])      # the first token only ever sees itself
+    # the first token only ever sees itself
+    np.testing.assert_allclose(r[0], np.eye(n)[0])
 
 
 def test_rollout_limits(rng):
     a = random_weights(rng, (3, 5, 5))
     np.testing.assert_allclose(attention_rollout(a, residual=1.0), np.eye(5))
-    np.testing.assert_allclose(attention_rollout(a, residual=0.0), a[2] @ a[1] @ a[0])
+    np.testing.assert_allclose(
+        attention_rollout(a, residual=0.0), a[2] @ a[1] @ a[0]
+    )
 
 
-@pytest.mark.parametrize("n, window, layers", [(12, 3, 1), (12, 3, 2), (20, 4, 3), (9, 1, 4), (10, 10, 2)])
-def test_stacked_sliding_windows_reach_layers_times_window_minus_one_back(rng, n, window, layers):
+@pytest.mark.parametrize(
+    "n, window, layers",
+    [(12, 3, 1), (12, 3, 2), (20, 4, 3), (9, 1, 4), (10, 10, 2)],
+)
+def test_stacked_sliding_windows_reach_layers_times_window_minus_one_back(
+    rng, n, window, layers
+):
     mask = attnbook.sliding_window_mask(n, window)
     reach = reachable(mask, layers)
     i, j = np.indices((n, n))
-    np.testing.assert_array_equal(reach, (j <= i) & (i - j <= layers * (window - 1)))
-    product = attention_rollout(random_weights(rng, (layers, n, n), mask), residual=0.0)
+    np.testing.assert_array_equal(
+        reach, (j <= i) & (i - j <= layers * (window - 1))
+    )
+    product = attention_rollout(
+        random_weights(rng, (layers, n, n), mask), residual=0.0
+    )
     np.testing.assert_array_equal(product > 0, reach)
 
 
@@ -88,8 +117,10 @@ def test_draw_attention_graph_draws_one_arc_per_edge_above_threshold(rng):
     a = random_weights(rng, (6, 6), attnbook.causal_mask(6))
     fig, ax = plt.subplots()
     draw_attention_graph(ax, a, labels=list("abcdef"), threshold=0.2)
-    edges = sum(1 for i in range(6) for j in range(6) if i != j and a[i, j] >= 0.2)
+    edges = sum(
+        1 for i in range(6) for j in range(6) if i != j and a[i, j] >= 0.2
+    )
     assert len(ax.lines) == edges
-    for line in ax.lines:   # causal: every arc lies above the line of tokens
+    for line in ax.lines:  # causal: every arc lies above the line of tokens
         assert np.all(line.get_ydata() >= -1e-12)
     plt.close(fig)

@@ -1,4 +1,5 @@
 """The measurement and figure helpers every chapter uses."""
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -22,7 +23,8 @@ def test_time_call_loops_a_fast_call_until_min_time():
 
 
 def test_time_call_runs_a_slow_call_exactly_repeats_times():
-    """A call longer than min_time needs no loops: the calibration's run is the first repeat."""
+    """A call longer than min_time needs no loops: the calibration's run is the
+    first repeat."""
     import time
 
     calls = []
@@ -42,7 +44,8 @@ def test_time_call_runs_a_slow_call_exactly_repeats_times():
 def test_time_call_counts_loops_of_the_calibration_once():
     calls = []
     t = bench.time_call(lambda: calls.append(1), repeats=3, min_time=0.001)
-    # calibration: 1 + 2 + ... + loops calls, of which the last `loops` are the first repeat
+    # calibration: 1 + 2 + ... + loops calls, of which the last `loops` are the
+    # first repeat
     assert len(calls) == (2 * t.loops - 1) + 2 * t.loops
 
 
@@ -75,7 +78,8 @@ def test_loglog_fit_recovers_an_exponent():
 def test_fit_power_law_recovers_an_exponent_and_trusts_a_clean_curve():
     x = np.array([512, 1024, 2048, 4096])
     fit = bench.fit_power_law(x, 3e-9 * x**2.0)
-    slope, intercept = plotting.loglog_fit(x, 3e-9 * x**2.0)       # the same least squares
+    # the same least squares
+    slope, intercept = plotting.loglog_fit(x, 3e-9 * x**2.0)
     assert abs(fit.slope - 2) < 1e-9 and abs(fit.intercept - intercept) < 1e-9
     assert np.allclose(fit.local, [2, 2, 2]) and fit.reliable
 
@@ -83,7 +87,8 @@ def test_fit_power_law_recovers_an_exponent_and_trusts_a_clean_curve():
 def test_fit_power_law_flags_one_slow_point():
     x = np.array([512, 1024, 2048])
     y = 1e-8 * x**2.0
-    y[0] *= 3                                   # one disturbed timing: local slopes 2 - log2(3) and 2
+    # one disturbed timing: local slopes 2 - log2(3) and 2
+    y[0] *= 3
     fit = bench.fit_power_law(x, y)
     assert np.allclose(fit.local, [2 - np.log2(3), 2])
     assert not fit.reliable and abs(fit.spread - np.log2(3)) < 1e-12
@@ -105,18 +110,36 @@ def test_fit_power_law_rejects_bad_input():
 
 def test_one_blas_thread_limits_the_blas_and_restores_it():
     threadpoolctl = __import__("pytest").importorskip("threadpoolctl")
-    np.ones((64, 64)) @ np.ones((64, 64))                       # load the BLAS
-    before = [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+    np.ones((64, 64)) @ np.ones((64, 64))  # load the BLAS
+    before = [
+        lib["num_threads"]
+        for lib in threadpoolctl.threadpool_info()
+        if lib["user_api"] == "blas"
+    ]
     with bench.one_blas_thread() as threads:
-        inside = [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
-    after = [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
-    assert threads == "1 (threadpoolctl)" and inside and all(t == 1 for t in inside)
+        inside = [
+            lib["num_threads"]
+            for lib in threadpoolctl.threadpool_info()
+            if lib["user_api"] == "blas"
+        ]
+    after = [
+        lib["num_threads"]
+        for lib in threadpoolctl.threadpool_info()
+        if lib["user_api"] == "blas"
+    ]
+    assert (
+        threads == "1 (threadpoolctl)"
+        and inside
+        and all(t == 1 for t in inside)
+    )
     assert after == before
 
 
 def test_heatmap_draws_labels_and_values():
     fig, ax = plotting.figure()
-    plotting.heatmap(ax, np.eye(2), row_labels=["a", "b"], col_labels=["c", "d"], title="t")
+    plotting.heatmap(
+        ax, np.eye(2), row_labels=["a", "b"], col_labels=["c", "d"], title="t"
+    )
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"]
     assert len(ax.texts) == 4 and ax.get_title() == "t"
     matplotlib.pyplot.close(fig)
@@ -124,6 +147,7 @@ def test_heatmap_draws_labels_and_values():
 
 def test_flash_data_movement_draws_the_blocks_and_checks_its_arguments():
     import matplotlib
+
     matplotlib.use("Agg")
     import pytest
     from matplotlib.patches import FancyArrowPatch
@@ -131,13 +155,28 @@ def test_flash_data_movement_draws_the_blocks_and_checks_its_arguments():
     from attnbook import plotting
 
     fig, ax = plotting.figure()
-    patches = plotting.flash_data_movement(ax, n_blocks=5, query_block=3, key_block=0)
+    patches = plotting.flash_data_movement(
+        ax, n_blocks=5, query_block=3, key_block=0
+    )
     assert {f"{m}{b}" for m in "QKVO" for b in range(5)} <= set(patches)
-    assert {"sram Q_i", "sram K_j", "sram V_j", "sram S_ij", "sram state"} <= set(patches)
-    # the resident query block and the streamed key block are the coloured ones in HBM
+    assert {
+        "sram Q_i",
+        "sram K_j",
+        "sram V_j",
+        "sram S_ij",
+        "sram state",
+    } <= set(patches)
+    # the resident query block and the streamed key block are the coloured ones
+    # in HBM
     grey = patches["Q0"].get_facecolor()
-    assert patches["Q3"].get_facecolor() != grey and patches["K0"].get_facecolor() != grey
-    assert patches["K3"].get_facecolor() == grey and patches["O3"].get_facecolor() != grey
+    assert (
+        patches["Q3"].get_facecolor() != grey
+        and patches["K0"].get_facecolor() != grey
+    )
+    assert (
+        patches["K3"].get_facecolor() == grey
+        and patches["O3"].get_facecolor() != grey
+    )
     assert patches["sram Q_i"].get_facecolor() == patches["Q3"].get_facecolor()
     assert sum(isinstance(p, FancyArrowPatch) for p in ax.patches) >= 4
     texts = " ".join(t.get_text() for t in ax.texts)
@@ -149,13 +188,24 @@ def test_flash_data_movement_draws_the_blocks_and_checks_its_arguments():
 
 
 def test_cpu_caches_reads_per_core_sizes_from_sysfs(tmp_path):
-    # a fake sysfs of the machine that builds the book: 32 KiB L1d and L1i, 512 KiB L2, 32 MiB L3
-    for i, (level, kind, size) in enumerate([(1, "Data", "32K"), (1, "Instruction", "32K"),
-                                             (2, "Unified", "512K"), (3, "Unified", "32768K")]):
+    # a fake sysfs of the machine that builds the book: 32 KiB L1d and L1i, 512
+    # KiB L2, 32 MiB L3
+    for i, (level, kind, size) in enumerate(
+        [
+            (1, "Data", "32K"),
+            (1, "Instruction", "32K"),
+            (2, "Unified", "512K"),
+            (3, "Unified", "32768K"),
+        ]
+    ):
         d = tmp_path / f"index{i}"
         d.mkdir()
         (d / "level").write_text(f"{level}\n")
         (d / "type").write_text(f"{kind}\n")
         (d / "size").write_text(f"{size}\n")
-    assert bench.cpu_caches(str(tmp_path)) == {"L1": 32 * 2**10, "L2": 512 * 2**10, "L3": 32 * 2**20}
+    assert bench.cpu_caches(str(tmp_path)) == {
+        "L1": 32 * 2**10,
+        "L2": 512 * 2**10,
+        "L3": 32 * 2**20,
+    }
     assert bench.cpu_caches(str(tmp_path / "absent")) == {}

@@ -1,12 +1,14 @@
-"""The book builds with no warning, its internal links resolve, and a real browser renders it.
+"""The book builds with no warning, its internal links resolve, and a real
+browser renders it.
 
-The build goes to a temporary folder so that the test never disturbs `make book`'s _build.
+The build goes to a temporary folder so that the test never disturbs `make
+book`'s _build.
 """
+
 from __future__ import annotations
 
 import functools
 import http.server
-import os
 import re
 import subprocess
 import sys
@@ -34,9 +36,19 @@ def toc_pages() -> list[str]:
 def build(tmp_path_factory):
     out = tmp_path_factory.mktemp("book")
     proc = subprocess.run(
-        [str(JUPYTER_BOOK), "build", "--warningiserror", "--nitpick", "--keep-going",
-         "--path-output", str(out), str(ROOT)],
-        capture_output=True, text=True, timeout=900,
+        [
+            str(JUPYTER_BOOK),
+            "build",
+            "--warningiserror",
+            "--nitpick",
+            "--keep-going",
+            "--path-output",
+            str(out),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     return proc, out / "_build" / "html"
 
@@ -45,15 +57,22 @@ def build(tmp_path_factory):
 def html(build):
     proc, site = build
     if proc.returncode != 0:
-        pytest.fail(f"the book did not build:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            "the book did not "
+            f"build:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return site
 
 
 def test_book_builds_with_no_warnings(build):
     proc, site = build
     log = proc.stdout + proc.stderr
-    warnings = [line for line in log.splitlines() if re.search(r"WARNING|ERROR", line)]
-    assert proc.returncode == 0 and not warnings, "\n".join(warnings) or log[-4000:]
+    warnings = [
+        line for line in log.splitlines() if re.search(r"WARNING|ERROR", line)
+    ]
+    assert proc.returncode == 0 and not warnings, (
+        "\n".join(warnings) or log[-4000:]
+    )
     for page in toc_pages():
         assert (site / f"{page}.html").exists(), page
 
@@ -69,37 +88,63 @@ def test_internal_links_resolve(html):
         soup = BeautifulSoup(page.read_text(), "html.parser")
         for tag in soup.find_all(["a", "img", "link", "script"]):
             url = tag.get("href") or tag.get("src")
-            if not url or re.match(r"^[a-z][a-z0-9+.-]*:", url) or url.startswith("//"):
+            if (
+                not url
+                or re.match(r"^[a-z][a-z0-9+.-]*:", url)
+                or url.startswith("//")
+            ):
                 continue  # external (checked by readers, not by an offline CI)
             parts = urlsplit(url)
-            target = page if not parts.path else (page.parent / unquote(parts.path)).resolve()
+            target = (
+                page
+                if not parts.path
+                else (page.parent / unquote(parts.path)).resolve()
+            )
             if target.is_dir():
                 target = target / "index.html"
             if not target.exists():
-                problems.append(f"{page.relative_to(html)}: {url} (no such file)")
-            elif parts.fragment and target.suffix == ".html" and target in ids \
-                    and unquote(parts.fragment) not in ids[target]:
-                problems.append(f"{page.relative_to(html)}: {url} (no such anchor)")
+                problems.append(
+                    f"{page.relative_to(html)}: {url} (no such file)"
+                )
+            elif (
+                parts.fragment
+                and target.suffix == ".html"
+                and target in ids
+                and unquote(parts.fragment) not in ids[target]
+            ):
+                problems.append(
+                    f"{page.relative_to(html)}: {url} (no such anchor)"
+                )
     assert not problems, "\n".join(problems[:50])
 
 
 def test_every_chapter_offers_colab_and_download(html):
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"][
+        "url"
+    ]
     slug = url.split("github.com/")[1]
     for page in toc_pages():
         if not (ROOT / f"{page}.ipynb").exists():
             continue
         text = (html / f"{page}.html").read_text()
-        assert f"colab.research.google.com/github/{slug}/blob/main/{page}.ipynb" in text, page
-        assert f"_sources/{page}.ipynb" in text, f"{page}: no notebook download link"
+        assert (
+            f"colab.research.google.com/github/{slug}/blob/main/{page}.ipynb"
+            in text
+        ), page
+        assert f"_sources/{page}.ipynb" in text, (
+            f"{page}: no notebook download link"
+        )
 
 
 def test_launch_menus_open_the_browser_site_where_it_runs(html):
-    """"Run in your browser" on the chapters that run there, "Exercises in your browser" on the torch
-    chapters whose exercises do, and each points to a notebook that the built site holds."""
+    """ "Run in your browser" on the chapters that run there, "Exercises in your browser" on the torch
+    chapters whose exercises do, and each points to a notebook that the built
+    site holds."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("build_lite", ROOT / "scripts" / "build_lite.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_lite", ROOT / "scripts" / "build_lite.py"
+    )
     build_lite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build_lite)
     exercises = build_lite.exercise_notebooks()
@@ -107,19 +152,36 @@ def test_launch_menus_open_the_browser_site_where_it_runs(html):
         if not (ROOT / f"{page}.ipynb").exists():
             continue
         name = page.rsplit("/", 1)[-1]
-        links = {a.get_text(strip=True): a["href"] for a in
-                 BeautifulSoup((html / f"{page}.html").read_text(), "html.parser").find_all("a", href=True)}
-        wanted = {"Run in your browser": name} if name in build_lite.BROWSER_CHAPTERS else {}
+        links = {
+            a.get_text(strip=True): a["href"]
+            for a in BeautifulSoup(
+                (html / f"{page}.html").read_text(), "html.parser"
+            ).find_all("a", href=True)
+        }
+        wanted = (
+            {"Run in your browser": name}
+            if name in build_lite.BROWSER_CHAPTERS
+            else {}
+        )
         if name in exercises:
             wanted["Exercises in your browser"] = f"{name}-exercises"
-        assert ("Browser: needs PyTorch, use Colab" in links) == (name not in build_lite.BROWSER_CHAPTERS), page
+        assert ("Browser: needs PyTorch, use Colab" in links) == (
+            name not in build_lite.BROWSER_CHAPTERS
+        ), page
         for text, notebook in wanted.items():
-            assert links.get(text, "").endswith(f"lite/notebooks/index.html?path={notebook}.ipynb"), (page, text)
-            assert (html / "lite" / "files" / f"{notebook}.ipynb").exists(), notebook
-        assert "Exercises in your browser" in links or name not in exercises, page
+            assert links.get(text, "").endswith(
+                f"lite/notebooks/index.html?path={notebook}.ipynb"
+            ), (page, text)
+            assert (html / "lite" / "files" / f"{notebook}.ipynb").exists(), (
+                notebook
+            )
+        assert "Exercises in your browser" in links or name not in exercises, (
+            page
+        )
 
 
 # --- the headless browser --------------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def server(html):
@@ -140,17 +202,39 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 def test_page_renders_in_a_browser(browser, server, page):
     tab = browser.new_page()
     errors = []
-    tab.on("console", lambda msg: errors.append(f"console: {msg.text} ({msg.location.get('url')})")
-           if msg.type == "error" else None)
+    tab.on(
+        "console",
+        lambda msg: (
+            errors.append(f"console: {msg.text} ({msg.location.get('url')})")
+            if msg.type == "error"
+            else None
+        ),
+    )
     tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-    tab.on("requestfailed", lambda req: errors.append(f"failed request: {req.url}")
-           if req.url.startswith(server) else None)
-    tab.on("response", lambda resp: errors.append(f"HTTP {resp.status}: {resp.url}")
-           if resp.status >= 400 else None)
+    tab.on(
+        "requestfailed",
+        lambda req: (
+            errors.append(f"failed request: {req.url}")
+            if req.url.startswith(server)
+            else None
+        ),
+    )
+    tab.on(
+        "response",
+        lambda resp: (
+            errors.append(f"HTTP {resp.status}: {resp.url}")
+            if resp.status >= 400
+            else None
+        ),
+    )
     tab.goto(f"{server}/{page}.html", wait_until="load")
-    if tab.query_selector('script[src*="mathjax"]'):  # Sphinx loads MathJax only on pages with math
-        tab.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                              timeout=30_000)
+    # Sphinx loads MathJax only on pages with math
+    if tab.query_selector('script[src*="mathjax"]'):
+        tab.wait_for_function(
+            "() => window.MathJax && MathJax.startup && "
+            "MathJax.startup.promise",
+            timeout=30_000,
+        )
         tab.evaluate("() => MathJax.startup.promise")
     report = tab.evaluate("""() => {
         const math = [...document.querySelectorAll('.math')];
@@ -167,10 +251,16 @@ def test_page_renders_in_a_browser(browser, server, page):
     }""")
     tab.close()
     assert not errors, errors
-    assert not report["unrendered"], f"math left unrendered: {report['unrendered']}"
+    assert not report["unrendered"], (
+        f"math left unrendered: {report['unrendered']}"
+    )
     assert not report["texErrors"], f"TeX errors: {report['texErrors']}"
-    assert not report["rawDollars"], f"raw $...$ left in the text: {report['rawDollars']}"
+    assert not report["rawDollars"], (
+        f"raw $...$ left in the text: {report['rawDollars']}"
+    )
     broken = [i["src"] for i in report["images"] if not i["ok"]]
     assert not broken, f"images that did not load: {broken}"
     if page == "book/intro":
-        assert report["math"] > 0, "the introduction's formula should have been found"
+        assert report["math"] > 0, (
+            "the introduction's formula should have been found"
+        )

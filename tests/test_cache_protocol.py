@@ -1,12 +1,15 @@
-"""Every KV cache of the package against the one interface they share (attnbook.cache_protocol).
+"""Every KV cache of the package against the one interface they share
+(attnbook.cache_protocol).
 
-The caches are found in the sources (tests/package_classes.py: a class named ``...Cache``, or one that
-defines ``update`` and ``reset``), so a new cache (paged, latent, one that evicts) is checked here
-without an edit to this file. Each is built as ``TinyGPT.new_kv_cache`` builds one, with the standard
-arguments it takes by name; a required argument beyond those needs an example value in ``EXAMPLES``.
-The reference is the sequence of keys and values fed in: what a cache returns and holds must be
-those of the positions it reports.
+The caches are found in the sources (tests/package_classes.py: a class named
+``...Cache``, or one that defines ``update`` and ``reset``), so a new cache
+(paged, latent, one that evicts) is checked here without an edit to this file.
+Each is built as ``TinyGPT.new_kv_cache`` builds one, with the standard
+arguments it takes by name; a required argument beyond those needs an example
+value in ``EXAMPLES``. The reference is the sequence of keys and values fed in:
+what a cache returns and holds must be those of the positions it reports.
 """
+
 import inspect
 
 import pytest
@@ -17,22 +20,41 @@ from package_classes import cache_classes, required_arguments
 
 CACHES = cache_classes()
 BATCH, N_KV_HEADS, MAX_LEN, D_HEAD = 2, 2, 12, 4
-STANDARD = {"batch": BATCH, "n_kv_heads": N_KV_HEADS, "max_len": MAX_LEN, "d_head": D_HEAD,
-            "dtype": torch.float32, "device": "cpu"}
-EXAMPLES = {"window": 3}            # required arguments beyond the standard ones: a value to build with
-CHUNKS = (3, 1, 1, 4, 1, 2)         # a prefill, decode steps and chunks: MAX_LEN positions in all
-TOLERANCE = 0.01                    # of the largest |key|: a lossy (quantised) cache's reconstruction
+STANDARD = {
+    "batch": BATCH,
+    "n_kv_heads": N_KV_HEADS,
+    "max_len": MAX_LEN,
+    "d_head": D_HEAD,
+    "dtype": torch.float32,
+    "device": "cpu",
+}
+# required arguments beyond the standard ones: a value to build with
+EXAMPLES = {"window": 3}
+# a prefill, decode steps and chunks: MAX_LEN positions in all
+CHUNKS = (3, 1, 1, 4, 1, 2)
+# of the largest |key|: a lossy (quantised) cache's reconstruction
+TOLERANCE = 0.01
 
 
 def build(cls):
     missing = required_arguments(cls, STANDARD | EXAMPLES)
-    assert not missing, f"{cls.__name__} requires {missing}: give each an example value in EXAMPLES"
+    assert not missing, (
+        f"{cls.__name__} requires {missing}: give each an example value in "
+        "EXAMPLES"
+    )
     parameters = inspect.signature(cls).parameters
-    return cls(**{name: value for name, value in (STANDARD | EXAMPLES).items() if name in parameters})
+    return cls(
+        **{
+            name: value
+            for name, value in (STANDARD | EXAMPLES).items()
+            if name in parameters
+        }
+    )
 
 
 def held_tensors(obj, seen=None):
-    """Every tensor reachable from ``obj``'s attributes (through plain objects, lists, tuples, dicts), once."""
+    """Every tensor reachable from ``obj``'s attributes (through plain objects,
+    lists, tuples, dicts), once."""
     seen = set() if seen is None else seen
     if isinstance(obj, torch.Tensor):
         if id(obj) not in seen:
@@ -51,8 +73,10 @@ def held_tensors(obj, seen=None):
 
 def keys_and_values(n=MAX_LEN + 1, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(BATCH, N_KV_HEADS, n, D_HEAD, generator=g),
-            torch.randn(BATCH, N_KV_HEADS, n, D_HEAD, generator=g))
+    return (
+        torch.randn(BATCH, N_KV_HEADS, n, D_HEAD, generator=g),
+        torch.randn(BATCH, N_KV_HEADS, n, D_HEAD, generator=g),
+    )
 
 
 def assert_near(got, want, scale):
@@ -60,7 +84,8 @@ def assert_near(got, want, scale):
 
 
 def feed(cache, k, v):
-    """Feed CHUNKS into ``cache``, checking every step against the protocol; return what update returned."""
+    """Feed CHUNKS into ``cache``, checking every step against the protocol;
+    return what update returned."""
     returned, total, scale = [], 0, float(torch.cat([k, v]).abs().max())
     for n_new in CHUNKS:
         new = slice(total, total + n_new)
@@ -69,11 +94,21 @@ def feed(cache, k, v):
         assert cache.length == total
         held = cache.positions()
         assert held.dtype == torch.int64 and held.ndim == 1 and len(held) >= 1
-        assert held[-1] == total - 1 and held[0] >= 0 and bool((held.diff() > 0).all()), held
+        assert (
+            held[-1] == total - 1
+            and held[0] >= 0
+            and bool((held.diff() > 0).all())
+        ), held
         for got, fed in ((k_out, k), (v_out, v)):
-            assert got.shape[:2] == (BATCH, N_KV_HEADS) and got.shape[3] == D_HEAD and got.shape[2] >= n_new
-            assert_near(got[:, :, -n_new:], fed[:, :, new], scale)           # the new ones last
-            if n_new == 1:                                                   # a decode step: what is held
+            assert (
+                got.shape[:2] == (BATCH, N_KV_HEADS)
+                and got.shape[3] == D_HEAD
+                and got.shape[2] >= n_new
+            )
+            # the new ones last
+            assert_near(got[:, :, -n_new:], fed[:, :, new], scale)
+            # a decode step: what is held
+            if n_new == 1:
                 assert_near(got, fed[:, :, held], scale)
         assert cache.nbytes == sum(t.nbytes for t in held_tensors(cache))
         returned.append((k_out.clone(), v_out.clone()))
@@ -81,12 +116,20 @@ def feed(cache, k, v):
 
 
 def test_every_cache_of_chapter_8_is_found():
-    assert {"KVCache", "RollingKVCache", "QuantizedKVCache", "ConcatKVCache"} <= {c.__name__ for c in CACHES}
+    assert {
+        "KVCache",
+        "RollingKVCache",
+        "QuantizedKVCache",
+        "ConcatKVCache",
+    } <= {c.__name__ for c in CACHES}
 
 
 def test_the_cost_model_is_no_home_for_a_cache():
-    """attnbook.decoding counts flops and runs the model; the caches live in modules of their own."""
-    assert [c.__name__ for c in CACHES if c.__module__ == "attnbook.decoding"] == []
+    """attnbook.decoding counts flops and runs the model; the caches live in
+    modules of their own."""
+    assert [
+        c.__name__ for c in CACHES if c.__module__ == "attnbook.decoding"
+    ] == []
 
 
 @pytest.mark.parametrize("cls", CACHES, ids=lambda c: c.__name__)
@@ -94,13 +137,16 @@ def test_cache_follows_the_protocol(cls):
     cache = build(cls)
     assert isinstance(cache, KVCacheProtocol)
     assert cache.length == 0 and len(cache.positions()) == 0
-    assert cache.max_len == (MAX_LEN if "max_len" in inspect.signature(cls).parameters else None)
+    assert cache.max_len == (
+        MAX_LEN if "max_len" in inspect.signature(cls).parameters else None
+    )
     assert cache.nbytes == sum(t.nbytes for t in held_tensors(cache))
     k, v = keys_and_values()
     first = feed(cache, k, v)
     cache.reset()
     assert cache.length == 0 and len(cache.positions()) == 0
-    for (k1, v1), (k2, v2) in zip(first, feed(cache, k, v)):        # a reset cache is as good as new
+    # a reset cache is as good as new
+    for (k1, v1), (k2, v2) in zip(first, feed(cache, k, v)):
         torch.testing.assert_close(k2, k1, rtol=0, atol=0)
         torch.testing.assert_close(v2, v1, rtol=0, atol=0)
 
@@ -109,7 +155,8 @@ def test_cache_follows_the_protocol(cls):
 def test_cache_keeps_to_its_capacity(cls):
     cache = build(cls)
     k, v = keys_and_values()
-    feed(cache, k, v)                                                # MAX_LEN positions
+    # MAX_LEN positions
+    feed(cache, k, v)
     if cache.max_len is None:
         cache.update(k[:, :, -1:], v[:, :, -1:])
         assert cache.length == MAX_LEN + 1

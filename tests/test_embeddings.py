@@ -1,4 +1,6 @@
-"""Tests of attnbook.embeddings against independent references (torch, loops, eigh)."""
+"""Tests of attnbook.embeddings against independent references (torch, loops,
+eigh)."""
+
 from __future__ import annotations
 
 import math
@@ -11,20 +13,38 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnbook.embeddings import (
-    TOPICS, UNK, Vocabulary, cooccurrence_counts, cosine_similarity, embed, nearest_neighbours,
-    one_hot, pca_project, ppmi, static_word_vectors, svd_embeddings, tokenize, toy_corpus,
+    TOPICS,
+    UNK,
+    Vocabulary,
+    cooccurrence_counts,
+    cosine_similarity,
+    embed,
+    nearest_neighbours,
+    one_hot,
+    pca_project,
+    ppmi,
+    static_word_vectors,
+    svd_embeddings,
+    tokenize,
+    toy_corpus,
 )
 
 # --- tokenizer and vocabulary ------------------------------------------------
 
 
-@pytest.mark.parametrize("text, tokens", [
-    ("The bank's loan, approved.", ["the", "bank's", "loan", ",", "approved", "."]),
-    ("Java  is\tan ISLAND!", ["java", "is", "an", "island", "!"]),
-    ("x=3.5?", ["x", "=", "3", ".", "5", "?"]),
-    ("", []),
-    ("  ", []),
-])
+@pytest.mark.parametrize(
+    "text, tokens",
+    [
+        (
+            "The bank's loan, approved.",
+            ["the", "bank's", "loan", ",", "approved", "."],
+        ),
+        ("Java  is\tan ISLAND!", ["java", "is", "an", "island", "!"]),
+        ("x=3.5?", ["x", "=", "3", ".", "5", "?"]),
+        ("", []),
+        ("  ", []),
+    ],
+)
 def test_tokenize_examples(text, tokens):
     assert tokenize(text) == tokens
 
@@ -72,11 +92,13 @@ def test_vocabulary_errors_name_the_problem():
 
 # --- one-hot and lookup ------------------------------------------------------
 
-ids_and_table = st.integers(1, 40).flatmap(lambda v: st.tuples(
-    st.just(v),
-    st.lists(st.integers(0, v - 1), min_size=0, max_size=12),
-    st.integers(1, 9),
-))
+ids_and_table = st.integers(1, 40).flatmap(
+    lambda v: st.tuples(
+        st.just(v),
+        st.lists(st.integers(0, v - 1), min_size=0, max_size=12),
+        st.integers(1, 9),
+    )
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -96,7 +118,9 @@ def test_embed_matches_torch_and_the_one_hot_product(args, seed):
     ids = np.array(ids, dtype=np.int64)
     x = embed(ids, table)
     assert x.shape == (len(ids), d)
-    expected = torch.nn.functional.embedding(torch.from_numpy(ids), torch.from_numpy(table)).numpy()
+    expected = torch.nn.functional.embedding(
+        torch.from_numpy(ids), torch.from_numpy(table)
+    ).numpy()
     np.testing.assert_array_equal(x, expected)
     # a one-hot row selects a row exactly: every other product is an exact zero
     np.testing.assert_array_equal(one_hot(ids, v) @ table, x)
@@ -116,13 +140,20 @@ def test_embed_of_a_single_id_is_a_row():
     np.testing.assert_array_equal(embed(2, table), [4.0, 5.0])
 
 
-@pytest.mark.parametrize("bad, pattern", [
-    ([0, 1, 7], r"token id 7 at position \(2,\) is out of range for a vocabulary of V=5"),
-    ([-1, 2], r"token id -1 at position \(0,\)"),
-    ([[0, 1], [5, 0]], r"token id 5 at position \(1, 0\)"),
-    (np.array([0.0, 1.0]), "must be integers; got dtype float64"),
-    (np.array([True, False]), "must be integers; got dtype bool"),
-])
+@pytest.mark.parametrize(
+    "bad, pattern",
+    [
+        (
+            [0, 1, 7],
+            r"token id 7 at position \(2,\) is out of range for a vocabulary "
+            r"of V=5",
+        ),
+        ([-1, 2], r"token id -1 at position \(0,\)"),
+        ([[0, 1], [5, 0]], r"token id 5 at position \(1, 0\)"),
+        (np.array([0.0, 1.0]), "must be integers; got dtype float64"),
+        (np.array([True, False]), "must be integers; got dtype bool"),
+    ],
+)
 def test_bad_ids_raise_value_errors_naming_them(bad, pattern):
     table = np.zeros((5, 3))
     with pytest.raises(ValueError, match=pattern):
@@ -132,7 +163,9 @@ def test_bad_ids_raise_value_errors_naming_them(bad, pattern):
 
 
 def test_embed_rejects_a_table_that_is_not_2d():
-    with pytest.raises(ValueError, match=r"2-D \(V, d_model\); got shape \(5,\)"):
+    with pytest.raises(
+        ValueError, match=r"2-D \(V, d_model\); got shape \(5,\)"
+    ):
         embed([0], np.zeros(5))
 
 
@@ -146,13 +179,21 @@ def test_one_hot_rejects_bad_vocab_size(v):
 
 
 def torch_cosine(a, b):
-    """Reference: torch's pairwise cosine, broadcasting (m, 1, d) against (1, n, d)."""
+    """Reference: torch's pairwise cosine, broadcasting (m, 1, d) against (1,
+    n, d)."""
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    return torch.nn.functional.cosine_similarity(ta[:, None, :], tb[None, :, :], dim=-1, eps=1e-300).numpy()
+    return torch.nn.functional.cosine_similarity(
+        ta[:, None, :], tb[None, :, :], dim=-1, eps=1e-300
+    ).numpy()
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(1, 7), st.integers(1, 7), st.integers(1, 9), st.integers(0, 2**31 - 1))
+@given(
+    st.integers(1, 7),
+    st.integers(1, 7),
+    st.integers(1, 9),
+    st.integers(0, 2**31 - 1),
+)
 def test_cosine_matches_torch_on_random_shapes(m, n, d, seed):
     rng = np.random.default_rng(seed)
     a = rng.normal(size=(m, d)) * rng.uniform(0.01, 100, size=(m, 1))
@@ -164,32 +205,56 @@ def test_cosine_matches_torch_on_random_shapes(m, n, d, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 6), st.integers(1, 8), st.floats(1e-3, 1e3), st.floats(1e-3, 1e3),
-       st.integers(0, 2**31 - 1))
+@given(
+    st.integers(1, 6),
+    st.integers(1, 8),
+    st.floats(1e-3, 1e3),
+    st.floats(1e-3, 1e3),
+    st.integers(0, 2**31 - 1),
+)
 def test_cosine_ignores_lengths_and_is_symmetric(m, d, s, t, seed):
     rng = np.random.default_rng(seed)
     a, b = rng.normal(size=(m, d)), rng.normal(size=(m + 1, d))
-    np.testing.assert_allclose(cosine_similarity(s * a, t * b), cosine_similarity(a, b), atol=1e-12)
-    np.testing.assert_allclose(cosine_similarity(b, a), cosine_similarity(a, b).T, atol=1e-15)
+    np.testing.assert_allclose(
+        cosine_similarity(s * a, t * b), cosine_similarity(a, b), atol=1e-12
+    )
+    np.testing.assert_allclose(
+        cosine_similarity(b, a), cosine_similarity(a, b).T, atol=1e-15
+    )
     np.testing.assert_allclose(np.diag(cosine_similarity(a)), 1.0, atol=1e-12)
-    np.testing.assert_allclose(cosine_similarity(a, -a).diagonal(), -1.0, atol=1e-12)
+    np.testing.assert_allclose(
+        cosine_similarity(a, -a).diagonal(), -1.0, atol=1e-12
+    )
 
 
 def test_cosine_known_values_vectors_and_zero_rows():
-    assert cosine_similarity([1.0, 0.0], [1.0, 1.0]) == pytest.approx(1 / math.sqrt(2))
+    assert cosine_similarity([1.0, 0.0], [1.0, 1.0]) == pytest.approx(
+        1 / math.sqrt(2)
+    )
     assert cosine_similarity([1.0, 2.0], [-2.0, 1.0]) == pytest.approx(0.0)
     a = np.array([[3.0, 4.0], [0.0, 0.0]])
-    np.testing.assert_allclose(cosine_similarity(a, [[4.0, 3.0]]), [[24 / 25], [0.0]])
+    np.testing.assert_allclose(
+        cosine_similarity(a, [[4.0, 3.0]]), [[24 / 25], [0.0]]
+    )
     assert cosine_similarity(a[0], a).shape == (2,)
     assert cosine_similarity(a, a[0]).shape == (2,)
     assert np.ndim(cosine_similarity(a[0], a[0])) == 0
-    assert cosine_similarity(np.ones((3, 2), dtype=np.float16), np.ones((1, 2))).dtype == np.float64
+    assert (
+        cosine_similarity(
+            np.ones((3, 2), dtype=np.float16), np.ones((1, 2))
+        ).dtype
+        == np.float64
+    )
 
 
 def test_cosine_errors_name_the_shapes():
-    with pytest.raises(ValueError, match=r"same dimension d .* a \(2, 3\) and b \(4, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"same dimension d .* a \(2, 3\) and b \(4, 5\)"
+    ):
         cosine_similarity(np.ones((2, 3)), np.ones((4, 5)))
-    with pytest.raises(ValueError, match=r"a must be .* got shape \(2, 2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"a must be .* got shape \(2, 2, 3\)"
+    ):
         cosine_similarity(np.ones((2, 2, 3)), np.ones((4, 3)))
 
 
@@ -210,17 +275,30 @@ def loop_cooccurrence(sequences, v, window):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(1, 8).flatmap(lambda v: st.tuples(
-    st.just(v), st.lists(st.lists(st.integers(0, v - 1), max_size=9), max_size=5), st.integers(1, 5))))
+@given(
+    st.integers(1, 8).flatmap(
+        lambda v: st.tuples(
+            st.just(v),
+            st.lists(st.lists(st.integers(0, v - 1), max_size=9), max_size=5),
+            st.integers(1, 5),
+        )
+    )
+)
 def test_cooccurrence_matches_a_loop_over_pairs(args):
     v, sequences, window = args
-    counts = cooccurrence_counts([np.array(s, dtype=np.int64) for s in sequences], v, window)
-    np.testing.assert_array_equal(counts, loop_cooccurrence(sequences, v, window))
+    counts = cooccurrence_counts(
+        [np.array(s, dtype=np.int64) for s in sequences], v, window
+    )
+    np.testing.assert_array_equal(
+        counts, loop_cooccurrence(sequences, v, window)
+    )
     np.testing.assert_array_equal(counts, counts.T)
 
 
 def test_cooccurrence_does_not_cross_sentences():
-    counts = cooccurrence_counts([np.array([0, 1]), np.array([2, 3])], 4, window=5)
+    counts = cooccurrence_counts(
+        [np.array([0, 1]), np.array([2, 3])], 4, window=5
+    )
     assert counts[1, 2] == 0 and counts[0, 1] == 1 and counts.sum() == 4
 
 
@@ -238,23 +316,35 @@ def loop_ppmi(counts):
     for w in range(counts.shape[0]):
         for c in range(counts.shape[1]):
             if counts[w, c] > 0:
-                out[w, c] = max(0.0, math.log((counts[w, c] / total) / ((rows[w] / total) * (cols[c] / total))))
+                out[w, c] = max(
+                    0.0,
+                    math.log(
+                        (counts[w, c] / total)
+                        / ((rows[w] / total) * (cols[c] / total))
+                    ),
+                )
     return out
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**31 - 1))
 def test_ppmi_matches_the_definition(v, vc, seed):
-    counts = np.random.default_rng(seed).integers(0, 6, size=(v, vc)).astype(float)
+    counts = (
+        np.random.default_rng(seed).integers(0, 6, size=(v, vc)).astype(float)
+    )
     result = ppmi(counts)
-    np.testing.assert_allclose(result, loop_ppmi(counts), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        result, loop_ppmi(counts), rtol=1e-12, atol=1e-12
+    )
     assert np.all(result >= 0) and np.all(np.isfinite(result))
 
 
 def test_ppmi_edge_cases():
     np.testing.assert_array_equal(ppmi(np.zeros((3, 3))), np.zeros((3, 3)))
     # independent words: every ratio is exactly 1, so PMI is 0
-    np.testing.assert_allclose(ppmi(np.outer([1, 2, 3], [2, 1])), 0.0, atol=1e-12)
+    np.testing.assert_allclose(
+        ppmi(np.outer([1, 2, 3], [2, 1])), 0.0, atol=1e-12
+    )
     with pytest.raises(ValueError, match="non-negative"):
         ppmi(np.array([[1.0, -1.0]]))
     with pytest.raises(ValueError, match="2-D"):
@@ -262,7 +352,9 @@ def test_ppmi_edge_cases():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(2, 9), st.integers(2, 9), st.integers(0, 2**31 - 1), st.data())
+@given(
+    st.integers(2, 9), st.integers(2, 9), st.integers(0, 2**31 - 1), st.data()
+)
 def test_svd_embeddings_against_torch(v, vc, seed, data):
     m = np.random.default_rng(seed).normal(size=(v, vc))
     d = data.draw(st.integers(1, min(v, vc)))
@@ -295,7 +387,7 @@ def test_pca_project_against_covariance_eigenvectors(m, d, seed):
     centred = x - x.mean(axis=0)
     evals, evecs = np.linalg.eigh(centred.T @ centred)
     top = evecs[:, ::-1][:, :k]
-    gap = evals[::-1][:k + 1]
+    gap = evals[::-1][: k + 1]
     if np.min(np.abs(np.diff(gap))) < 1e-6 * gap[0]:
         return  # (nearly) repeated eigenvalues: the axes are not unique
     ref = centred @ top
@@ -326,7 +418,9 @@ def test_toy_corpus_is_deterministic_and_balanced():
 
 def test_ambiguous_words_occur_in_two_senses():
     corpus = toy_corpus()
-    topics_of = lambda w: {topic for topic, text in corpus if w in tokenize(text)}  # noqa: E731
+    topics_of = lambda w: {
+        topic for topic, text in corpus if w in tokenize(text)
+    }  # noqa: E731
     assert topics_of("bank") == {"river", "money"}
     assert topics_of("java") == {"island", "programming"}
     assert topics_of("coffee") == {"coffee"}
@@ -334,7 +428,9 @@ def test_ambiguous_words_occur_in_two_senses():
 
 @pytest.fixture(scope="module")
 def learned():
-    return static_word_vectors([text for _, text in toy_corpus()], d=16, window=4)
+    return static_word_vectors(
+        [text for _, text in toy_corpus()], d=16, window=4
+    )
 
 
 def test_static_word_vectors_shapes(learned):
@@ -348,12 +444,26 @@ def test_learned_vectors_group_topics_and_blend_ambiguous_words(learned):
     vocab, table = learned
 
     def centroid(topic):
-        return table[[vocab.id(w) for w in TOPICS[topic][0] if w not in ("bank", "java")]].mean(axis=0)
+        return table[
+            [
+                vocab.id(w)
+                for w in TOPICS[topic][0]
+                if w not in ("bank", "java")
+            ]
+        ].mean(axis=0)
 
-    river, money, coffee = centroid("river"), centroid("money"), centroid("coffee")
+    river, money, coffee = (
+        centroid("river"),
+        centroid("money"),
+        centroid("coffee"),
+    )
     bank = embed(vocab.id("bank"), table)
-    # the static vector of "bank" is close to both of its senses, and to neither unrelated topic
-    assert cosine_similarity(bank, river) > 0.3 and cosine_similarity(bank, money) > 0.3
+    # the static vector of "bank" is close to both of its senses, and to
+    # neither unrelated topic
+    assert (
+        cosine_similarity(bank, river) > 0.3
+        and cosine_similarity(bank, money) > 0.3
+    )
     assert abs(cosine_similarity(bank, coffee)) < 0.2
     assert abs(cosine_similarity(embed(vocab.id("loan"), table), river)) < 0.2
     neighbours = [w for w, _ in nearest_neighbours("loan", vocab, table, k=5)]
@@ -365,17 +475,22 @@ def test_nearest_neighbours_sorted_and_exclusive(learned):
     result = nearest_neighbours("river", vocab, table, k=8)
     sims = [s for _, s in result]
     assert len(result) == 8 and sims == sorted(sims, reverse=True)
-    assert "river" not in [w for w, _ in result] and UNK not in [w for w, _ in result]
+    assert "river" not in [w for w, _ in result] and UNK not in [
+        w for w, _ in result
+    ]
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.uint64])
 def test_ids_become_the_platform_index_type(dtype):
-    """np.bincount takes only np.intp: in the browser (Pyodide, wasm32) that is int32, and int64 ids
-    made cooccurrence_counts fail there (tests/test_lite.py runs it in Pyodide itself)."""
+    """np.bincount takes only np.intp: in the browser (Pyodide, wasm32) that is
+    int32, and int64 ids made cooccurrence_counts fail there
+    (tests/test_lite.py runs it in Pyodide itself)."""
     from attnbook.embeddings import _checked_ids
 
     ids = _checked_ids(np.array([[0, 2], [1, 2]], dtype=dtype), 3)
     assert ids.dtype == np.intp
     np.testing.assert_array_equal(ids, [[0, 2], [1, 2]])
-    counts = cooccurrence_counts([np.array([0, 1, 2], dtype=dtype)], 3, window=1)
+    counts = cooccurrence_counts(
+        [np.array([0, 1, 2], dtype=dtype)], 3, window=1
+    )
     np.testing.assert_array_equal(counts, [[0, 1, 0], [1, 0, 1], [0, 1, 0]])

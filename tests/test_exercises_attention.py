@@ -1,19 +1,27 @@
-"""The softmax, attention and causal-mask checkers reject each classic mistake and pass the reference.
+"""The softmax, attention and causal-mask checkers reject each classic mistake
+and pass the reference.
 
 The wrong implementations here are written independently of the checkers' own
 Mistake functions, the way a reader might write them.
 """
+
 import importlib.util
 
 import numpy as np
 import pytest
 import torch
 
-from attnbook.exercises import (ExerciseError, NotAttemptedError, check_attention, check_causal_mask,
-                                check_softmax)
+from attnbook.exercises import (
+    ExerciseError,
+    NotAttemptedError,
+    check_attention,
+    check_causal_mask,
+    check_softmax,
+)
 
 
 # --- softmax -----------------------------------------------------------------
+
 
 def good_softmax(x):
     z = x - np.max(x, axis=-1, keepdims=True)
@@ -41,13 +49,15 @@ def whole_matrix_softmax(x):
 
 
 def float64_overflowing_softmax(x):
-    x = np.asarray(x, dtype=np.float64)              # the book's solution with the shift left out
+    # the book's solution with the shift left out
+    x = np.asarray(x, dtype=np.float64)
     e = np.exp(x)
     return e / e.sum(axis=-1, keepdims=True)
 
 
 def whole_array_max_softmax(x):
-    e = np.exp(x - np.max(x))                       # one maximum for every row: what readers write
+    # one maximum for every row: what readers write
+    e = np.exp(x - np.max(x))
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -60,14 +70,17 @@ def test_softmax_torch_passes():
     check_softmax(lambda x: torch.softmax(torch.from_numpy(x), dim=-1))
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (overflowing_softmax, "unstable"),
-    (float64_overflowing_softmax, "unstable"),
-    (column_softmax, "wrong_axis"),
-    (unnormalised_softmax, "not_normalised"),
-    (whole_matrix_softmax, "global_sum"),
-    (whole_array_max_softmax, "global_max"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (overflowing_softmax, "unstable"),
+        (float64_overflowing_softmax, "unstable"),
+        (column_softmax, "wrong_axis"),
+        (unnormalised_softmax, "not_normalised"),
+        (whole_matrix_softmax, "global_sum"),
+        (whole_array_max_softmax, "global_max"),
+    ],
+)
 def test_softmax_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_softmax(wrong)
@@ -96,6 +109,7 @@ def test_crashing_function_reports_its_exception():
 
 
 # --- attention ---------------------------------------------------------------
+
 
 def good_attention(q, k, v):
     d_k = q.shape[-1]
@@ -131,13 +145,16 @@ def test_attention_returning_pair_passes():
     check_attention(lambda q, k, v: (good_attention(q, k, v), None))
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (attention_without_scale, "no_scale"),
-    (attention_divided_by_dk, "scale_by_dk"),
-    (attention_with_swapped_qk, "swapped_qk"),
-    (attention_softmax_over_queries, "wrong_axis"),
-    (attention_overflowing, "unstable"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (attention_without_scale, "no_scale"),
+        (attention_divided_by_dk, "scale_by_dk"),
+        (attention_with_swapped_qk, "swapped_qk"),
+        (attention_softmax_over_queries, "wrong_axis"),
+        (attention_overflowing, "unstable"),
+    ],
+)
 def test_attention_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_attention(wrong)
@@ -146,17 +163,30 @@ def test_attention_mistakes_are_diagnosed(wrong, key):
 
 # --- causal mask -------------------------------------------------------------
 
+
 def good_mask(n):
     i, j = np.indices((n, n))
     return j <= i
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (lambda n: np.indices((n, n))[1] < np.indices((n, n))[0], "diagonal_hidden"),
-    (lambda n: np.indices((n, n))[1] > np.indices((n, n))[0], "inverted"),
-    (lambda n: np.indices((n, n))[1] >= np.indices((n, n))[0], "transposed"),
-    (lambda n: np.indices((n, n))[1] <= np.indices((n, n))[0] + 1, "one_ahead"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (
+            lambda n: np.indices((n, n))[1] < np.indices((n, n))[0],
+            "diagonal_hidden",
+        ),
+        (lambda n: np.indices((n, n))[1] > np.indices((n, n))[0], "inverted"),
+        (
+            lambda n: np.indices((n, n))[1] >= np.indices((n, n))[0],
+            "transposed",
+        ),
+        (
+            lambda n: np.indices((n, n))[1] <= np.indices((n, n))[0] + 1,
+            "one_ahead",
+        ),
+    ],
+)
 def test_causal_mask_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_causal_mask(wrong)
@@ -170,19 +200,27 @@ def test_causal_mask_reference_and_integer_masks_pass():
 
 
 def test_a_verdict_renders_in_a_notebook_without_the_checkers_traceback():
-    """IPython shows ``_render_traceback_()`` instead of the stack: the verdict, and nothing else."""
+    """IPython shows ``_render_traceback_()`` instead of the stack: the
+    verdict, and nothing else."""
     with pytest.raises(ExerciseError) as err:
         check_softmax(whole_array_max_softmax)
     shown = err.value._render_traceback_()
-    assert shown[0].startswith("ExerciseError: softmax: case") and "File" not in "\n".join(shown)
-    assert any(line.startswith("Diagnosis:") for line in shown) and any(line.startswith("Hint:") for line in shown)
+    assert shown[0].startswith(
+        "ExerciseError: softmax: case"
+    ) and "File" not in "\n".join(shown)
+    assert any(line.startswith("Diagnosis:") for line in shown) and any(
+        line.startswith("Hint:") for line in shown
+    )
 
 
-# --- the catalogue: what students who half-understood chapters 4 and 7 write ------------------------------
-# (run by tests/test_exercises_framework.py, which also requires one for every checker)
+# --- the catalogue: what students who half-understood chapters 4 and 7 write
+# ------------------------------ (run by tests/test_exercises_framework.py,
+# which also requires one for every checker)
+
 
 def softmax_in_place(x):
-    """Right, and changes its input: the checker judges the output and says so in a note."""
+    """Right, and changes its input: the checker judges the output and says so
+    in a note."""
     x -= x.max(axis=-1, keepdims=True)
     np.exp(x, out=x)
     x /= x.sum(axis=-1, keepdims=True)
@@ -190,14 +228,16 @@ def softmax_in_place(x):
 
 
 def softmax_via_logsumexp(x):
-    x = np.asarray(x)                                       # float32 stays float32
+    # float32 stays float32
+    x = np.asarray(x)
     m = x.max(axis=-1, keepdims=True)
     lse = m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
     return np.exp(x - lse)
 
 
 def softmax_mean_shift(x):
-    e = np.exp(x - x.mean(axis=-1, keepdims=True))          # "any constant works", so the mean
+    # "any constant works", so the mean
+    e = np.exp(x - x.mean(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -219,7 +259,8 @@ def softmax_max_without_keepdims(x):
 def softmax_loop_max_from_zero(x):
     out = np.empty_like(x, dtype=float)
     for idx in np.ndindex(x.shape[:-1]):
-        m = 0.0                                             # running maximum started at 0
+        # running maximum started at 0
+        m = 0.0
         for v in x[idx]:
             m = max(m, v)
         e = np.exp(x[idx] - m)
@@ -228,7 +269,8 @@ def softmax_loop_max_from_zero(x):
 
 
 def attention_in_place(q, k, v):
-    q /= np.sqrt(q.shape[-1])                               # scales the caller's q
+    # scales the caller's q
+    q /= np.sqrt(q.shape[-1])
     return good_softmax(q @ k.T) @ v
 
 
@@ -241,37 +283,91 @@ def attention_einsum_float32(q, k, v):
 
 CATALOGUE = {
     "check_softmax": {
-        "right": [good_softmax, softmax_in_place, softmax_via_logsumexp,
-                  lambda x: torch.softmax(torch.from_numpy(np.array(x)), dim=-1)],
-        "wrong": [(overflowing_softmax, "unstable"), (column_softmax, "wrong_axis"),
-                  (unnormalised_softmax, "not_normalised"), (whole_matrix_softmax, "global_sum"),
-                  (whole_array_max_softmax, "global_max"), (softmax_mean_shift, "shift_not_max"),
-                  (softmax_min_shift, "shift_not_max"), (softmax_sum_without_keepdims, "no_keepdims"),
-                  (softmax_max_without_keepdims, "no_keepdims_max"),
-                  (softmax_loop_max_from_zero, "max_at_least_zero")],
+        "right": [
+            good_softmax,
+            softmax_in_place,
+            softmax_via_logsumexp,
+            lambda x: torch.softmax(torch.from_numpy(np.array(x)), dim=-1),
+        ],
+        "wrong": [
+            (overflowing_softmax, "unstable"),
+            (column_softmax, "wrong_axis"),
+            (unnormalised_softmax, "not_normalised"),
+            (whole_matrix_softmax, "global_sum"),
+            (whole_array_max_softmax, "global_max"),
+            (softmax_mean_shift, "shift_not_max"),
+            (softmax_min_shift, "shift_not_max"),
+            (softmax_sum_without_keepdims, "no_keepdims"),
+            (softmax_max_without_keepdims, "no_keepdims_max"),
+            (softmax_loop_max_from_zero, "max_at_least_zero"),
+        ],
     },
     "check_attention": {
-        "right": [good_attention, attention_in_place, attention_einsum_float32,
-                  lambda q, k, v: (good_attention(q, k, v), None)],
-        "wrong": [(attention_without_scale, "no_scale"), (attention_divided_by_dk, "scale_by_dk"),
-                  (attention_with_swapped_qk, "swapped_qk"), (attention_softmax_over_queries, "wrong_axis"),
-                  (attention_overflowing, "unstable"),
-                  (lambda q, k, v: good_softmax(q @ k.T / np.sqrt(v.shape[1])) @ v, "scale_by_sqrt_d_v"),
-                  (lambda q, k, v: good_softmax(q @ k.T / np.sqrt(len(k))) @ v, "scale_by_sqrt_n_k"),
-                  (lambda q, k, v: whole_matrix_softmax(q @ k.T / np.sqrt(q.shape[1])) @ v, "global_softmax"),
-                  (lambda q, k, v: good_softmax(q @ k.T) / np.sqrt(q.shape[1]) @ v, "scaled_after_softmax")],
+        "right": [
+            good_attention,
+            attention_in_place,
+            attention_einsum_float32,
+            lambda q, k, v: (good_attention(q, k, v), None),
+        ],
+        "wrong": [
+            (attention_without_scale, "no_scale"),
+            (attention_divided_by_dk, "scale_by_dk"),
+            (attention_with_swapped_qk, "swapped_qk"),
+            (attention_softmax_over_queries, "wrong_axis"),
+            (attention_overflowing, "unstable"),
+            (
+                lambda q, k, v: (
+                    good_softmax(q @ k.T / np.sqrt(v.shape[1])) @ v
+                ),
+                "scale_by_sqrt_d_v",
+            ),
+            (
+                lambda q, k, v: good_softmax(q @ k.T / np.sqrt(len(k))) @ v,
+                "scale_by_sqrt_n_k",
+            ),
+            (
+                lambda q, k, v: (
+                    whole_matrix_softmax(q @ k.T / np.sqrt(q.shape[1])) @ v
+                ),
+                "global_softmax",
+            ),
+            (
+                lambda q, k, v: (
+                    good_softmax(q @ k.T) / np.sqrt(q.shape[1]) @ v
+                ),
+                "scaled_after_softmax",
+            ),
+        ],
     },
     "check_causal_mask": {
-        "right": [good_mask, lambda n: np.tril(np.ones((n, n), dtype=int)),
-                  lambda n: torch.ones(n, n).tril().bool(),
-                  lambda n: np.arange(n)[:, None] >= np.arange(n)[None, :]],
-        "wrong": [(lambda n: np.indices((n, n))[1] < np.indices((n, n))[0], "diagonal_hidden"),
-                  (lambda n: np.indices((n, n))[1] > np.indices((n, n))[0], "inverted"),
-                  (lambda n: np.indices((n, n))[1] >= np.indices((n, n))[0], "transposed"),
-                  (lambda n: np.indices((n, n))[1] <= np.indices((n, n))[0] + 1, "one_ahead"),
-                  (lambda n: np.ones((n, n), dtype=bool), "no_mask"),
-                  (lambda n: np.eye(n) == 1, "diagonal_only"),
-                  (lambda n: np.tril(np.full((n, n), -np.inf), k=-1), "transposed")],   # additive, and the future
+        "right": [
+            good_mask,
+            lambda n: np.tril(np.ones((n, n), dtype=int)),
+            lambda n: torch.ones(n, n).tril().bool(),
+            lambda n: np.arange(n)[:, None] >= np.arange(n)[None, :],
+        ],
+        "wrong": [
+            (
+                lambda n: np.indices((n, n))[1] < np.indices((n, n))[0],
+                "diagonal_hidden",
+            ),
+            (
+                lambda n: np.indices((n, n))[1] > np.indices((n, n))[0],
+                "inverted",
+            ),
+            (
+                lambda n: np.indices((n, n))[1] >= np.indices((n, n))[0],
+                "transposed",
+            ),
+            (
+                lambda n: np.indices((n, n))[1] <= np.indices((n, n))[0] + 1,
+                "one_ahead",
+            ),
+            (lambda n: np.ones((n, n), dtype=bool), "no_mask"),
+            (lambda n: np.eye(n) == 1, "diagonal_only"),
+            # additive, and the future
+            (lambda n: np.tril(np.full((n, n), -np.inf), k=-1), "transposed"),
+        ],
     },
 }
 
@@ -287,50 +383,68 @@ def softmax_axis_one(x):
 CATALOGUE["check_softmax"]["wrong"].append((softmax_axis_one, "axis_1"))
 
 
-# --- from the expert readings of chapters 4 and 7 (checker-findings) ------------------------------------
+# --- from the expert readings of chapters 4 and 7 (checker-findings) ---------
+
 
 def softmax_finite_mean_shift(x):
-    """Shifts each row by the mean of its finite entries: right until a row spans more than ~1420."""
+    """Shifts each row by the mean of its finite entries: right until a row
+    spans more than ~1420."""
     finite = np.isfinite(x)
-    m = np.where(finite, x, 0).sum(-1, keepdims=True) / np.maximum(finite.sum(-1, keepdims=True), 1)
+    m = np.where(finite, x, 0).sum(-1, keepdims=True) / np.maximum(
+        finite.sum(-1, keepdims=True), 1
+    )
     e = np.exp(x - m)
     return e / e.sum(axis=-1, keepdims=True)
 
 
 def softmax_row_max_whole_sum(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))          # per-row maximum, but one sum for everything
+    # per-row maximum, but one sum for everything
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum()
 
 
 def attention_global_max(q, k, v):
     s = q @ k.T / np.sqrt(q.shape[-1])
-    e = np.exp(s - s.max())                                 # the whole matrix's maximum
+    # the whole matrix's maximum
+    e = np.exp(s - s.max())
     return e / e.sum(axis=-1, keepdims=True) @ v
 
 
-CATALOGUE["check_softmax"]["wrong"] += [(softmax_finite_mean_shift, "shift_not_max"),
-                                        (softmax_row_max_whole_sum, "global_sum")]
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_finite_mean_shift, "shift_not_max"),
+    (softmax_row_max_whole_sum, "global_sum"),
+]
 CATALOGUE["check_attention"]["wrong"] += [(attention_global_max, "global_max")]
 CATALOGUE["check_causal_mask"]["wrong"] += [
-    (lambda n: np.tril(np.ones((n, n))), "float_mask"),                 # the nanoGPT idiom: float 1.0 / 0.0
+    # the nanoGPT idiom: float 1.0 / 0.0
+    (lambda n: np.tril(np.ones((n, n))), "float_mask"),
     (lambda n: torch.tril(torch.ones(n, n)), "float_mask"),
-    (lambda n: np.triu(np.full((n, n), -1e9), k=2) == 0, "one_ahead"),   # from an additive -1e9 mask, off by one
+    # from an additive -1e9 mask, off by one
+    (lambda n: np.triu(np.full((n, n), -1e9), k=2) == 0, "one_ahead"),
 ]
-CATALOGUE["check_causal_mask"]["right"] += [lambda n: np.triu(np.full((n, n), -1e9), k=1) == 0]
+CATALOGUE["check_causal_mask"]["right"] += [
+    lambda n: np.triu(np.full((n, n), -1e9), k=1) == 0
+]
 
 
 def test_a_float_causal_mask_is_rejected_because_torch_adds_it():
     with pytest.raises(ExerciseError) as err:
         check_causal_mask(lambda n: np.tril(np.ones((n, n))))
-    assert err.value.mistake == "float_mask" and "its pattern is right" in str(err.value)
+    assert err.value.mistake == "float_mask" and "its pattern is right" in str(
+        err.value
+    )
     assert "adds a float mask to the scores" in str(err.value)
 
 
 def test_an_additive_mask_with_a_large_negative_number_is_read_as_additive():
     with pytest.raises(ExerciseError) as err:
         check_causal_mask(lambda n: np.triu(np.full((n, n), -1e9), k=1))
-    assert err.value.mistake is None and "your mask is additive" in str(err.value)
-    assert "right as an additive mask" in str(err.value) and "mask == 0" in str(err.value)
+    assert err.value.mistake is None and "your mask is additive" in str(
+        err.value
+    )
+    assert "right as an additive mask" in str(
+        err.value
+    ) and "mask == 0" in str(err.value)
 
 
 def softmax_column_max_row_sum(x):
@@ -339,22 +453,33 @@ def softmax_column_max_row_sum(x):
 
 
 def softmax_masked_as_zero(x):
-    x = np.where(np.isneginf(x), 0.0, x)                    # "-inf breaks exp", so zero it
+    # "-inf breaks exp", so zero it
+    x = np.where(np.isneginf(x), 0.0, x)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
 def softmax_shifted_numerator_only(x):
-    return np.exp(x - x.max(axis=-1, keepdims=True)) / np.exp(x).sum(axis=-1, keepdims=True)
+    return np.exp(x - x.max(axis=-1, keepdims=True)) / np.exp(x).sum(
+        axis=-1, keepdims=True
+    )
 
 
-CATALOGUE["check_softmax"]["wrong"] += [(softmax_column_max_row_sum, "max_axis_0"),
-                                        (softmax_masked_as_zero, "neg_inf_to_zero"),
-                                        (softmax_shifted_numerator_only, "unshifted_denominator")]
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_column_max_row_sum, "max_axis_0"),
+    (softmax_masked_as_zero, "neg_inf_to_zero"),
+    (softmax_shifted_numerator_only, "unshifted_denominator"),
+]
 CATALOGUE["check_attention"]["wrong"] += [
     (lambda q, k, v: (q @ k.T / np.sqrt(q.shape[-1])) @ v, "no_softmax"),
-    (lambda q, k, v: good_softmax(q @ k.T * np.sqrt(q.shape[-1])) @ v, "times_sqrt_dk"),
-    (lambda q, k, v: good_softmax(q @ k.T / np.sqrt(q.shape[-1])).T @ v, "transposed_weights"),
+    (
+        lambda q, k, v: good_softmax(q @ k.T * np.sqrt(q.shape[-1])) @ v,
+        "times_sqrt_dk",
+    ),
+    (
+        lambda q, k, v: good_softmax(q @ k.T / np.sqrt(q.shape[-1])).T @ v,
+        "transposed_weights",
+    ),
 ]
 CATALOGUE["check_causal_mask"]["wrong"] += [
     (lambda n: np.fliplr(np.tril(np.ones((n, n), dtype=bool))), "flipped"),
@@ -362,12 +487,14 @@ CATALOGUE["check_causal_mask"]["wrong"] += [
 ]
 
 
-# --- from the second expert reading of chapter 4 (read-s2-ch04) ------------------------------------------
-# Each wrong solution below was accepted, or rejected without a diagnosis or with a misleading one, by the
-# checker before this reading.
+# --- from the second expert reading of chapter 4 (read-s2-ch04) --------------
+# Each wrong solution below was accepted, or rejected without a diagnosis or
+# with a misleading one, by the checker before this reading.
+
 
 def softmax_median_shift(x):
-    """Accepted before: every case row's top score was within exp's range of its median."""
+    """Accepted before: every case row's top score was within exp's range of
+    its median."""
     x = np.asarray(x, dtype=float)
     e = np.exp(x - np.median(x, axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
@@ -387,14 +514,16 @@ def softmax_first_entry_shift(x):
 
 
 def softmax_finite_min_shift(x):
-    """Named before through a chance match with the mean shift, whose description it got."""
+    """Named before through a chance match with the mean shift, whose
+    description it got."""
     m = np.min(np.where(np.isfinite(x), x, np.inf), axis=-1, keepdims=True)
     e = np.exp(x - m)
     return e / e.sum(axis=-1, keepdims=True)
 
 
 def softmax_mask_as_minus_1e9(x):
-    x = np.where(np.isneginf(x), -1e9, x)                   # the "safe" -inf of many codebases
+    # the "safe" -inf of many codebases
+    x = np.where(np.isneginf(x), -1e9, x)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
@@ -421,7 +550,8 @@ def softmax_eps_denominator(x):
 
 
 def softmax_clipped_scores(x):
-    e = np.exp(np.clip(x, -80, 80))                         # "exp overflows above 88, so clip"
+    # "exp overflows above 88, so clip"
+    e = np.exp(np.clip(x, -80, 80))
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -458,6 +588,7 @@ def softmax_moveaxis(x):
 
 def attention_einsum_scipy(q, k, v):
     import scipy.special
+
     s = np.einsum("qd,kd->qk", q, k) / np.sqrt(q.shape[-1])
     return np.einsum("qk,kd->qd", scipy.special.softmax(s, axis=-1), v)
 
@@ -468,59 +599,100 @@ def attention_torch_sdpa(q, k, v):
 
 
 CATALOGUE["check_softmax"]["wrong"] += [
-    (softmax_median_shift, "shift_not_max"), (softmax_runner_up_shift, "shift_not_max"),
-    (softmax_first_entry_shift, "shift_not_max"), (softmax_finite_min_shift, "shift_not_max"),
-    (softmax_mask_as_minus_1e9, "masked_row_uniform"), (log_softmax_returned, "log_softmax"),
-    (softmax_at_temperature_2, "temperature_2"), (softmax_in_float16, "float16"),
-    (softmax_eps_denominator, "eps_denominator"), (softmax_clipped_scores, "clipped_scores"),
+    (softmax_median_shift, "shift_not_max"),
+    (softmax_runner_up_shift, "shift_not_max"),
+    (softmax_first_entry_shift, "shift_not_max"),
+    (softmax_finite_min_shift, "shift_not_max"),
+    (softmax_mask_as_minus_1e9, "masked_row_uniform"),
+    (log_softmax_returned, "log_softmax"),
+    (softmax_at_temperature_2, "temperature_2"),
+    (softmax_in_float16, "float16"),
+    (softmax_eps_denominator, "eps_denominator"),
+    (softmax_clipped_scores, "clipped_scores"),
 ]
-# scipy is no dependency of the book (the minimum environment has none): its right answers run where it is installed
+# scipy is no dependency of the book (the minimum environment has none): its
+# right answers run where it is installed
 HAVE_SCIPY = importlib.util.find_spec("scipy") is not None
-CATALOGUE["check_softmax"]["right"] += [softmax_copy_in_place_masked_rows, softmax_moveaxis] + ([
-    lambda x: np.exp(x - __import__("scipy.special").special.logsumexp(x, axis=-1, keepdims=True)),
-] if HAVE_SCIPY else [])
+CATALOGUE["check_softmax"]["right"] += [
+    softmax_copy_in_place_masked_rows,
+    softmax_moveaxis,
+] + (
+    [
+        lambda x: np.exp(
+            x
+            - __import__("scipy.special").special.logsumexp(
+                x, axis=-1, keepdims=True
+            )
+        ),
+    ]
+    if HAVE_SCIPY
+    else []
+)
 CATALOGUE["check_attention"]["wrong"] += [
-    (attention_scaled_by_sqrt_n_q, "scale_by_sqrt_n_q"), (attention_base_2, "base_2"),
+    (attention_scaled_by_sqrt_n_q, "scale_by_sqrt_n_q"),
+    (attention_base_2, "base_2"),
     (attention_sqrt_dk_plus_1, "scale_by_sqrt_dk_plus_1"),
 ]
-CATALOGUE["check_attention"]["right"] += [attention_einsum_scipy] * HAVE_SCIPY + [
+CATALOGUE["check_attention"]["right"] += [
+    attention_einsum_scipy
+] * HAVE_SCIPY + [
     attention_torch_sdpa,
-    lambda q, k, v: (good_softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-1])) @ v, None),
+    lambda q, k, v: (
+        good_softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-1])) @ v,
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize("wrong", [softmax_median_shift, softmax_runner_up_shift])
-def test_a_shift_by_anything_but_the_maximum_is_caught_when_the_top_score_stands_alone(wrong):
+@pytest.mark.parametrize(
+    "wrong", [softmax_median_shift, softmax_runner_up_shift]
+)
+def test_a_shift_by_anything_but_the_maximum_is_caught_when_the_top_score_stands_alone(
+    wrong,
+):
     with pytest.raises(ExerciseError) as err:
         check_softmax(wrong)
     assert err.value.mistake == "shift_not_max"
-    assert "one score far above all the others" in str(err.value) or "float32 row [0, 100, -5]" in str(err.value)
+    assert "one score far above all the others" in str(
+        err.value
+    ) or "float32 row [0, 100, -5]" in str(err.value)
 
 
 def test_the_shift_diagnosis_names_no_particular_statistic():
-    """It used to say "here the mean of its finite entries" to a reader who shifted by the minimum."""
+    """It used to say "here the mean of its finite entries" to a reader who
+    shifted by the minimum."""
     with pytest.raises(ExerciseError) as err:
         check_softmax(softmax_finite_min_shift)
-    assert err.value.mistake == "shift_not_max" and "here the mean" not in str(err.value)
+    assert err.value.mistake == "shift_not_max" and "here the mean" not in str(
+        err.value
+    )
 
 
 def test_dividing_by_sqrt_n_q_is_not_called_sqrt_n_k():
     with pytest.raises(ExerciseError) as err:
         check_attention(attention_scaled_by_sqrt_n_q)
-    assert err.value.mistake == "scale_by_sqrt_n_q" and "number of queries" in str(err.value)
+    assert (
+        err.value.mistake == "scale_by_sqrt_n_q"
+        and "number of queries" in str(err.value)
+    )
 
 
 def test_the_minus_1e9_mask_diagnosis_states_the_convention():
     with pytest.raises(ExerciseError) as err:
         check_softmax(softmax_mask_as_minus_1e9)
-    assert err.value.mistake == "masked_row_uniform" and "all zeros" in str(err.value)
+    assert err.value.mistake == "masked_row_uniform" and "all zeros" in str(
+        err.value
+    )
 
 
-# --- from the third expert reading of chapter 7 (s3 reader-ch07) --------------------------------------------
-# The checker rejected this mask before, on its case n = 1, but named no mistake ("compare your steps").
+# --- from the third expert reading of chapter 7 (s3 reader-ch07) -------------
+# The checker rejected this mask before, on its case n = 1, but named no
+# mistake ("compare your steps").
+
 
 def causal_mask_squeezed(n):
-    """Built as if for a batch, then squeezed: right for n >= 2, a 0-d array for n = 1."""
+    """Built as if for a batch, then squeezed: right for n >= 2, a 0-d array
+    for n = 1."""
     i = np.arange(n)
     return np.squeeze(i[None, :] <= i[:, None])
 
@@ -531,14 +703,25 @@ CATALOGUE["check_causal_mask"]["wrong"] += [(causal_mask_squeezed, "squeezed")]
 def test_a_mask_wrong_only_for_a_single_position_is_named():
     with pytest.raises(ExerciseError) as err:
         check_causal_mask(causal_mask_squeezed)
-    assert err.value.mistake == "squeezed" and "n = 1" in str(err.value) and "[[True]]" in str(err.value)
-    check_causal_mask(lambda n: np.squeeze(np.tril(np.ones((1, n, n), bool)), axis=0))   # a squeeze that keeps (n, n)
+    assert (
+        err.value.mistake == "squeezed"
+        and "n = 1" in str(err.value)
+        and "[[True]]" in str(err.value)
+    )
+    # a squeeze that keeps (n, n)
+    check_causal_mask(
+        lambda n: np.squeeze(np.tril(np.ones((1, n, n), bool)), axis=0)
+    )
 
 
 @pytest.mark.parametrize("bound", [30, 50, 100])
-def test_a_clipped_softmax_is_named_without_a_bound_the_reader_did_not_write(bound):
-    """Clipping at any bound below the cases' largest scores gives one output; the diagnosis once quoted
-    the checker's own bound (80 or 700) to a reader who had clipped at 30, 50 or 100."""
+def test_a_clipped_softmax_is_named_without_a_bound_the_reader_did_not_write(
+    bound,
+):
+    """Clipping at any bound below the cases' largest scores gives one output;
+    the diagnosis once quoted the checker's own bound (80 or 700) to a reader
+    who had clipped at 30, 50 or 100."""
+
     def clipped(x):
         e = np.exp(np.clip(x, -bound, bound))
         return e / e.sum(axis=-1, keepdims=True)

@@ -1,4 +1,6 @@
-"""The chapter-1 checkers reject each classic mistake (written here independently) and pass the solutions."""
+"""The chapter-1 checkers reject each classic mistake (written here
+independently) and pass the solutions."""
+
 from __future__ import annotations
 
 import math
@@ -7,7 +9,12 @@ import numpy as np
 import pytest
 
 from attnbook.exercises._framework import ExerciseError, NotAttemptedError
-from attnbook.exercises.embeddings import COSINE_MISTAKES, PPMI_MISTAKES, check_cosine_similarity, check_ppmi
+from attnbook.exercises.embeddings import (
+    COSINE_MISTAKES,
+    PPMI_MISTAKES,
+    check_cosine_similarity,
+    check_ppmi,
+)
 
 # --- cosine similarity: a reference written with loops, and wrong versions ---
 
@@ -17,7 +24,10 @@ def loop_cosine(a, b, zero_guard=True, transpose=False):
     out = np.zeros((len(a), len(b)))
     for i, x in enumerate(a):
         for j, y in enumerate(b):
-            nx, ny = math.sqrt(sum(t * t for t in x)), math.sqrt(sum(t * t for t in y))
+            nx, ny = (
+                math.sqrt(sum(t * t for t in x)),
+                math.sqrt(sum(t * t for t in y)),
+            )
             dot = float(np.dot(x, y))
             if nx == 0 or ny == 0:
                 out[i, j] = 0.0 if zero_guard else math.nan
@@ -31,15 +41,19 @@ def cos_raw_dot(a, b):
 
 
 def cos_only_a(a, b):
-    return (a / np.sqrt((a ** 2).sum(axis=1))[:, None]) @ b.T
+    return (a / np.sqrt((a**2).sum(axis=1))[:, None]) @ b.T
 
 
 def cos_only_b(a, b):
-    return np.einsum("id,jd->ij", a, b / np.sqrt((b ** 2).sum(axis=1, keepdims=True)))
+    return np.einsum(
+        "id,jd->ij", a, b / np.sqrt((b**2).sum(axis=1, keepdims=True))
+    )
 
 
 def cos_columns(a, b):
-    return (a / np.sqrt((a ** 2).sum(axis=0))) @ (b / np.sqrt((b ** 2).sum(axis=0))).T
+    return (a / np.sqrt((a**2).sum(axis=0))) @ (
+        b / np.sqrt((b**2).sum(axis=0))
+    ).T
 
 
 def cos_no_keepdims(a, b):
@@ -67,11 +81,20 @@ def cos_unguarded(a, b):
         return loop_cosine(a, b, zero_guard=False)
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (cos_raw_dot, "raw_dot"), (cos_only_a, "only_a"), (cos_only_b, "only_b"),
-    (cos_columns, "wrong_axis"), (cos_no_keepdims, "no_keepdims"), (cos_squared, "squared_norms"),
-    (cos_distance, "distance"), (cos_transposed, "transposed"), (cos_unguarded, "zero_row_nan"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (cos_raw_dot, "raw_dot"),
+        (cos_only_a, "only_a"),
+        (cos_only_b, "only_b"),
+        (cos_columns, "wrong_axis"),
+        (cos_no_keepdims, "no_keepdims"),
+        (cos_squared, "squared_norms"),
+        (cos_distance, "distance"),
+        (cos_transposed, "transposed"),
+        (cos_unguarded, "zero_row_nan"),
+    ],
+)
 def test_cosine_checker_names_each_mistake(wrong, key):
     with pytest.raises(ExerciseError) as info:
         check_cosine_similarity(wrong)
@@ -80,9 +103,23 @@ def test_cosine_checker_names_each_mistake(wrong, key):
 
 
 def test_every_cosine_mistake_is_tested():
-    tested = {"raw_dot", "only_a", "only_b", "wrong_axis", "no_keepdims", "squared_norms", "distance",
-              "transposed", "zero_row_nan", "zero_guard_a_only", "zero_guard_b_only", "zero_row_one",
-              "matrix_norms", "l1_norms", "centred"}
+    tested = {
+        "raw_dot",
+        "only_a",
+        "only_b",
+        "wrong_axis",
+        "no_keepdims",
+        "squared_norms",
+        "distance",
+        "transposed",
+        "zero_row_nan",
+        "zero_guard_a_only",
+        "zero_guard_b_only",
+        "zero_row_one",
+        "matrix_norms",
+        "l1_norms",
+        "centred",
+    }
     assert {m.key for m in COSINE_MISTAKES} == tested
 
 
@@ -108,13 +145,17 @@ def test_cosine_checker_stub_and_unknown_errors():
         check_cosine_similarity(stub)
     with pytest.raises(ExerciseError) as info:
         check_cosine_similarity(lambda a, b: loop_cosine(a, b) + 0.01)
-    assert info.value.mistake is None and "largest difference" in str(info.value)
+    assert info.value.mistake is None and "largest difference" in str(
+        info.value
+    )
 
 
 # --- PPMI: a reference written with loops, and wrong versions ---------------
 
 
-def loop_ppmi(counts, log=math.log, clip=True, guard=True, with_total=True, swap=False):
+def loop_ppmi(
+    counts, log=math.log, clip=True, guard=True, with_total=True, swap=False
+):
     counts = np.asarray(counts, float)
     total = counts.sum()
     rows, cols = counts.sum(axis=1), counts.sum(axis=0)
@@ -155,10 +196,16 @@ def ppmi_swapped(counts):
     return loop_ppmi(counts, swap=True)
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (ppmi_unclipped, "no_clip"), (ppmi_nan_rows, "zero_row_nan"), (ppmi_no_total, "missing_total"),
-    (ppmi_log2, "log2"), (ppmi_swapped, "swapped_marginals"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (ppmi_unclipped, "no_clip"),
+        (ppmi_nan_rows, "zero_row_nan"),
+        (ppmi_no_total, "missing_total"),
+        (ppmi_log2, "log2"),
+        (ppmi_swapped, "swapped_marginals"),
+    ],
+)
 def test_ppmi_checker_names_each_mistake(wrong, key):
     with pytest.raises(ExerciseError) as info:
         check_ppmi(wrong)
@@ -166,11 +213,23 @@ def test_ppmi_checker_names_each_mistake(wrong, key):
 
 
 def test_every_ppmi_mistake_is_tested():
-    assert {m.key for m in PPMI_MISTAKES} == {"no_clip", "zero_row_nan", "missing_total", "log2",
-                                              "swapped_marginals", "negative_kept", "all_zero",
-                                              "rows_guarded_only", "columns_guarded_only", "row_sums_twice",
-                                              "column_sums_twice", "absolute", "context_smoothing", "add_one",
-                                              "shifted"}
+    assert {m.key for m in PPMI_MISTAKES} == {
+        "no_clip",
+        "zero_row_nan",
+        "missing_total",
+        "log2",
+        "swapped_marginals",
+        "negative_kept",
+        "all_zero",
+        "rows_guarded_only",
+        "columns_guarded_only",
+        "row_sums_twice",
+        "column_sums_twice",
+        "absolute",
+        "context_smoothing",
+        "add_one",
+        "shifted",
+    }
 
 
 def test_ppmi_checker_passes_the_loop_reference(capsys):
@@ -186,19 +245,25 @@ def test_ppmi_checker_stub():
         check_ppmi(stub)
 
 
-# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+# --- the catalogue (run by tests/test_exercises_framework.py) ----------------
+
 
 def cosine_einsum_float32(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    na, nb = np.sqrt(np.einsum("id,id->i", a, a)), np.sqrt(np.einsum("jd,jd->j", b, b))
+    na, nb = (
+        np.sqrt(np.einsum("id,id->i", a, a)),
+        np.sqrt(np.einsum("jd,jd->j", b, b)),
+    )
     dots = np.einsum("id,jd->ij", a, b)
     with np.errstate(all="ignore"):
         out = dots / np.outer(na, nb)
-    return np.where(np.outer(na, nb) > 0, out, 0.0).astype(np.float32)   # float32 answer
+    # float32 answer
+    return np.where(np.outer(na, nb) > 0, out, 0.0).astype(np.float32)
 
 
 def cosine_in_place(a, b):
-    for x in (a, b):                                        # normalises the caller's arrays
+    # normalises the caller's arrays
+    for x in (a, b):
         norms = np.linalg.norm(x, axis=1, keepdims=True)
         np.divide(x, norms, out=x, where=norms > 0)
     return a @ b.T
@@ -207,12 +272,15 @@ def cosine_in_place(a, b):
 def ppmi_vectorised(counts):
     total = counts.sum()
     with np.errstate(all="ignore"):
-        pmi = np.log(counts * total / np.outer(counts.sum(axis=1), counts.sum(axis=0)))
+        pmi = np.log(
+            counts * total / np.outer(counts.sum(axis=1), counts.sum(axis=0))
+        )
     return np.where(counts > 0, np.maximum(pmi, 0.0), 0.0)
 
 
 def ppmi_torch(counts):
     import torch
+
     c = torch.from_numpy(np.asarray(counts, float))
     p = c / c.sum()
     pmi = torch.log(p / (p.sum(1, keepdim=True) * p.sum(0, keepdim=True)))
@@ -222,22 +290,37 @@ def ppmi_torch(counts):
 CATALOGUE = {
     "check_cosine_similarity": {
         "right": [loop_cosine, cosine_einsum_float32, cosine_in_place],
-        "wrong": [(cos_raw_dot, "raw_dot"), (cos_only_a, "only_a"), (cos_only_b, "only_b"),
-                  (cos_columns, "wrong_axis"), (cos_no_keepdims, "no_keepdims"), (cos_squared, "squared_norms"),
-                  (cos_distance, "distance"), (cos_transposed, "transposed"), (cos_unguarded, "zero_row_nan")],
+        "wrong": [
+            (cos_raw_dot, "raw_dot"),
+            (cos_only_a, "only_a"),
+            (cos_only_b, "only_b"),
+            (cos_columns, "wrong_axis"),
+            (cos_no_keepdims, "no_keepdims"),
+            (cos_squared, "squared_norms"),
+            (cos_distance, "distance"),
+            (cos_transposed, "transposed"),
+            (cos_unguarded, "zero_row_nan"),
+        ],
     },
     "check_ppmi": {
         "right": [loop_ppmi, ppmi_vectorised, ppmi_torch],
-        "wrong": [(ppmi_unclipped, "no_clip"), (ppmi_nan_rows, "zero_row_nan"), (ppmi_no_total, "missing_total"),
-                  (ppmi_log2, "log2"), (ppmi_swapped, "swapped_marginals")],
+        "wrong": [
+            (ppmi_unclipped, "no_clip"),
+            (ppmi_nan_rows, "zero_row_nan"),
+            (ppmi_no_total, "missing_total"),
+            (ppmi_log2, "log2"),
+            (ppmi_swapped, "swapped_marginals"),
+        ],
     },
 }
 
 
-# --- from the expert reading of chapter 1 (checker-findings) -----------------------------------------------
+# --- from the expert reading of chapter 1 (checker-findings) -----------------
+
 
 def ppmi_negatives_kept(counts):
-    """PMI, with the -inf of unseen pairs set to 0 but the negative values kept."""
+    """PMI, with the -inf of unseen pairs set to 0 but the negative values
+    kept."""
     c = np.asarray(counts, float)
     with np.errstate(all="ignore"):
         pmi = np.log(c * c.sum() / np.outer(c.sum(1), c.sum(0)))
@@ -245,10 +328,16 @@ def ppmi_negatives_kept(counts):
 
 
 def ppmi_of_conditional(counts):
-    """log p(c | w) = log(N_wc / N_w), clipped: never positive, so all zeros."""
+    """log p(c | w) = log(N_wc / N_w), clipped: never positive, so all
+    zeros."""
     c = np.asarray(counts, float)
     with np.errstate(all="ignore"):
-        return np.maximum(np.nan_to_num(np.log(c / c.sum(1, keepdims=True)), nan=0.0, neginf=0.0), 0.0)
+        return np.maximum(
+            np.nan_to_num(
+                np.log(c / c.sum(1, keepdims=True)), nan=0.0, neginf=0.0
+            ),
+            0.0,
+        )
 
 
 def ppmi_all_zeros(counts):
@@ -257,7 +346,11 @@ def ppmi_all_zeros(counts):
 
 def ppmi_in_place(counts):
     """Right, and overwrites its input with the result."""
-    row, col, total = counts.sum(1, keepdims=True), counts.sum(0, keepdims=True), counts.sum()
+    row, col, total = (
+        counts.sum(1, keepdims=True),
+        counts.sum(0, keepdims=True),
+        counts.sum(),
+    )
     seen = counts > 0
     counts *= total
     with np.errstate(all="ignore"):
@@ -268,19 +361,25 @@ def ppmi_in_place(counts):
     return counts
 
 
-CATALOGUE["check_ppmi"]["wrong"] += [(ppmi_negatives_kept, "negative_kept"), (ppmi_of_conditional, "all_zero"),
-                                     (ppmi_all_zeros, "all_zero")]
+CATALOGUE["check_ppmi"]["wrong"] += [
+    (ppmi_negatives_kept, "negative_kept"),
+    (ppmi_of_conditional, "all_zero"),
+    (ppmi_all_zeros, "all_zero"),
+]
 CATALOGUE["check_ppmi"]["right"] += [ppmi_in_place]
 
 
 def test_a_zero_output_is_not_named_as_the_missing_total():
-    """Without N the ratio N_wc / (N_w N_c) exceeds 1 on weighted counts below 1: zeros are another slip."""
+    """Without N the ratio N_wc / (N_w N_c) exceeds 1 on weighted counts below
+    1: zeros are another slip."""
     with pytest.raises(ExerciseError) as err:
         check_ppmi(ppmi_all_zeros)
     assert err.value.mistake == "all_zero"
 
 
-# --- from the second expert reading of chapter 1: zero rows on the other side ------------------------------
+# --- from the second expert reading of chapter 1: zero rows on the other side
+# ------------------------------
+
 
 def cos_guard_a_only(a, b):
     """Guards a's zero rows only: b's zero row still gives 0/0."""
@@ -293,23 +392,31 @@ def cos_guard_a_only(a, b):
 
 
 def ppmi_guard_rows_only(counts):
-    """Sets a zero row to 0, but a context that never occurs (a zero column) still gives log(0/0) = NaN."""
+    """Sets a zero row to 0, but a context that never occurs (a zero column)
+    still gives log(0/0) = NaN."""
     c = np.asarray(counts, float)
     with np.errstate(all="ignore"):
-        pmi = np.log(c * c.sum() / (c.sum(1, keepdims=True) * c.sum(0, keepdims=True)))
+        pmi = np.log(
+            c * c.sum() / (c.sum(1, keepdims=True) * c.sum(0, keepdims=True))
+        )
     pmi[c.sum(1) == 0] = 0.0
     return np.maximum(pmi, 0.0)
 
 
 def test_a_guard_on_one_side_only_is_rejected():
-    for check, fn in ((check_cosine_similarity, cos_guard_a_only), (check_ppmi, ppmi_guard_rows_only)):
+    for check, fn in (
+        (check_cosine_similarity, cos_guard_a_only),
+        (check_ppmi, ppmi_guard_rows_only),
+    ):
         with pytest.raises(ExerciseError):
             check(fn)
 
 
-# --- from the third expert reading of chapter 1: each wrong answer it found gets a named diagnosis ----------
-# Written as a student would, independently of the checker's Mistake functions; the correct alternatives the
-# reader tried follow, and must still pass.
+# --- from the third expert reading of chapter 1: each wrong answer it found
+# gets a named diagnosis ---------- Written as a student would, independently
+# of the checker's Mistake functions; the correct alternatives the reader tried
+# follow, and must still pass.
+
 
 def cos_guard_b_only(a, b):
     """Guards b's zero rows only, with a loop: a's zero row still gives 0/0."""
@@ -318,23 +425,29 @@ def cos_guard_b_only(a, b):
         ny = math.sqrt(float(y @ y))
         for i, x in enumerate(a):
             with np.errstate(all="ignore"):
-                out[i, j] = 0.0 if ny == 0 else float(x @ y) / (np.sqrt(x @ x) * ny)
+                out[i, j] = (
+                    0.0 if ny == 0 else float(x @ y) / (np.sqrt(x @ x) * ny)
+                )
     return out
 
 
 def cos_guard_a_only_loop(a, b):
-    """Guards a's zero rows only, testing a's norm first: 0 where two zero rows meet, NaN elsewhere in b's."""
+    """Guards a's zero rows only, testing a's norm first: 0 where two zero rows
+    meet, NaN elsewhere in b's."""
     out = np.empty((len(a), len(b)))
     for i, x in enumerate(a):
         nx = math.sqrt(float(x @ x))
         for j, y in enumerate(b):
             with np.errstate(all="ignore"):
-                out[i, j] = 0.0 if nx == 0 else float(x @ y) / (nx * np.sqrt(y @ y))
+                out[i, j] = (
+                    0.0 if nx == 0 else float(x @ y) / (nx * np.sqrt(y @ y))
+                )
     return out
 
 
 def cos_guard_b_only_matrices(a, b):
-    """Guards b's zero rows only, on normalised matrices: NaN along a's zero row, where b's zero row too."""
+    """Guards b's zero rows only, on normalised matrices: NaN along a's zero
+    row, where b's zero row too."""
     nb = np.linalg.norm(b, axis=1, keepdims=True)
     b_hat = np.divide(b, nb, out=np.zeros_like(b), where=nb > 0)
     with np.errstate(all="ignore"):
@@ -342,9 +455,12 @@ def cos_guard_b_only_matrices(a, b):
 
 
 def cos_zero_rows_one(a, b):
-    """Unguarded, then NaN replaced by 1: a zero row gets cosine 1 with everything."""
+    """Unguarded, then NaN replaced by 1: a zero row gets cosine 1 with
+    everything."""
     with np.errstate(all="ignore"):
-        cos = (a @ b.T) / np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1))
+        cos = (a @ b.T) / np.outer(
+            np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+        )
     return np.nan_to_num(cos, nan=1.0)
 
 
@@ -355,14 +471,17 @@ def cos_frobenius(a, b):
 
 def cos_l1(a, b):
     """Rows divided by the sums of their absolute values, zero rows guarded."""
+
     def unit(x):
         s = np.abs(x).sum(axis=1, keepdims=True)
         return np.divide(x, s, out=np.zeros_like(x), where=s != 0)
+
     return unit(a) @ unit(b).T
 
 
 def cos_pearson(a, b):
-    """The correlation of the rows: centred, then normalised (np.corrcoef's numbers)."""
+    """The correlation of the rows: centred, then normalised (np.corrcoef's
+    numbers)."""
     out = np.zeros((len(a), len(b)))
     for i, x in enumerate(a):
         for j, y in enumerate(b):
@@ -373,13 +492,18 @@ def cos_pearson(a, b):
 
 
 def cos_torch_broadcast(a, b):
-    """Right: torch's cosine_similarity by broadcasting (m, 1, d) against (1, n, d); returns a tensor."""
+    """Right: torch's cosine_similarity by broadcasting (m, 1, d) against (1,
+    n, d); returns a tensor."""
     import torch
-    return torch.nn.functional.cosine_similarity(torch.as_tensor(a)[:, None], torch.as_tensor(b)[None], dim=-1)
+
+    return torch.nn.functional.cosine_similarity(
+        torch.as_tensor(a)[:, None], torch.as_tensor(b)[None], dim=-1
+    )
 
 
 def cos_outer_guard(a, b):
-    """Right: all dot products divided by the outer product of the norms, guarded where it is 0."""
+    """Right: all dot products divided by the outer product of the norms,
+    guarded where it is 0."""
     den = np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1))
     return np.divide(a @ b.T, den, out=np.zeros(den.shape), where=den > 0)
 
@@ -390,7 +514,8 @@ def cos_nested_list(a, b):
 
 
 def ppmi_guard_columns_only(counts):
-    """Sets a context that never occurs to 0, but a zero row still gives log(0/0) = NaN."""
+    """Sets a context that never occurs to 0, but a zero row still gives
+    log(0/0) = NaN."""
     c = np.asarray(counts, float)
     total, rows, cols = c.sum(), c.sum(axis=1), c.sum(axis=0)
     out = np.zeros_like(c)
@@ -399,12 +524,15 @@ def ppmi_guard_columns_only(counts):
             if cols[k] == 0:
                 continue
             with np.errstate(all="ignore"):
-                out[w, k] = max(np.log(c[w, k] * total / (rows[w] * cols[k])), 0.0)
+                out[w, k] = max(
+                    np.log(c[w, k] * total / (rows[w] * cols[k])), 0.0
+                )
     return out
 
 
 def ppmi_row_sums_for_both(counts):
-    """Uses the row sums for p(c) as well (right for the symmetric window counts of the chapter only)."""
+    """Uses the row sums for p(c) as well (right for the symmetric window
+    counts of the chapter only)."""
     c = np.asarray(counts, float)
     p_w = c.sum(axis=1) / c.sum()
     with np.errstate(all="ignore"):
@@ -445,13 +573,19 @@ def ppmi_smoothed_contexts(counts, alpha=0.75):
 def ppmi_add_one(counts):
     """Add-one smoothing: every count + 1, then PPMI."""
     c = np.asarray(counts, float) + 1.0
-    return np.maximum(np.log(c * c.sum() / np.outer(c.sum(axis=1), c.sum(axis=0))), 0.0)
+    return np.maximum(
+        np.log(c * c.sum() / np.outer(c.sum(axis=1), c.sum(axis=0))), 0.0
+    )
 
 
 def ppmi_float32_in_place(counts):
     """Right: in float32, on a copy, with in-place operations."""
     n = np.asarray(counts, np.float32).copy()
-    total, rows, cols = n.sum(), n.sum(axis=1, keepdims=True), n.sum(axis=0, keepdims=True)
+    total, rows, cols = (
+        n.sum(),
+        n.sum(axis=1, keepdims=True),
+        n.sum(axis=0, keepdims=True),
+    )
     with np.errstate(all="ignore"):
         n *= total
         n /= rows
@@ -463,40 +597,73 @@ def ppmi_float32_in_place(counts):
 
 
 def ppmi_log_probabilities(counts):
-    """Right: log p(w, c) - log p(w) - log p(c), kept where the count is positive."""
+    """Right: log p(w, c) - log p(w) - log p(c), kept where the count is
+    positive."""
     p = np.asarray(counts, float) / np.sum(counts)
     with np.errstate(all="ignore"):
-        pmi = np.log(p) - np.log(p.sum(axis=1, keepdims=True)) - np.log(p.sum(axis=0, keepdims=True))
+        pmi = (
+            np.log(p)
+            - np.log(p.sum(axis=1, keepdims=True))
+            - np.log(p.sum(axis=0, keepdims=True))
+        )
     return np.where(p > 0, np.maximum(pmi, 0.0), 0.0)
 
 
 def ppmi_nan_to_num_after_clip(counts):
-    """Right: no guard until the end, where NaN (0/0) and the clipped -inf become 0."""
+    """Right: no guard until the end, where NaN (0/0) and the clipped -inf
+    become 0."""
     with np.errstate(all="ignore"):
-        pmi = np.log(counts * counts.sum() / np.outer(counts.sum(axis=1), counts.sum(axis=0)))
+        pmi = np.log(
+            counts
+            * counts.sum()
+            / np.outer(counts.sum(axis=1), counts.sum(axis=0))
+        )
     return np.nan_to_num(np.maximum(pmi, 0.0))
 
 
 THIRD_READING_WRONG = {
-    check_cosine_similarity: [(cos_guard_a_only, "zero_guard_a_only"), (cos_guard_a_only_loop, "zero_guard_a_only"),
-                              (cos_guard_b_only, "zero_guard_b_only"),
-                              (cos_guard_b_only_matrices, "zero_guard_b_only"),
-                              (cos_zero_rows_one, "zero_row_one"), (cos_frobenius, "matrix_norms"),
-                              (cos_l1, "l1_norms"), (cos_pearson, "centred")],
-    check_ppmi: [(ppmi_guard_rows_only, "rows_guarded_only"), (ppmi_guard_columns_only, "columns_guarded_only"),
-                 (ppmi_row_sums_for_both, "row_sums_twice"), (ppmi_column_sums_for_both, "column_sums_twice"),
-                 (ppmi_absolute, "absolute"), (ppmi_smoothed_contexts, "context_smoothing"),
-                 (ppmi_add_one, "add_one")],
+    check_cosine_similarity: [
+        (cos_guard_a_only, "zero_guard_a_only"),
+        (cos_guard_a_only_loop, "zero_guard_a_only"),
+        (cos_guard_b_only, "zero_guard_b_only"),
+        (cos_guard_b_only_matrices, "zero_guard_b_only"),
+        (cos_zero_rows_one, "zero_row_one"),
+        (cos_frobenius, "matrix_norms"),
+        (cos_l1, "l1_norms"),
+        (cos_pearson, "centred"),
+    ],
+    check_ppmi: [
+        (ppmi_guard_rows_only, "rows_guarded_only"),
+        (ppmi_guard_columns_only, "columns_guarded_only"),
+        (ppmi_row_sums_for_both, "row_sums_twice"),
+        (ppmi_column_sums_for_both, "column_sums_twice"),
+        (ppmi_absolute, "absolute"),
+        (ppmi_smoothed_contexts, "context_smoothing"),
+        (ppmi_add_one, "add_one"),
+    ],
 }
 THIRD_READING_RIGHT = {
-    check_cosine_similarity: [cos_torch_broadcast, cos_outer_guard, cos_nested_list],
-    check_ppmi: [ppmi_float32_in_place, ppmi_log_probabilities, ppmi_nan_to_num_after_clip],
+    check_cosine_similarity: [
+        cos_torch_broadcast,
+        cos_outer_guard,
+        cos_nested_list,
+    ],
+    check_ppmi: [
+        ppmi_float32_in_place,
+        ppmi_log_probabilities,
+        ppmi_nan_to_num_after_clip,
+    ],
 }
 
 
-@pytest.mark.parametrize("check, wrong, key", [
-    pytest.param(check, wrong, key, id=wrong.__name__)
-    for check, pairs in THIRD_READING_WRONG.items() for wrong, key in pairs])
+@pytest.mark.parametrize(
+    "check, wrong, key",
+    [
+        pytest.param(check, wrong, key, id=wrong.__name__)
+        for check, pairs in THIRD_READING_WRONG.items()
+        for wrong, key in pairs
+    ],
+)
 def test_each_wrong_answer_of_the_third_reading_is_named(check, wrong, key):
     with pytest.raises(ExerciseError) as info, np.errstate(all="ignore"):
         check(wrong)
@@ -504,29 +671,45 @@ def test_each_wrong_answer_of_the_third_reading_is_named(check, wrong, key):
     assert "Diagnosis:" in str(info.value) and "Hint:" in str(info.value)
 
 
-@pytest.mark.parametrize("check, right", [
-    pytest.param(check, right, id=right.__name__) for check, fns in THIRD_READING_RIGHT.items() for right in fns])
+@pytest.mark.parametrize(
+    "check, right",
+    [
+        pytest.param(check, right, id=right.__name__)
+        for check, fns in THIRD_READING_RIGHT.items()
+        for right in fns
+    ],
+)
 def test_the_right_answers_of_the_third_reading_pass(check, right, capsys):
     check(right)
     assert capsys.readouterr().out.splitlines()[-1].startswith("Correct:")
 
 
-for _check, _name in ((check_cosine_similarity, "check_cosine_similarity"), (check_ppmi, "check_ppmi")):
+for _check, _name in (
+    (check_cosine_similarity, "check_cosine_similarity"),
+    (check_ppmi, "check_ppmi"),
+):
     CATALOGUE[_name]["wrong"] += THIRD_READING_WRONG[_check]
     CATALOGUE[_name]["right"] += THIRD_READING_RIGHT[_check]
 
 
-# --- from the fourth expert reading of chapter 1: the shifted PPMI (SPPMI) of Levy & Goldberg 2014 ----------
+# --- from the fourth expert reading of chapter 1: the shifted PPMI (SPPMI) of
+# Levy & Goldberg 2014 ----------
+
 
 def sppmi(counts, k):
-    """max(0, PMI - log k), written the way the word2vec literature writes it, with a loop over the entries."""
+    """max(0, PMI - log k), written the way the word2vec literature writes it,
+    with a loop over the entries."""
     counts = np.asarray(counts, dtype=float)
     total, rows, cols = counts.sum(), counts.sum(axis=1), counts.sum(axis=0)
     out = np.zeros_like(counts)
     for w in range(counts.shape[0]):
         for c in range(counts.shape[1]):
             if counts[w, c] > 0:
-                out[w, c] = max(0.0, math.log(counts[w, c] * total / (rows[w] * cols[c])) - math.log(k))
+                out[w, c] = max(
+                    0.0,
+                    math.log(counts[w, c] * total / (rows[w] * cols[c]))
+                    - math.log(k),
+                )
     return out
 
 
@@ -537,10 +720,15 @@ def test_a_shift_by_log_2_is_named_sppmi():
 
 
 def test_a_shift_that_zeroes_everything_names_the_shift_among_the_causes():
-    """log 5 is above every PMI of the cases: the output is all zero, and the diagnosis names both causes."""
+    """log 5 is above every PMI of the cases: the output is all zero, and the
+    diagnosis names both causes."""
     with pytest.raises(ExerciseError) as info:
         check_ppmi(lambda counts: sppmi(counts, 5))
-    assert info.value.mistake == "all_zero" and "SPPMI" in str(info.value), str(info.value)
+    assert info.value.mistake == "all_zero" and "SPPMI" in str(info.value), (
+        str(info.value)
+    )
 
 
-CATALOGUE["check_ppmi"]["wrong"] += [(lambda counts: sppmi(counts, 2), "shifted")]
+CATALOGUE["check_ppmi"]["wrong"] += [
+    (lambda counts: sppmi(counts, 2), "shifted")
+]

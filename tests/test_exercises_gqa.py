@@ -1,9 +1,11 @@
-"""The grouped-query attention checkers reject each classic mistake and pass correct solutions.
+"""The grouped-query attention checkers reject each classic mistake and pass
+correct solutions.
 
-The wrong solutions are written here independently of the checkers' Mistake functions,
-the way a reader might write them: index lists, loops over heads, torch.cat, einops-style
-reshapes.
+The wrong solutions are written here independently of the checkers' Mistake
+functions, the way a reader might write them: index lists, loops over heads,
+torch.cat, einops-style reshapes.
 """
+
 import pytest
 import torch
 import numpy as np
@@ -12,7 +14,8 @@ from attnbook.exercises import ExerciseError, NotAttemptedError
 from attnbook.exercises.gqa import check_pool_kv_heads, check_share_kv_heads
 
 
-# --- sharing key/value heads ---------------------------------------------------------------------
+# --- sharing key/value heads -------------------------------------------------
+
 
 def share_by_index(x, n_heads):
     """Correct: gather head j // g for each query head j."""
@@ -23,11 +26,14 @@ def share_by_index(x, n_heads):
 def share_by_loop(x, n_heads):
     """Correct: concatenate g copies of each head, head by head."""
     g = n_heads // x.shape[1]
-    return torch.cat([x[:, i:i + 1] for i in range(x.shape[1]) for _ in range(g)], dim=1)
+    return torch.cat(
+        [x[:, i : i + 1] for i in range(x.shape[1]) for _ in range(g)], dim=1
+    )
 
 
 def share_tiled(x, n_heads):
-    """Wrong order: the whole stack of heads g times over (query head j gets head j % n_kv)."""
+    """Wrong order: the whole stack of heads g times over (query head j gets
+    head j % n_kv)."""
     g = n_heads // x.shape[1]
     return torch.cat([x] * g, dim=1)
 
@@ -39,7 +45,13 @@ def share_modulo_index(x, n_heads):
 
 def share_n_heads_copies(x, n_heads):
     """Wrong group size: copies each head n_heads times."""
-    return torch.cat([x[:, i:i + 1].expand(-1, n_heads, -1, -1) for i in range(x.shape[1])], dim=1)
+    return torch.cat(
+        [
+            x[:, i : i + 1].expand(-1, n_heads, -1, -1)
+            for i in range(x.shape[1])
+        ],
+        dim=1,
+    )
 
 
 def share_positions(x, n_heads):
@@ -49,7 +61,8 @@ def share_positions(x, n_heads):
 
 
 def share_scrambled(x, n_heads):
-    """Copies inserted after the positions, then reshaped: positions leak into heads."""
+    """Copies inserted after the positions, then reshaped: positions leak into
+    heads."""
     b, n_kv_heads, n, d = x.shape
     g = n_heads // n_kv_heads
     return torch.stack([x] * g, dim=3).reshape(b, n_heads, n, d)
@@ -61,9 +74,13 @@ def share_only_head_zero(x, n_heads):
 
 
 def share_divided_by_g(x, n_heads):
-    """Splits each key/value head among its g query heads, as if sharing divided it."""
+    """Splits each key/value head among its g query heads, as if sharing
+    divided it."""
     g = n_heads // x.shape[1]
-    return torch.cat([x[:, i:i + 1] / g for i in range(x.shape[1]) for _ in range(g)], dim=1)
+    return torch.cat(
+        [x[:, i : i + 1] / g for i in range(x.shape[1]) for _ in range(g)],
+        dim=1,
+    )
 
 
 def share_one_copy_too_many(x, n_heads):
@@ -75,13 +92,19 @@ def share_one_copy_too_many(x, n_heads):
 def share_one_copy_too_few(x, n_heads):
     """Off by one: g - 1 copies of each head (range(1, g))."""
     g = n_heads // x.shape[1]
-    return torch.cat([x[:, i:i + 1] for i in range(x.shape[1]) for _ in range(1, g)], dim=1)
+    return torch.cat(
+        [x[:, i : i + 1] for i in range(x.shape[1]) for _ in range(1, g)],
+        dim=1,
+    )
 
 
 def share_last_axis(x, n_heads):
-    """Copies stacked on a new last axis, then reshaped: features and positions leak into heads."""
+    """Copies stacked on a new last axis, then reshaped: features and positions
+    leak into heads."""
     b, n_kv_heads, n, d = x.shape
-    return torch.stack([x] * (n_heads // n_kv_heads), dim=-1).reshape(b, n_heads, n, d)
+    return torch.stack([x] * (n_heads // n_kv_heads), dim=-1).reshape(
+        b, n_heads, n, d
+    )
 
 
 def share_stub(x, n_heads):
@@ -94,18 +117,21 @@ def test_share_correct_solutions_pass(fn, capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("fn, key", [
-    (share_tiled, "wrong_order"),
-    (share_modulo_index, "wrong_order"),
-    (share_n_heads_copies, "wrong_group_size"),
-    (share_positions, "wrong_axis"),
-    (share_scrambled, "scrambled"),
-    (share_only_head_zero, "first_head_only"),
-    (share_divided_by_g, "divided_by_g"),
-    (share_one_copy_too_many, "group_size_off_by_one"),
-    (share_one_copy_too_few, "group_size_off_by_one"),
-    (share_last_axis, "scrambled_features"),
-])
+@pytest.mark.parametrize(
+    "fn, key",
+    [
+        (share_tiled, "wrong_order"),
+        (share_modulo_index, "wrong_order"),
+        (share_n_heads_copies, "wrong_group_size"),
+        (share_positions, "wrong_axis"),
+        (share_scrambled, "scrambled"),
+        (share_only_head_zero, "first_head_only"),
+        (share_divided_by_g, "divided_by_g"),
+        (share_one_copy_too_many, "group_size_off_by_one"),
+        (share_one_copy_too_few, "group_size_off_by_one"),
+        (share_last_axis, "scrambled_features"),
+    ],
+)
 def test_share_mistakes_are_diagnosed(fn, key):
     with pytest.raises(ExerciseError) as err:
         check_share_kv_heads(fn)
@@ -124,14 +150,18 @@ def test_share_unknown_mistake_gets_generic_hint():
     assert err.value.mistake is None
 
 
-# --- pooling key/value heads ---------------------------------------------------------------------
+# --- pooling key/value heads -------------------------------------------------
+
 
 def pool_by_loop(w, n_heads, n_kv_heads):
     """Correct: average each group's row blocks, one group at a time."""
     d_head, g = w.shape[0] // n_heads, n_heads // n_kv_heads
     blocks = []
     for i in range(n_kv_heads):
-        members = [w[(i * g + m) * d_head:(i * g + m + 1) * d_head] for m in range(g)]
+        members = [
+            w[(i * g + m) * d_head : (i * g + m + 1) * d_head]
+            for m in range(g)
+        ]
         blocks.append(sum(members) / g)
     return torch.cat(blocks)
 
@@ -145,25 +175,36 @@ def pool_by_view(w, n_heads, n_kv_heads):
 def pool_strided(w, n_heads, n_kv_heads):
     """Wrong order: group i collects heads i, i + n_kv, i + 2 n_kv, ..."""
     d_head = w.shape[0] // n_heads
-    heads = [w[j * d_head:(j + 1) * d_head] for j in range(n_heads)]
-    return torch.cat([torch.stack(heads[i::n_kv_heads]).mean(0) for i in range(n_kv_heads)])
+    heads = [w[j * d_head : (j + 1) * d_head] for j in range(n_heads)]
+    return torch.cat(
+        [torch.stack(heads[i::n_kv_heads]).mean(0) for i in range(n_kv_heads)]
+    )
 
 
 def pool_first(w, n_heads, n_kv_heads):
     """Keeps the first head of each group."""
     d_head, g = w.shape[0] // n_heads, n_heads // n_kv_heads
-    return torch.cat([w[i * g * d_head:(i * g + 1) * d_head] for i in range(n_kv_heads)])
+    return torch.cat(
+        [w[i * g * d_head : (i * g + 1) * d_head] for i in range(n_kv_heads)]
+    )
 
 
 def pool_sum(w, n_heads, n_kv_heads):
     """Sums the group instead of averaging it."""
     d_head, g = w.shape[0] // n_heads, n_heads // n_kv_heads
-    return torch.cat([w[i * g * d_head:(i + 1) * g * d_head].view(g, d_head, *w.shape[1:]).sum(0)
-                      for i in range(n_kv_heads)])
+    return torch.cat(
+        [
+            w[i * g * d_head : (i + 1) * g * d_head]
+            .view(g, d_head, *w.shape[1:])
+            .sum(0)
+            for i in range(n_kv_heads)
+        ]
+    )
 
 
 def pool_features_mixed(w, n_heads, n_kv_heads):
-    """Averages g consecutive rows: the head and feature indices are confused."""
+    """Averages g consecutive rows: the head and feature indices are
+    confused."""
     g = n_heads // n_kv_heads
     return w.reshape(-1, g, *w.shape[1:]).mean(1)
 
@@ -171,19 +212,35 @@ def pool_features_mixed(w, n_heads, n_kv_heads):
 def pool_all_heads(w, n_heads, n_kv_heads):
     """One global mean: every head of the layer averaged into one block."""
     d_head = w.shape[0] // n_heads
-    return sum(w[j * d_head:(j + 1) * d_head] for j in range(n_heads)) / n_heads
+    return (
+        sum(w[j * d_head : (j + 1) * d_head] for j in range(n_heads)) / n_heads
+    )
 
 
 def pool_all_heads_tiled(w, n_heads, n_kv_heads):
-    """One global mean, copied to every key/value head so that the shape is right."""
-    return pool_all_heads(w, n_heads, n_kv_heads).repeat(n_kv_heads, *[1] * (w.dim() - 1))
+    """One global mean, copied to every key/value head so that the shape is
+    right."""
+    return pool_all_heads(w, n_heads, n_kv_heads).repeat(
+        n_kv_heads, *[1] * (w.dim() - 1)
+    )
 
 
 def pool_max(w, n_heads, n_kv_heads):
     """Takes each group's elementwise maximum."""
     d_head, g = w.shape[0] // n_heads, n_heads // n_kv_heads
-    return torch.cat([torch.stack([w[(i * g + m) * d_head:(i * g + m + 1) * d_head] for m in range(g)]).max(0).values
-                      for i in range(n_kv_heads)])
+    return torch.cat(
+        [
+            torch.stack(
+                [
+                    w[(i * g + m) * d_head : (i * g + m + 1) * d_head]
+                    for m in range(g)
+                ]
+            )
+            .max(0)
+            .values
+            for i in range(n_kv_heads)
+        ]
+    )
 
 
 @pytest.mark.parametrize("fn", [pool_by_loop, pool_by_view])
@@ -192,15 +249,18 @@ def test_pool_correct_solutions_pass(fn, capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("fn, key", [
-    (pool_strided, "wrong_order"),
-    (pool_first, "first_head"),
-    (pool_sum, "summed"),
-    (pool_features_mixed, "mixed_features"),
-    (pool_all_heads, "global_mean"),
-    (pool_all_heads_tiled, "global_mean"),
-    (pool_max, "max"),
-])
+@pytest.mark.parametrize(
+    "fn, key",
+    [
+        (pool_strided, "wrong_order"),
+        (pool_first, "first_head"),
+        (pool_sum, "summed"),
+        (pool_features_mixed, "mixed_features"),
+        (pool_all_heads, "global_mean"),
+        (pool_all_heads_tiled, "global_mean"),
+        (pool_max, "max"),
+    ],
+)
 def test_pool_mistakes_are_diagnosed(fn, key):
     with pytest.raises(ExerciseError) as err:
         check_pool_kv_heads(fn)
@@ -210,14 +270,17 @@ def test_pool_mistakes_are_diagnosed(fn, key):
 def test_pool_stub_is_not_attempted():
     def stub(w, n_heads, n_kv_heads):
         raise NotImplementedError
+
     with pytest.raises(NotAttemptedError):
         check_pool_kv_heads(stub)
 
 
-# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+# --- the catalogue (run by tests/test_exercises_framework.py) ----------------
+
 
 def share_einsum_style(x, n_heads):
-    """Correct: a one-hot (n_heads, n_kv_heads) matrix picks head j // g for query head j."""
+    """Correct: a one-hot (n_heads, n_kv_heads) matrix picks head j // g for
+    query head j."""
     g = n_heads // x.shape[1]
     pick = torch.zeros(n_heads, x.shape[1], dtype=x.dtype)
     pick[torch.arange(n_heads), torch.arange(n_heads) // g] = 1
@@ -227,41 +290,68 @@ def share_einsum_style(x, n_heads):
 def pool_float32(w, n_heads, n_kv_heads):
     """Correct, in float32 and through numpy."""
     import numpy as np
+
     a = w.numpy().astype(np.float32)
     g = n_heads // n_kv_heads
-    return a.reshape(n_kv_heads, g, a.shape[0] // n_heads, *a.shape[1:]).mean(axis=1).reshape(-1, *a.shape[1:])
+    return (
+        a.reshape(n_kv_heads, g, a.shape[0] // n_heads, *a.shape[1:])
+        .mean(axis=1)
+        .reshape(-1, *a.shape[1:])
+    )
 
 
 def pool_no_division(w, n_heads, n_kv_heads):
     """Sums by a loop, forgetting to divide."""
     d = w.shape[0] // n_heads
     g = n_heads // n_kv_heads
-    return torch.cat([sum(w[(i * g + r) * d:(i * g + r + 1) * d] for r in range(g)) for i in range(n_kv_heads)])
+    return torch.cat(
+        [
+            sum(w[(i * g + r) * d : (i * g + r + 1) * d] for r in range(g))
+            for i in range(n_kv_heads)
+        ]
+    )
 
 
 CATALOGUE = {
     "check_share_kv_heads": {
         "right": [share_by_index, share_by_loop, share_einsum_style],
-        "wrong": [(share_tiled, "wrong_order"), (share_modulo_index, "wrong_order"),
-                  (share_n_heads_copies, "wrong_group_size"), (share_positions, "wrong_axis"),
-                  (share_scrambled, "scrambled"), (share_only_head_zero, "first_head_only"),
-                  (share_divided_by_g, "divided_by_g"), (share_one_copy_too_many, "group_size_off_by_one"),
-                  (share_one_copy_too_few, "group_size_off_by_one"), (share_last_axis, "scrambled_features")],
+        "wrong": [
+            (share_tiled, "wrong_order"),
+            (share_modulo_index, "wrong_order"),
+            (share_n_heads_copies, "wrong_group_size"),
+            (share_positions, "wrong_axis"),
+            (share_scrambled, "scrambled"),
+            (share_only_head_zero, "first_head_only"),
+            (share_divided_by_g, "divided_by_g"),
+            (share_one_copy_too_many, "group_size_off_by_one"),
+            (share_one_copy_too_few, "group_size_off_by_one"),
+            (share_last_axis, "scrambled_features"),
+        ],
     },
     "check_pool_kv_heads": {
         "right": [pool_by_loop, pool_by_view, pool_float32],
-        "wrong": [(pool_strided, "wrong_order"), (pool_first, "first_head"), (pool_sum, "summed"),
-                  (pool_features_mixed, "mixed_features"), (pool_no_division, "summed"),
-                  (pool_all_heads, "global_mean"), (pool_all_heads_tiled, "global_mean"), (pool_max, "max")],
+        "wrong": [
+            (pool_strided, "wrong_order"),
+            (pool_first, "first_head"),
+            (pool_sum, "summed"),
+            (pool_features_mixed, "mixed_features"),
+            (pool_no_division, "summed"),
+            (pool_all_heads, "global_mean"),
+            (pool_all_heads_tiled, "global_mean"),
+            (pool_max, "max"),
+        ],
     },
 }
 
 
-# --- from the expert reading of chapter 11 (checker-findings) ----------------------------------------------
+# --- from the expert reading of chapter 11 (checker-findings) ----------------
+
 
 def pool_last(weight, n_heads, n_kv_heads):
     g, d_head = n_heads // n_kv_heads, weight.shape[0] // n_heads
-    return weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:])[:, -1].reshape(-1, *weight.shape[1:])
+    return weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:])[
+        :, -1
+    ].reshape(-1, *weight.shape[1:])
 
 
 def pool_median(weight, n_heads, n_kv_heads):
@@ -274,41 +364,65 @@ def pool_in_place_division(weight, n_heads, n_kv_heads):
     """Right values, and divides the caller's weight in place."""
     g, d_head = n_heads // n_kv_heads, weight.shape[0] // n_heads
     weight /= g
-    return weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:]).sum(1).reshape(-1, *weight.shape[1:])
+    return (
+        weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:])
+        .sum(1)
+        .reshape(-1, *weight.shape[1:])
+    )
 
 
 def pool_first_overwriting_input(weight, n_heads, n_kv_heads):
-    """Wrong (the first head), and overwrites the input so that each group's heads equal the first."""
+    """Wrong (the first head), and overwrites the input so that each group's
+    heads equal the first."""
     g, d_head = n_heads // n_kv_heads, weight.shape[0] // n_heads
     grouped = weight.view(n_kv_heads, g, d_head, *weight.shape[1:])
     grouped[:, 1:] = grouped[:, :1]
     return grouped.mean(1).reshape(-1, *weight.shape[1:])
 
 
-CATALOGUE["check_pool_kv_heads"]["wrong"] += [(pool_last, "last_head"), (pool_median, "median"),
-                                              (pool_first_overwriting_input, "first_head")]
+CATALOGUE["check_pool_kv_heads"]["wrong"] += [
+    (pool_last, "last_head"),
+    (pool_median, "median"),
+    (pool_first_overwriting_input, "first_head"),
+]
 CATALOGUE["check_pool_kv_heads"]["right"] += [pool_in_place_division]
 
 
-# --- from the third reading of chapter 11 (session 3) ---------------------------------------------
+# --- from the third reading of chapter 11 (session 3) ------------------------
+
 
 def share_tiled_positions(x, n_heads):
-    """Wrong axis, tiled: the whole sequence of positions g times over (x.repeat along dim 2)."""
+    """Wrong axis, tiled: the whole sequence of positions g times over
+    (x.repeat along dim 2)."""
     return x.repeat(1, 1, n_heads // x.shape[1], 1)
 
 
 def share_expand_flatten_positions(x, n_heads):
-    """Wrong axis, tiled: the new axis inserted before the positions, then merged with them."""
+    """Wrong axis, tiled: the new axis inserted before the positions, then
+    merged with them."""
     b, n_kv_heads, n, d = x.shape
-    return x[:, :, None].expand(b, n_kv_heads, n_heads // n_kv_heads, n, d).flatten(2, 3)
+    return (
+        x[:, :, None]
+        .expand(b, n_kv_heads, n_heads // n_kv_heads, n, d)
+        .flatten(2, 3)
+    )
 
 
 def pool_torch_median(weight, n_heads, n_kv_heads):
-    """torch's .median(1): for an even group size the lower of the two middle values (the minimum at g = 2)."""
+    """torch's .median(1): for an even group size the lower of the two middle
+    values (the minimum at g = 2)."""
     g, d_head = n_heads // n_kv_heads, weight.shape[0] // n_heads
-    return weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:]).median(1).values.reshape(-1, *weight.shape[1:])
+    return (
+        weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:])
+        .median(1)
+        .values.reshape(-1, *weight.shape[1:])
+    )
 
 
-CATALOGUE["check_share_kv_heads"]["wrong"] += [(share_tiled_positions, "wrong_axis"),
-                                               (share_expand_flatten_positions, "wrong_axis")]
-CATALOGUE["check_pool_kv_heads"]["wrong"] += [(pool_torch_median, "lower_median")]
+CATALOGUE["check_share_kv_heads"]["wrong"] += [
+    (share_tiled_positions, "wrong_axis"),
+    (share_expand_flatten_positions, "wrong_axis"),
+]
+CATALOGUE["check_pool_kv_heads"]["wrong"] += [
+    (pool_torch_median, "lower_median")
+]

@@ -1,9 +1,12 @@
-"""The chapter-5 checkers must pass correct solutions and reject each classic mistake by name.
+"""The chapter-5 checkers must pass correct solutions and reject each classic
+mistake by name.
 
-The implementations below are written independently of the checkers' own code (torch
-view/permute, einsum, explicit loops over heads and tokens), the way a reader might
-write them, so a checker that only recognised its own Mistake functions would fail here.
+The implementations below are written independently of the checkers' own code
+(torch view/permute, einsum, explicit loops over heads and tokens), the way a
+reader might write them, so a checker that only recognised its own Mistake
+functions would fail here.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,17 +14,23 @@ import pytest
 import torch
 
 from attnbook.exercises._framework import ExerciseError, NotAttemptedError
-from attnbook.exercises.multihead import check_multihead_attention, check_split_qkv
+from attnbook.exercises.multihead import (
+    check_multihead_attention,
+    check_split_qkv,
+)
 
 
-# --- splitting a packed q/k/v projection -------------------------------------------
+# --- splitting a packed q/k/v projection -------------------------------------
+
 
 def split_torch(qkv, n_heads):
     t = torch.from_numpy(qkv)
     b, n, three_d = t.shape
     d_head = three_d // 3 // n_heads
     q, k, v = t.chunk(3, dim=-1)
-    return tuple(u.view(b, n, n_heads, d_head).transpose(1, 2) for u in (q, k, v))
+    return tuple(
+        u.view(b, n, n_heads, d_head).transpose(1, 2) for u in (q, k, v)
+    )
 
 
 def split_loops(qkv, n_heads):
@@ -33,76 +42,130 @@ def split_loops(qkv, n_heads):
         for r in range(n_heads):
             for i in range(n):
                 start = part * d_model + r * d_head
-                out[part, :, r, i] = qkv[:, i, start:start + d_head]
+                out[part, :, r, i] = qkv[:, i, start : start + d_head]
     return out[0], out[1], out[2]
 
 
 def split_einops_style(qkv, n_heads):
-    # one reshape of the packed axis as (3, heads, d_head), then a single permute
+    # one reshape of the packed axis as (3, heads, d_head), then a single
+    # permute
     b, n, three_d = qkv.shape
-    x = qkv.reshape(b, n, 3, n_heads, three_d // 3 // n_heads).transpose(2, 0, 3, 1, 4)
-    return list(x)        # a list of three is accepted as well as a tuple
+    x = qkv.reshape(b, n, 3, n_heads, three_d // 3 // n_heads).transpose(
+        2, 0, 3, 1, 4
+    )
+    return list(x)  # a list of three is accepted as well as a tuple
 
 
 SPLIT_WRONG = {
-    "no_transpose": lambda qkv, h: tuple(u.reshape(qkv.shape[0], h, qkv.shape[1], -1)
-                                         for u in torch.from_numpy(qkv).chunk(3, dim=-1)),
+    "no_transpose": lambda qkv, h: tuple(
+        u.reshape(qkv.shape[0], h, qkv.shape[1], -1)
+        for u in torch.from_numpy(qkv).chunk(3, dim=-1)
+    ),
     "heads_strided": lambda qkv, h: tuple(
         u.view(qkv.shape[0], qkv.shape[1], -1, h).permute(0, 3, 1, 2)
-        for u in torch.from_numpy(qkv).chunk(3, dim=-1)),
+        for u in torch.from_numpy(qkv).chunk(3, dim=-1)
+    ),
     "interleaved": lambda qkv, h: tuple(
-        torch.from_numpy(qkv).view(qkv.shape[0], qkv.shape[1], h, 3, -1).permute(3, 0, 2, 1, 4).unbind(0)),
+        torch.from_numpy(qkv)
+        .view(qkv.shape[0], qkv.shape[1], h, 3, -1)
+        .permute(3, 0, 2, 1, 4)
+        .unbind(0)
+    ),
     "tokens_last": lambda qkv, h: tuple(
         np.einsum("bnhd->bhdn", u.reshape(u.shape[0], u.shape[1], h, -1))
-        for u in (qkv[..., :qkv.shape[-1] // 3], qkv[..., qkv.shape[-1] // 3:2 * qkv.shape[-1] // 3],
-                  qkv[..., 2 * qkv.shape[-1] // 3:])),
+        for u in (
+            qkv[..., : qkv.shape[-1] // 3],
+            qkv[..., qkv.shape[-1] // 3 : 2 * qkv.shape[-1] // 3],
+            qkv[..., 2 * qkv.shape[-1] // 3 :],
+        )
+    ),
     "split_tokens": lambda qkv, h: tuple(
         u.view(qkv.shape[0], qkv.shape[1], h, -1).transpose(1, 2)
-        for u in torch.from_numpy(qkv).reshape(qkv.shape[0], 3 * qkv.shape[1], -1).chunk(3, dim=1)),
+        for u in torch.from_numpy(qkv)
+        .reshape(qkv.shape[0], 3 * qkv.shape[1], -1)
+        .chunk(3, dim=1)
+    ),
     # the right split, returned in the wrong order
-    "order_kqv": lambda qkv, h: (lambda q, k, v: (k, q, v))(*split_torch(qkv, h)),
-    "order_qvk": lambda qkv, h: (lambda q, k, v: (q, v, k))(*split_loops(qkv, h)),
+    "order_kqv": lambda qkv, h: (lambda q, k, v: (k, q, v))(
+        *split_torch(qkv, h)
+    ),
+    "order_qvk": lambda qkv, h: (lambda q, k, v: (q, v, k))(
+        *split_loops(qkv, h)
+    ),
 }
 
 
-# Torch-native answers: written for a tensor argument (no torch.from_numpy), as the exercise allows
-# ("numpy or torch"). Such a function raises on the checker's numpy arrays ('numpy.ndarray' object has
-# no attribute 'chunk'), so the checker gives it the cases as tensors.
+# Torch-native answers: written for a tensor argument (no torch.from_numpy), as
+# the exercise allows ("numpy or torch"). Such a function raises on the
+# checker's numpy arrays ('numpy.ndarray' object has no attribute 'chunk'), so
+# the checker gives it the cases as tensors.
+
 
 def split_torch_native(qkv, n_heads):
-    """Correct, in torch only: chunk into thirds, unflatten the features into heads, swap axes 1 and 2."""
+    """Correct, in torch only: chunk into thirds, unflatten the features into
+    heads, swap axes 1 and 2."""
     q, k, v = qkv.chunk(3, dim=-1)
-    return tuple(p.unflatten(-1, (n_heads, -1)).transpose(1, 2) for p in (q, k, v))
+    return tuple(
+        p.unflatten(-1, (n_heads, -1)).transpose(1, 2) for p in (q, k, v)
+    )
 
 
 def split_torch_native_view(qkv, n_heads):
-    """Correct, in torch only: the packed axis viewed as (3, heads, d_head), then one permute."""
+    """Correct, in torch only: the packed axis viewed as (3, heads, d_head),
+    then one permute."""
     b, n, three_d = qkv.size()
-    return qkv.view(b, n, 3, n_heads, three_d // 3 // n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+    return (
+        qkv.view(b, n, 3, n_heads, three_d // 3 // n_heads)
+        .permute(2, 0, 3, 1, 4)
+        .unbind(0)
+    )
 
 
 SPLIT_WRONG_TORCH_NATIVE = {
-    "no_transpose": lambda qkv, h: tuple(u.reshape(u.size(0), h, u.size(1), -1) for u in qkv.chunk(3, dim=-1)),
-    "heads_strided": lambda qkv, h: tuple(u.unflatten(-1, (-1, h)).permute(0, 3, 1, 2)
-                                          for u in qkv.chunk(3, dim=-1)),
-    "interleaved": lambda qkv, h: qkv.unflatten(-1, (h, 3, -1)).permute(3, 0, 2, 1, 4).unbind(0),
-    "tokens_last": lambda qkv, h: tuple(u.unflatten(-1, (h, -1)).permute(0, 2, 3, 1)
-                                        for u in qkv.chunk(3, dim=-1)),
-    "order_kqv": lambda qkv, h: (lambda q, k, v: (k, q, v))(*split_torch_native(qkv, h)),
+    "no_transpose": lambda qkv, h: tuple(
+        u.reshape(u.size(0), h, u.size(1), -1) for u in qkv.chunk(3, dim=-1)
+    ),
+    "heads_strided": lambda qkv, h: tuple(
+        u.unflatten(-1, (-1, h)).permute(0, 3, 1, 2)
+        for u in qkv.chunk(3, dim=-1)
+    ),
+    "interleaved": lambda qkv, h: (
+        qkv.unflatten(-1, (h, 3, -1)).permute(3, 0, 2, 1, 4).unbind(0)
+    ),
+    "tokens_last": lambda qkv, h: tuple(
+        u.unflatten(-1, (h, -1)).permute(0, 2, 3, 1)
+        for u in qkv.chunk(3, dim=-1)
+    ),
+    "order_kqv": lambda qkv, h: (lambda q, k, v: (k, q, v))(
+        *split_torch_native(qkv, h)
+    ),
 }
 
 
-@pytest.mark.parametrize("fn", [split_torch, split_loops, split_einops_style, split_torch_native,
-                                split_torch_native_view])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        split_torch,
+        split_loops,
+        split_einops_style,
+        split_torch_native,
+        split_torch_native_view,
+    ],
+)
 def test_split_checker_passes_correct_solutions(fn, capsys):
     check_split_qkv(fn)
     assert "Correct" in capsys.readouterr().out
 
 
 def test_the_torch_native_answers_fail_on_arrays():
-    """What made the old checker reject them: they do not run on the numpy arrays it passed."""
+    """What made the old checker reject them: they do not run on the numpy
+    arrays it passed."""
     qkv = np.random.default_rng(0).normal(size=(2, 5, 36))
-    for fn in (split_torch_native, split_torch_native_view, *SPLIT_WRONG_TORCH_NATIVE.values()):
+    for fn in (
+        split_torch_native,
+        split_torch_native_view,
+        *SPLIT_WRONG_TORCH_NATIVE.values(),
+    ):
         with pytest.raises((AttributeError, TypeError)):
             fn(qkv, 3)
 
@@ -117,39 +180,59 @@ def test_split_checker_names_each_mistake_in_a_torch_native_answer(key):
 
 def test_split_checker_reports_the_error_on_arrays_when_tensors_fail_too():
     def broken(qkv, n_heads):
-        return qkv.reshape(7, -1, 5)                 # fails on an array and on a tensor alike
+        # fails on an array and on a tensor alike
+        return qkv.reshape(7, -1, 5)
+
     with pytest.raises(ExerciseError) as info:
         check_split_qkv(broken)
-    assert "your function raised ValueError" in str(info.value) and "cannot reshape" in str(info.value)
+    assert "your function raised ValueError" in str(
+        info.value
+    ) and "cannot reshape" in str(info.value)
 
 
-def test_split_checker_notes_a_torch_native_answer_that_changes_its_input(capsys):
+def test_split_checker_notes_a_torch_native_answer_that_changes_its_input(
+    capsys,
+):
     def in_place(qkv, n_heads):
         q, k, v = qkv.chunk(3, dim=-1)
-        out = tuple(p.unflatten(-1, (n_heads, -1)).transpose(1, 2).clone() for p in (q, k, v))
-        qkv.zero_()                                   # changes the caller's tensor
+        out = tuple(
+            p.unflatten(-1, (n_heads, -1)).transpose(1, 2).clone()
+            for p in (q, k, v)
+        )
+        # changes the caller's tensor
+        qkv.zero_()
         return out
+
     check_split_qkv(in_place)
     out = capsys.readouterr().out
     assert "changed its input `qkv` in place" in out and "Correct" in out
 
 
 def test_split_checker_without_torch_reports_a_torch_native_answer_s_error():
-    """In the browser there is no torch: the verdict is the error on the array, not a crash."""
+    """In the browser there is no torch: the verdict is the error on the array,
+    not a crash."""
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from attnbook.exercises import check_split_qkv\n"
-            "def split_qkv(qkv, h):\n"
-            "    return tuple(p.unflatten(-1, (h, -1)).transpose(1, 2) for p in qkv.chunk(3, dim=-1))\n"
-            "try:\n"
-            "    check_split_qkv(split_qkv)\n"
-            "except AssertionError as err:\n"
-            "    print(err)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from attnbook.exercises import check_split_qkv\n"
+        "def split_qkv(qkv, h):\n"
+        "    return tuple(p.unflatten(-1, (h, -1)).transpose(1, 2) for p in "
+        "qkv.chunk(3, dim=-1))\n"
+        "try:\n"
+        "    check_split_qkv(split_qkv)\n"
+        "except AssertionError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "AttributeError: 'numpy.ndarray' object has no attribute 'chunk'" in done.stdout
+    assert (
+        "AttributeError: 'numpy.ndarray' object has no attribute 'chunk'"
+        in done.stdout
+    )
 
 
 @pytest.mark.parametrize("key", sorted(SPLIT_WRONG))
@@ -164,6 +247,7 @@ def test_split_checker_reports_an_unknown_error_without_a_diagnosis():
     def off(qkv, h):
         q, k, v = split_torch(qkv, h)
         return q, k + 0.1, v
+
     with pytest.raises(ExerciseError) as info:
         check_split_qkv(off)
     assert info.value.mistake is None
@@ -176,10 +260,20 @@ def test_split_checker_rejects_a_result_that_is_not_three_tensors():
 
 def test_split_checker_names_the_shape_of_each_tensor_not_its_own_stack():
     with pytest.raises(ExerciseError) as info:
-        check_split_qkv(lambda qkv, h: tuple(t.transpose(1, 2) for t in split_torch(qkv, h)))
+        check_split_qkv(
+            lambda qkv, h: tuple(
+                t.transpose(1, 2) for t in split_torch(qkv, h)
+            )
+        )
     message = str(info.value)
-    assert "each of q, k, v should have shape (batch, n_heads, n, d_head) = (2, 3, 5, 4)" in message
-    assert "yours have (2, 5, 3, 4)" in message and "(3, 2, 3, 5, 4)" not in message
+    assert (
+        "each of q, k, v should have shape (batch, n_heads, n, d_head) = (2, "
+        "3, 5, 4)" in message
+    )
+    assert (
+        "yours have (2, 5, 3, 4)" in message
+        and "(3, 2, 3, 5, 4)" not in message
+    )
 
 
 def test_split_checker_calls_the_neox_packing_a_real_layout():
@@ -191,16 +285,23 @@ def test_split_checker_calls_the_neox_packing_a_real_layout():
 def test_split_checker_reports_the_stub():
     def stub(qkv, n_heads):
         raise NotImplementedError
+
     with pytest.raises(NotAttemptedError):
         check_split_qkv(stub)
 
 
-# --- multi-head attention ---------------------------------------------------------------
+# --- multi-head attention ----------------------------------------------------
+
 
 def mha_torch(x, w_q, w_k, w_v, w_o, n_heads):
-    x, w_q, w_k, w_v, w_o = (torch.from_numpy(a) for a in (x, w_q, w_k, w_v, w_o))
+    x, w_q, w_k, w_v, w_o = (
+        torch.from_numpy(a) for a in (x, w_q, w_k, w_v, w_o)
+    )
     b, n, d = x.shape
-    q, k, v = ((x @ w).view(b, n, n_heads, d // n_heads).transpose(1, 2) for w in (w_q, w_k, w_v))
+    q, k, v = (
+        (x @ w).view(b, n, n_heads, d // n_heads).transpose(1, 2)
+        for w in (w_q, w_k, w_v)
+    )
     heads = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     return heads.transpose(1, 2).reshape(b, n, d) @ w_o
 
@@ -215,36 +316,52 @@ def mha_loop(x, w_q, w_k, w_v, w_o, n_heads):
         s = q @ k.transpose(0, 2, 1) / np.sqrt(d_head)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
-        out += (p @ v) @ w_o[cols]        # concat @ w_o = sum over heads of head_r @ (rows r of w_o)
+        # concat @ w_o = sum over heads of head_r @ (rows r of w_o)
+        out += (p @ v) @ w_o[cols]
     return out
 
 
 def mha_nn_module(x, w_q, w_k, w_v, w_o, n_heads):
     d = x.shape[-1]
-    layer = torch.nn.MultiheadAttention(d, n_heads, bias=False, batch_first=True, dtype=torch.float64)
+    layer = torch.nn.MultiheadAttention(
+        d, n_heads, bias=False, batch_first=True, dtype=torch.float64
+    )
     with torch.no_grad():
-        layer.in_proj_weight.copy_(torch.from_numpy(np.concatenate([w_q.T, w_k.T, w_v.T])))
+        layer.in_proj_weight.copy_(
+            torch.from_numpy(np.concatenate([w_q.T, w_k.T, w_v.T]))
+        )
         layer.out_proj.weight.copy_(torch.from_numpy(w_o.T))
     xt = torch.from_numpy(x)
     return layer(xt, xt, xt, need_weights=False)[0].detach()
 
 
 def _sdpa_heads(q, k, v, scale=None):
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, scale=scale
+    )
 
 
-def _wrong(split, merge, scale=None, out=True, weights=lambda w: w, softmax_dim=None):
+def _wrong(
+    split, merge, scale=None, out=True, weights=lambda w: w, softmax_dim=None
+):
     def fn(x, w_q, w_k, w_v, w_o, n_heads):
-        x, w_q, w_k, w_v, w_o = (torch.from_numpy(a) for a in (x, w_q, w_k, w_v, w_o))
+        x, w_q, w_k, w_v, w_o = (
+            torch.from_numpy(a) for a in (x, w_q, w_k, w_v, w_o)
+        )
         w_q, w_k, w_v, w_o = map(weights, (w_q, w_k, w_v, w_o))
         q, k, v = (split(x @ w, n_heads) for w in (w_q, w_k, w_v))
         if softmax_dim is None:
-            heads = _sdpa_heads(q, k, v, scale=None if scale is None else scale(x))
+            heads = _sdpa_heads(
+                q, k, v, scale=None if scale is None else scale(x)
+            )
         else:
-            p = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=softmax_dim)
+            p = torch.softmax(
+                q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=softmax_dim
+            )
             heads = p @ v
         concat = merge(heads, x.shape)
         return concat @ w_o if out else concat
+
     return fn
 
 
@@ -259,26 +376,48 @@ def good_merge(t, shape):
 
 MHA_WRONG = {
     "one_head": _wrong(lambda t, h: t.unsqueeze(1), good_merge),
-    "scale_d_model": _wrong(good_split, good_merge, scale=lambda x: x.shape[-1] ** -0.5),
-    "no_transpose": _wrong(lambda t, h: t.reshape(t.shape[0], h, t.shape[1], -1),
-                           lambda t, shape: t.reshape(shape)),
-    "merge_no_transpose": _wrong(good_split, lambda t, shape: t.reshape(shape)),
-    "split_no_transpose": _wrong(lambda t, h: t.reshape(t.shape[0], h, t.shape[1], -1), good_merge),
-    "heads_strided": _wrong(lambda t, h: t.unflatten(-1, (-1, h)).permute(0, 3, 1, 2),
-                            lambda t, shape: t.permute(0, 2, 3, 1).flatten(2)),
+    "scale_d_model": _wrong(
+        good_split, good_merge, scale=lambda x: x.shape[-1] ** -0.5
+    ),
+    "no_transpose": _wrong(
+        lambda t, h: t.reshape(t.shape[0], h, t.shape[1], -1),
+        lambda t, shape: t.reshape(shape),
+    ),
+    "merge_no_transpose": _wrong(
+        good_split, lambda t, shape: t.reshape(shape)
+    ),
+    "split_no_transpose": _wrong(
+        lambda t, h: t.reshape(t.shape[0], h, t.shape[1], -1), good_merge
+    ),
+    "heads_strided": _wrong(
+        lambda t, h: t.unflatten(-1, (-1, h)).permute(0, 3, 1, 2),
+        lambda t, shape: t.permute(0, 2, 3, 1).flatten(2),
+    ),
     "no_out_proj": _wrong(good_split, good_merge, out=False),
     "wrong_axis": _wrong(good_split, good_merge, softmax_dim=-2),
-    "transposed_weights": _wrong(good_split, good_merge, weights=lambda w: w.T),
+    "transposed_weights": _wrong(
+        good_split, good_merge, weights=lambda w: w.T
+    ),
     "no_scale": _wrong(good_split, good_merge, scale=lambda x: 1.0),
-    "causal_mask": lambda x, w_q, w_k, w_v, w_o, n_heads: _causal_mha(x, w_q, w_k, w_v, w_o, n_heads),
+    "causal_mask": lambda x, w_q, w_k, w_v, w_o, n_heads: _causal_mha(
+        x, w_q, w_k, w_v, w_o, n_heads
+    ),
     "scale_d_head": lambda x, w_q, w_k, w_v, w_o, n_heads: _loop_variant(
-        x, w_q, w_k, w_v, w_o, n_heads, scale=n_heads / x.shape[-1]),
+        x, w_q, w_k, w_v, w_o, n_heads, scale=n_heads / x.shape[-1]
+    ),
     "scale_sqrt_heads": lambda x, w_q, w_k, w_v, w_o, n_heads: _loop_variant(
-        x, w_q, w_k, w_v, w_o, n_heads, scale=1 / np.sqrt(n_heads)),
-    "w_o_transposed": lambda x, w_q, w_k, w_v, w_o, n_heads: mha_loop(x, w_q, w_k, w_v, w_o.T, n_heads),
+        x, w_q, w_k, w_v, w_o, n_heads, scale=1 / np.sqrt(n_heads)
+    ),
+    "w_o_transposed": lambda x, w_q, w_k, w_v, w_o, n_heads: mha_loop(
+        x, w_q, w_k, w_v, w_o.T, n_heads
+    ),
     "softmax_heads": _wrong(good_split, good_merge, softmax_dim=1),
-    "keys_with_w_q": lambda x, w_q, w_k, w_v, w_o, n_heads: mha_torch(x, w_q, w_q, w_v, w_o, n_heads),
-    "strided_split": _wrong(lambda t, h: t.unflatten(-1, (-1, h)).permute(0, 3, 1, 2), good_merge),
+    "keys_with_w_q": lambda x, w_q, w_k, w_v, w_o, n_heads: mha_torch(
+        x, w_q, w_q, w_v, w_o, n_heads
+    ),
+    "strided_split": _wrong(
+        lambda t, h: t.unflatten(-1, (-1, h)).permute(0, 3, 1, 2), good_merge
+    ),
 }
 
 
@@ -297,9 +436,13 @@ def _loop_variant(x, w_q, w_k, w_v, w_o, n_heads, scale):
 
 def _causal_mha(x, w_q, w_k, w_v, w_o, n_heads):
     """A stray is_causal=True: what a reader copying decoder code writes."""
-    x, w_q, w_k, w_v, w_o = (torch.from_numpy(a) for a in (x, w_q, w_k, w_v, w_o))
+    x, w_q, w_k, w_v, w_o = (
+        torch.from_numpy(a) for a in (x, w_q, w_k, w_v, w_o)
+    )
     q, k, v = (good_split(x @ w, n_heads) for w in (w_q, w_k, w_v))
-    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    heads = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True
+    )
     return good_merge(heads, x.shape) @ w_o
 
 
@@ -332,22 +475,31 @@ def test_mha_checker_reports_a_wrong_shape():
 def test_mha_checker_reports_the_stub():
     def stub(x, w_q, w_k, w_v, w_o, n_heads):
         raise NotImplementedError
+
     with pytest.raises(NotAttemptedError):
         check_multihead_attention(stub)
 
 
 def test_the_checkers_own_head_split_agrees_with_the_library():
-    """The references cut heads with reshapes of their own (independent, and free of torch): they agree
-    with attnbook.heads on several shapes, and undo each other."""
+    """The references cut heads with reshapes of their own (independent, and
+    free of torch): they agree with attnbook.heads on several shapes, and undo
+    each other."""
     from attnbook import heads
     from attnbook.exercises import multihead as reference
 
     rng = np.random.default_rng(3)
-    for shape, h in [((2, 5, 12), 3), ((7, 8), 2), ((1, 1, 4), 4), ((2, 3, 6, 16), 4)]:
+    for shape, h in [
+        ((2, 5, 12), 3),
+        ((7, 8), 2),
+        ((1, 1, 4), 4),
+        ((2, 3, 6, 16), 4),
+    ]:
         x = rng.normal(size=shape)
         split = reference.split_heads(x, h)
         np.testing.assert_array_equal(split, heads.split_heads(x, h))
-        np.testing.assert_array_equal(reference.merge_heads(split), heads.merge_heads(split))
+        np.testing.assert_array_equal(
+            reference.merge_heads(split), heads.merge_heads(split)
+        )
         np.testing.assert_array_equal(reference.merge_heads(split), x)
 
 
@@ -355,20 +507,36 @@ def test_the_checkers_load_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from attnbook.exercises import check_multihead_attention, check_split_qkv; print('loaded')")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "loaded\n"
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from attnbook.exercises import check_multihead_attention, "
+        "check_split_qkv; print('loaded')"
+    )
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True
+        ).stdout
+        == "loaded\n"
+    )
 
 
-# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+# --- the catalogue (run by tests/test_exercises_framework.py) ----------------
+
 
 def split_float32_einops(qkv, n_heads):
-    """Correct: float32, the three parts cut by slicing, heads by a (n_heads, d_head) reshape."""
+    """Correct: float32, the three parts cut by slicing, heads by a (n_heads,
+    d_head) reshape."""
     a = np.asarray(qkv, np.float32)
     b, n, three_d = a.shape
     d = three_d // 3
-    return tuple(np.moveaxis(a[..., i * d:(i + 1) * d].reshape(b, n, n_heads, d // n_heads), 2, 1)
-                 for i in range(3))
+    return tuple(
+        np.moveaxis(
+            a[..., i * d : (i + 1) * d].reshape(b, n, n_heads, d // n_heads),
+            2,
+            1,
+        )
+        for i in range(3)
+    )
 
 
 def mha_einsum(x, w_q, w_k, w_v, w_o, n_heads):
@@ -379,14 +547,25 @@ def mha_einsum(x, w_q, w_k, w_v, w_o, n_heads):
     s = np.einsum("bhie,bhje->bhij", q, k) / np.sqrt(d // n_heads)
     p = np.exp(s - s.max(-1, keepdims=True))
     heads = np.einsum("bhij,bhje->bhie", p / p.sum(-1, keepdims=True), v)
-    return np.einsum("bhne,hef->bnf", heads, w_o.reshape(n_heads, d // n_heads, d))
+    return np.einsum(
+        "bhne,hef->bnf", heads, w_o.reshape(n_heads, d // n_heads, d)
+    )
 
 
 CATALOGUE = {
     "check_split_qkv": {
-        "right": [split_torch, split_loops, split_einops_style, split_float32_einops, split_torch_native],
+        "right": [
+            split_torch,
+            split_loops,
+            split_einops_style,
+            split_float32_einops,
+            split_torch_native,
+        ],
         "wrong": [(SPLIT_WRONG[key], key) for key in sorted(SPLIT_WRONG)]
-                 + [(SPLIT_WRONG_TORCH_NATIVE[key], key) for key in sorted(SPLIT_WRONG_TORCH_NATIVE)],
+        + [
+            (SPLIT_WRONG_TORCH_NATIVE[key], key)
+            for key in sorted(SPLIT_WRONG_TORCH_NATIVE)
+        ],
     },
     "check_multihead_attention": {
         "right": [mha_torch, mha_loop, mha_nn_module, mha_einsum],

@@ -1,18 +1,25 @@
-"""The linear-attention and Nadaraya-Watson checkers reject each classic mistake and pass the reference.
+"""The linear-attention and Nadaraya-Watson checkers reject each classic
+mistake and pass the reference.
 
-The wrong implementations here are written independently of the checkers' Mistake functions,
-the way a reader might write them (with explicit loops or torch), and each must get its diagnosis.
+The wrong implementations here are written independently of the checkers'
+Mistake functions, the way a reader might write them (with explicit loops or
+torch), and each must get its diagnosis.
 """
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attnbook.exercises import ExerciseError, NotAttemptedError
-from attnbook.exercises.perspectives import check_linear_attention, check_nadaraya_watson
+from attnbook.exercises.perspectives import (
+    check_linear_attention,
+    check_nadaraya_watson,
+)
 
 
-# --- linear attention ------------------------------------------------------------
+# --- linear attention --------------------------------------------------------
+
 
 def phi(x):
     return F.elu(torch.as_tensor(x)) + 1
@@ -22,7 +29,10 @@ def good_linear(q, k, v):
     fq, fk, v = phi(q), phi(k), torch.as_tensor(v)
     kv = torch.einsum("...jm,...jd->...md", fk, v)
     z = fk.sum(dim=-2)
-    return torch.einsum("...im,...md->...id", fq, kv) / torch.einsum("...im,...m->...i", fq, z)[..., None]
+    return (
+        torch.einsum("...im,...md->...id", fq, kv)
+        / torch.einsum("...im,...m->...i", fq, z)[..., None]
+    )
 
 
 def linear_without_denominator(q, k, v):
@@ -32,7 +42,9 @@ def linear_without_denominator(q, k, v):
 
 def linear_with_phi_of_v(q, k, v):
     fq, fk, fv = phi(q), phi(k), phi(v)
-    return (fq @ (fk.transpose(-1, -2) @ fv)) / (fq * fk.sum(-2, keepdim=True)).sum(-1, keepdim=True)
+    return (fq @ (fk.transpose(-1, -2) @ fv)) / (
+        fq * fk.sum(-2, keepdim=True)
+    ).sum(-1, keepdim=True)
 
 
 def linear_normalised_over_queries(q, k, v):
@@ -42,12 +54,16 @@ def linear_normalised_over_queries(q, k, v):
 
 def linear_summing_queries(q, k, v):
     fq, fk = phi(q), phi(k)
-    return (fq @ (fk.transpose(-1, -2) @ torch.as_tensor(v))) / (fq @ fq.sum(-2).unsqueeze(-1))
+    return (fq @ (fk.transpose(-1, -2) @ torch.as_tensor(v))) / (
+        fq @ fq.sum(-2).unsqueeze(-1)
+    )
 
 
 def linear_with_elu_only(q, k, v):
     fq, fk = F.elu(torch.as_tensor(q)), F.elu(torch.as_tensor(k))
-    return (fq @ (fk.transpose(-1, -2) @ torch.as_tensor(v))) / (fq @ fk.sum(-2).unsqueeze(-1))
+    return (fq @ (fk.transpose(-1, -2) @ torch.as_tensor(v))) / (
+        fq @ fk.sum(-2).unsqueeze(-1)
+    )
 
 
 def linear_without_feature_map(q, k, v):
@@ -57,7 +73,9 @@ def linear_without_feature_map(q, k, v):
 
 
 def plain_softmax_attention(q, k, v):
-    return F.scaled_dot_product_attention(*(torch.as_tensor(x) for x in (q, k, v)))
+    return F.scaled_dot_product_attention(
+        *(torch.as_tensor(x) for x in (q, k, v))
+    )
 
 
 def test_linear_reference_passes(capsys):
@@ -66,20 +84,25 @@ def test_linear_reference_passes(capsys):
 
 
 def test_the_quadratic_form_is_rejected_by_its_memory(capsys):
-    def quadratic_torch(q, k, v):              # right values, an n x n matrix of weights
+    # right values, an n x n matrix of weights
+    def quadratic_torch(q, k, v):
         w = phi(q) @ phi(k).transpose(-1, -2)
         return (w / w.sum(-1, keepdim=True)) @ torch.as_tensor(v), w
 
     def quadratic_numpy(q, k, v):
-        f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))     # elu(x) + 1
+        # elu(x) + 1
+        f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
         w = f(np.asarray(q)) @ np.swapaxes(f(np.asarray(k)), -1, -2)
         return (w / w.sum(-1, keepdims=True)) @ np.asarray(v)
 
     for quadratic in (quadratic_torch, quadratic_numpy):
-        with pytest.raises(ExerciseError, match=r"n x n matrix.*quadratic form") as err:
+        with pytest.raises(
+            ExerciseError, match=r"n x n matrix.*quadratic form"
+        ) as err:
             check_linear_attention(quadratic)
         assert "phi(K)^T V is d_k x d_v" in str(err.value)
-        assert "Correct" not in capsys.readouterr().out       # no "Correct" line before the rejection
+        # no "Correct" line before the rejection
+        assert "Correct" not in capsys.readouterr().out
 
 
 def test_a_linear_answer_that_returns_a_pair_passes(capsys):
@@ -87,15 +110,18 @@ def test_a_linear_answer_that_returns_a_pair_passes(capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (linear_without_denominator, "no_normaliser"),
-    (linear_with_phi_of_v, "feature_map_on_values"),
-    (linear_normalised_over_queries, "wrong_axis"),
-    (linear_summing_queries, "sum_over_queries"),
-    (linear_with_elu_only, "elu_without_one"),
-    (linear_without_feature_map, "no_feature_map"),
-    (plain_softmax_attention, "softmax_attention"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (linear_without_denominator, "no_normaliser"),
+        (linear_with_phi_of_v, "feature_map_on_values"),
+        (linear_normalised_over_queries, "wrong_axis"),
+        (linear_summing_queries, "sum_over_queries"),
+        (linear_with_elu_only, "elu_without_one"),
+        (linear_without_feature_map, "no_feature_map"),
+        (plain_softmax_attention, "softmax_attention"),
+    ],
+)
 def test_linear_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_linear_attention(wrong)
@@ -106,9 +132,14 @@ def test_linear_mistakes_are_diagnosed(wrong, key):
 def test_unbatched_only_solution_is_rejected_with_its_exception():
     def unbatched(q, k, v):
         fq, fk = phi(q), phi(k)
-        return (fq @ (fk.transpose(0, 1) @ torch.as_tensor(v))) / (fq @ fk.sum(0))[:, None]
+        return (fq @ (fk.transpose(0, 1) @ torch.as_tensor(v))) / (
+            fq @ fk.sum(0)
+        )[:, None]
 
-    with pytest.raises(ExerciseError, match="case 'a batch of 2 x 3 heads.*raised RuntimeError"):
+    with pytest.raises(
+        ExerciseError,
+        match="case 'a batch of 2 x 3 heads.*raised RuntimeError",
+    ):
         check_linear_attention(unbatched)
 
 
@@ -124,12 +155,13 @@ def test_linear_unknown_error_and_stub():
         check_linear_attention(stub)
 
 
-# --- Nadaraya-Watson -------------------------------------------------------------
+# --- Nadaraya-Watson ---------------------------------------------------------
+
 
 def good_nw(x_query, x_train, y_train, h):
     out = []
     for x in x_query:
-        logs = [-(x - xi) ** 2 / (2 * h * h) for xi in x_train]
+        logs = [-((x - xi) ** 2) / (2 * h * h) for xi in x_train]
         top = max(logs)
         ws = [np.exp(s - top) for s in logs]
         out.append(sum(w * y for w, y in zip(ws, y_train)) / sum(ws))
@@ -138,34 +170,37 @@ def good_nw(x_query, x_train, y_train, h):
 
 def nw_unnormalised(x_query, x_train, y_train, h):
     d = np.subtract.outer(x_query, x_train)
-    return np.exp(-d**2 / (2 * h * h)) @ y_train
+    return np.exp(-(d**2) / (2 * h * h)) @ y_train
 
 
 def nw_h_not_squared(x_query, x_train, y_train, h):
     d = np.subtract.outer(x_query, x_train)
-    s = -d**2 / (2 * h)
+    s = -(d**2) / (2 * h)
     w = np.exp(s - s.max(axis=1, keepdims=True))
     return (w * y_train).sum(1) / w.sum(1)
 
 
 def nw_without_half(x_query, x_train, y_train, h):
     d = torch.as_tensor(np.subtract.outer(x_query, x_train))
-    return torch.softmax(-d**2 / h**2, dim=1) @ torch.as_tensor(y_train)
+    return torch.softmax(-(d**2) / h**2, dim=1) @ torch.as_tensor(y_train)
 
 
 def nw_over_queries(x_query, x_train, y_train, h):
     d = torch.as_tensor(np.subtract.outer(x_query, x_train))
-    return torch.softmax(-d**2 / (2 * h**2), dim=0) @ torch.as_tensor(y_train)
+    return torch.softmax(-(d**2) / (2 * h**2), dim=0) @ torch.as_tensor(
+        y_train
+    )
 
 
 def nw_naive_exp(x_query, x_train, y_train, h):
-    k = np.exp(-np.subtract.outer(x_query, x_train) ** 2 / (2 * h**2))
+    k = np.exp(-(np.subtract.outer(x_query, x_train) ** 2) / (2 * h**2))
     return k @ y_train / k.sum(axis=1)
 
 
 def nw_global_max(x_query, x_train, y_train, h):
-    logs = -(np.subtract.outer(x_query, x_train)) ** 2 / (2 * h * h)
-    w = np.exp(logs - logs.max())                  # one maximum for the whole matrix
+    logs = -((np.subtract.outer(x_query, x_train)) ** 2) / (2 * h * h)
+    # one maximum for the whole matrix
+    w = np.exp(logs - logs.max())
     return (w * y_train).sum(1) / w.sum(1)
 
 
@@ -174,14 +209,17 @@ def test_nw_reference_passes(capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (nw_unnormalised, "not_normalised"),
-    (nw_h_not_squared, "bandwidth_not_squared"),
-    (nw_without_half, "no_half"),
-    (nw_over_queries, "wrong_axis"),
-    (nw_naive_exp, "underflow"),
-    (nw_global_max, "global_shift"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (nw_unnormalised, "not_normalised"),
+        (nw_h_not_squared, "bandwidth_not_squared"),
+        (nw_without_half, "no_half"),
+        (nw_over_queries, "wrong_axis"),
+        (nw_naive_exp, "underflow"),
+        (nw_global_max, "global_shift"),
+    ],
+)
 def test_nw_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_nadaraya_watson(wrong)
@@ -191,24 +229,31 @@ def test_nw_mistakes_are_diagnosed(wrong, key):
 
 def test_nw_unknown_error_is_rejected():
     with pytest.raises(ExerciseError) as err:
-        check_nadaraya_watson(lambda xq, xt, yt, h: good_nw(xq, xt, yt, h) + 0.1)
+        check_nadaraya_watson(
+            lambda xq, xt, yt, h: good_nw(xq, xt, yt, h) + 0.1
+        )
     assert err.value.mistake is None
 
 
-# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+# --- the catalogue (run by tests/test_exercises_framework.py) ----------------
+
 
 def linear_numpy_float32(q, k, v):
-    """Right: numpy, float32 features, the normaliser as a sum over keys first."""
-    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0))).astype(np.float32)   # noqa: E731
+    """Right: numpy, float32 features, the normaliser as a sum over keys
+    first."""
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0))).astype(
+        np.float32
+    )  # noqa: E731
     fq, fk = f(np.asarray(q)), f(np.asarray(k))
     s = np.swapaxes(fk, -1, -2) @ np.asarray(v, np.float32)
     return (fq @ s) / (fq * fk.sum(-2, keepdims=True)).sum(-1, keepdims=True)
 
 
 def linear_key_recurrence(q, k, v):
-    """Right, and linear in n: the state S and z accumulated key by key (the recurrent form), in place."""
+    """Right, and linear in n: the state S and z accumulated key by key (the
+    recurrent form), in place."""
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))                      # noqa: E731
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))  # noqa: E731
     fk = f(k)
     s = np.zeros(k.shape[:-2] + (k.shape[-1], v.shape[-1]))
     z = np.zeros(k.shape[:-2] + (k.shape[-1],))
@@ -220,19 +265,22 @@ def linear_key_recurrence(q, k, v):
 
 
 def linear_loop_over_queries(q, k, v):
-    """Right values, never stores n x n, but visits every (query, key) pair: quadratic time."""
-    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))                      # noqa: E731
+    """Right values, never stores n x n, but visits every (query, key) pair:
+    quadratic time."""
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))  # noqa: E731
     fq, fk = f(np.asarray(q)), f(np.asarray(k))
     out = np.empty(fq.shape[:-1] + (np.shape(v)[-1],))
     for i in range(fq.shape[-2]):
-        w = fk @ fq[..., i, :, None]                               # (..., n_k, 1): one row of weights
+        # (..., n_k, 1): one row of weights
+        w = fk @ fq[..., i, :, None]
         out[..., i, :] = (np.swapaxes(w, -1, -2) @ v)[..., 0, :] / w.sum(-2)
     return out
 
 
 def linear_three_operand_einsum(q, k, v):
-    """Right values, never stores n x n, but numpy's einsum loops over every (i, j) pair."""
-    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))                      # noqa: E731
+    """Right values, never stores n x n, but numpy's einsum loops over every
+    (i, j) pair."""
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))  # noqa: E731
     fq, fk = f(np.asarray(q)), f(np.asarray(k))
     num = np.einsum("...id,...jd,...je->...ie", fq, fk, np.asarray(v))
     return num / np.einsum("...id,...jd->...i", fq, fk)[..., None]
@@ -240,59 +288,92 @@ def linear_three_operand_einsum(q, k, v):
 
 def test_quadratic_time_without_quadratic_memory_is_rejected(capsys):
     for slow in (linear_loop_over_queries, linear_three_operand_einsum):
-        with pytest.raises(ExerciseError, match=r"\(time\)': at \d+ times the length") as err:
+        with pytest.raises(
+            ExerciseError, match=r"\(time\)': at \d+ times the length"
+        ) as err:
             check_linear_attention(slow)
-        assert "n x n of them, even if it never stores them all" in str(err.value)
+        assert "n x n of them, even if it never stores them all" in str(
+            err.value
+        )
         assert "Correct" not in capsys.readouterr().out
 
 
 def nw_torch_float32(x_query, x_train, y_train, h):
-    d = torch.as_tensor(np.subtract.outer(x_query, x_train), dtype=torch.float32)
-    return torch.softmax(-d**2 / (2 * h**2), dim=-1) @ torch.as_tensor(y_train, dtype=torch.float32)
+    d = torch.as_tensor(
+        np.subtract.outer(x_query, x_train), dtype=torch.float32
+    )
+    return torch.softmax(-(d**2) / (2 * h**2), dim=-1) @ torch.as_tensor(
+        y_train, dtype=torch.float32
+    )
 
 
 def nw_logsumexp(x_query, x_train, y_train, h):
-    s = -np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h)
-    lse = s.max(1, keepdims=True) + np.log(np.exp(s - s.max(1, keepdims=True)).sum(1, keepdims=True))
+    s = -(np.subtract.outer(x_query, x_train) ** 2) / (2 * h * h)
+    lse = s.max(1, keepdims=True) + np.log(
+        np.exp(s - s.max(1, keepdims=True)).sum(1, keepdims=True)
+    )
     return np.exp(s - lse) @ y_train
 
 
 CATALOGUE = {
     "check_linear_attention": {
         "right": [good_linear, linear_numpy_float32, linear_key_recurrence],
-        "wrong": [(linear_without_denominator, "no_normaliser"), (linear_with_phi_of_v, "feature_map_on_values"),
-                  (linear_normalised_over_queries, "wrong_axis"), (linear_summing_queries, "sum_over_queries"),
-                  (linear_with_elu_only, "elu_without_one"), (linear_without_feature_map, "no_feature_map"),
-                  (plain_softmax_attention, "softmax_attention")],
+        "wrong": [
+            (linear_without_denominator, "no_normaliser"),
+            (linear_with_phi_of_v, "feature_map_on_values"),
+            (linear_normalised_over_queries, "wrong_axis"),
+            (linear_summing_queries, "sum_over_queries"),
+            (linear_with_elu_only, "elu_without_one"),
+            (linear_without_feature_map, "no_feature_map"),
+            (plain_softmax_attention, "softmax_attention"),
+        ],
     },
     "check_nadaraya_watson": {
         "right": [good_nw, nw_logsumexp, nw_torch_float32],
-        "wrong": [(nw_unnormalised, "not_normalised"), (nw_h_not_squared, "bandwidth_not_squared"),
-                  (nw_without_half, "no_half"), (nw_over_queries, "wrong_axis"), (nw_naive_exp, "underflow"),
-                  (nw_global_max, "global_shift")],
+        "wrong": [
+            (nw_unnormalised, "not_normalised"),
+            (nw_h_not_squared, "bandwidth_not_squared"),
+            (nw_without_half, "no_half"),
+            (nw_over_queries, "wrong_axis"),
+            (nw_naive_exp, "underflow"),
+            (nw_global_max, "global_shift"),
+        ],
     },
 }
 
 
-# --- from the expert reading of chapter 12 (checker-findings) ----------------------------------------------
+# --- from the expert reading of chapter 12 (checker-findings) ----------------
+
 
 def nw_float32_inputs(x_query, x_train, y_train, h):
-    """Right, with the inputs themselves cast to float32 (so the differences are rounded too)."""
-    xq, xt, yt = (np.asarray(a, np.float32) for a in (x_query, x_train, y_train))
-    s = -(xq[:, None] - xt[None, :]) ** 2 / np.float32(2 * h * h)
+    """Right, with the inputs themselves cast to float32 (so the differences
+    are rounded too)."""
+    xq, xt, yt = (
+        np.asarray(a, np.float32) for a in (x_query, x_train, y_train)
+    )
+    s = -((xq[:, None] - xt[None, :]) ** 2) / np.float32(2 * h * h)
     e = np.exp(s - s.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True) @ yt
 
 
 def nw_torch_float32_inputs(x_query, x_train, y_train, h):
-    xq, xt, yt = (torch.tensor(a, dtype=torch.float32) for a in (x_query, x_train, y_train))
-    return torch.softmax(-(xq[:, None] - xt[None, :]) ** 2 / (2 * h * h), dim=-1) @ yt
+    xq, xt, yt = (
+        torch.tensor(a, dtype=torch.float32)
+        for a in (x_query, x_train, y_train)
+    )
+    return (
+        torch.softmax(
+            -((xq[:, None] - xt[None, :]) ** 2) / (2 * h * h), dim=-1
+        )
+        @ yt
+    )
 
 
 def nw_underflow_patched(x_query, x_train, y_train, h):
-    k = np.exp(-np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h))
+    k = np.exp(-(np.subtract.outer(x_query, x_train) ** 2) / (2 * h * h))
     with np.errstate(invalid="ignore"):
-        return np.nan_to_num(k / k.sum(axis=1, keepdims=True)) @ y_train   # 0/0 patched to 0
+        # 0/0 patched to 0
+        return np.nan_to_num(k / k.sum(axis=1, keepdims=True)) @ y_train
 
 
 def linear_torch_float32(q, k, v):
@@ -302,33 +383,47 @@ def linear_torch_float32(q, k, v):
 
 
 def linear_quadratic_in_row_blocks(q, k, v, block=256):
-    """Right values, never holds n x n (blocks of 256 rows), but does the quadratic form's work."""
-    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))                      # noqa: E731
+    """Right values, never holds n x n (blocks of 256 rows), but does the
+    quadratic form's work."""
+    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))  # noqa: E731
     fq, fk = f(np.asarray(q)), f(np.asarray(k))
     out = np.empty(fq.shape[:-1] + (np.shape(v)[-1],))
     for s in range(0, fq.shape[-2], block):
-        w = fq[..., s:s + block, :] @ np.swapaxes(fk, -1, -2)
-        out[..., s:s + block, :] = (w @ v) / w.sum(-1, keepdims=True)
+        w = fq[..., s : s + block, :] @ np.swapaxes(fk, -1, -2)
+        out[..., s : s + block, :] = (w @ v) / w.sum(-1, keepdims=True)
     return out
 
 
-CATALOGUE["check_nadaraya_watson"]["right"] += [nw_float32_inputs, nw_torch_float32_inputs]
-CATALOGUE["check_nadaraya_watson"]["wrong"] += [(nw_underflow_patched, "underflow_patched")]
+CATALOGUE["check_nadaraya_watson"]["right"] += [
+    nw_float32_inputs,
+    nw_torch_float32_inputs,
+]
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [
+    (nw_underflow_patched, "underflow_patched")
+]
 CATALOGUE["check_linear_attention"]["right"] += [linear_torch_float32]
 
 
 def test_quadratic_work_in_row_blocks_is_rejected_by_the_time_check(capsys):
-    with pytest.raises(ExerciseError, match=r"\(time\)': at \d+ times the length"):
+    with pytest.raises(
+        ExerciseError, match=r"\(time\)': at \d+ times the length"
+    ):
         check_linear_attention(linear_quadratic_in_row_blocks)
     assert "Correct" not in capsys.readouterr().out
 
 
-def test_one_slow_measurement_does_not_reject_a_linear_answer(monkeypatch, capsys):
-    """A busy machine can slow one run: a growth over the limit is measured again, and the smallest counts."""
+def test_one_slow_measurement_does_not_reject_a_linear_answer(
+    monkeypatch, capsys
+):
+    """A busy machine can slow one run: a growth over the limit is measured
+    again, and the smallest counts."""
     from attnbook.exercises import perspectives
 
-    measured = iter([12.0, 3.5, 9.0])                       # the first step: one slow try, then a fast one
-    monkeypatch.setattr(perspectives, "work_growth", lambda *args: next(measured))
+    # the first step: one slow try, then a fast one
+    measured = iter([12.0, 3.5, 9.0])
+    monkeypatch.setattr(
+        perspectives, "work_growth", lambda *args: next(measured)
+    )
     check_linear_attention(good_linear)
     assert "Correct" in capsys.readouterr().out
 
@@ -337,23 +432,31 @@ def test_growth_over_the_limit_in_every_try_is_rejected(monkeypatch):
     from attnbook.exercises import perspectives
 
     tries = []
-    monkeypatch.setattr(perspectives, "work_growth", lambda *args: tries.append(1) or 14.0)
+    monkeypatch.setattr(
+        perspectives, "work_growth", lambda *args: tries.append(1) or 14.0
+    )
     with pytest.raises(ExerciseError, match="times the CPU time"):
         check_linear_attention(good_linear)
     assert len(tries) == perspectives.LINEAR_TIME_TRIES
 
 
-# --- from the expert reading of chapter 12, session 3 ----------------------------------------------------
+# --- from the expert reading of chapter 12, session 3 ------------------------
+
 
 def nw_nan_to_nearest(x_query, x_train, y_train, h):
-    """Wrong: the unstable estimator, its NaN (every exponential underflowed) patched to the nearest y.
-    Right in the limit h -> 0, wrong where two training points are almost equally near (the old
-    checker accepted it: in its cases every underflowed row had one clearly nearest point)."""
-    x_query, x_train, y_train = (np.asarray(a, float) for a in (x_query, x_train, y_train))
-    k = np.exp(-np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h))
+    """Wrong: the unstable estimator, its NaN (every exponential underflowed)
+    patched to the nearest y. Right in the limit h -> 0, wrong where two
+    training points are almost equally near (the old checker accepted it: in
+    its cases every underflowed row had one clearly nearest point)."""
+    x_query, x_train, y_train = (
+        np.asarray(a, float) for a in (x_query, x_train, y_train)
+    )
+    k = np.exp(-(np.subtract.outer(x_query, x_train) ** 2) / (2 * h * h))
     with np.errstate(invalid="ignore", divide="ignore"):
         est = k @ y_train / k.sum(axis=1)
-    nearest = y_train[np.argmin(np.abs(np.subtract.outer(x_query, x_train)), axis=1)]
+    nearest = y_train[
+        np.argmin(np.abs(np.subtract.outer(x_query, x_train)), axis=1)
+    ]
     return np.where(np.isfinite(est), est, nearest)
 
 
@@ -364,13 +467,16 @@ def test_a_nan_patched_to_the_nearest_neighbour_is_diagnosed():
     assert "limit h -> 0" in str(err.value)
 
 
-CATALOGUE["check_nadaraya_watson"]["wrong"] += [(nw_nan_to_nearest, "nearest_fallback")]
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [
+    (nw_nan_to_nearest, "nearest_fallback")
+]
 
 
 def test_the_memory_check_of_a_torch_answer_leaves_stderr_to_the_reader(capfd):
-    """torch's profiler, which measures a torch answer's allocations, logs 'USDT: ... profiler_start' and
-    'profiler_stop' to the C-level stderr in some builds (this environment's); the checker silences its
-    start and stop, not the reader's function, whose own messages still show."""
+    """torch's profiler, which measures a torch answer's allocations, logs
+    'USDT: ... profiler_start' and 'profiler_stop' to the C-level stderr in
+    some builds (this environment's); the checker silences its start and stop,
+    not the reader's function, whose own messages still show."""
     import sys
 
     from attnbook.exercises.perspectives import _largest_torch_allocation
@@ -380,29 +486,38 @@ def test_the_memory_check_of_a_torch_answer_leaves_stderr_to_the_reader(capfd):
         return good_linear(q, k, v)
 
     rng = np.random.default_rng(0)
-    out, largest = _largest_torch_allocation(noisy_linear, *(rng.normal(size=(64, 4)) for _ in range(3)))
+    out, largest = _largest_torch_allocation(
+        noisy_linear, *(rng.normal(size=(64, 4)) for _ in range(3))
+    )
     captured = capfd.readouterr()
-    assert "profiler_start" not in captured.err and "profiler_stop" not in captured.err
+    assert (
+        "profiler_start" not in captured.err
+        and "profiler_stop" not in captured.err
+    )
     assert "the reader's own message" in captured.err
     assert largest > 0 and out.shape == (64, 4)
 
 
-# --- from the second expert reading of chapter 12 (session 3) ----------------------------------------------
+# --- from the second expert reading of chapter 12 (session 3) ----------------
+
 
 def nw_row_shift_column_sum(x_query, x_train, y_train, h):
-    """Shifted per query (the chapter's stable softmax), then normalised over the queries (axis 0)."""
-    s = -np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h)
+    """Shifted per query (the chapter's stable softmax), then normalised over
+    the queries (axis 0)."""
+    s = -(np.subtract.outer(x_query, x_train) ** 2) / (2 * h * h)
     e = np.exp(s - s.max(axis=-1, keepdims=True))
     return (e / e.sum(axis=0, keepdims=True)) @ y_train
 
 
 def nw_epsilon_denominator(x_query, x_train, y_train, h):
-    k = np.exp(-np.subtract.outer(x_query, x_train) ** 2 / (2 * h * h))
-    return (k @ y_train) / (k.sum(axis=1) + 1e-12)             # 0/0 avoided by an epsilon: 0 where all underflow
+    k = np.exp(-(np.subtract.outer(x_query, x_train) ** 2) / (2 * h * h))
+    # 0/0 avoided by an epsilon: 0 where all underflow
+    return (k @ y_train) / (k.sum(axis=1) + 1e-12)
 
 
 def test_row_shift_then_normalised_over_queries_is_named():
-    """Fails on the old checker, whose only wrong-axis mistake also shifted over the queries (generic hint)."""
+    """Fails on the old checker, whose only wrong-axis mistake also shifted
+    over the queries (generic hint)."""
     with pytest.raises(ExerciseError) as err:
         check_nadaraya_watson(nw_row_shift_column_sum)
     assert err.value.mistake == "wrong_axis_row_shift"
@@ -416,5 +531,7 @@ def test_epsilon_in_the_denominator_is_named_as_patched():
     assert "epsilon" in str(err.value)
 
 
-CATALOGUE["check_nadaraya_watson"]["wrong"] += [(nw_row_shift_column_sum, "wrong_axis_row_shift"),
-                                                 (nw_epsilon_denominator, "underflow_patched")]
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [
+    (nw_row_shift_column_sum, "wrong_axis_row_shift"),
+    (nw_epsilon_denominator, "underflow_patched"),
+]

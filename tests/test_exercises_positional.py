@@ -1,19 +1,26 @@
-"""The RoPE-attention and ALiBi-bias checkers reject each classic mistake and pass correct answers.
+"""The RoPE-attention and ALiBi-bias checkers reject each classic mistake and
+pass correct answers.
 
-The implementations here are written independently of the checkers' Mistake functions (and
-of attnbook.positional), the way a reader might write them: RoPE with a ``rotate_half``
-helper, ALiBi with explicit loops.
+The implementations here are written independently of the checkers' Mistake
+functions (and of attnbook.positional), the way a reader might write them: RoPE
+with a ``rotate_half`` helper, ALiBi with explicit loops.
 """
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attnbook.exercises import ExerciseError, NotAttemptedError
-from attnbook.exercises.positional import check_alibi_bias, check_rope_attention, visible_relative
+from attnbook.exercises.positional import (
+    check_alibi_bias,
+    check_rope_attention,
+    visible_relative,
+)
 
 
-# --- RoPE, written the Hugging Face way ----------------------------------------------------
+# --- RoPE, written the Hugging Face way --------------------------------------
+
 
 def rotate_half(x, sign=1.0):
     x1, x2 = x.chunk(2, dim=-1)
@@ -22,9 +29,14 @@ def rotate_half(x, sign=1.0):
 
 def my_rope(x, base=10000.0, sign=1.0, exponent_step=2, start=0):
     n, d = x.shape[-2:]
-    inv_freq = 1.0 / base ** (torch.arange(0, d, exponent_step, dtype=torch.float64)[: d // 2] / d)
-    angles = torch.arange(start, start + n, dtype=torch.float64)[:, None] * inv_freq
-    angles = torch.cat((angles, angles), dim=-1)                      # (n, d): pair i is (i, i + d/2)
+    inv_freq = 1.0 / base ** (
+        torch.arange(0, d, exponent_step, dtype=torch.float64)[: d // 2] / d
+    )
+    angles = (
+        torch.arange(start, start + n, dtype=torch.float64)[:, None] * inv_freq
+    )
+    # (n, d): pair i is (i, i + d/2)
+    angles = torch.cat((angles, angles), dim=-1)
     return x * angles.cos() + rotate_half(x, sign) * angles.sin()
 
 
@@ -33,7 +45,9 @@ def my_rope_interleaved(x, base=10000.0):
     inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
-    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+    return torch.view_as_real(
+        z * torch.polar(torch.ones_like(angles), angles)
+    ).flatten(-2)
 
 
 def good_rope_attention(q, k, v):
@@ -64,7 +78,7 @@ def test_rope_in_numpy_passes():
         c, s = np.cos(ang), np.sin(ang)
 
         def rot(x):
-            a, b = x[..., : d // 2], x[..., d // 2:]
+            a, b = x[..., : d // 2], x[..., d // 2 :]
             return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
 
         scores = rot(q) @ np.swapaxes(rot(k), -1, -2) / np.sqrt(d)
@@ -75,19 +89,55 @@ def test_rope_in_numpy_passes():
 
 
 ROPE_BY_HAND = [
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), my_rope(v)), "rope_on_values"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), k, v), "q_only"),
-    (lambda q, k, v: F.scaled_dot_product_attention(q, my_rope(k), v), "k_only"),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q), my_rope(k), my_rope(v)
+        ),
+        "rope_on_values",
+    ),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), k, v),
+        "q_only",
+    ),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(q, my_rope(k), v),
+        "k_only",
+    ),
     (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "no_rope"),
-    (lambda q, k, v: my_rope(F.scaled_dot_product_attention(q, k, v)), "rope_on_output"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope_interleaved(q), my_rope_interleaved(k), v),
-     "interleaved_layout"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, sign=-1.0), my_rope(k, sign=-1.0), v),
-     "reversed_rotation"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, exponent_step=1), my_rope(k, exponent_step=1), v),
-     "frequency_exponent"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k), v, scale=1.0), "no_scale"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k, sign=-1.0), v), "opposite_rotations"),
+    (
+        lambda q, k, v: my_rope(F.scaled_dot_product_attention(q, k, v)),
+        "rope_on_output",
+    ),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope_interleaved(q), my_rope_interleaved(k), v
+        ),
+        "interleaved_layout",
+    ),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q, sign=-1.0), my_rope(k, sign=-1.0), v
+        ),
+        "reversed_rotation",
+    ),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q, exponent_step=1), my_rope(k, exponent_step=1), v
+        ),
+        "frequency_exponent",
+    ),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q), my_rope(k), v, scale=1.0
+        ),
+        "no_scale",
+    ),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q), my_rope(k, sign=-1.0), v
+        ),
+        "opposite_rotations",
+    ),
 ]
 
 
@@ -100,23 +150,34 @@ def test_rope_mistakes_are_diagnosed(wrong, key):
 
 
 def test_rope_both_positions_reversed_is_named_in_the_diagnosis():
-    """q and k both rotated at positions n - 1 .. 0 give exactly the scores of a sign error in the sines
-    (R(-m) q . R(-n) k = q . R(m - n) k): the diagnosis must name the reversed positions too, so a reader
-    whose formula is right but whose positions run backwards is not sent to the sines alone."""
+    """q and k both rotated at positions n - 1 .. 0 give exactly the scores of
+    a sign error in the sines (R(-m) q . R(-n) k = q . R(m - n) k): the
+    diagnosis must name the reversed positions too, so a reader whose formula
+    is right but whose positions run backwards is not sent to the sines
+    alone."""
+
     def both_reversed(q, k, v):
-        return F.scaled_dot_product_attention(my_rope(q.flip(-2)).flip(-2), my_rope(k.flip(-2)).flip(-2), v)
+        return F.scaled_dot_product_attention(
+            my_rope(q.flip(-2)).flip(-2), my_rope(k.flip(-2)).flip(-2), v
+        )
 
     with pytest.raises(ExerciseError) as err:
         check_rope_attention(both_reversed)
     assert err.value.mistake == "reversed_rotation"
-    assert "counted backwards" in str(err.value) and "both q and k" in str(err.value)
+    assert "counted backwards" in str(err.value) and "both q and k" in str(
+        err.value
+    )
 
 
 def test_rope_unknown_error_is_still_rejected():
-    """Keys rotated three positions ahead of the queries: wrong, but not one of the listed mistakes."""
+    """Keys rotated three positions ahead of the queries: wrong, but not one of
+    the listed mistakes."""
     with pytest.raises(ExerciseError) as err:
-        check_rope_attention(lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, start=1),
-                                                                            my_rope(k, start=4), v))
+        check_rope_attention(
+            lambda q, k, v: F.scaled_dot_product_attention(
+                my_rope(q, start=1), my_rope(k, start=4), v
+            )
+        )
     assert err.value.mistake is None
 
 
@@ -127,10 +188,12 @@ def test_rope_stub_and_crash():
     with pytest.raises(NotAttemptedError):
         check_rope_attention(stub)
     with pytest.raises(ExerciseError, match="RuntimeError"):
-        check_rope_attention(lambda q, k, v: q @ v)                     # shapes do not multiply
+        # shapes do not multiply
+        check_rope_attention(lambda q, k, v: q @ v)
 
 
-# --- ALiBi, written with loops -------------------------------------------------------------
+# --- ALiBi, written with loops -----------------------------------------------
+
 
 def loop_slopes(h):
     def powers(m):
@@ -159,29 +222,66 @@ def test_alibi_reference_passes(capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("equivalent", [
-    lambda h, n: loop_bias(h, n, distance=lambda i, j: abs(i - j)),                # symmetric form
-    lambda h, n: loop_bias(h, n, sign=1.0, distance=lambda i, j: j),               # fairseq's +m j
-    lambda h, n: np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, loop_bias(h, n)),  # mask included
-    lambda h, n: torch.from_numpy(loop_bias(h, n)),                                # a torch tensor
-    lambda h, n: loop_bias(h, n, distance=lambda i, j: i - j + 1),                 # off by a row constant
-    lambda h, n: loop_bias(h, n, sign=1.0, distance=lambda i, j: j)[:, -1:],       # (h, 1, n): the original code
-])
+@pytest.mark.parametrize(
+    "equivalent",
+    [
+        # symmetric form
+        lambda h, n: loop_bias(h, n, distance=lambda i, j: abs(i - j)),
+        # fairseq's +m j
+        lambda h, n: loop_bias(h, n, sign=1.0, distance=lambda i, j: j),
+        # mask included
+        lambda h, n: np.where(
+            np.triu(np.ones((n, n), bool), 1), -np.inf, loop_bias(h, n)
+        ),
+        # a torch tensor
+        lambda h, n: torch.from_numpy(loop_bias(h, n)),
+        # off by a row constant
+        lambda h, n: loop_bias(h, n, distance=lambda i, j: i - j + 1),
+        # (h, 1, n): the original code
+        lambda h, n: loop_bias(h, n, sign=1.0, distance=lambda i, j: j)[
+            :, -1:
+        ],
+    ],
+)
 def test_alibi_equivalent_forms_pass(equivalent):
     check_alibi_bias(equivalent)
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (lambda h, n: loop_bias(h, n, sign=1.0), "sign_error"),
-    (lambda h, n: loop_bias(h, n, distance=lambda i, j: j - i), "sign_error"),          # direction wrong
-    (lambda h, n: loop_bias(h, n, distance=lambda i, j: j), "sign_error"),              # key position
-    (lambda h, n: loop_bias(h, n, slopes=loop_slopes(h)[::-1]), "slopes_reversed"),
-    (lambda h, n: loop_bias(h, n, slopes=[1.0] * h), "missing_slope"),
-    (lambda h, n: loop_bias(h, n, slopes=[2 ** (-8 * i / h) for i in range(h)]), "slopes_start_at_one"),
-    (lambda h, n: loop_bias(h, n, slopes=[2 ** (-8 * (i + 1) / h) for i in range(h)]), "geometric_for_any_h"),
-    (lambda h, n: np.zeros((h, n, n)), "constant_rows"),
-    (lambda h, n: loop_bias(h, n, distance=lambda i, j: i), "constant_rows"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (lambda h, n: loop_bias(h, n, sign=1.0), "sign_error"),
+        # direction wrong
+        (
+            lambda h, n: loop_bias(h, n, distance=lambda i, j: j - i),
+            "sign_error",
+        ),
+        # key position
+        (lambda h, n: loop_bias(h, n, distance=lambda i, j: j), "sign_error"),
+        (
+            lambda h, n: loop_bias(h, n, slopes=loop_slopes(h)[::-1]),
+            "slopes_reversed",
+        ),
+        (lambda h, n: loop_bias(h, n, slopes=[1.0] * h), "missing_slope"),
+        (
+            lambda h, n: loop_bias(
+                h, n, slopes=[2 ** (-8 * i / h) for i in range(h)]
+            ),
+            "slopes_start_at_one",
+        ),
+        (
+            lambda h, n: loop_bias(
+                h, n, slopes=[2 ** (-8 * (i + 1) / h) for i in range(h)]
+            ),
+            "geometric_for_any_h",
+        ),
+        (lambda h, n: np.zeros((h, n, n)), "constant_rows"),
+        (
+            lambda h, n: loop_bias(h, n, distance=lambda i, j: i),
+            "constant_rows",
+        ),
+    ],
+)
 def test_alibi_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_alibi_bias(wrong)
@@ -190,10 +290,13 @@ def test_alibi_mistakes_are_diagnosed(wrong, key):
 
 
 def test_alibi_reversed_slopes_message_numbers_heads_from_one():
-    """The chapter numbers ALiBi heads r = 1 .. h (eq-ch6-alibi-slopes, the figure's 'head 1'); the
-    reversed-slopes diagnosis and hint must use that numbering, not mix in a 'head 0'."""
+    """The chapter numbers ALiBi heads r = 1 .. h (eq-ch6-alibi-slopes, the
+    figure's 'head 1'); the reversed-slopes diagnosis and hint must use that
+    numbering, not mix in a 'head 0'."""
     with pytest.raises(ExerciseError) as err:
-        check_alibi_bias(lambda h, n: loop_bias(h, n, slopes=loop_slopes(h)[::-1]))
+        check_alibi_bias(
+            lambda h, n: loop_bias(h, n, slopes=loop_slopes(h)[::-1])
+        )
     message = str(err.value)
     assert err.value.mistake == "slopes_reversed"
     assert "head 0" not in message
@@ -208,17 +311,26 @@ def test_alibi_wrong_shape_is_reported():
 
 def test_visible_relative_ignores_row_constants_and_the_future():
     b = loop_bias(2, 4)
-    shifted = b + np.arange(4)[None, :, None] + np.triu(np.full((4, 4), 99.0), 1)
-    np.testing.assert_array_equal(visible_relative(b), visible_relative(shifted))
+    shifted = (
+        b + np.arange(4)[None, :, None] + np.triu(np.full((4, 4), 99.0), 1)
+    )
+    np.testing.assert_array_equal(
+        visible_relative(b), visible_relative(shifted)
+    )
     assert np.all(np.diagonal(visible_relative(b), axis1=-2, axis2=-1) == 0)
 
 
-# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+# --- the catalogue (run by tests/test_exercises_framework.py) ----------------
+
 
 def my_rope_at(x, positions):
     d = x.shape[-1]
-    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * inv_freq
+    inv_freq = 1.0 / 10000.0 ** (
+        torch.arange(0, d, 2, dtype=torch.float64) / d
+    )
+    angles = (
+        torch.as_tensor(positions, dtype=torch.float64)[:, None] * inv_freq
+    )
     angles = torch.cat((angles, angles), dim=-1)
     return x * angles.cos() + rotate_half(x) * angles.sin()
 
@@ -228,33 +340,76 @@ def rope_float32_in_place(q, k, v):
     q.copy_(my_rope(q))
     k.copy_(my_rope(k))
     q32, k32, v32 = q.float(), k.float(), v.float()
-    return torch.softmax(q32 @ k32.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v32
+    return (
+        torch.softmax(q32 @ k32.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+        @ v32
+    )
 
 
 ROPE_WRONG = ROPE_BY_HAND + [
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope(k, start=1), v), "key_positions_shifted"),
-    (lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), my_rope_at(k, range(k.shape[-2] - 1, -1, -1)), v),
-     "key_positions_reversed"),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q), my_rope(k, start=1), v
+        ),
+        "key_positions_shifted",
+    ),
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q), my_rope_at(k, range(k.shape[-2] - 1, -1, -1)), v
+        ),
+        "key_positions_reversed",
+    ),
 ]
 
 CATALOGUE = {
     "check_rope_attention": {
-        "right": [good_rope_attention, good_with_weights, rope_float32_in_place,
-                  lambda q, k, v: F.scaled_dot_product_attention(my_rope(q, start=7), my_rope(k, start=7), v)],
+        "right": [
+            good_rope_attention,
+            good_with_weights,
+            rope_float32_in_place,
+            lambda q, k, v: F.scaled_dot_product_attention(
+                my_rope(q, start=7), my_rope(k, start=7), v
+            ),
+        ],
         "wrong": ROPE_WRONG,
     },
     "check_alibi_bias": {
-        "right": [loop_bias, lambda h, n: loop_bias(h, n, distance=lambda i, j: abs(i - j)),
-                  lambda h, n: loop_bias(h, n, sign=1.0, distance=lambda i, j: j)[:, -1:],
-                  lambda h, n: torch.from_numpy(loop_bias(h, n)).float()],
-        "wrong": [(lambda h, n: loop_bias(h, n, sign=1.0), "sign_error"),
-                  (lambda h, n: loop_bias(h, n, distance=lambda i, j: j - i), "sign_error"),
-                  (lambda h, n: loop_bias(h, n, slopes=loop_slopes(h)[::-1]), "slopes_reversed"),
-                  (lambda h, n: loop_bias(h, n, slopes=sorted(loop_slopes(h))), "slopes_reversed"),
-                  (lambda h, n: loop_bias(h, n, slopes=[1.0] * h), "missing_slope"),
-                  (lambda h, n: loop_bias(h, n, slopes=[2 ** (-8 * i / h) for i in range(h)]), "slopes_start_at_one"),
-                  (lambda h, n: loop_bias(h, n, slopes=[2 ** (-8 * (i + 1) / h) for i in range(h)]),
-                   "geometric_for_any_h"),
-                  (lambda h, n: np.zeros((h, n, n)), "constant_rows")],
+        "right": [
+            loop_bias,
+            lambda h, n: loop_bias(h, n, distance=lambda i, j: abs(i - j)),
+            lambda h, n: loop_bias(h, n, sign=1.0, distance=lambda i, j: j)[
+                :, -1:
+            ],
+            lambda h, n: torch.from_numpy(loop_bias(h, n)).float(),
+        ],
+        "wrong": [
+            (lambda h, n: loop_bias(h, n, sign=1.0), "sign_error"),
+            (
+                lambda h, n: loop_bias(h, n, distance=lambda i, j: j - i),
+                "sign_error",
+            ),
+            (
+                lambda h, n: loop_bias(h, n, slopes=loop_slopes(h)[::-1]),
+                "slopes_reversed",
+            ),
+            (
+                lambda h, n: loop_bias(h, n, slopes=sorted(loop_slopes(h))),
+                "slopes_reversed",
+            ),
+            (lambda h, n: loop_bias(h, n, slopes=[1.0] * h), "missing_slope"),
+            (
+                lambda h, n: loop_bias(
+                    h, n, slopes=[2 ** (-8 * i / h) for i in range(h)]
+                ),
+                "slopes_start_at_one",
+            ),
+            (
+                lambda h, n: loop_bias(
+                    h, n, slopes=[2 ** (-8 * (i + 1) / h) for i in range(h)]
+                ),
+                "geometric_for_any_h",
+            ),
+            (lambda h, n: np.zeros((h, n, n)), "constant_rows"),
+        ],
     },
 }

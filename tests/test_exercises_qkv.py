@@ -1,9 +1,11 @@
-"""The chapter-2 checkers must pass the reference and reject each classic mistake by name.
+"""The chapter-2 checkers must pass the reference and reject each classic
+mistake by name.
 
 The wrong implementations below are written independently of the checkers' own
 ``Mistake`` functions (loops, einsum, torch), so a checker that only recognises
 its own code would fail these tests.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,14 +15,20 @@ import pytest
 import torch
 
 from attnbook.exercises._framework import ExerciseError, NotAttemptedError
-from attnbook.exercises.qkv import check_attention_scores, check_cross_attention
+from attnbook.exercises.qkv import (
+    check_attention_scores,
+    check_cross_attention,
+)
 
 
 def _softmax_rows(s):
-    return torch.softmax(torch.from_numpy(np.ascontiguousarray(s)), dim=-1).numpy()
+    return torch.softmax(
+        torch.from_numpy(np.ascontiguousarray(s)), dim=-1
+    ).numpy()
 
 
-# --- attention scores ---------------------------------------------------------
+# --- attention scores --------------------------------------------------------
+
 
 def scores_right(x, w_q, w_k):
     return np.einsum("ia,ac,jb,bc->ij", x, w_q, x, w_k)
@@ -28,32 +36,73 @@ def scores_right(x, w_q, w_k):
 
 def scores_loop(x, w_q, w_k):
     q, k = x @ w_q, x @ w_k
-    return np.array([[float(q[i] @ k[j]) for j in range(len(k))] for i in range(len(q))])
+    return np.array(
+        [[float(q[i] @ k[j]) for j in range(len(k))] for i in range(len(q))]
+    )
 
 
 SCORES_WRONG = {
-    "swapped_qk": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ji", x, w_q, x, w_k),
-    "w_q_for_both": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", x, w_q, x, w_q),
-    "w_k_for_both": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", x, w_k, x, w_k),
-    "scaled": lambda x, w_q, w_k: scores_loop(x, w_q, w_k) * w_q.shape[1] ** -0.5,
-    "scaled_by_d_model": lambda x, w_q, w_k: scores_loop(x, w_q, w_k) / math.sqrt(len(w_q)),
-    "transposed_weights": lambda x, w_q, w_k: np.einsum("ia,ca,jb,cb->ij", x, w_q, x, w_k),
-    "features_contracted": lambda x, w_q, w_k: np.einsum("ia,ac,ib,bd->cd", x, w_q, x, w_k),
-    "softmax_applied": lambda x, w_q, w_k: _softmax_rows(scores_loop(x, w_q, w_k)),
-    # the wrong answers of the second reading of chapter 2, written as a reader would
-    "softmax_over_queries": lambda x, w_q, w_k: _softmax_rows(scores_loop(x, w_q, w_k).T).T,
-    "log_softmax": lambda x, w_q, w_k: torch.log_softmax(torch.from_numpy(x @ w_q) @ torch.from_numpy(x @ w_k).T,
-                                                         dim=-1).numpy(),
-    "row_max_subtracted": lambda x, w_q, w_k: np.array([row - max(row) for row in scores_loop(x, w_q, w_k)]),
-    "divided_by_d_k": lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", x, w_q, x, w_k) / w_q.shape[1],
-    "divided_by_sqrt_n": lambda x, w_q, w_k: scores_loop(x, w_q, w_k) / math.sqrt(len(x)),
-    "symmetrised": lambda x, w_q, w_k: 0.5 * (scores_loop(x, w_q, w_k) + scores_loop(x, w_q, w_k).T),
-    "diagonal_only": lambda x, w_q, w_k: np.diag(((x @ w_q) * (x @ w_k)).sum(-1)),
-    "cosine_similarity": lambda x, w_q, w_k: torch.nn.functional.cosine_similarity(
-        torch.from_numpy(x @ w_q)[:, None, :], torch.from_numpy(x @ w_k)[None, :, :], dim=-1).numpy(),
+    "swapped_qk": lambda x, w_q, w_k: np.einsum(
+        "ia,ac,jb,bc->ji", x, w_q, x, w_k
+    ),
+    "w_q_for_both": lambda x, w_q, w_k: np.einsum(
+        "ia,ac,jb,bc->ij", x, w_q, x, w_q
+    ),
+    "w_k_for_both": lambda x, w_q, w_k: np.einsum(
+        "ia,ac,jb,bc->ij", x, w_k, x, w_k
+    ),
+    "scaled": lambda x, w_q, w_k: (
+        scores_loop(x, w_q, w_k) * w_q.shape[1] ** -0.5
+    ),
+    "scaled_by_d_model": lambda x, w_q, w_k: (
+        scores_loop(x, w_q, w_k) / math.sqrt(len(w_q))
+    ),
+    "transposed_weights": lambda x, w_q, w_k: np.einsum(
+        "ia,ca,jb,cb->ij", x, w_q, x, w_k
+    ),
+    "features_contracted": lambda x, w_q, w_k: np.einsum(
+        "ia,ac,ib,bd->cd", x, w_q, x, w_k
+    ),
+    "softmax_applied": lambda x, w_q, w_k: _softmax_rows(
+        scores_loop(x, w_q, w_k)
+    ),
+    # the wrong answers of the second reading of chapter 2, written as a reader
+    # would
+    "softmax_over_queries": lambda x, w_q, w_k: (
+        _softmax_rows(scores_loop(x, w_q, w_k).T).T
+    ),
+    "log_softmax": lambda x, w_q, w_k: torch.log_softmax(
+        torch.from_numpy(x @ w_q) @ torch.from_numpy(x @ w_k).T, dim=-1
+    ).numpy(),
+    "row_max_subtracted": lambda x, w_q, w_k: np.array(
+        [row - max(row) for row in scores_loop(x, w_q, w_k)]
+    ),
+    "divided_by_d_k": lambda x, w_q, w_k: (
+        np.einsum("ia,ac,jb,bc->ij", x, w_q, x, w_k) / w_q.shape[1]
+    ),
+    "divided_by_sqrt_n": lambda x, w_q, w_k: (
+        scores_loop(x, w_q, w_k) / math.sqrt(len(x))
+    ),
+    "symmetrised": lambda x, w_q, w_k: (
+        0.5 * (scores_loop(x, w_q, w_k) + scores_loop(x, w_q, w_k).T)
+    ),
+    "diagonal_only": lambda x, w_q, w_k: np.diag(
+        ((x @ w_q) * (x @ w_k)).sum(-1)
+    ),
+    "cosine_similarity": lambda x, w_q, w_k: (
+        torch.nn.functional.cosine_similarity(
+            torch.from_numpy(x @ w_q)[:, None, :],
+            torch.from_numpy(x @ w_k)[None, :, :],
+            dim=-1,
+        ).numpy()
+    ),
     "float16": lambda x, w_q, w_k: scores_loop(x, w_q, w_k).astype(np.float16),
-    "w_q_transposed": lambda x, w_q, w_k: np.einsum("ia,ca,jb,bc->ij", x, w_q, x, w_k),
-    "w_k_transposed": lambda x, w_q, w_k: np.einsum("ia,ac,jb,cb->ij", x, w_q, x, w_k),
+    "w_q_transposed": lambda x, w_q, w_k: np.einsum(
+        "ia,ca,jb,bc->ij", x, w_q, x, w_k
+    ),
+    "w_k_transposed": lambda x, w_q, w_k: np.einsum(
+        "ia,ac,jb,cb->ij", x, w_q, x, w_k
+    ),
 }
 
 
@@ -67,6 +116,7 @@ def test_scores_checker_accepts_torch_tensors():
     def with_torch(x, w_q, w_k):
         x, w_q, w_k = (torch.from_numpy(a) for a in (x, w_q, w_k))
         return (x @ w_q) @ (x @ w_k).T
+
     check_attention_scores(with_torch)
 
 
@@ -80,7 +130,9 @@ def test_scores_checker_names_each_mistake(key):
 
 def test_scores_checker_reports_an_unknown_error_without_a_diagnosis():
     with pytest.raises(ExerciseError) as info:
-        check_attention_scores(lambda x, w_q, w_k: scores_right(x, w_q, w_k) + 0.01)
+        check_attention_scores(
+            lambda x, w_q, w_k: scores_right(x, w_q, w_k) + 0.01
+        )
     assert info.value.mistake is None
     assert "largest difference" in str(info.value)
 
@@ -88,11 +140,13 @@ def test_scores_checker_reports_an_unknown_error_without_a_diagnosis():
 def test_scores_checker_reports_the_stub():
     def stub(x, w_q, w_k):
         raise NotImplementedError
+
     with pytest.raises(NotAttemptedError):
         check_attention_scores(stub)
 
 
-# --- cross-attention ------------------------------------------------------------
+# --- cross-attention ---------------------------------------------------------
+
 
 def cross_right(x, context, w_q, w_k, w_v):
     q = torch.from_numpy(x @ w_q)
@@ -112,8 +166,11 @@ def cross_loop(x, context, w_q, w_k, w_v):
 
 def _sdpa(q, k, v, scale=None):
     return torch.nn.functional.scaled_dot_product_attention(
-        torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(np.ascontiguousarray(k)),
-        torch.from_numpy(np.ascontiguousarray(v)), scale=scale).numpy()
+        torch.from_numpy(np.ascontiguousarray(q)),
+        torch.from_numpy(np.ascontiguousarray(k)),
+        torch.from_numpy(np.ascontiguousarray(v)),
+        scale=scale,
+    ).numpy()
 
 
 def _cross_no_softmax(x, context, w_q, w_k, w_v):
@@ -128,10 +185,18 @@ def _cross_wrong_axis(x, context, w_q, w_k, w_v):
 
 
 CROSS_WRONG = {
-    "swapped_sources": lambda x, c, w_q, w_k, w_v: _sdpa(c @ w_q, x @ w_k, x @ w_v),
-    "self_attention": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, x @ w_k, x @ w_v),
-    "values_from_x": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, x @ w_v),
-    "no_scale": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=1.0),
+    "swapped_sources": lambda x, c, w_q, w_k, w_v: _sdpa(
+        c @ w_q, x @ w_k, x @ w_v
+    ),
+    "self_attention": lambda x, c, w_q, w_k, w_v: _sdpa(
+        x @ w_q, x @ w_k, x @ w_v
+    ),
+    "values_from_x": lambda x, c, w_q, w_k, w_v: _sdpa(
+        x @ w_q, c @ w_k, x @ w_v
+    ),
+    "no_scale": lambda x, c, w_q, w_k, w_v: _sdpa(
+        x @ w_q, c @ w_k, c @ w_v, scale=1.0
+    ),
     "wrong_axis": _cross_wrong_axis,
     "no_softmax": _cross_no_softmax,
 }
@@ -140,7 +205,9 @@ CROSS_WRONG = {
 def _cross_swapped_qk_plain(x, context, w_q, w_k, w_v):
     # k @ q.T: row j is key j against every query.
     q, k = x @ w_q, context @ w_k
-    s = np.array([[k[a] @ q[b] for b in range(len(q))] for a in range(len(k))]) / np.sqrt(q.shape[1])
+    s = np.array(
+        [[k[a] @ q[b] for b in range(len(q))] for a in range(len(k))]
+    ) / np.sqrt(q.shape[1])
     return _softmax_rows(s) @ (context @ w_v)
 
 
@@ -156,31 +223,65 @@ def _cross_whole_matrix(x, context, w_q, w_k, w_v):
     return e / e.sum() @ (context @ w_v)
 
 
-CROSS_WRONG.update({   # the wrong answers of the second reading of chapter 2, written as a reader would
-    "keys_from_x": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, x @ w_k, c @ w_v),
-    "scale_by_d_k": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=1 / w_q.shape[1]),
-    "scale_times_sqrt_d_k": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=math.sqrt(w_q.shape[1])),
-    "scale_after_softmax": lambda x, c, w_q, w_k, w_v: (_softmax_rows(_cross_scores(x, c, w_q, w_k))
-                                                        / math.sqrt(w_q.shape[1])) @ (c @ w_v),
-    "sigmoid": lambda x, c, w_q, w_k, w_v: torch.sigmoid(torch.from_numpy(
-        _cross_scores(x, c, w_q, w_k) / np.sqrt(w_q.shape[1]))).numpy() @ (c @ w_v),
-    "softmax_whole_matrix": _cross_whole_matrix,
-    "mean_of_values": lambda x, c, w_q, w_k, w_v: np.array([(c @ w_v).mean(axis=0) for _ in x]),
-    # sqrt(d_context), written two ways: the context's width and w_k's number of rows
-    "scale_by_sqrt_d_context": lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=c.shape[1] ** -0.5),
-})
+# the wrong answers of the second reading of chapter 2, written as a reader
+# would
+CROSS_WRONG.update(
+    {
+        "keys_from_x": lambda x, c, w_q, w_k, w_v: _sdpa(
+            x @ w_q, x @ w_k, c @ w_v
+        ),
+        "scale_by_d_k": lambda x, c, w_q, w_k, w_v: _sdpa(
+            x @ w_q, c @ w_k, c @ w_v, scale=1 / w_q.shape[1]
+        ),
+        "scale_times_sqrt_d_k": lambda x, c, w_q, w_k, w_v: _sdpa(
+            x @ w_q, c @ w_k, c @ w_v, scale=math.sqrt(w_q.shape[1])
+        ),
+        "scale_after_softmax": lambda x, c, w_q, w_k, w_v: (
+            (
+                _softmax_rows(_cross_scores(x, c, w_q, w_k))
+                / math.sqrt(w_q.shape[1])
+            )
+            @ (c @ w_v)
+        ),
+        "sigmoid": lambda x, c, w_q, w_k, w_v: (
+            torch.sigmoid(
+                torch.from_numpy(
+                    _cross_scores(x, c, w_q, w_k) / np.sqrt(w_q.shape[1])
+                )
+            ).numpy()
+            @ (c @ w_v)
+        ),
+        "softmax_whole_matrix": _cross_whole_matrix,
+        "mean_of_values": lambda x, c, w_q, w_k, w_v: np.array(
+            [(c @ w_v).mean(axis=0) for _ in x]
+        ),
+        # sqrt(d_context), written two ways: the context's width and w_k's
+        # number of rows
+        "scale_by_sqrt_d_context": lambda x, c, w_q, w_k, w_v: _sdpa(
+            x @ w_q, c @ w_k, c @ w_v, scale=c.shape[1] ** -0.5
+        ),
+    }
+)
 
 
 def test_cross_checker_names_sqrt_d_context_written_with_w_k():
     with pytest.raises(ExerciseError) as info:
-        check_cross_attention(lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=w_k.shape[0] ** -0.5))
+        check_cross_attention(
+            lambda x, c, w_q, w_k, w_v: _sdpa(
+                x @ w_q, c @ w_k, c @ w_v, scale=w_k.shape[0] ** -0.5
+            )
+        )
     assert info.value.mistake == "scale_by_sqrt_d_context"
     assert "d_context" in str(info.value)
 
 
 def test_cross_checker_still_names_sqrt_d_model():
     with pytest.raises(ExerciseError) as info:
-        check_cross_attention(lambda x, c, w_q, w_k, w_v: _sdpa(x @ w_q, c @ w_k, c @ w_v, scale=x.shape[1] ** -0.5))
+        check_cross_attention(
+            lambda x, c, w_q, w_k, w_v: _sdpa(
+                x @ w_q, c @ w_k, c @ w_v, scale=x.shape[1] ** -0.5
+            )
+        )
     assert info.value.mistake == "scale_by_sqrt_d_model"
 
 
@@ -199,26 +300,38 @@ def test_cross_checker_names_each_mistake(key):
 
 def test_cross_checker_reports_a_crash_as_an_error():
     with pytest.raises(ExerciseError, match="raised ValueError"):
-        check_cross_attention(lambda *args: (_ for _ in ()).throw(ValueError("bad")))
+        check_cross_attention(
+            lambda *args: (_ for _ in ()).throw(ValueError("bad"))
+        )
 
 
 def test_cross_checker_reports_the_stub():
     def stub(x, context, w_q, w_k, w_v):
         raise NotImplementedError
+
     with pytest.raises(NotAttemptedError):
         check_cross_attention(stub)
 
 
-# --- right answers the second reading of chapter 2 tried: they must stay accepted -----------------
+# --- right answers the second reading of chapter 2 tried: they must stay
+# accepted -----------------
+
 
 def _scores_triple_loop(x, w_q, w_k):
     q, k = x @ w_q, x @ w_k
-    return [[sum(q[i, c] * k[j, c] for c in range(q.shape[1])) for j in range(len(k))] for i in range(len(q))]
+    return [
+        [
+            sum(q[i, c] * k[j, c] for c in range(q.shape[1]))
+            for j in range(len(k))
+        ]
+        for i in range(len(q))
+    ]
 
 
 def _scores_overwrites_x(x, w_q, w_k):
     q, k = x @ w_q, x @ w_k
-    x[:] = 0                                      # the checker must hand each call its own copy
+    # the checker must hand each call its own copy
+    x[:] = 0
     return q @ k.T
 
 
@@ -231,32 +344,51 @@ def _cross_in_place_softmax(x, context, w_q, w_k, w_v):
 
 
 def _cross_sdpa_float32(x, context, w_q, w_k, w_v):
-    t = lambda a: torch.from_numpy(np.asarray(a, np.float32))      # noqa: E731
-    return torch.nn.functional.scaled_dot_product_attention(t(x) @ t(w_q), t(context) @ t(w_k), t(context) @ t(w_v))
+    t = lambda a: torch.from_numpy(np.asarray(a, np.float32))  # noqa: E731
+    return torch.nn.functional.scaled_dot_product_attention(
+        t(x) @ t(w_q), t(context) @ t(w_k), t(context) @ t(w_v)
+    )
 
 
 def _cross_with_weights(x, context, w_q, w_k, w_v):
-    weights = _softmax_rows((x @ w_q) @ (context @ w_k).T / np.sqrt(w_q.shape[1]))
+    weights = _softmax_rows(
+        (x @ w_q) @ (context @ w_k).T / np.sqrt(w_q.shape[1])
+    )
     return weights @ (context @ w_v), weights
 
 
-@pytest.mark.parametrize("fn", [
-    lambda x, w_q, w_k: np.einsum("ia,ac,jb,bc->ij", *(np.float32(a) for a in (x, w_q, x, w_k))),
-    lambda x, w_q, w_k: x @ (w_q @ w_k.T) @ x.T,
-    _scores_triple_loop,
-    _scores_overwrites_x,
-])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, w_q, w_k: np.einsum(
+            "ia,ac,jb,bc->ij", *(np.float32(a) for a in (x, w_q, x, w_k))
+        ),
+        lambda x, w_q, w_k: x @ (w_q @ w_k.T) @ x.T,
+        _scores_triple_loop,
+        _scores_overwrites_x,
+    ],
+)
 def test_scores_checker_accepts_the_readers_right_answers(fn):
     check_attention_scores(fn)
 
 
-@pytest.mark.parametrize("fn", [_cross_in_place_softmax, _cross_sdpa_float32, _cross_with_weights, cross_loop])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _cross_in_place_softmax,
+        _cross_sdpa_float32,
+        _cross_with_weights,
+        cross_loop,
+    ],
+)
 def test_cross_checker_accepts_the_readers_right_answers(fn):
     check_cross_attention(fn)
 
 
-# --- the third reading of chapter 2: a first case blind to a difference named the wrong mistake -------
-# (d_model = d_k = 5 in the scores' first case; n_q = n_k = 4 and d_v = sqrt(n_k) = 2 in cross-attention's)
+# --- the third reading of chapter 2: a first case blind to a difference named
+# the wrong mistake ------- (d_model = d_k = 5 in the scores' first case; n_q =
+# n_k = 4 and d_v = sqrt(n_k) = 2 in cross-attention's)
+
 
 def _scores_over_d_model(x, w_q, w_k):
     q, k = x @ w_q, x @ w_k
@@ -273,35 +405,47 @@ def _cross_over_d_v(x, context, w_q, w_k, w_v):
     return _sdpa(q, k, v, scale=1.0 / v.shape[1])
 
 
-@pytest.mark.parametrize("check, fn, key", [
-    (check_attention_scores, _scores_over_d_model, "divided_by_d_model"),
-    (check_cross_attention, _cross_over_sqrt_n_q, "scale_by_sqrt_n_q"),
-    (check_cross_attention, _cross_over_d_v, "scale_by_d_v"),
-])
-def test_a_mistake_the_first_case_cannot_see_is_named_by_the_others(check, fn, key):
+@pytest.mark.parametrize(
+    "check, fn, key",
+    [
+        (check_attention_scores, _scores_over_d_model, "divided_by_d_model"),
+        (check_cross_attention, _cross_over_sqrt_n_q, "scale_by_sqrt_n_q"),
+        (check_cross_attention, _cross_over_d_v, "scale_by_d_v"),
+    ],
+)
+def test_a_mistake_the_first_case_cannot_see_is_named_by_the_others(
+    check, fn, key
+):
     with pytest.raises(ExerciseError) as info:
         check(fn)
     assert info.value.mistake == key
 
 
 def test_a_diagnosis_the_other_cases_contradict_is_not_given():
-    # sqrt(d_model * d_k) is d_k on the first case (5 = 5) but on no other: no mistake of the list is it
+    # sqrt(d_model * d_k) is d_k on the first case (5 = 5) but on no other: no
+    # mistake of the list is it
     with pytest.raises(ExerciseError) as info:
-        check_attention_scores(lambda x, w_q, w_k: scores_loop(x, w_q, w_k) / math.sqrt(x.shape[1] * w_q.shape[1]))
+        check_attention_scores(
+            lambda x, w_q, w_k: (
+                scores_loop(x, w_q, w_k) / math.sqrt(x.shape[1] * w_q.shape[1])
+            )
+        )
     assert info.value.mistake is None
     assert "Hint" in str(info.value)
 
 
-# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+# --- the catalogue (run by tests/test_exercises_framework.py) ----------------
+
 
 def cross_in_place(x, context, w_q, w_k, w_v):
-    w_q /= np.sqrt(w_q.shape[1])                  # folds the scale into the caller's w_q
+    # folds the scale into the caller's w_q
+    w_q /= np.sqrt(w_q.shape[1])
     q, k, v = x @ w_q, context @ w_k, context @ w_v
     return _softmax_rows(q @ k.T) @ v
 
 
 def cross_float32_torch(x, context, w_q, w_k, w_v):
-    t = lambda a: torch.from_numpy(np.asarray(a, np.float32))      # noqa: E731
+    t = lambda a: torch.from_numpy(np.asarray(a, np.float32))  # noqa: E731
     q, k, v = t(x) @ t(w_q), t(context) @ t(w_k), t(context) @ t(w_v)
     return torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1) @ v
 
@@ -310,22 +454,45 @@ def _cross_scaled_by(width):
     def cross(x, context, w_q, w_k, w_v):
         q, k, v = x @ w_q, context @ w_k, context @ w_v
         return _softmax_rows(q @ k.T / np.sqrt(width(x, context, q, v))) @ v
+
     return cross
 
 
 CATALOGUE = {
     "check_attention_scores": {
-        "right": [scores_right, scores_loop, lambda x, w_q, w_k: torch.from_numpy(x @ w_q) @ torch.from_numpy(x @ w_k).T],
-        "wrong": [(SCORES_WRONG[key], key) for key in sorted(SCORES_WRONG)] + [
-            (_scores_over_d_model, "divided_by_d_model")],
+        "right": [
+            scores_right,
+            scores_loop,
+            lambda x, w_q, w_k: (
+                torch.from_numpy(x @ w_q) @ torch.from_numpy(x @ w_k).T
+            ),
+        ],
+        "wrong": [(SCORES_WRONG[key], key) for key in sorted(SCORES_WRONG)]
+        + [(_scores_over_d_model, "divided_by_d_model")],
     },
     "check_cross_attention": {
-        "right": [cross_right, cross_loop, cross_in_place, cross_float32_torch],
-        "wrong": [(CROSS_WRONG[key], key) for key in sorted(CROSS_WRONG)] + [
-            (_cross_scaled_by(lambda x, c, q, v: v.shape[1]), "scale_by_sqrt_d_v"),
+        "right": [
+            cross_right,
+            cross_loop,
+            cross_in_place,
+            cross_float32_torch,
+        ],
+        "wrong": [(CROSS_WRONG[key], key) for key in sorted(CROSS_WRONG)]
+        + [
+            (
+                _cross_scaled_by(lambda x, c, q, v: v.shape[1]),
+                "scale_by_sqrt_d_v",
+            ),
             (_cross_scaled_by(lambda x, c, q, v: len(c)), "scale_by_sqrt_n_k"),
-            (_cross_scaled_by(lambda x, c, q, v: x.shape[1]), "scale_by_sqrt_d_model"),
-            (_cross_scaled_by(lambda x, c, q, v: q.shape[0]), "scale_by_sqrt_n_q"),
-            (_cross_over_d_v, "scale_by_d_v")],
+            (
+                _cross_scaled_by(lambda x, c, q, v: x.shape[1]),
+                "scale_by_sqrt_d_model",
+            ),
+            (
+                _cross_scaled_by(lambda x, c, q, v: q.shape[0]),
+                "scale_by_sqrt_n_q",
+            ),
+            (_cross_over_d_v, "scale_by_d_v"),
+        ],
     },
 }

@@ -1,8 +1,11 @@
-"""Chapter 3's checkers: the reference passes, every classic mistake is rejected and named.
+"""Chapter 3's checkers: the reference passes, every classic mistake is
+rejected and named.
 
-The wrong implementations here are written independently of the checkers' ``Mistake``
-functions (as a reader would write them), so a test fails if a diagnosis stops matching.
+The wrong implementations here are written independently of the checkers'
+``Mistake`` functions (as a reader would write them), so a test fails if a
+diagnosis stops matching.
 """
+
 import math
 
 import numpy as np
@@ -10,11 +13,16 @@ import pytest
 import torch
 
 from attnbook.exercises import ExerciseError, NotAttemptedError
-from attnbook.exercises.scaling import (DOT_VARIANCE_MISTAKES, SCALED_SCORES_MISTAKES,
-                                        check_dot_variance, check_scaled_scores)
+from attnbook.exercises.scaling import (
+    DOT_VARIANCE_MISTAKES,
+    SCALED_SCORES_MISTAKES,
+    check_dot_variance,
+    check_scaled_scores,
+)
 
 
-# --- check_scaled_scores ------------------------------------------------------
+# --- check_scaled_scores -----------------------------------------------------
+
 
 def scores_reference(q, k):
     return np.einsum("...id,...jd->...ij", q, k) / math.sqrt(q.shape[-1])
@@ -22,32 +30,54 @@ def scores_reference(q, k):
 
 def scores_in_torch(q, k):
     q, k = torch.from_numpy(q), torch.from_numpy(k)
-    return q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5  # returns a tensor: accepted too
+    # returns a tensor: accepted too
+    return q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
 
 
 def scores_scaling_q_first(q, k):
-    return (q / np.sqrt(q.shape[-1])) @ np.swapaxes(k, -1, -2)  # equivalent, so correct
+    # equivalent, so correct
+    return (q / np.sqrt(q.shape[-1])) @ np.swapaxes(k, -1, -2)
 
 
 WRONG_SCORES = {
     "no_scale": lambda q, k: np.einsum("...id,...jd->...ij", q, k),
-    "scale_by_dk": lambda q, k: (q / math.sqrt(q.shape[-1])) @ np.swapaxes(k / math.sqrt(k.shape[-1]), -1, -2),
-    "times_sqrt_dk": lambda q, k: np.einsum("...id,...jd->...ij", q, k) * q.shape[-1] ** 0.5,
-    "precedence": lambda q, k: q @ np.swapaxes(k, -1, -2) / q.shape[-1] ** 1 / 2,
-    "precedence_half": lambda q, k: q @ np.swapaxes(k, -1, -2) / (q.shape[-1] ** 1 / 2),
+    "scale_by_dk": lambda q, k: (
+        (q / math.sqrt(q.shape[-1]))
+        @ np.swapaxes(k / math.sqrt(k.shape[-1]), -1, -2)
+    ),
+    "times_sqrt_dk": lambda q, k: (
+        np.einsum("...id,...jd->...ij", q, k) * q.shape[-1] ** 0.5
+    ),
+    "precedence": lambda q, k: (
+        q @ np.swapaxes(k, -1, -2) / q.shape[-1] ** 1 / 2
+    ),
+    "precedence_half": lambda q, k: (
+        q @ np.swapaxes(k, -1, -2) / (q.shape[-1] ** 1 / 2)
+    ),
     "sqrt_n_k": lambda q, k: q @ np.swapaxes(k, -1, -2) / math.sqrt(len(k)),
     "sqrt_n_q": lambda q, k: q @ k.T / math.sqrt(len(q)),
-    "second_axis": lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[1]),
-    "transposed": lambda q, k: np.swapaxes(np.einsum("...id,...jd->...ij", q, k), -1, -2) / math.sqrt(q.shape[-1]),
-    "cosine": lambda q, k: np.einsum("...id,...jd->...ij", q, k)
-    / np.outer(np.sqrt((q**2).sum(-1)), np.sqrt((k**2).sum(-1))),
+    "second_axis": lambda q, k: (
+        q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[1])
+    ),
+    "transposed": lambda q, k: (
+        np.swapaxes(np.einsum("...id,...jd->...ij", q, k), -1, -2)
+        / math.sqrt(q.shape[-1])
+    ),
+    "cosine": lambda q, k: (
+        np.einsum("...id,...jd->...ij", q, k)
+        / np.outer(np.sqrt((q**2).sum(-1)), np.sqrt((k**2).sum(-1)))
+    ),
 }
 
 
-@pytest.mark.parametrize("fn", [scores_reference, scores_in_torch, scores_scaling_q_first])
+@pytest.mark.parametrize(
+    "fn", [scores_reference, scores_in_torch, scores_scaling_q_first]
+)
 def test_correct_scaled_scores_pass(fn, capsys):
     check_scaled_scores(fn)
-    assert "Correct: scaled scores passes all 7 cases." in capsys.readouterr().out
+    assert (
+        "Correct: scaled scores passes all 7 cases." in capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("key", sorted(WRONG_SCORES))
@@ -68,21 +98,31 @@ def test_scores_stub_and_unrecognised_errors():
 
     with pytest.raises(NotAttemptedError, match="still the stub"):
         check_scaled_scores(stub)
-    with pytest.raises(ExerciseError) as err:  # wrong in a way no Mistake describes
+    # wrong in a way no Mistake describes
+    with pytest.raises(ExerciseError) as err:
         check_scaled_scores(lambda q, k: scores_reference(q, k) + 1.0)
     assert err.value.mistake is None and "values differ" in str(err.value)
-    with pytest.raises(ExerciseError, match="expected shape"):  # q^T k on matrices: (d_k, d_k)
-        check_scaled_scores(lambda q, k: q.T @ k[: len(q)] / math.sqrt(q.shape[-1]))
+    # q^T k on matrices: (d_k, d_k)
+    with pytest.raises(ExerciseError, match="expected shape"):
+        check_scaled_scores(
+            lambda q, k: q.T @ k[: len(q)] / math.sqrt(q.shape[-1])
+        )
 
 
 def test_k_dot_T_on_a_batch_is_reported_not_crashed():
-    # k.T reverses every axis of a 3-d array; the matmul then fails on the batch case
-    with pytest.raises(ExerciseError, match="a batch of 2.*your function raised") as err:
+    # k.T reverses every axis of a 3-d array; the matmul then fails on the
+    # batch case
+    with pytest.raises(
+        ExerciseError, match="a batch of 2.*your function raised"
+    ) as err:
         check_scaled_scores(lambda q, k: q @ k.T / math.sqrt(q.shape[-1]))
-    assert "Hint: the shapes do not fit" in str(err.value) and "np.swapaxes(k, -1, -2)" in str(err.value)
+    assert "Hint: the shapes do not fit" in str(
+        err.value
+    ) and "np.swapaxes(k, -1, -2)" in str(err.value)
 
 
-# --- check_dot_variance -------------------------------------------------------
+# --- check_dot_variance ------------------------------------------------------
+
 
 def variance_by_loops(cq, ck):
     d = len(cq)
@@ -90,25 +130,40 @@ def variance_by_loops(cq, ck):
 
 
 WRONG_VARIANCES = {
-    "diagonal_only": lambda cq, ck: sum(cq[i, i] * ck[i, i] for i in range(len(cq))),
+    "diagonal_only": lambda cq, ck: sum(
+        cq[i, i] * ck[i, i] for i in range(len(cq))
+    ),
     "trace_product": lambda cq, ck: np.diag(cq).sum() * np.diag(ck).sum(),
-    "average_variances": lambda cq, ck: np.mean(np.diag(cq)) * np.mean(np.diag(ck)) * len(cq),
+    "average_variances": lambda cq, ck: (
+        np.mean(np.diag(cq)) * np.mean(np.diag(ck)) * len(cq)
+    ),
     "std": lambda cq, ck: math.sqrt(np.einsum("ij,ji->", cq, ck)),
-    "frobenius": lambda cq, ck: math.sqrt(sum(v * v for v in (cq @ ck).ravel())),
+    "frobenius": lambda cq, ck: math.sqrt(
+        sum(v * v for v in (cq @ ck).ravel())
+    ),
     "sum_of_product": lambda cq, ck: (cq @ ck).sum(),
     "d_k_only": lambda cq, ck: len(cq),
 }
 
 
-@pytest.mark.parametrize("fn", [
-    variance_by_loops,
-    lambda cq, ck: np.trace(cq @ ck),
-    lambda cq, ck: torch.trace(torch.from_numpy(cq) @ torch.from_numpy(ck)),  # a 0-d tensor
-    lambda cq, ck: np.array([np.sum(cq * ck)]),  # a one-element array
-])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        variance_by_loops,
+        lambda cq, ck: np.trace(cq @ ck),
+        # a 0-d tensor
+        lambda cq, ck: torch.trace(
+            torch.from_numpy(cq) @ torch.from_numpy(ck)
+        ),
+        lambda cq, ck: np.array([np.sum(cq * ck)]),  # a one-element array
+    ],
+)
 def test_correct_variances_pass(fn, capsys):
     check_dot_variance(fn)
-    assert "Correct: variance of q . k passes all 5 cases." in capsys.readouterr().out
+    assert (
+        "Correct: variance of q . k passes all 5 cases."
+        in capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("key", sorted(WRONG_VARIANCES))
@@ -130,89 +185,127 @@ def test_variance_stub():
         check_dot_variance(stub)
 
 
-# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+# --- the catalogue (run by tests/test_exercises_framework.py) ----------------
+
 
 def scores_in_place(q, k):
-    q /= math.sqrt(q.shape[-1])                 # scales the caller's q: right, and noted
+    # scales the caller's q: right, and noted
+    q /= math.sqrt(q.shape[-1])
     return q @ np.swapaxes(k, -1, -2)
 
 
 def scores_float32(q, k):
     q, k = np.float32(q), np.float32(k)
-    return np.einsum("...id,...jd->...ij", q, k) * np.float32(q.shape[-1] ** -0.5)
+    return np.einsum("...id,...jd->...ij", q, k) * np.float32(
+        q.shape[-1] ** -0.5
+    )
 
 
 CATALOGUE = {
     "check_scaled_scores": {
-        "right": [scores_reference, scores_in_torch, scores_scaling_q_first, scores_in_place, scores_float32],
+        "right": [
+            scores_reference,
+            scores_in_torch,
+            scores_scaling_q_first,
+            scores_in_place,
+            scores_float32,
+        ],
         "wrong": [(WRONG_SCORES[key], key) for key in sorted(WRONG_SCORES)],
     },
     "check_dot_variance": {
-        "right": [variance_by_loops, lambda cq, ck: np.einsum("ij,ji->", cq, ck),
-                  lambda cq, ck: torch.trace(torch.from_numpy(cq) @ torch.from_numpy(ck))],
-        "wrong": [(WRONG_VARIANCES[key], key) for key in sorted(WRONG_VARIANCES)],
+        "right": [
+            variance_by_loops,
+            lambda cq, ck: np.einsum("ij,ji->", cq, ck),
+            lambda cq, ck: torch.trace(
+                torch.from_numpy(cq) @ torch.from_numpy(ck)
+            ),
+        ],
+        "wrong": [
+            (WRONG_VARIANCES[key], key) for key in sorted(WRONG_VARIANCES)
+        ],
     },
 }
 
 
-# --- from the expert reading of chapter 3 (checker-findings) -----------------------------------------------
+# --- from the expert reading of chapter 3 (checker-findings) -----------------
+
 
 def variance_of_the_scaled_score(cq, ck):
-    return np.trace(cq @ ck) / cq.shape[0]                  # Var(q . k / sqrt(d_k)), not Var(q . k)
+    # Var(q . k / sqrt(d_k)), not Var(q . k)
+    return np.trace(cq @ ck) / cq.shape[0]
 
 
 def variance_in_place(cq, ck):
-    """Right for symmetric covariances (sum_ij Cq_ij Ck_ij = trace(Cq Ck)), and changes its input."""
+    """Right for symmetric covariances (sum_ij Cq_ij Ck_ij = trace(Cq Ck)), and
+    changes its input."""
     cq *= ck
     return cq.sum()
 
 
 def scores_scaled_in_place_and_again(q, k):
     q /= np.sqrt(q.shape[-1])
-    return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])   # scaled twice: by d_k
+    # scaled twice: by d_k
+    return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
 
 
-WRONG_VARIANCES["scaled_variance"] = variance_of_the_scaled_score      # test_every_variance_mistake_is_covered
-CATALOGUE["check_dot_variance"]["wrong"] += [(variance_of_the_scaled_score, "scaled_variance")]
+# test_every_variance_mistake_is_covered
+WRONG_VARIANCES["scaled_variance"] = variance_of_the_scaled_score
+CATALOGUE["check_dot_variance"]["wrong"] += [
+    (variance_of_the_scaled_score, "scaled_variance")
+]
 CATALOGUE["check_dot_variance"]["right"] += [variance_in_place]
-CATALOGUE["check_scaled_scores"]["wrong"] += [(scores_scaled_in_place_and_again, "scale_by_dk")]
+CATALOGUE["check_scaled_scores"]["wrong"] += [
+    (scores_scaled_in_place_and_again, "scale_by_dk")
+]
 
 
-# --- from the second expert reading of chapter 3 ------------------------------------------------------------
+# --- from the second expert reading of chapter 3 -----------------------------
+
 
 def scores_scale_first_with_precedence_slip(q, k):
     d_k = q.shape[-1]
-    scale = d_k ** 1/2                       # (d_k ** 1) / 2 = d_k / 2, not sqrt(d_k)
+    # (d_k ** 1) / 2 = d_k / 2, not sqrt(d_k)
+    scale = d_k**1 / 2
     return q @ np.swapaxes(k, -1, -2) / scale
 
 
 def scores_d_k_from_the_second_axis(q, k):
-    return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[1])   # d_k on a matrix, n_q on a batch
+    # d_k on a matrix, n_q on a batch
+    return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[1])
 
 
 def scores_one_leading_axis_only(q, k):
-    kt = k.T if k.ndim == 2 else k.transpose(0, 2, 1)        # raises on (batch, heads, n, d)
+    # raises on (batch, heads, n, d)
+    kt = k.T if k.ndim == 2 else k.transpose(0, 2, 1)
     return q @ kt / np.sqrt(q.shape[-1])
 
 
 def test_d_k_over_two_is_named_as_precedence():
     with pytest.raises(ExerciseError) as err:
         check_scaled_scores(scores_scale_first_with_precedence_slip)
-    assert err.value.mistake == "precedence_half" and "d_k / 2" in str(err.value)
+    assert err.value.mistake == "precedence_half" and "d_k / 2" in str(
+        err.value
+    )
 
 
 def test_d_k_from_q_shape_1_is_named():
-    # right on every 2-d case, so only a mistake that is right there too can name it
+    # right on every 2-d case, so only a mistake that is right there too can
+    # name it
     with pytest.raises(ExerciseError) as err:
         check_scaled_scores(scores_d_k_from_the_second_axis)
-    assert err.value.mistake == "second_axis" and "q.shape[-1]" in str(err.value)
+    assert err.value.mistake == "second_axis" and "q.shape[-1]" in str(
+        err.value
+    )
 
 
 def test_two_leading_dimensions_are_checked():
-    with pytest.raises(ExerciseError, match="two leading dimensions.*your function raised"):
+    with pytest.raises(
+        ExerciseError, match="two leading dimensions.*your function raised"
+    ):
         check_scaled_scores(scores_one_leading_axis_only)
     q, k = np.ones((2, 3, 4, 16)), np.ones((2, 3, 5, 16))
-    with pytest.raises(ValueError):  # it really fails on a (batch, heads, n, d_k) input
+    # it really fails on a (batch, heads, n, d_k) input
+    with pytest.raises(ValueError):
         scores_one_leading_axis_only(q, k)
 
 
@@ -222,19 +315,30 @@ def scores_with_mT_in_torch(q, k):
 
 
 def test_right_alternatives_still_pass_with_two_leading_dimensions(capsys):
-    for fn in (scores_reference, scores_in_torch, scores_scaling_q_first, scores_with_mT_in_torch,
-               lambda q, k: np.einsum("...id,...jd->...ij", q / np.sqrt(q.shape[-1]), k)):
+    for fn in (
+        scores_reference,
+        scores_in_torch,
+        scores_scaling_q_first,
+        scores_with_mT_in_torch,
+        lambda q, k: np.einsum(
+            "...id,...jd->...ij", q / np.sqrt(q.shape[-1]), k
+        ),
+    ):
         check_scaled_scores(fn)
         assert "passes all 7 cases" in capsys.readouterr().out
 
 
-CATALOGUE["check_scaled_scores"]["wrong"] += [(scores_scale_first_with_precedence_slip, "precedence_half"),
-                                              (scores_d_k_from_the_second_axis, "second_axis")]
+CATALOGUE["check_scaled_scores"]["wrong"] += [
+    (scores_scale_first_with_precedence_slip, "precedence_half"),
+    (scores_d_k_from_the_second_axis, "second_axis"),
+]
 CATALOGUE["check_scaled_scores"]["right"] += [scores_with_mT_in_torch]
 
 
-# --- from the third expert reading of chapter 3: an integer square root ---------------------------------------
-# Every case of the old checker had a perfect-square d_k (16, 64, 256, 1, 9, 16), so these passed it.
+# --- from the third expert reading of chapter 3: an integer square root ------
+# Every case of the old checker had a perfect-square d_k (16, 64, 256, 1, 9,
+# 16), so these passed it.
+
 
 def scores_int_of_sqrt(q, k):
     return q @ np.swapaxes(k, -1, -2) / int(np.sqrt(q.shape[-1]))
@@ -248,7 +352,9 @@ def scores_rounded_sqrt(q, k):
     return q @ np.swapaxes(k, -1, -2) / round(q.shape[-1] ** 0.5)
 
 
-@pytest.mark.parametrize("fn", [scores_int_of_sqrt, scores_isqrt, scores_rounded_sqrt])
+@pytest.mark.parametrize(
+    "fn", [scores_int_of_sqrt, scores_isqrt, scores_rounded_sqrt]
+)
 def test_an_integer_square_root_is_rejected_and_named(fn):
     with pytest.raises(ExerciseError) as err:
         check_scaled_scores(fn)
@@ -257,13 +363,23 @@ def test_an_integer_square_root_is_rejected_and_named(fn):
 
 
 def test_right_answers_pass_the_case_with_d_k_128(capsys):
-    for fn in (scores_reference, scores_in_torch, scores_scaling_q_first, scores_with_mT_in_torch,
-               scores_float32, lambda q, k: q @ np.swapaxes(k, -1, -2) * q.shape[-1] ** -0.5,
-               lambda q, k: q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])):
+    for fn in (
+        scores_reference,
+        scores_in_torch,
+        scores_scaling_q_first,
+        scores_with_mT_in_torch,
+        scores_float32,
+        lambda q, k: q @ np.swapaxes(k, -1, -2) * q.shape[-1] ** -0.5,
+        lambda q, k: q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1]),
+    ):
         check_scaled_scores(fn)
         assert "passes all 7 cases" in capsys.readouterr().out
 
 
-WRONG_SCORES["integer_sqrt"] = scores_isqrt                              # test_every_scores_mistake_is_covered
-CATALOGUE["check_scaled_scores"]["wrong"] += [(scores_int_of_sqrt, "integer_sqrt"), (scores_isqrt, "integer_sqrt"),
-                                              (scores_rounded_sqrt, "integer_sqrt")]
+# test_every_scores_mistake_is_covered
+WRONG_SCORES["integer_sqrt"] = scores_isqrt
+CATALOGUE["check_scaled_scores"]["wrong"] += [
+    (scores_int_of_sqrt, "integer_sqrt"),
+    (scores_isqrt, "integer_sqrt"),
+    (scores_rounded_sqrt, "integer_sqrt"),
+]

@@ -1,27 +1,39 @@
-"""The chapter-10 checkers reject each classic mistake and pass correct solutions.
+"""The chapter-10 checkers reject each classic mistake and pass correct
+solutions.
 
 The wrong implementations here are written independently of the checkers' own
 Mistake functions, the way a reader might write them.
 """
+
 import math
 
 import numpy as np
 import pytest
 
 from attnbook.exercises._framework import ExerciseError, NotAttemptedError
-from attnbook.exercises.triton_flash import check_benchmark_flops, check_key_blocks
+from attnbook.exercises.triton_flash import (
+    check_benchmark_flops,
+    check_key_blocks,
+)
 
-# --- causal key blocks -------------------------------------------------------------------
+# --- causal key blocks -------------------------------------------------------
 
 
 def blocks_by_loop(n_q, n_k, block_q, block_k):
-    """A correct solution written differently: test every key block against every row."""
+    """A correct solution written differently: test every key block against
+    every row."""
     offset = n_k - n_q
     counts = []
     for start in range(0, n_q, block_q):
         rows = range(start, min(start + block_q, n_q))
-        counts.append(sum(1 for j0 in range(0, n_k, block_k)
-                          if any(j0 <= i + offset for i in rows)))  # some row sees the block's first key
+        counts.append(
+            sum(
+                1
+                for j0 in range(0, n_k, block_k)
+                # some row sees the block's first key
+                if any(j0 <= i + offset for i in rows)
+            )
+        )
     return counts
 
 
@@ -31,15 +43,24 @@ def blocks_no_skipping(n_q, n_k, block_q, block_k):
 
 def blocks_strictly_below(n_q, n_k, block_q, block_k):
     # counts only the blocks that the first row sees completely
-    return [min(b * block_q + n_k - n_q + 1, n_k) // block_k for b in range(math.ceil(n_q / block_q))]
+    return [
+        min(b * block_q + n_k - n_q + 1, n_k) // block_k
+        for b in range(math.ceil(n_q / block_q))
+    ]
 
 
 def blocks_from_first_row(n_q, n_k, block_q, block_k):
-    return [math.ceil((b * block_q + n_k - n_q + 1) / block_k) for b in range(math.ceil(n_q / block_q))]
+    return [
+        math.ceil((b * block_q + n_k - n_q + 1) / block_k)
+        for b in range(math.ceil(n_q / block_q))
+    ]
 
 
 def blocks_top_left(n_q, n_k, block_q, block_k):
-    return [math.ceil(min((b + 1) * block_q, n_k) / block_k) for b in range(math.ceil(n_q / block_q))]
+    return [
+        math.ceil(min((b + 1) * block_q, n_k) / block_k)
+        for b in range(math.ceil(n_q / block_q))
+    ]
 
 
 def blocks_b_plus_one(n_q, n_k, block_q, block_k):
@@ -50,13 +71,18 @@ def blocks_one_too_many(n_q, n_k, block_q, block_k):
     counts = []
     for b in range(math.ceil(n_q / block_q)):
         last = (b + 1) * block_q - 1 + n_k - n_q
-        counts.append(math.ceil(min(last + 2, n_k) / block_k))  # keys 0..last+1: one key too far
+        # keys 0..last+1: one key too far
+        counts.append(math.ceil(min(last + 2, n_k) / block_k))
     return counts
 
 
 def blocks_unclamped(n_q, n_k, block_q, block_k):
-    # counts the keys up to the block's last row as if every row existed: past n_k on a ragged end
-    return [math.ceil(((b + 1) * block_q + n_k - n_q) / block_k) for b in range(math.ceil(n_q / block_q))]
+    # counts the keys up to the block's last row as if every row existed: past
+    # n_k on a ragged end
+    return [
+        math.ceil(((b + 1) * block_q + n_k - n_q) / block_k)
+        for b in range(math.ceil(n_q / block_q))
+    ]
 
 
 def test_key_blocks_reference_style_solution_passes(capsys):
@@ -64,18 +90,37 @@ def test_key_blocks_reference_style_solution_passes(capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("n_q, n_k, block_q, block_k", [(256, 256, 64, 64), (65, 65, 64, 16), (1, 100, 16, 32),
-                                                       (20, 77, 32, 16), (100, 130, 16, 64), (33, 33, 32, 32),
-                                                       (65, 192, 32, 64), (192, 192, 128, 64), (1, 256, 16, 64)])
-def test_the_reference_counts_the_blocks_the_kernels_load(n_q, n_k, block_q, block_k):
-    """The checker's reference (chapter 9's tile schedule, numpy only) against the kernels' own host-side
-    bounds (attnbook.kernels.host.key_block_bounds)."""
+@pytest.mark.parametrize(
+    "n_q, n_k, block_q, block_k",
+    [
+        (256, 256, 64, 64),
+        (65, 65, 64, 16),
+        (1, 100, 16, 32),
+        (20, 77, 32, 16),
+        (100, 130, 16, 64),
+        (33, 33, 32, 32),
+        (65, 192, 32, 64),
+        (192, 192, 128, 64),
+        (1, 256, 16, 64),
+    ],
+)
+def test_the_reference_counts_the_blocks_the_kernels_load(
+    n_q, n_k, block_q, block_k
+):
+    """The checker's reference (chapter 9's tile schedule, numpy only) against
+    the kernels' own host-side bounds
+    (attnbook.kernels.host.key_block_bounds)."""
     pytest.importorskip("triton")
     from attnbook.exercises.triton_flash import key_blocks_visited
     from attnbook.kernels.host import key_block_bounds
 
-    kernels = [-(-key_block_bounds(b, n_q, n_k, block_q, block_k, causal=True)[1] // block_k)
-               for b in range(-(-n_q // block_q))]
+    kernels = [
+        -(
+            -key_block_bounds(b, n_q, n_k, block_q, block_k, causal=True)[1]
+            // block_k
+        )
+        for b in range(-(-n_q // block_q))
+    ]
     assert key_blocks_visited(n_q, n_k, block_q, block_k).tolist() == kernels
 
 
@@ -83,24 +128,36 @@ def test_the_checker_loads_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
-            "from attnbook.exercises import check_benchmark_flops, check_key_blocks; print('loaded')")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "loaded\n"
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['triton'] = "
+        "None\n"
+        "from attnbook.exercises import check_benchmark_flops, "
+        "check_key_blocks; print('loaded')"
+    )
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True
+        ).stdout
+        == "loaded\n"
+    )
 
 
 def test_key_blocks_accepts_numpy_floats():
     check_key_blocks(lambda *a: np.array(blocks_by_loop(*a), dtype=float))
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (blocks_no_skipping, "no_skipping"),
-    (blocks_strictly_below, "diagonal_missed"),
-    (blocks_from_first_row, "first_row"),
-    (blocks_top_left, "top_left"),
-    (blocks_b_plus_one, "equal_blocks"),
-    (blocks_one_too_many, "one_past"),
-    (blocks_unclamped, "no_clamp"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (blocks_no_skipping, "no_skipping"),
+        (blocks_strictly_below, "diagonal_missed"),
+        (blocks_from_first_row, "first_row"),
+        (blocks_top_left, "top_left"),
+        (blocks_b_plus_one, "equal_blocks"),
+        (blocks_one_too_many, "one_past"),
+        (blocks_unclamped, "no_clamp"),
+    ],
+)
 def test_key_block_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_key_blocks(wrong)
@@ -127,11 +184,11 @@ def test_key_blocks_stub_is_not_attempted():
         check_key_blocks(stub)
 
 
-# --- FLOPs ------------------------------------------------------------------------------------
+# --- FLOPs -------------------------------------------------------------------
 
 
 def flops_good(batch, heads, n, d, causal=False, mode="fwd"):
-    per_head = 2 * (2 * n * n * d)              # two products, multiply + add
+    per_head = 2 * (2 * n * n * d)  # two products, multiply + add
     total = batch * heads * per_head * (0.5 if causal else 1.0)
     return total * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 1.0 + 2.5}[mode]
 
@@ -150,7 +207,9 @@ def flops_backward_double(batch, heads, n, d, causal=False, mode="fwd"):
 
 
 def flops_forgot_forward(batch, heads, n, d, causal=False, mode="fwd"):
-    return flops_good(batch, heads, n, d, causal, "bwd" if mode == "fwd_bwd" else mode)
+    return flops_good(
+        batch, heads, n, d, causal, "bwd" if mode == "fwd_bwd" else mode
+    )
 
 
 def flops_swapped(batch, heads, n, d, causal=False, mode="fwd"):
@@ -158,8 +217,16 @@ def flops_swapped(batch, heads, n, d, causal=False, mode="fwd"):
 
 
 def flops_exact_causal(batch, heads, n, d, causal=False, mode="fwd"):
-    pairs = n * (n + 1) // 2 if causal else n * n      # every score on and below the diagonal, exactly
-    return batch * heads * 4 * pairs * d * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+    # every score on and below the diagonal, exactly
+    pairs = n * (n + 1) // 2 if causal else n * n
+    return (
+        batch
+        * heads
+        * 4
+        * pairs
+        * d
+        * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+    )
 
 
 def test_flops_good_solution_passes(capsys):
@@ -171,14 +238,17 @@ def test_flops_integer_answer_passes():
     check_benchmark_flops(lambda *a, **kw: int(flops_good(*a, **kw)))
 
 
-@pytest.mark.parametrize("wrong, key", [
-    (flops_causal_full, "causal_not_halved"),
-    (flops_fma_as_one, "half_forward"),
-    (flops_backward_double, "backward_two"),
-    (flops_forgot_forward, "fwd_bwd_without_fwd"),
-    (flops_swapped, "d_squared"),
-    (flops_exact_causal, "exact_causal"),
-])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (flops_causal_full, "causal_not_halved"),
+        (flops_fma_as_one, "half_forward"),
+        (flops_backward_double, "backward_two"),
+        (flops_forgot_forward, "fwd_bwd_without_fwd"),
+        (flops_swapped, "d_squared"),
+        (flops_exact_causal, "exact_causal"),
+    ],
+)
 def test_flops_mistakes_are_diagnosed(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_benchmark_flops(wrong)
@@ -191,17 +261,28 @@ def test_flops_unknown_error_is_rejected():
     assert err.value.mistake is None
 
 
-# --- the catalogue (run by tests/test_exercises_framework.py) ---------------------------------------------
+# --- the catalogue (run by tests/test_exercises_framework.py) ----------------
+
 
 def blocks_with_offset_in_blocks(n_q, n_k, block_q, block_k):
-    # counts as if n_q == n_k, then adds the cache's whole blocks: the offset rounded down to blocks
-    return [math.ceil(min((b + 1) * block_q, n_q) / block_k) + (n_k - n_q) // block_k
-            for b in range(math.ceil(n_q / block_q))]
+    # counts as if n_q == n_k, then adds the cache's whole blocks: the offset
+    # rounded down to blocks
+    return [
+        math.ceil(min((b + 1) * block_q, n_q) / block_k)
+        + (n_k - n_q) // block_k
+        for b in range(math.ceil(n_q / block_q))
+    ]
 
 
 def blocks_numpy(n_q, n_k, block_q, block_k):
-    """Correct, vectorised: the last row of each block, offset, clamped, in blocks."""
-    last = np.minimum(np.arange(block_q, n_q + block_q, block_q), n_q) - 1 + n_k - n_q
+    """Correct, vectorised: the last row of each block, offset, clamped, in
+    blocks."""
+    last = (
+        np.minimum(np.arange(block_q, n_q + block_q, block_q), n_q)
+        - 1
+        + n_k
+        - n_q
+    )
     return -(-(last + 1) // block_k)
 
 
@@ -209,72 +290,117 @@ def flops_halved_forward_only(batch, heads, n, d, causal=False, mode="fwd"):
     full = 4 * batch * heads * n * n * d
     if mode == "fwd":
         return full / 2 if causal else full
-    return full * (2.5 if mode == "bwd" else 3.5)          # the backward "has no mask"
+    # the backward "has no mask"
+    return full * (2.5 if mode == "bwd" else 3.5)
 
 
 def flops_by_products(batch, heads, n, d, causal=False, mode="fwd"):
-    """Correct, counted product by product: 2 forward, 5 backward matmuls of 2 n^2 d FLOPs."""
+    """Correct, counted product by product: 2 forward, 5 backward matmuls of 2
+    n^2 d FLOPs."""
     products = {"fwd": 2, "bwd": 5, "fwd_bwd": 7}[mode]
     return batch * heads * products * 2 * n * n * d * (0.5 if causal else 1)
 
 
 CATALOGUE = {
     "check_key_blocks": {
-        "right": [blocks_by_loop, blocks_numpy, lambda *a: [float(c) for c in blocks_by_loop(*a)]],
-        "wrong": [(blocks_no_skipping, "no_skipping"), (blocks_strictly_below, "diagonal_missed"),
-                  (blocks_from_first_row, "first_row"), (blocks_top_left, "top_left"),
-                  (blocks_b_plus_one, "equal_blocks"), (blocks_one_too_many, "one_past"),
-                  (blocks_unclamped, "no_clamp"), (blocks_with_offset_in_blocks, "offset_in_blocks")],
+        "right": [
+            blocks_by_loop,
+            blocks_numpy,
+            lambda *a: [float(c) for c in blocks_by_loop(*a)],
+        ],
+        "wrong": [
+            (blocks_no_skipping, "no_skipping"),
+            (blocks_strictly_below, "diagonal_missed"),
+            (blocks_from_first_row, "first_row"),
+            (blocks_top_left, "top_left"),
+            (blocks_b_plus_one, "equal_blocks"),
+            (blocks_one_too_many, "one_past"),
+            (blocks_unclamped, "no_clamp"),
+            (blocks_with_offset_in_blocks, "offset_in_blocks"),
+        ],
     },
     "check_benchmark_flops": {
-        "right": [flops_good, flops_by_products, lambda *a, **kw: int(flops_good(*a, **kw))],
-        "wrong": [(flops_causal_full, "causal_not_halved"), (flops_fma_as_one, "half_forward"),
-                  (flops_backward_double, "backward_two"), (flops_forgot_forward, "fwd_bwd_without_fwd"),
-                  (flops_swapped, "d_squared"), (flops_exact_causal, "exact_causal"),
-                  (flops_halved_forward_only, "causal_forward_only")],
+        "right": [
+            flops_good,
+            flops_by_products,
+            lambda *a, **kw: int(flops_good(*a, **kw)),
+        ],
+        "wrong": [
+            (flops_causal_full, "causal_not_halved"),
+            (flops_fma_as_one, "half_forward"),
+            (flops_backward_double, "backward_two"),
+            (flops_forgot_forward, "fwd_bwd_without_fwd"),
+            (flops_swapped, "d_squared"),
+            (flops_exact_causal, "exact_causal"),
+            (flops_halved_forward_only, "causal_forward_only"),
+        ],
     },
 }
 
 
-# --- from the expert reading of chapter 10 (checker-findings) ----------------------------------------------
+# --- from the expert reading of chapter 10 (checker-findings) ----------------
+
 
 def blocks_clamped_to_n_q(n_q, n_k, block_q, block_k):
-    """The offset is included, but the keys are clamped at n_q instead of n_k."""
+    """The offset is included, but the keys are clamped at n_q instead of
+    n_k."""
     offset = n_k - n_q
-    return [-(-min(b * block_q + block_q + offset, n_q) // block_k) for b in range(-(-n_q // block_q))]
+    return [
+        -(-min(b * block_q + block_q + offset, n_q) // block_k)
+        for b in range(-(-n_q // block_q))
+    ]
 
 
 def flops_seven_products(batch, heads, n, d, causal=False, mode="fwd"):
-    """The true arithmetic of the book's backward kernels (7 products), not the papers' convention (5)."""
+    """The true arithmetic of the book's backward kernels (7 products), not the
+    papers' convention (5)."""
     products = {"fwd": 2, "bwd": 7, "fwd_bwd": 9}[mode]
     return batch * heads * products * 2 * n * n * d * (0.5 if causal else 1)
 
 
 def flops_causal_quartered(batch, heads, n, d, causal=False, mode="fwd"):
-    f = 4 * batch * heads * n * n * d / (4 if causal else 1)           # "half the rows, half the columns"
+    # "half the rows, half the columns"
+    f = 4 * batch * heads * n * n * d / (4 if causal else 1)
     return f * {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
 
 
 def flops_causal_halved_twice(batch, heads, n, d, causal=False, mode="fwd"):
-    f = 4 * batch * heads * n * n * d / (2 if causal else 1) * {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+    f = (
+        4
+        * batch
+        * heads
+        * n
+        * n
+        * d
+        / (2 if causal else 1)
+        * {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+    )
     return f / 2 if causal and mode != "fwd" else f
 
 
-CATALOGUE["check_key_blocks"]["wrong"] += [(blocks_clamped_to_n_q, "clamp_to_n_q")]
-CATALOGUE["check_benchmark_flops"]["wrong"] += [(flops_seven_products, "backward_seven")]
+CATALOGUE["check_key_blocks"]["wrong"] += [
+    (blocks_clamped_to_n_q, "clamp_to_n_q")
+]
+CATALOGUE["check_benchmark_flops"]["wrong"] += [
+    (flops_seven_products, "backward_seven")
+]
 
 
-@pytest.mark.parametrize("wrong", [flops_causal_quartered, flops_causal_halved_twice])
+@pytest.mark.parametrize(
+    "wrong", [flops_causal_quartered, flops_causal_halved_twice]
+)
 def test_a_causal_slip_is_not_named_as_a_forward_that_passed(wrong):
-    """Both pass the non-causal forward (case 1): 'half_forward', which fails it, is not their mistake."""
+    """Both pass the non-causal forward (case 1): 'half_forward', which fails
+    it, is not their mistake."""
     with pytest.raises(ExerciseError) as err:
         check_benchmark_flops(wrong)
     assert err.value.mistake != "half_forward"
 
 
 def test_the_last_visible_key_counted_as_a_count_is_rejected():
-    """From the second expert reading of chapter 10: cdiv(min(last, n_k), block_k), with `last` the last
-    visible key's position, is one block short whenever that position is a multiple of block_k."""
+    """From the second expert reading of chapter 10: cdiv(min(last, n_k),
+    block_k), with `last` the last visible key's position, is one block short
+    whenever that position is a multiple of block_k."""
     import numpy as np
 
     from attnbook.exercises import ExerciseError
@@ -282,7 +408,9 @@ def test_the_last_visible_key_counted_as_a_count_is_rejected():
 
     def one_short(n_q, n_k, block_q, block_k):
         offset = n_k - n_q
-        last = [(b + 1) * block_q - 1 + offset for b in range(-(-n_q // block_q))]
+        last = [
+            (b + 1) * block_q - 1 + offset for b in range(-(-n_q // block_q))
+        ]
         return np.array([-(-min(x, n_k) // block_k) for x in last])
 
     try:
@@ -292,10 +420,12 @@ def test_the_last_visible_key_counted_as_a_count_is_rejected():
     raise AssertionError("check_key_blocks accepted a count one block short")
 
 
-# --- from the third expert reading of chapter 10 ---------------------------------------------------------
+# --- from the third expert reading of chapter 10 -----------------------------
+
 
 def flops_fwd_bwd_not_halved(batch, heads, n, d, causal=False, mode="fwd"):
-    """Halves causal forward and backward, but forgets it for forward + backward (the reader's E1)."""
+    """Halves causal forward and backward, but forgets it for forward +
+    backward (the reader's E1)."""
     f = 4 * batch * heads * n * n * d
     if mode == "fwd":
         return f / 2 if causal else f
@@ -305,12 +435,15 @@ def flops_fwd_bwd_not_halved(batch, heads, n, d, causal=False, mode="fwd"):
 
 
 def flops_bwd_non_causal_halved(batch, heads, n, d, causal=False, mode="fwd"):
-    """Right everywhere except the non-causal backward, which it halves as if it were causal."""
+    """Right everywhere except the non-causal backward, which it halves as if
+    it were causal."""
     f = flops_good(batch, heads, n, d, causal, mode)
     return f / 2 if mode == "bwd" and not causal else f
 
 
-CATALOGUE["check_benchmark_flops"]["wrong"] += [(flops_fwd_bwd_not_halved, "fwd_bwd_not_halved")]
+CATALOGUE["check_benchmark_flops"]["wrong"] += [
+    (flops_fwd_bwd_not_halved, "fwd_bwd_not_halved")
+]
 
 
 def test_causal_fwd_bwd_not_halved_is_rejected_and_named():
@@ -331,50 +464,75 @@ def test_the_flops_cases_cover_every_mode_with_and_without_causal():
     assert {(True, "fwd_bwd"), (False, "bwd")} <= covered
 
 
-# wrong answers the third reading saw rejected with only the generic hint; each now gets its named diagnosis
+# wrong answers the third reading saw rejected with only the generic hint; each
+# now gets its named diagnosis
+
 
 def blocks_floor(n_q, n_k, block_q, block_k):
-    return [min((b + 1) * block_q + n_k - n_q, n_k) // block_k for b in range(-(-n_q // block_q))]
+    return [
+        min((b + 1) * block_q + n_k - n_q, n_k) // block_k
+        for b in range(-(-n_q // block_q))
+    ]
 
 
 def blocks_offset_sign_flipped(n_q, n_k, block_q, block_k):
-    return [-(-min((b + 1) * block_q - 1 + (n_q - n_k) + 1, n_k) // block_k) for b in range(-(-n_q // block_q))]
+    return [
+        -(-min((b + 1) * block_q - 1 + (n_q - n_k) + 1, n_k) // block_k)
+        for b in range(-(-n_q // block_q))
+    ]
 
 
 def flops_strictly_below(batch, heads, n, d, causal=False, mode="fwd"):
     scores = n * (n - 1) / 2 if causal else n * n
-    return 4 * batch * heads * scores * d * {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+    return (
+        4
+        * batch
+        * heads
+        * scores
+        * d
+        * {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+    )
 
 
 def flops_in_tflop(batch, heads, n, d, causal=False, mode="fwd"):
     return flops_good(batch, heads, n, d, causal, mode) / 1e12
 
 
-CATALOGUE["check_key_blocks"]["wrong"] += [(blocks_floor, "floor_not_ceil"),
-                                           (blocks_offset_sign_flipped, "offset_reversed")]
-CATALOGUE["check_benchmark_flops"]["wrong"] += [(flops_strictly_below, "causal_strictly_below"),
-                                                (flops_in_tflop, "tflops_not_flops")]
+CATALOGUE["check_key_blocks"]["wrong"] += [
+    (blocks_floor, "floor_not_ceil"),
+    (blocks_offset_sign_flipped, "offset_reversed"),
+]
+CATALOGUE["check_benchmark_flops"]["wrong"] += [
+    (flops_strictly_below, "causal_strictly_below"),
+    (flops_in_tflop, "tflops_not_flops"),
+]
 
 
-@pytest.mark.parametrize("check, wrong, key", [
-    (check_key_blocks, blocks_floor, "floor_not_ceil"),
-    (check_key_blocks, blocks_offset_sign_flipped, "offset_reversed"),
-    (check_benchmark_flops, flops_strictly_below, "causal_strictly_below"),
-    (check_benchmark_flops, flops_in_tflop, "tflops_not_flops"),
-])
+@pytest.mark.parametrize(
+    "check, wrong, key",
+    [
+        (check_key_blocks, blocks_floor, "floor_not_ceil"),
+        (check_key_blocks, blocks_offset_sign_flipped, "offset_reversed"),
+        (check_benchmark_flops, flops_strictly_below, "causal_strictly_below"),
+        (check_benchmark_flops, flops_in_tflop, "tflops_not_flops"),
+    ],
+)
 def test_third_reading_mistakes_are_named(check, wrong, key):
     with pytest.raises(ExerciseError) as err:
         check(wrong)
     assert err.value.mistake == key
 
 
-# --- from the expert reading of chapter 10, session 3 ------------------------------------------------------
-# The checker accepted a count that clamps the last visible key at n_k instead of n_k - 1: none of its cases
-# had an overhanging last query block with n_k a multiple of block_k. A case that has both replaced the
-# weakest one (n_q = n_k = 256, block_q = 64, block_k = 128), so the checker still runs seven.
+# --- from the expert reading of chapter 10, session 3 ------------------------
+# The checker accepted a count that clamps the last visible key at n_k instead
+# of n_k - 1: none of its cases had an overhanging last query block with n_k a
+# multiple of block_k. A case that has both replaced the weakest one (n_q = n_k
+# = 256, block_q = 64, block_k = 128), so the checker still runs seven.
+
 
 def blocks_clamped_at_n_k(n_q, n_k, block_q, block_k):
-    """The reader's wrong answer: the last visible key clamped at n_k, the key past the end."""
+    """The reader's wrong answer: the last visible key clamped at n_k, the key
+    past the end."""
     counts = []
     for b in range(math.ceil(n_q / block_q)):
         last = (b + 1) * block_q - 1 + n_k - n_q
@@ -384,41 +542,75 @@ def blocks_clamped_at_n_k(n_q, n_k, block_q, block_k):
 
 def blocks_capped_at_whole_blocks(n_q, n_k, block_q, block_k):
     """Caps the count at n_k // block_k: forgets the ragged last key block."""
-    return [min(math.ceil(((b + 1) * block_q + n_k - n_q) / block_k), n_k // block_k)
-            for b in range(math.ceil(n_q / block_q))]
+    return [
+        min(
+            math.ceil(((b + 1) * block_q + n_k - n_q) / block_k),
+            n_k // block_k,
+        )
+        for b in range(math.ceil(n_q / block_q))
+    ]
 
 
 def blocks_first_row_plus_width(n_q, n_k, block_q, block_k):
-    """The first row's key block, plus as many blocks as the query block is wide."""
+    """The first row's key block, plus as many blocks as the query block is
+    wide."""
     total = math.ceil(n_k / block_k)
-    return [min((b * block_q + n_k - n_q) // block_k + math.ceil(block_q / block_k), total)
-            for b in range(math.ceil(n_q / block_q))]
+    return [
+        min(
+            (b * block_q + n_k - n_q) // block_k
+            + math.ceil(block_q / block_k),
+            total,
+        )
+        for b in range(math.ceil(n_q / block_q))
+    ]
 
 
 def blocks_as_generator(n_q, n_k, block_q, block_k):
     """Correct, but returned as a generator."""
     offset = n_k - n_q
-    return (math.ceil(min((b + 1) * block_q + offset, n_k) / block_k) for b in range(math.ceil(n_q / block_q)))
+    return (
+        math.ceil(min((b + 1) * block_q + offset, n_k) / block_k)
+        for b in range(math.ceil(n_q / block_q))
+    )
 
 
-CATALOGUE["check_key_blocks"]["wrong"] += [(blocks_clamped_at_n_k, "clamp_at_n_k"),
-                                           (blocks_capped_at_whole_blocks, "cap_drops_ragged"),
-                                           (blocks_first_row_plus_width, "first_row_plus_width")]
+CATALOGUE["check_key_blocks"]["wrong"] += [
+    (blocks_clamped_at_n_k, "clamp_at_n_k"),
+    (blocks_capped_at_whole_blocks, "cap_drops_ragged"),
+    (blocks_first_row_plus_width, "first_row_plus_width"),
+]
 CATALOGUE["check_key_blocks"]["right"] += [blocks_as_generator]
 
 
-@pytest.mark.parametrize("n_q, n_k, block_q, block_k, right, wrong", [
-    (1, 64, 16, 64, [1], [2]), (1, 256, 16, 64, [4], [5]), (192, 192, 128, 64, [2, 3], [2, 4])])
-def test_clamping_at_n_k_is_one_block_too_many_where_the_reader_found_it(n_q, n_k, block_q, block_k, right, wrong):
+@pytest.mark.parametrize(
+    "n_q, n_k, block_q, block_k, right, wrong",
+    [
+        (1, 64, 16, 64, [1], [2]),
+        (1, 256, 16, 64, [4], [5]),
+        (192, 192, 128, 64, [2, 3], [2, 4]),
+    ],
+)
+def test_clamping_at_n_k_is_one_block_too_many_where_the_reader_found_it(
+    n_q, n_k, block_q, block_k, right, wrong
+):
     from attnbook.exercises.triton_flash import key_blocks_visited
 
-    assert key_blocks_visited(n_q, n_k, block_q, block_k).tolist() == blocks_by_loop(n_q, n_k, block_q, block_k) == right
+    assert (
+        key_blocks_visited(n_q, n_k, block_q, block_k).tolist()
+        == blocks_by_loop(n_q, n_k, block_q, block_k)
+        == right
+    )
     assert blocks_clamped_at_n_k(n_q, n_k, block_q, block_k) == wrong
 
 
-@pytest.mark.parametrize("wrong, key", [(blocks_clamped_at_n_k, "clamp_at_n_k"),
-                                        (blocks_capped_at_whole_blocks, "cap_drops_ragged"),
-                                        (blocks_first_row_plus_width, "first_row_plus_width")])
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (blocks_clamped_at_n_k, "clamp_at_n_k"),
+        (blocks_capped_at_whole_blocks, "cap_drops_ragged"),
+        (blocks_first_row_plus_width, "first_row_plus_width"),
+    ],
+)
 def test_session_3_mistakes_are_named(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_key_blocks(wrong)
@@ -428,11 +620,15 @@ def test_session_3_mistakes_are_named(wrong, key):
 
 def test_a_right_count_returned_as_a_generator_is_accepted(capsys):
     check_key_blocks(blocks_as_generator)
-    assert capsys.readouterr().out.startswith("Correct: causal key blocks passes all 7 cases.")
+    assert capsys.readouterr().out.startswith(
+        "Correct: causal key blocks passes all 7 cases."
+    )
 
 
 def test_a_case_hangs_past_the_end_with_n_k_a_multiple_of_block_k():
     from attnbook.exercises.triton_flash import block_count_cases
 
-    assert any(-(-n_q // block_q) * block_q > n_q and n_k % block_k == 0
-               for n_q, n_k, block_q, block_k in (c.args for c in block_count_cases()))
+    assert any(
+        -(-n_q // block_q) * block_q > n_q and n_k % block_k == 0
+        for n_q, n_k, block_q, block_k in (c.args for c in block_count_cases())
+    )

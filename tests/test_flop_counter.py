@@ -1,5 +1,7 @@
-"""attnbook.flop_counter imports torch's FlopCounterMode without the Triton warning that a CUDA build of
-torch logs where Triton is missing (Colab's CPU runtime), and the counter still counts."""
+"""attnbook.flop_counter imports torch's FlopCounterMode without the Triton
+warning that a CUDA build of torch logs where Triton is missing (Colab's CPU
+runtime), and the counter still counts."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,8 +10,9 @@ import textwrap
 
 import torch
 
-# A CPU build of torch (this machine's) never logs the warning: pretend to be a CUDA build, and make
-# `import triton` fail (a None in sys.modules does that), as on Colab's CPU runtime.
+# A CPU build of torch (this machine's) never logs the warning: pretend to be a
+# CUDA build, and make `import triton` fail (a None in sys.modules does that),
+# as on Colab's CPU runtime.
 PRETEND_COLAB_CPU = """
 import sys
 sys.modules["triton"] = None
@@ -19,16 +22,28 @@ torch.version.cuda = "12.8"
 
 
 def stderr_of(import_line: str) -> str:
-    code = textwrap.dedent(PRETEND_COLAB_CPU) + import_line + "\nprint(FlopCounterMode.__name__)\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    code = (
+        textwrap.dedent(PRETEND_COLAB_CPU)
+        + import_line
+        + "\nprint(FlopCounterMode.__name__)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "FlopCounterMode"
     return proc.stderr
 
 
 def test_torch_itself_warns_there():
-    """The control: without attnbook.flop_counter the warning appears, so the next test can fail."""
-    assert "triton not found" in stderr_of("from torch.utils.flop_counter import FlopCounterMode")
+    """The control: without attnbook.flop_counter the warning appears, so the
+    next test can fail."""
+    assert "triton not found" in stderr_of(
+        "from torch.utils.flop_counter import FlopCounterMode"
+    )
 
 
 def test_attnbook_import_is_silent_there():
@@ -36,9 +51,18 @@ def test_attnbook_import_is_silent_there():
 
 
 def test_the_logger_is_left_as_it_was():
-    code = ("import logging\nlogger = logging.getLogger('torch.utils.flop_counter')\n"
-            "before = list(logger.filters)\nimport attnbook.flop_counter\nprint(logger.filters == before)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    code = (
+        "import logging\nlogger = "
+        "logging.getLogger('torch.utils.flop_counter')\n"
+        "before = list(logger.filters)\nimport "
+        "attnbook.flop_counter\nprint(logger.filters == before)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.stdout.strip() == "True", proc.stderr
 
 

@@ -1,4 +1,6 @@
-"""The tiny GPT: shapes, causality, generation, checkpoints, the shipped weights, the training script."""
+"""The tiny GPT: shapes, causality, generation, checkpoints, the shipped
+weights, the training script."""
+
 import math
 import runpy
 import sys
@@ -8,8 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnbook.gpt import (CharTokenizer, GPTConfig, TinyGPT, load_checkpoint, load_tiny_gpt,
-                          load_training_text, save_checkpoint, train_val_split)
+from attnbook.gpt import (
+    CharTokenizer,
+    GPTConfig,
+    TinyGPT,
+    load_checkpoint,
+    load_tiny_gpt,
+    load_training_text,
+    save_checkpoint,
+    train_val_split,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "3:16 For God so loved the world"
@@ -25,11 +35,22 @@ def tiny():
 
 def small_gpt(seed=0, **overrides):
     torch.manual_seed(seed)
-    config = dict(vocab_size=17, context_length=24, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16) | overrides
+    config = (
+        dict(
+            vocab_size=17,
+            context_length=24,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            d_model=16,
+        )
+        | overrides
+    )
     return TinyGPT(GPTConfig(**config)).eval()
 
 
-# ---- the shipped model ------------------------------------------------------------------------
+# ---- the shipped model ------------------------------------------------------
+
 
 def test_load_tiny_gpt_gives_an_eval_model_and_its_tokenizer(tiny):
     model, tokenizer = tiny
@@ -41,15 +62,23 @@ def test_load_tiny_gpt_gives_an_eval_model_and_its_tokenizer(tiny):
 
 
 def test_shipped_weights_are_trained(tiny):
-    """Held-out text costs far fewer nats per character than the log(73) = 4.29 of a uniform guess
-    (the shipped weights: about 1.44 on these windows; halfway through training: about 1.8)."""
+    """Held-out text costs far fewer nats per character than the log(73) = 4.29
+    of a uniform guess (the shipped weights: about 1.44 on these windows;
+    halfway through training: about 1.8)."""
     model, tokenizer = tiny
-    _, val = train_val_split(torch.tensor(tokenizer.encode(load_training_text())))
+    _, val = train_val_split(
+        torch.tensor(tokenizer.encode(load_training_text()))
+    )
     block = model.config.context_length
-    windows = torch.stack([val[s:s + block + 1] for s in range(0, 4 * block, block)])   # (4, block + 1)
+    # (4, block + 1)
+    windows = torch.stack(
+        [val[s : s + block + 1] for s in range(0, 4 * block, block)]
+    )
     with torch.no_grad():
         logits = model(windows[:, :-1])
-    loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
+    loss = F.cross_entropy(
+        logits.flatten(0, 1), windows[:, 1:].flatten()
+    ).item()
     assert loss < 1.6, loss
 
 
@@ -58,20 +87,26 @@ def test_greedy_generation_is_deterministic_and_cache_independent(tiny):
     ids = torch.tensor([tokenizer.encode(PROMPT)])
     first = model.generate(ids, 60, temperature=0)
     assert torch.equal(first, model.generate(ids, 60, temperature=0))
-    assert torch.equal(first, model.generate(ids, 60, temperature=0, use_cache=False))
+    assert torch.equal(
+        first, model.generate(ids, 60, temperature=0, use_cache=False)
+    )
     text = tokenizer.decode(first[0].tolist())
     assert text.startswith(PROMPT) and len(text) == len(PROMPT) + 60
 
 
 def test_generation_fills_the_block_and_one_more():
-    """The last new token is never fed back, so prompt + new may reach context_length + 1."""
+    """The last new token is never fed back, so prompt + new may reach
+    context_length + 1."""
     model = small_gpt()
     ids = torch.zeros(1, 3, dtype=torch.long)
     n_new = model.config.context_length + 1 - 3
     cached = model.generate(ids, n_new, temperature=0)
     assert cached.shape == (1, model.config.context_length + 1)
-    assert torch.equal(cached, model.generate(ids, n_new, temperature=0, use_cache=False))
-    with torch.no_grad():  # the last token is the argmax after the full block, as recomputation gives
+    assert torch.equal(
+        cached, model.generate(ids, n_new, temperature=0, use_cache=False)
+    )
+    # the last token is the argmax after the full block, as recomputation gives
+    with torch.no_grad():
         assert cached[0, -1] == model(cached[:, :-1])[0, -1].argmax()
 
 
@@ -79,19 +114,32 @@ def test_sampling_is_reproducible_with_a_seed(tiny):
     model, tokenizer = tiny
     ids = torch.tensor([tokenizer.encode(PROMPT)] * 2)
     a = model.generate(ids, 40, temperature=0.8, top_k=10, seed=5)
-    assert torch.equal(a, model.generate(ids, 40, temperature=0.8, top_k=10, seed=5))
-    assert torch.equal(a, model.generate(ids, 40, temperature=0.8, top_k=10, seed=5, use_cache=False))
+    assert torch.equal(
+        a, model.generate(ids, 40, temperature=0.8, top_k=10, seed=5)
+    )
+    assert torch.equal(
+        a,
+        model.generate(
+            ids, 40, temperature=0.8, top_k=10, seed=5, use_cache=False
+        ),
+    )
     greedy = model.generate(ids[:1], 40, temperature=0)
-    assert torch.equal(greedy, model.generate(ids[:1], 40, temperature=1.0, top_k=1, seed=0))
+    assert torch.equal(
+        greedy, model.generate(ids[:1], 40, temperature=1.0, top_k=1, seed=0)
+    )
 
 
-# ---- the architecture -------------------------------------------------------------------------
+# ---- the architecture -------------------------------------------------------
+
 
 def test_logits_shape_and_causality():
     model = small_gpt()
-    ids = torch.randint(0, 17, (3, 10), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, 17, (3, 10), generator=torch.Generator().manual_seed(0)
+    )
     changed = ids.clone()
-    changed[:, 6:] = (changed[:, 6:] + 1) % 17                 # change the future only
+    # change the future only
+    changed[:, 6:] = (changed[:, 6:] + 1) % 17
     with torch.no_grad():
         a, b = model(ids), model(changed)
     assert a.shape == (3, 10, 17)
@@ -101,61 +149,108 @@ def test_logits_shape_and_causality():
 
 def test_start_pos_shifts_the_positions():
     model = small_gpt()
-    ids = torch.randint(0, 17, (1, 5), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, 17, (1, 5), generator=torch.Generator().manual_seed(1)
+    )
     with torch.no_grad():
-        expected = model.head(model.ln_f(_blocks(model, model.tok_emb(ids) + model.pos_emb.weight[7:12])))
+        expected = model.head(
+            model.ln_f(
+                _blocks(model, model.tok_emb(ids) + model.pos_emb.weight[7:12])
+            )
+        )
         torch.testing.assert_close(model(ids, start_pos=7), expected)
 
 
 @pytest.mark.parametrize("use_sdpa", [False, True])
-def test_left_padded_batch_with_positions_gives_each_sequence_its_own_logits(use_sdpa):
-    """Per-sequence positions and a key-padding mask make a left-padded batch equal to each
-    sequence run alone, in the prefill and in cached decode steps after it."""
+def test_left_padded_batch_with_positions_gives_each_sequence_its_own_logits(
+    use_sdpa,
+):
+    """Per-sequence positions and a key-padding mask make a left-padded batch
+    equal to each sequence run alone, in the prefill and in cached decode steps
+    after it."""
     model = small_gpt(seed=5)
     for block in model.blocks:
         block.attn.use_sdpa = use_sdpa
     gen = torch.Generator().manual_seed(5)
     lengths, n, n_steps, pad_id = [7, 4, 1], 7, 3, 0
-    prompts = [torch.randint(1, 17, (1, length), generator=gen) for length in lengths]
-    steps = torch.randint(1, 17, (3, n_steps), generator=gen)          # tokens fed after the prompts
-    ids = torch.stack([torch.cat([torch.full((n - p.shape[1],), pad_id), p[0]]) for p in prompts])
-    real = ids.new_tensor([[c >= n - length for c in range(n)] for length in lengths], dtype=torch.bool)
-    positions = (real.long().cumsum(1) - 1).clamp(min=0)                 # 0 at each first real token
+    prompts = [
+        torch.randint(1, 17, (1, length), generator=gen) for length in lengths
+    ]
+    # tokens fed after the prompts
+    steps = torch.randint(1, 17, (3, n_steps), generator=gen)
+    ids = torch.stack(
+        [
+            torch.cat([torch.full((n - p.shape[1],), pad_id), p[0]])
+            for p in prompts
+        ]
+    )
+    real = ids.new_tensor(
+        [[c >= n - length for c in range(n)] for length in lengths],
+        dtype=torch.bool,
+    )
+    # 0 at each first real token
+    positions = (real.long().cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
         cache = model.new_kv_cache(batch=3)
-        keys_real = real[:, None, None, :]                                   # (3, 1, 1, n): padding keys hidden
+        # (3, 1, 1, n): padding keys hidden
+        keys_real = real[:, None, None, :]
         batched = [model(ids, cache, mask=keys_real, positions=positions)]
         for t in range(n_steps):
-            keys_real = torch.cat([keys_real, torch.ones(3, 1, 1, 1, dtype=torch.bool)], dim=-1)
-            step_positions = torch.tensor(lengths)[:, None] + t                # (3, 1)
-            batched.append(model(steps[:, t:t + 1], cache, start_pos=n + t, mask=keys_real,
-                                 positions=step_positions))
-        batched = torch.cat(batched, dim=1)                                   # (3, n + n_steps, vocab)
+            keys_real = torch.cat(
+                [keys_real, torch.ones(3, 1, 1, 1, dtype=torch.bool)], dim=-1
+            )
+            # (3, 1)
+            step_positions = torch.tensor(lengths)[:, None] + t
+            batched.append(
+                model(
+                    steps[:, t : t + 1],
+                    cache,
+                    start_pos=n + t,
+                    mask=keys_real,
+                    positions=step_positions,
+                )
+            )
+        # (3, n + n_steps, vocab)
+        batched = torch.cat(batched, dim=1)
         for i, (prompt, length) in enumerate(zip(prompts, lengths)):
-            alone = model(torch.cat([prompt, steps[i:i + 1]], dim=1))[0]      # (length + n_steps, vocab)
-            torch.testing.assert_close(batched[i, n - length:], alone, rtol=1e-5, atol=1e-5)
-        # without the positions the shorter prompts are shifted by their padding, and differ
+            # (length + n_steps, vocab)
+            alone = model(torch.cat([prompt, steps[i : i + 1]], dim=1))[0]
+            torch.testing.assert_close(
+                batched[i, n - length :], alone, rtol=1e-5, atol=1e-5
+            )
+        # without the positions the shorter prompts are shifted by their
+        # padding, and differ
         shifted = model(ids, mask=real[:, None, None, :])
-        assert (shifted[1, n - 4:] - model(prompts[1])[0]).abs().max() > 1e-2
+        assert (shifted[1, n - 4 :] - model(prompts[1])[0]).abs().max() > 1e-2
 
 
 def test_positions_default_to_the_columns_and_may_be_shared():
     model = small_gpt()
-    ids = torch.randint(0, 17, (2, 5), generator=torch.Generator().manual_seed(6))
+    ids = torch.randint(
+        0, 17, (2, 5), generator=torch.Generator().manual_seed(6)
+    )
     with torch.no_grad():
-        torch.testing.assert_close(model(ids, start_pos=3), model(ids, start_pos=3, positions=torch.arange(3, 8)))
-        torch.testing.assert_close(model(ids, positions=torch.arange(3, 8).expand(2, 5)),
-                                   model(ids, start_pos=3))
+        torch.testing.assert_close(
+            model(ids, start_pos=3),
+            model(ids, start_pos=3, positions=torch.arange(3, 8)),
+        )
+        torch.testing.assert_close(
+            model(ids, positions=torch.arange(3, 8).expand(2, 5)),
+            model(ids, start_pos=3),
+        )
 
 
-@pytest.mark.parametrize("positions,match", [
-    (torch.arange(4.0), "int64"),
-    ([0, 1, 2, 3], "int64"),
-    (torch.arange(5), r"shape of ids \(1, 4\) or \(4,\); got \(5,\)"),
-    (torch.zeros(2, 4, dtype=torch.long), r"got \(2, 4\)"),
-    (torch.tensor([0, 1, 2, 24]), r"\[0, 24\).*0\.\.24"),
-    (torch.tensor([-1, 0, 1, 2]), r"\[0, 24\)"),
-])
+@pytest.mark.parametrize(
+    "positions,match",
+    [
+        (torch.arange(4.0), "int64"),
+        ([0, 1, 2, 3], "int64"),
+        (torch.arange(5), r"shape of ids \(1, 4\) or \(4,\); got \(5,\)"),
+        (torch.zeros(2, 4, dtype=torch.long), r"got \(2, 4\)"),
+        (torch.tensor([0, 1, 2, 24]), r"\[0, 24\).*0\.\.24"),
+        (torch.tensor([-1, 0, 1, 2]), r"\[0, 24\)"),
+    ],
+)
 def test_bad_positions_raise_value_error(positions, match):
     with pytest.raises(ValueError, match=match):
         small_gpt()(torch.zeros(1, 4, dtype=torch.long), positions=positions)
@@ -171,7 +266,9 @@ def test_sdpa_and_explicit_attention_agree():
     fast, slow = small_gpt(seed=4), small_gpt(seed=4)
     for block in slow.blocks:
         block.attn.use_sdpa = False
-    ids = torch.randint(0, 17, (2, 24), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(
+        0, 17, (2, 24), generator=torch.Generator().manual_seed(2)
+    )
     with torch.no_grad():
         torch.testing.assert_close(fast(ids), slow(ids), rtol=1e-5, atol=1e-5)
 
@@ -181,10 +278,16 @@ def test_checkpoint_round_trip(tmp_path):
     tokenizer = CharTokenizer("abcdefghijklmnopq")
     save_checkpoint(tmp_path / "m.pt", model, tokenizer, {"note": "test"})
     loaded, tok, meta = load_checkpoint(tmp_path / "m.pt")
-    ids = torch.randint(0, 17, (2, 9), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(
+        0, 17, (2, 9), generator=torch.Generator().manual_seed(3)
+    )
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
-    assert tok.vocab == tokenizer.vocab and meta == {"note": "test"} and loaded.config == model.config
+    assert (
+        tok.vocab == tokenizer.vocab
+        and meta == {"note": "test"}
+        and loaded.config == model.config
+    )
     assert loaded.head.weight is loaded.tok_emb.weight
 
 
@@ -202,52 +305,115 @@ def test_train_val_split_partitions_the_tokens():
     tokens = torch.arange(100)
     train, val = train_val_split(tokens, chunk_len=7, val_every=3)
     assert sorted(torch.cat([train, val]).tolist()) == list(range(100))
-    assert val[:7].tolist() == list(range(14, 21))             # the third chunk
+    # the third chunk
+    assert val[:7].tolist() == list(range(14, 21))
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda m: m(torch.zeros(1, 4)), "int64"),
-    (lambda m: m(torch.zeros(4, dtype=torch.long)), r"\(4,\)"),
-    (lambda m: m(torch.zeros(1, 25, dtype=torch.long)), "context_length=24"),
-    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=21), "context_length=24"),
-    (lambda m: m(torch.full((1, 4), 17)), r"\[0, 17\)"),
-    (lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=-1), "start_pos"),
-    (lambda m: m.generate(torch.zeros(1, 20, dtype=torch.long), 6), "exceeds context_length \\+ 1 = 25"),
-    (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 0), "max_new_tokens"),
-    (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 3, temperature=-1), "temperature"),
-    (lambda m: m.new_kv_cache(max_len=25), "max_len=25 exceeds context_length=24"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda m: m(torch.zeros(1, 4)), "int64"),
+        (lambda m: m(torch.zeros(4, dtype=torch.long)), r"\(4,\)"),
+        (
+            lambda m: m(torch.zeros(1, 25, dtype=torch.long)),
+            "context_length=24",
+        ),
+        (
+            lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=21),
+            "context_length=24",
+        ),
+        (lambda m: m(torch.full((1, 4), 17)), r"\[0, 17\)"),
+        (
+            lambda m: m(torch.zeros(1, 4, dtype=torch.long), start_pos=-1),
+            "start_pos",
+        ),
+        (
+            lambda m: m.generate(torch.zeros(1, 20, dtype=torch.long), 6),
+            "exceeds context_length \\+ 1 = 25",
+        ),
+        (
+            lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 0),
+            "max_new_tokens",
+        ),
+        (
+            lambda m: m.generate(
+                torch.zeros(1, 2, dtype=torch.long), 3, temperature=-1
+            ),
+            "temperature",
+        ),
+        (
+            lambda m: m.new_kv_cache(max_len=25),
+            "max_len=25 exceeds context_length=24",
+        ),
+    ],
+)
 def test_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call(small_gpt())
 
 
 def test_config_errors():
-    with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
+    with pytest.raises(
+        ValueError, match="d_model=30 is not divisible by n_heads=4"
+    ):
         TinyGPT(GPTConfig(vocab_size=5, d_model=30, n_heads=4))
     with pytest.raises(ValueError, match="context_length"):
         GPTConfig(vocab_size=5, context_length=0)
 
 
-# ---- the training script ----------------------------------------------------------------------
+# ---- the training script ----------------------------------------------------
+
 
 def test_training_script_is_reproducible(tmp_path, monkeypatch, capsys):
-    """Two short runs with the same seed write identical weights; the loss goes down."""
-    args = ["--steps", "6", "--batch-size", "2", "--context-length", "32", "--d-model", "16", "--n-layers", "1",
-            "--n-heads", "2", "--eval-every", "3", "--eval-batches", "1", "--warmup", "2", "--threads", "1"]
+    """Two short runs with the same seed write identical weights; the loss goes
+    down."""
+    args = [
+        "--steps",
+        "6",
+        "--batch-size",
+        "2",
+        "--context-length",
+        "32",
+        "--d-model",
+        "16",
+        "--n-layers",
+        "1",
+        "--n-heads",
+        "2",
+        "--eval-every",
+        "3",
+        "--eval-batches",
+        "1",
+        "--warmup",
+        "2",
+        "--threads",
+        "1",
+    ]
     outputs = []
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    threads, deterministic = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+    )
     try:
         for name in ("a.pt", "b.pt"):
-            monkeypatch.setattr(sys, "argv", ["train_gpt.py", *args, "--out", str(tmp_path / name)])
-            runpy.run_path(str(ROOT / "scripts" / "train_gpt.py"), run_name="__main__")
+            monkeypatch.setattr(
+                sys,
+                "argv",
+                ["train_gpt.py", *args, "--out", str(tmp_path / name)],
+            )
+            runpy.run_path(
+                str(ROOT / "scripts" / "train_gpt.py"), run_name="__main__"
+            )
             outputs.append(load_checkpoint(tmp_path / name))
-    finally:   # the script sets these for its whole process, here the test session
+    # the script sets these for its whole process, here the test session
+    finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
     (a, _, meta_a), (b, _, meta_b) = outputs
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), name
-    assert meta_a["history"] == meta_b["history"] and len(meta_a["history"]) == 2
+    assert (
+        meta_a["history"] == meta_b["history"] and len(meta_a["history"]) == 2
+    )
     assert meta_a["history"][-1]["train_loss"] < math.log(a.config.vocab_size)
     assert "saved" in capsys.readouterr().out

@@ -1,5 +1,7 @@
-"""Linear attention against quadratic references in torch, its causal forms, random features, and
-the decayed (gated) forms against sums written with loops."""
+"""Linear attention against quadratic references in torch, its causal forms,
+random features, and the decayed (gated) forms against sums written with
+loops."""
+
 import math
 
 import numpy as np
@@ -11,21 +13,32 @@ from hypothesis import strategies as st
 
 import attnbook
 from attnbook.bench import peak_memory
-from attnbook.linear_attention import (attention_from_features, decay_mask, decayed_linear_attention,
-                                       decayed_linear_attention_recurrent, draw_random_features, elu_feature_map,
-                                       linear_attention, linear_attention_recurrent, performer_attention,
-                                       softmax_kernel_features, softmax_kernel_log_features)
+from attnbook.linear_attention import (
+    attention_from_features,
+    decay_mask,
+    decayed_linear_attention,
+    decayed_linear_attention_recurrent,
+    draw_random_features,
+    elu_feature_map,
+    linear_attention,
+    linear_attention_recurrent,
+    performer_attention,
+    softmax_kernel_features,
+    softmax_kernel_log_features,
+)
 from attnbook.masks import packed_causal_mask
 from attnbook.experiments.linear_attention_timing import time_against_softmax
 
 
 def visible(n_q, n_k):
-    """Causal visibility by index arithmetic: query i sits at position i + n_k - n_q."""
+    """Causal visibility by index arithmetic: query i sits at position i + n_k
+    - n_q."""
     return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
 
 
 def quadratic_reference(q, k, v, causal=False):
-    """The n_q x n_k weights elu(q)+1 . elu(k)+1, masked and normalised, in float64 torch."""
+    """The n_q x n_k weights elu(q)+1 . elu(k)+1, masked and normalised, in
+    float64 torch."""
     q, k, v = (torch.as_tensor(np.asarray(x, np.float64)) for x in (q, k, v))
     w = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2)
     if causal:
@@ -42,15 +55,29 @@ def problems(draw, max_n=40):
     d_k, d_v = draw(st.integers(1, 9)), draw(st.integers(1, 9))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     scale = draw(st.sampled_from([0.1, 1.0, 4.0]))
-    q, k, v = (rng.normal(scale=s, size=lead + shape) for s, shape in
-               ((scale, (n_q, d_k)), (scale, (n_k, d_k)), (1.0, (n_k, d_v))))
+    q, k, v = (
+        rng.normal(scale=s, size=lead + shape)
+        for s, shape in (
+            (scale, (n_q, d_k)),
+            (scale, (n_k, d_k)),
+            (1.0, (n_k, d_v)),
+        )
+    )
     return q, k, v, causal, draw(st.integers(1, 17))
 
 
 def test_elu_feature_map_is_elu_plus_one_and_positive(rng):
     x = np.concatenate([rng.normal(scale=5, size=1000), [-800.0, 0.0, 800.0]])
-    np.testing.assert_allclose(elu_feature_map(x), F.elu(torch.from_numpy(x)).numpy() + 1, rtol=1e-14, atol=1e-15)
-    assert (elu_feature_map(x[:-3]) > 0).all() and elu_feature_map(np.array([-800.0]))[0] == 0.0  # exp underflows
+    np.testing.assert_allclose(
+        elu_feature_map(x),
+        F.elu(torch.from_numpy(x)).numpy() + 1,
+        rtol=1e-14,
+        atol=1e-15,
+    )
+    # exp underflows
+    assert (elu_feature_map(x[:-3]) > 0).all() and elu_feature_map(
+        np.array([-800.0])
+    )[0] == 0.0
     assert elu_feature_map(np.array([1, -2])).dtype == np.float64
 
 
@@ -59,8 +86,12 @@ def test_elu_feature_map_is_elu_plus_one_and_positive(rng):
 def test_matches_the_quadratic_form_in_torch(problem):
     q, k, v, causal, chunk = problem
     got = linear_attention(q, k, v, causal=causal, chunk_size=chunk)
-    assert got.shape == np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]) + (q.shape[-2], v.shape[-1])
-    np.testing.assert_allclose(got, quadratic_reference(q, k, v, causal), rtol=1e-9, atol=1e-11)
+    assert got.shape == np.broadcast_shapes(
+        q.shape[:-2], k.shape[:-2], v.shape[:-2]
+    ) + (q.shape[-2], v.shape[-1])
+    np.testing.assert_allclose(
+        got, quadratic_reference(q, k, v, causal), rtol=1e-9, atol=1e-11
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -68,34 +99,60 @@ def test_matches_the_quadratic_form_in_torch(problem):
 def test_recurrent_form_equals_the_chunked_prefix_sums(problem):
     q, k, v, causal, chunk = problem
     if not causal:
-        q = q[..., -min(q.shape[-2], k.shape[-2]):, :]       # the recurrent form is causal: n_q <= n_k
-    np.testing.assert_allclose(linear_attention_recurrent(q, k, v),
-                               linear_attention(q, k, v, causal=True, chunk_size=chunk), rtol=1e-10, atol=1e-12)
+        # the recurrent form is causal: n_q <= n_k
+        q = q[..., -min(q.shape[-2], k.shape[-2]) :, :]
+    np.testing.assert_allclose(
+        linear_attention_recurrent(q, k, v),
+        linear_attention(q, k, v, causal=True, chunk_size=chunk),
+        rtol=1e-10,
+        atol=1e-12,
+    )
 
 
 def test_causal_output_ignores_the_future(rng):
-    q, k, v = rng.normal(size=(10, 4)), rng.normal(size=(10, 4)), rng.normal(size=(10, 3))
+    q, k, v = (
+        rng.normal(size=(10, 4)),
+        rng.normal(size=(10, 4)),
+        rng.normal(size=(10, 3)),
+    )
     out = linear_attention(q, k, v, causal=True, chunk_size=3)
     k2, v2 = k.copy(), v.copy()
-    k2[6:], v2[6:] = rng.normal(size=(4, 4)), rng.normal(size=(4, 3))   # change positions 6..9
+    # change positions 6..9
+    k2[6:], v2[6:] = rng.normal(size=(4, 4)), rng.normal(size=(4, 3))
     out2 = linear_attention(q, k2, v2, causal=True, chunk_size=3)
     np.testing.assert_allclose(out[:6], out2[:6], rtol=1e-12)
     assert not np.allclose(out[6:], out2[6:])
 
 
 def test_decoding_one_query_at_the_end_sees_every_key(rng):
-    q, k, v = rng.normal(size=(1, 5)), rng.normal(size=(9, 5)), rng.normal(size=(9, 2))
-    np.testing.assert_allclose(linear_attention(q, k, v, causal=True), linear_attention(q, k, v), rtol=1e-12)
+    q, k, v = (
+        rng.normal(size=(1, 5)),
+        rng.normal(size=(9, 5)),
+        rng.normal(size=(9, 2)),
+    )
+    np.testing.assert_allclose(
+        linear_attention(q, k, v, causal=True),
+        linear_attention(q, k, v),
+        rtol=1e-12,
+    )
 
 
-@pytest.mark.parametrize("dtype, out_dtype, tol", [(np.float64, np.float64, 1e-11), (np.float32, np.float32, 1e-5),
-                                                    (np.float16, np.float32, 2e-3)])
+@pytest.mark.parametrize(
+    "dtype, out_dtype, tol",
+    [
+        (np.float64, np.float64, 1e-11),
+        (np.float32, np.float32, 1e-5),
+        (np.float16, np.float32, 2e-3),
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_dtypes(rng, dtype, out_dtype, tol, causal):
     q, k, v = (rng.normal(size=(2, 33, 8)).astype(dtype) for _ in range(3))
     got = linear_attention(q, k, v, causal=causal, chunk_size=8)
     assert got.dtype == out_dtype
-    np.testing.assert_allclose(got, quadratic_reference(q, k, v, causal), rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        got, quadratic_reference(q, k, v, causal), rtol=tol, atol=tol
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -103,29 +160,51 @@ def test_never_holds_an_n_by_n_array(rng, causal):
     n, d = 4096, 16
     q, k, v = (rng.normal(size=(n, d)).astype(np.float32) for _ in range(3))
     _, peak = peak_memory(linear_attention, q, k, v, causal=causal)
-    assert peak < n * n * 4 / 16, f"peak {peak} bytes: an n x n float32 array is {n * n * 4}"
+    assert peak < n * n * 4 / 16, (
+        f"peak {peak} bytes: an n x n float32 array is {n * n * 4}"
+    )
 
 
 def test_custom_feature_map_and_attention_from_features(rng):
-    q, k, v = rng.normal(size=(6, 3)), rng.normal(size=(8, 3)), rng.normal(size=(8, 2))
-    phi = lambda x: np.concatenate([np.exp(x), np.exp(-x)], axis=-1)    # noqa: E731  m = 2 d_k
+    q, k, v = (
+        rng.normal(size=(6, 3)),
+        rng.normal(size=(8, 3)),
+        rng.normal(size=(8, 2)),
+    )
+    phi = lambda x: np.concatenate([np.exp(x), np.exp(-x)], axis=-1)  # noqa: E731  m = 2 d_k
     w = phi(q) @ phi(k).T
-    np.testing.assert_allclose(linear_attention(q, k, v, feature_map=phi), w / w.sum(-1, keepdims=True) @ v,
-                               rtol=1e-12)
-    np.testing.assert_allclose(attention_from_features(phi(q), phi(k), v), linear_attention(q, k, v, phi),
-                               rtol=1e-14)
+    np.testing.assert_allclose(
+        linear_attention(q, k, v, feature_map=phi),
+        w / w.sum(-1, keepdims=True) @ v,
+        rtol=1e-12,
+    )
+    np.testing.assert_allclose(
+        attention_from_features(phi(q), phi(k), v),
+        linear_attention(q, k, v, phi),
+        rtol=1e-14,
+    )
 
 
 # --- random features ---------------------------------------------------------
 
+
 def test_positive_random_features_estimate_the_exponential_kernel(rng):
-    x, y = rng.normal(scale=0.5, size=(4, 6)), rng.normal(scale=0.5, size=(5, 6))
+    x, y = (
+        rng.normal(scale=0.5, size=(4, 6)),
+        rng.normal(scale=0.5, size=(5, 6)),
+    )
     for orthogonal in (False, True):
         omega = draw_random_features(6, 200_000, seed=3, orthogonal=orthogonal)
-        estimate = softmax_kernel_features(x, omega) @ softmax_kernel_features(y, omega).T
+        estimate = (
+            softmax_kernel_features(x, omega)
+            @ softmax_kernel_features(y, omega).T
+        )
         np.testing.assert_allclose(estimate / np.exp(x @ y.T), 1.0, atol=0.05)
     assert (softmax_kernel_features(x, omega) > 0).all()
-    np.testing.assert_allclose(np.exp(softmax_kernel_log_features(x, omega)), softmax_kernel_features(x, omega))
+    np.testing.assert_allclose(
+        np.exp(softmax_kernel_log_features(x, omega)),
+        softmax_kernel_features(x, omega),
+    )
 
 
 @pytest.mark.parametrize("d, m", [(4, 4), (5, 12), (8, 3), (1, 7)])
@@ -133,59 +212,99 @@ def test_orthogonal_features_are_orthogonal_within_blocks(d, m):
     omega = draw_random_features(d, m, seed=0)
     assert omega.shape == (m, d)
     for start in range(0, m, d):
-        block = omega[start:start + d]
+        block = omega[start : start + d]
         gram = block @ block.T
-        np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0, atol=1e-10)
+        np.testing.assert_allclose(
+            gram - np.diag(np.diag(gram)), 0, atol=1e-10
+        )
 
 
 @pytest.mark.parametrize("orthogonal", [False, True])
 def test_each_row_is_standard_normal(orthogonal):
-    rows = np.concatenate([draw_random_features(3, 3, seed=s, orthogonal=orthogonal) for s in range(4000)])
+    rows = np.concatenate(
+        [
+            draw_random_features(3, 3, seed=s, orthogonal=orthogonal)
+            for s in range(4000)
+        ]
+    )
     np.testing.assert_allclose(np.cov(rows.T), np.eye(3), atol=0.05)
     np.testing.assert_allclose(rows.mean(axis=0), 0, atol=0.03)
-    assert np.array_equal(draw_random_features(3, 5, seed=7), draw_random_features(3, 5, seed=7))
+    assert np.array_equal(
+        draw_random_features(3, 5, seed=7), draw_random_features(3, 5, seed=7)
+    )
 
 
 def test_performer_uses_exactly_the_weights_of_its_features(rng):
-    """Stabilisation must not change the result: compare with the features formed without it."""
-    q, k, v = rng.normal(size=(2, 7, 4)), rng.normal(size=(2, 9, 4)), rng.normal(size=(2, 9, 3))
+    """Stabilisation must not change the result: compare with the features
+    formed without it."""
+    q, k, v = (
+        rng.normal(size=(2, 7, 4)),
+        rng.normal(size=(2, 9, 4)),
+        rng.normal(size=(2, 9, 3)),
+    )
     omega = draw_random_features(4, 32, seed=1)
     root = (1 / np.sqrt(4)) ** 0.5
-    w = softmax_kernel_features(root * q, omega) @ np.swapaxes(softmax_kernel_features(root * k, omega), -1, -2)
+    w = softmax_kernel_features(root * q, omega) @ np.swapaxes(
+        softmax_kernel_features(root * k, omega), -1, -2
+    )
     for causal in (False, True):
         ww = w * visible(7, 9) if causal else w
         expected = ww / ww.sum(-1, keepdims=True) @ v
-        np.testing.assert_allclose(performer_attention(q, k, v, omega, causal=causal, chunk_size=3), expected,
-                                   rtol=1e-10)
+        np.testing.assert_allclose(
+            performer_attention(q, k, v, omega, causal=causal, chunk_size=3),
+            expected,
+            rtol=1e-10,
+        )
 
 
 def test_performer_converges_to_softmax_attention(rng):
-    q, k, v = rng.normal(scale=0.5, size=(64, 8)), rng.normal(scale=0.5, size=(64, 8)), rng.normal(size=(64, 4))
-    exact = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v))).numpy()
+    q, k, v = (
+        rng.normal(scale=0.5, size=(64, 8)),
+        rng.normal(scale=0.5, size=(64, 8)),
+        rng.normal(size=(64, 4)),
+    )
+    exact = F.scaled_dot_product_attention(
+        *(torch.from_numpy(a) for a in (q, k, v))
+    ).numpy()
     errors = {}
     for m in (8, 8192):
-        outs = [performer_attention(q, k, v, draw_random_features(8, m, seed=s)) for s in range(5)]
+        outs = [
+            performer_attention(q, k, v, draw_random_features(8, m, seed=s))
+            for s in range(5)
+        ]
         errors[m] = np.mean([np.sqrt(np.mean((o - exact) ** 2)) for o in outs])
     assert errors[8192] < 0.02 and errors[8192] < errors[8] / 5, errors
-    causal_exact, _ = attnbook.scaled_dot_product_attention(q, k, v, mask=attnbook.causal_mask(64))
-    causal = performer_attention(q, k, v, draw_random_features(8, 8192, seed=0), causal=True)
+    causal_exact, _ = attnbook.scaled_dot_product_attention(
+        q, k, v, mask=attnbook.causal_mask(64)
+    )
+    causal = performer_attention(
+        q, k, v, draw_random_features(8, 8192, seed=0), causal=True
+    )
     assert np.sqrt(np.mean((causal - causal_exact) ** 2)) < 0.05
 
 
 def test_performer_does_not_overflow_on_large_inputs(rng):
-    q, k, v = rng.normal(scale=30, size=(16, 4)), rng.normal(scale=30, size=(16, 4)), rng.normal(size=(16, 2))
+    q, k, v = (
+        rng.normal(scale=30, size=(16, 4)),
+        rng.normal(scale=30, size=(16, 4)),
+        rng.normal(size=(16, 2)),
+    )
     out = performer_attention(q, k, v, draw_random_features(4, 64, seed=0))
     assert np.isfinite(out).all()
 
 
 # --- bad input ---------------------------------------------------------------
 
-@pytest.mark.parametrize("shapes, match", [
-    (((3, 4), (5, 3), (5, 2)), "share d_k"),
-    (((3, 4), (5, 4), (6, 2)), "same number of positions"),
-    (((4,), (5, 4), (5, 2)), "at least 2 dimensions"),
-    (((2, 3, 4), (3, 5, 4), (5, 2)), "do not broadcast"),
-])
+
+@pytest.mark.parametrize(
+    "shapes, match",
+    [
+        (((3, 4), (5, 3), (5, 2)), "share d_k"),
+        (((3, 4), (5, 4), (6, 2)), "same number of positions"),
+        (((4,), (5, 4), (5, 2)), "at least 2 dimensions"),
+        (((2, 3, 4), (3, 5, 4), (5, 2)), "do not broadcast"),
+    ],
+)
 def test_bad_shapes_raise(shapes, match):
     q, k, v = (np.ones(s) for s in shapes)
     with pytest.raises(ValueError, match=match):
@@ -219,8 +338,12 @@ def test_bad_options_raise():
 
 
 def test_time_against_softmax_returns_positive_times_per_length():
-    times = time_against_softmax([8, 16, 32], d=4, softmax_max_n=16, repeats=1, sweeps=2)
-    assert [len(times[name]) for name in ("softmax", "linear", "linear, causal")] == [2, 3, 3]
+    times = time_against_softmax(
+        [8, 16, 32], d=4, softmax_max_n=16, repeats=1, sweeps=2
+    )
+    assert [
+        len(times[name]) for name in ("softmax", "linear", "linear, causal")
+    ] == [2, 3, 3]
     assert all(0 < t < 1 for ts in times.values() for t in ts)
     with pytest.raises(ValueError, match="n must be a positive integer"):
         time_against_softmax([0])
@@ -230,52 +353,80 @@ def test_time_against_softmax_returns_positive_times_per_length():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_leading_dimensions_broadcast(rng, causal):
-    q, k, v = rng.normal(size=(2, 1, 6, 4)), rng.normal(size=(1, 3, 9, 4)), rng.normal(size=(3, 9, 5))
+    q, k, v = (
+        rng.normal(size=(2, 1, 6, 4)),
+        rng.normal(size=(1, 3, 9, 4)),
+        rng.normal(size=(3, 9, 5)),
+    )
     got = linear_attention(q, k, v, causal=causal, chunk_size=4)
     assert got.shape == (2, 3, 6, 5)
     for a in range(2):
         for b in range(3):
-            np.testing.assert_allclose(got[a, b], quadratic_reference(q[a, 0], k[0, b], v[b], causal), rtol=1e-10)
+            np.testing.assert_allclose(
+                got[a, b],
+                quadratic_reference(q[a, 0], k[0, b], v[b], causal),
+                rtol=1e-10,
+            )
 
 
-# --- decayed and gated linear attention ------------------------------------------------
+# --- decayed and gated linear attention --------------------------------------
+
 
 def decayed_by_loops(q, k, v, decay):
-    """out_i = sum_{j <= i} (decay[j+1] * ... * decay[i]) (q_i . k_j) v_j, in plain Python floats."""
+    """out_i = sum_{j <= i} (decay[j+1] * ... * decay[i]) (q_i . k_j) v_j, in
+    plain Python floats."""
     n, d_v = len(q), len(v[0])
     out = np.zeros((n, d_v))
     for i in range(n):
         for j in range(i + 1):
-            weight = math.prod(float(g) for g in decay[j + 1:i + 1]) * float(np.dot(q[i], k[j]))
+            weight = math.prod(float(g) for g in decay[j + 1 : i + 1]) * float(
+                np.dot(q[i], k[j])
+            )
             out[i] += weight * np.asarray(v[j], dtype=np.float64)
     return out
 
 
-@pytest.mark.parametrize("form", [decayed_linear_attention, decayed_linear_attention_recurrent])
+@pytest.mark.parametrize(
+    "form", [decayed_linear_attention, decayed_linear_attention_recurrent]
+)
 def test_decayed_forms_equal_the_sum_written_with_loops(rng, form):
     n, d_k, d_v = 9, 3, 2
-    q, k, v = rng.normal(size=(n, d_k)), rng.normal(size=(n, d_k)), rng.normal(size=(n, d_v))
+    q, k, v = (
+        rng.normal(size=(n, d_k)),
+        rng.normal(size=(n, d_k)),
+        rng.normal(size=(n, d_v)),
+    )
     decay = rng.uniform(0, 1, size=n)
-    decay[4] = 0.0                                                     # a gate that forgets everything
-    np.testing.assert_allclose(form(q, k, v, decay), decayed_by_loops(q, k, v, decay), rtol=1e-12, atol=1e-12)
+    # a gate that forgets everything
+    decay[4] = 0.0
+    np.testing.assert_allclose(
+        form(q, k, v, decay),
+        decayed_by_loops(q, k, v, decay),
+        rtol=1e-12,
+        atol=1e-12,
+    )
 
 
 def test_a_fixed_decay_gives_retnets_powers():
     n, gamma = 50, 0.9
     i, j = np.indices((n, n))
     expected = np.where(j <= i, gamma ** (i - j).astype(float), 0.0)
-    np.testing.assert_allclose(decay_mask(np.full(n, gamma)), expected, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(
+        decay_mask(np.full(n, gamma)), expected, rtol=1e-12, atol=0
+    )
 
 
 def test_decay_mask_stays_accurate_on_long_sequences():
-    """Summing each column's logarithms keeps every entry accurate where differences of one running
-    sum would not: gamma = 0.999 over 3000 steps, and a tiny decay at the start."""
+    """Summing each column's logarithms keeps every entry accurate where
+    differences of one running sum would not: gamma = 0.999 over 3000 steps,
+    and a tiny decay at the start."""
     n = 3000
     decay = np.full(n, 0.999)
     decay[1] = 1e-300
     d = decay_mask(decay)
     assert np.all(np.isfinite(d))
-    np.testing.assert_allclose(np.diag(d, k=-5)[2:], 0.999 ** 5, rtol=1e-12)   # away from the tiny decay
+    # away from the tiny decay
+    np.testing.assert_allclose(np.diag(d, k=-5)[2:], 0.999**5, rtol=1e-12)
     np.testing.assert_allclose(d[n - 1, 1], 0.999 ** (n - 2), rtol=1e-9)
 
 
@@ -284,7 +435,9 @@ def test_decay_one_is_unnormalised_causal_linear_attention(rng):
     tq, tk, tv = (torch.as_tensor(x) for x in (q, k, v))
     expected = ((tq @ tk.transpose(-1, -2)).tril() @ tv).numpy()
     for form in (decayed_linear_attention, decayed_linear_attention_recurrent):
-        np.testing.assert_allclose(form(q, k, v, 1.0), expected, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            form(q, k, v, 1.0), expected, rtol=1e-12, atol=1e-12
+        )
 
 
 def test_zero_gates_at_document_starts_give_the_packed_mask(rng):
@@ -292,28 +445,50 @@ def test_zero_gates_at_document_starts_give_the_packed_mask(rng):
     starts = np.cumsum([0] + lengths[:-1])
     decay = np.ones(sum(lengths))
     decay[starts] = 0.0
-    np.testing.assert_array_equal(decay_mask(decay) != 0, packed_causal_mask(lengths))
+    np.testing.assert_array_equal(
+        decay_mask(decay) != 0, packed_causal_mask(lengths)
+    )
     q, k, v = (rng.normal(size=(9, 3)) for _ in range(3))
     packed = decayed_linear_attention_recurrent(q, k, v, decay)
     for start, length in zip(starts, lengths):
         part = slice(start, start + length)
-        np.testing.assert_allclose(packed[part], decayed_linear_attention(q[part], k[part], v[part], 1.0),
-                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            packed[part],
+            decayed_linear_attention(q[part], k[part], v[part], 1.0),
+            rtol=1e-12,
+            atol=1e-12,
+        )
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_recurrent_and_quadratic_decayed_forms_agree(data):
     lead = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2)))
-    n, d_k, d_v = data.draw(st.integers(1, 25)), data.draw(st.integers(1, 6)), data.draw(st.integers(1, 6))
+    n, d_k, d_v = (
+        data.draw(st.integers(1, 25)),
+        data.draw(st.integers(1, 6)),
+        data.draw(st.integers(1, 6)),
+    )
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    q, k, v = rng.normal(size=lead + (n, d_k)), rng.normal(size=lead + (n, d_k)), rng.normal(size=lead + (n, d_v))
-    decay = data.draw(st.sampled_from(["scalar", "per position", "per batch and position"]))
-    gates = {"scalar": rng.uniform(0, 1),
-             "per position": rng.choice([0.0, 0.5, 0.97, 1.0], size=n),
-             "per batch and position": rng.uniform(0, 1, size=lead + (n,))}[decay]
-    np.testing.assert_allclose(decayed_linear_attention_recurrent(q, k, v, gates),
-                               decayed_linear_attention(q, k, v, gates), rtol=1e-10, atol=1e-10)
+    q, k, v = (
+        rng.normal(size=lead + (n, d_k)),
+        rng.normal(size=lead + (n, d_k)),
+        rng.normal(size=lead + (n, d_v)),
+    )
+    decay = data.draw(
+        st.sampled_from(["scalar", "per position", "per batch and position"])
+    )
+    gates = {
+        "scalar": rng.uniform(0, 1),
+        "per position": rng.choice([0.0, 0.5, 0.97, 1.0], size=n),
+        "per batch and position": rng.uniform(0, 1, size=lead + (n,)),
+    }[decay]
+    np.testing.assert_allclose(
+        decayed_linear_attention_recurrent(q, k, v, gates),
+        decayed_linear_attention(q, k, v, gates),
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 def test_decayed_forms_keep_float32(rng):
@@ -321,15 +496,27 @@ def test_decayed_forms_keep_float32(rng):
     for form in (decayed_linear_attention, decayed_linear_attention_recurrent):
         out = form(q, k, v, np.float32(0.8))
         assert out.dtype == np.float32
-        np.testing.assert_allclose(out, decayed_by_loops(q, k, v, np.full(6, 0.8)), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            out,
+            decayed_by_loops(q, k, v, np.full(6, 0.8)),
+            rtol=1e-4,
+            atol=1e-5,
+        )
 
 
-@pytest.mark.parametrize("decay, match", [
-    (1.5, r"every decay must lie in \[0, 1\].*got 1.5"),
-    (-0.1, r"every decay must lie in \[0, 1\]"),
-    (np.nan, r"every decay must lie in \[0, 1\].*got nan"),
-    (np.ones(4), r"decay must be a number or broadcast to \(..., n\) = \(5,\); got shape \(4,\)"),
-])
+@pytest.mark.parametrize(
+    "decay, match",
+    [
+        (1.5, r"every decay must lie in \[0, 1\].*got 1.5"),
+        (-0.1, r"every decay must lie in \[0, 1\]"),
+        (np.nan, r"every decay must lie in \[0, 1\].*got nan"),
+        (
+            np.ones(4),
+            r"decay must be a number or broadcast to \(..., n\) = \(5,\); got "
+            r"shape \(4,\)",
+        ),
+    ],
+)
 def test_decayed_bad_decay_raises(decay, match):
     x = np.ones((5, 3))
     for form in (decayed_linear_attention, decayed_linear_attention_recurrent):
@@ -338,7 +525,13 @@ def test_decayed_bad_decay_raises(decay, match):
 
 
 def test_decayed_needs_self_attention_shapes():
-    with pytest.raises(ValueError, match=r"same length n; got q \(4, 3\) and k \(5, 3\)"):
-        decayed_linear_attention(np.ones((4, 3)), np.ones((5, 3)), np.ones((5, 2)), 0.5)
-    with pytest.raises(ValueError, match=r"decay must have at least 1 dimensions"):
+    with pytest.raises(
+        ValueError, match=r"same length n; got q \(4, 3\) and k \(5, 3\)"
+    ):
+        decayed_linear_attention(
+            np.ones((4, 3)), np.ones((5, 3)), np.ones((5, 2)), 0.5
+        )
+    with pytest.raises(
+        ValueError, match=r"decay must have at least 1 dimensions"
+    ):
         decay_mask(0.5)

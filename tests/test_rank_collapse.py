@@ -1,4 +1,6 @@
-"""Rank collapse: the residual from rank one, Dobrushin's coefficient, and stacks of attention layers."""
+"""Rank collapse: the residual from rank one, Dobrushin's coefficient, and
+stacks of attention layers."""
+
 import numpy as np
 import pytest
 import torch
@@ -6,8 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnbook
-from attnbook.experiments.rank_collapse import (attention_stack, ergodicity_coefficient, random_attention_layers,
-                                                rank_one_residual, token_diameter)
+from attnbook.experiments.rank_collapse import (
+    attention_stack,
+    ergodicity_coefficient,
+    random_attention_layers,
+    rank_one_residual,
+    token_diameter,
+)
 
 
 def test_rank_one_residual_against_the_centring_projection(rng):
@@ -16,8 +23,12 @@ def test_rank_one_residual_against_the_centring_projection(rng):
     centre = np.eye(n) - np.ones((n, n)) / n
     for b in range(3):
         expected = np.linalg.norm(centre @ x[b]) / np.linalg.norm(x[b])
-        np.testing.assert_allclose(rank_one_residual(x)[b], expected, rtol=1e-12)
-    np.testing.assert_allclose(rank_one_residual(10 * x), rank_one_residual(x), rtol=1e-12)
+        np.testing.assert_allclose(
+            rank_one_residual(x)[b], expected, rtol=1e-12
+        )
+    np.testing.assert_allclose(
+        rank_one_residual(10 * x), rank_one_residual(x), rtol=1e-12
+    )
     same_rows = np.tile(rng.normal(size=(1, 5)), (6, 1))
     assert rank_one_residual(same_rows) < 1e-15
     assert rank_one_residual(np.zeros((3, 2))) == 0.0
@@ -35,17 +46,31 @@ def test_ergodicity_coefficient_extremes(rng):
     a = attnbook.softmax(rng.normal(size=(2, 6, 6)))
     tau = ergodicity_coefficient(a)
     assert tau.shape == (2,) and np.all((0 <= tau) & (tau <= 1))
-    brute = max(0.5 * np.abs(a[0, i] - a[0, j]).sum() for i in range(6) for j in range(6))
+    brute = max(
+        0.5 * np.abs(a[0, i] - a[0, j]).sum()
+        for i in range(6)
+        for j in range(6)
+    )
     np.testing.assert_allclose(tau[0], brute, rtol=1e-12)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(2, 12), st.integers(1, 6), st.integers(0, 2**32 - 1), st.sampled_from([0.1, 1.0, 5.0]))
-def test_one_averaging_step_shrinks_the_diameter_by_tau(n, d, seed, temperature):
+@given(
+    st.integers(2, 12),
+    st.integers(1, 6),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0.1, 1.0, 5.0]),
+)
+def test_one_averaging_step_shrinks_the_diameter_by_tau(
+    n, d, seed, temperature
+):
     rng = np.random.default_rng(seed)
     a = attnbook.softmax(rng.normal(scale=temperature, size=(n, n)))
     x = rng.normal(size=(n, d))
-    assert token_diameter(a @ x) <= ergodicity_coefficient(a) * token_diameter(x) + 1e-12
+    assert (
+        token_diameter(a @ x)
+        <= ergodicity_coefficient(a) * token_diameter(x) + 1e-12
+    )
 
 
 def test_attention_stack_matches_a_torch_loop(rng):
@@ -57,9 +82,13 @@ def test_attention_stack_matches_a_torch_loop(rng):
         t = torch.from_numpy(x)
         for l, (w_q, w_k, w_v) in enumerate(layers):
             w_q, w_k, w_v = (torch.from_numpy(w) for w in (w_q, w_k, w_v))
-            y = torch.nn.functional.scaled_dot_product_attention(t @ w_q, t @ w_k, t @ w_v)
+            y = torch.nn.functional.scaled_dot_product_attention(
+                t @ w_q, t @ w_k, t @ w_v
+            )
             t = t + y if skip else y
-            np.testing.assert_allclose(states[l + 1], t.numpy(), rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(
+                states[l + 1], t.numpy(), rtol=1e-10, atol=1e-12
+            )
 
 
 def test_uniform_attention_collapses_in_one_layer(rng):
@@ -80,7 +109,9 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="x must have at least 2"):
         rank_one_residual(np.ones(3))
     with pytest.raises(ValueError, match="layer 0"):
-        attention_stack(np.ones((4, 3)), [(np.eye(3), np.eye(3), np.eye(4))], skip=True)
+        attention_stack(
+            np.ones((4, 3)), [(np.eye(3), np.eye(3), np.eye(4))], skip=True
+        )
     with pytest.raises(ValueError, match="sum to 1"):
         ergodicity_coefficient(np.ones((3, 3)))
     with pytest.raises(ValueError, match="n_layers"):

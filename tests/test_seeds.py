@@ -1,8 +1,15 @@
-"""attnbook.seeds: distributions over seeds and verdicts that refuse to be decided by rounding."""
+"""attnbook.seeds: distributions over seeds and verdicts that refuse to be
+decided by rounding."""
+
 import numpy as np
 import pytest
 
-from attnbook.seeds import SeedDistribution, TooCloseToCall, over_seeds, paired_difference
+from attnbook.seeds import (
+    SeedDistribution,
+    TooCloseToCall,
+    over_seeds,
+    paired_difference,
+)
 
 
 def test_over_seeds_calls_each_seed_in_order():
@@ -16,14 +23,19 @@ def test_over_seeds_calls_each_seed_in_order():
 def test_count_at_least_counts_and_respects_exact_hits():
     d = SeedDistribution((0, 1, 2, 3), np.array([1.0, 0.5, 0.99, 0.2]))
     assert d.count_at_least(0.99) == 2  # 0.99 itself counts
-    assert d.count_at_least(1.0, margin=0.005) == 1  # exactly at the threshold is not "too close"
+    # exactly at the threshold is not "too close"
+    assert d.count_at_least(1.0, margin=0.005) == 1
     assert not d.all_at_least(0.6, margin=0.05)
-    assert SeedDistribution((0,), np.array([0.1])).none_at_least(0.6, margin=0.05)
+    assert SeedDistribution((0,), np.array([0.1])).none_at_least(
+        0.6, margin=0.05
+    )
 
 
 def test_a_value_near_the_threshold_is_too_close_to_call():
     d = SeedDistribution((0, 1, 2), np.array([1.0, 0.987, 0.3]))
-    with pytest.raises(TooCloseToCall, match=r"seed\(s\) \[1\].*0\.987.*0\.99"):
+    with pytest.raises(
+        TooCloseToCall, match=r"seed\(s\) \[1\].*0\.987.*0\.99"
+    ):
         d.count_at_least(0.99, margin=0.005)
     assert d.count_at_least(0.99, margin=0.002) == 1
 
@@ -33,6 +45,7 @@ def test_bad_shapes_are_rejected():
         SeedDistribution((0, 1), np.zeros(3))
     with pytest.raises(ValueError, match="at least one seed"):
         over_seeds(lambda s: 0.0, [])
+
 
 def test_paired_difference():
     a = SeedDistribution((0, 1, 2), np.array([0.5, 0.4, 0.9]))
@@ -45,8 +58,9 @@ def test_paired_difference():
 
 
 def test_tallies_take_their_denominator_from_the_runs_they_count():
-    # The denominator is the number of seeds the distribution holds, whatever else is in scope:
-    # chapter 7 once printed '5/256 seeds' from a variable n rebound to a context length.
+    # The denominator is the number of seeds the distribution holds, whatever
+    # else is in scope: chapter 7 once printed '5/256 seeds' from a variable n
+    # rebound to a context length.
     for n_seeds in (1, 3, 5, 8):
         d = over_seeds(lambda s: float(s), range(n_seeds))
         assert d.tally_at_least(1.0, margin=0.5) == f"{n_seeds - 1}/{n_seeds}"

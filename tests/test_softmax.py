@@ -1,4 +1,6 @@
-"""softmax, logsumexp, log_softmax and the Jacobian against torch (float64) and by their properties."""
+"""softmax, logsumexp, log_softmax and the Jacobian against torch (float64) and
+by their properties."""
+
 import numpy as np
 import pytest
 import torch
@@ -10,14 +12,20 @@ import attnbook
 from attnbook.softmax import naive_softmax
 
 finite = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False)
-matrices = arrays(np.float64, array_shapes(min_dims=1, max_dims=3, max_side=7), elements=finite)
+matrices = arrays(
+    np.float64,
+    array_shapes(min_dims=1, max_dims=3, max_side=7),
+    elements=finite,
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(matrices)
 def test_matches_torch_float64(x):
     expected = torch.softmax(torch.from_numpy(x), dim=-1).numpy()
-    np.testing.assert_allclose(attnbook.softmax(x), expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        attnbook.softmax(x), expected, rtol=1e-12, atol=1e-15
+    )
 
 
 @settings(max_examples=100, deadline=None)
@@ -26,32 +34,51 @@ def test_shift_invariance_and_normalisation(x, c):
     p = attnbook.softmax(x)
     assert np.all(p >= 0)
     np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-12)
-    np.testing.assert_allclose(attnbook.softmax(x + c), p, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        attnbook.softmax(x + c), p, rtol=1e-9, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1, -2])
 def test_axis_matches_torch(axis, rng):
     x = rng.normal(size=(3, 4, 5))
     expected = torch.softmax(torch.from_numpy(x), dim=axis).numpy()
-    np.testing.assert_allclose(attnbook.softmax(x, axis=axis), expected, rtol=1e-12)
+    np.testing.assert_allclose(
+        attnbook.softmax(x, axis=axis), expected, rtol=1e-12
+    )
 
 
 def test_fully_masked_row_gives_zeros_not_nan():
     x = np.array([[0.0, 1.0, -np.inf], [-np.inf, -np.inf, -np.inf]])
     p = attnbook.softmax(x)
     np.testing.assert_array_equal(p[1], [0.0, 0.0, 0.0])
-    np.testing.assert_allclose(p[0], torch.softmax(torch.tensor([0.0, 1.0, -np.inf], dtype=torch.float64), 0))
+    np.testing.assert_allclose(
+        p[0],
+        torch.softmax(
+            torch.tensor([0.0, 1.0, -np.inf], dtype=torch.float64), 0
+        ),
+    )
 
 
-@pytest.mark.parametrize("dtype, big", [(np.float16, 20.0), (np.float32, 200.0), (np.float64, 1000.0)])
+@pytest.mark.parametrize(
+    "dtype, big",
+    [(np.float16, 20.0), (np.float32, 200.0), (np.float64, 1000.0)],
+)
 def test_no_overflow_where_the_naive_formula_overflows(dtype, big):
     x = np.array([big, big - 1, big - 2], dtype=dtype)
     with np.errstate(over="ignore", invalid="ignore"):
-        assert np.isnan(naive_softmax(x)).any()  # the failure the stable version avoids
+        # the failure the stable version avoids
+        assert np.isnan(naive_softmax(x)).any()
     p = attnbook.softmax(x)
     assert p.dtype == dtype
-    expected = torch.softmax(torch.tensor([2.0, 1.0, 0.0], dtype=torch.float64), 0).numpy()
-    np.testing.assert_allclose(p.astype(np.float64), expected, rtol=2e-3 if dtype == np.float16 else 1e-6)
+    expected = torch.softmax(
+        torch.tensor([2.0, 1.0, 0.0], dtype=torch.float64), 0
+    ).numpy()
+    np.testing.assert_allclose(
+        p.astype(np.float64),
+        expected,
+        rtol=2e-3 if dtype == np.float16 else 1e-6,
+    )
 
 
 def test_integer_input_is_promoted():
@@ -62,8 +89,18 @@ def test_integer_input_is_promoted():
 @given(matrices)
 def test_logsumexp_and_log_softmax_match_torch(x):
     t = torch.from_numpy(x)
-    np.testing.assert_allclose(attnbook.logsumexp(x), torch.logsumexp(t, -1).numpy(), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(attnbook.log_softmax(x), torch.log_softmax(t, -1).numpy(), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(
+        attnbook.logsumexp(x),
+        torch.logsumexp(t, -1).numpy(),
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    np.testing.assert_allclose(
+        attnbook.log_softmax(x),
+        torch.log_softmax(t, -1).numpy(),
+        rtol=1e-9,
+        atol=1e-9,
+    )
 
 
 def test_logsumexp_keepdims_and_masked_row():
@@ -78,11 +115,16 @@ def test_jacobian_matches_autograd(rng):
     x = rng.normal(size=(2, 5))
     jac = attnbook.softmax_jacobian(attnbook.softmax(x))
     for b in range(2):
-        expected = torch.autograd.functional.jacobian(lambda t: torch.softmax(t, -1), torch.from_numpy(x[b]))
-        np.testing.assert_allclose(jac[b], expected.numpy(), rtol=1e-10, atol=1e-14)
+        expected = torch.autograd.functional.jacobian(
+            lambda t: torch.softmax(t, -1), torch.from_numpy(x[b])
+        )
+        np.testing.assert_allclose(
+            jac[b], expected.numpy(), rtol=1e-10, atol=1e-14
+        )
 
 
 def test_jacobian_rows_sum_to_zero(rng):
     jac = attnbook.softmax_jacobian(attnbook.softmax(rng.normal(size=6)))
-    np.testing.assert_allclose(jac.sum(axis=0), 0, atol=1e-15)  # shift invariance: J 1 = 0
+    # shift invariance: J 1 = 0
+    np.testing.assert_allclose(jac.sum(axis=0), 0, atol=1e-15)
     np.testing.assert_allclose(jac, jac.T)

@@ -3,10 +3,13 @@
 Timings are noisy, so chapters compare *ratios* measured in the same run, and
 report the machine they ran on (:func:`machine`).
 
-Every chapter that reports a time or a peak of memory measures it here (chapters 1, 4, 5, 8, 9, 11
-and 12), and names the machine with :func:`machine`. Chapter 4 times with :func:`one_blas_thread`
-and fits its scaling exponents with :func:`fit_power_law`, which says when a fit is not to be trusted.
+Every chapter that reports a time or a peak of memory measures it here
+(chapters 1, 4, 5, 8, 9, 11 and 12), and names the machine with
+:func:`machine`. Chapter 4 times with :func:`one_blas_thread` and fits its
+scaling exponents with :func:`fit_power_law`, which says when a fit is not to
+be trusted.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,10 +28,12 @@ from . import _validate
 
 @dataclass(frozen=True)
 class Timing:
-    """Repeated runs of one call, in seconds: the fastest (``low``), the median and the slowest.
+    """Repeated runs of one call, in seconds: the fastest (``low``), the median
+    and the slowest.
 
-    Compare ``low``: noise from other processes only ever adds time, so the fastest repeat is the
-    best estimate of what the call itself costs, and ratios of minima are the stablest ratios.
+    Compare ``low``: noise from other processes only ever adds time, so the
+    fastest repeat is the best estimate of what the call itself costs, and
+    ratios of minima are the stablest ratios.
     """
 
     median: float
@@ -38,7 +43,10 @@ class Timing:
     loops: int
 
     def __str__(self) -> str:
-        return f"{_fmt_seconds(self.low)} (best of {self.repeats}; median {_fmt_seconds(self.median)})"
+        return (
+            f"{_fmt_seconds(self.low)} (best of {self.repeats}; median "
+            f"{_fmt_seconds(self.median)})"
+        )
 
 
 def _fmt_seconds(s: float) -> str:
@@ -48,35 +56,48 @@ def _fmt_seconds(s: float) -> str:
     return f"{s * 1e9:.3g} ns"
 
 
-def time_call(fn, *args, repeats: int = 5, min_time: float = 0.05, **kwargs) -> Timing:
-    """Time ``fn(*args, **kwargs)``: loops per repeat chosen so a repeat lasts ``min_time``.
+def time_call(
+    fn, *args, repeats: int = 5, min_time: float = 0.05, **kwargs
+) -> Timing:
+    """Time ``fn(*args, **kwargs)``: loops per repeat chosen so a repeat lasts
+    ``min_time``.
 
-    Returns the fastest, median and slowest per-call time over ``repeats`` repeats (at least 5
-    for a number the book quotes). The last run of the calibration already timed ``loops`` loops,
-    so it counts as the first repeat: a call that takes seconds runs ``repeats`` times, not once more.
+    Returns the fastest, median and slowest per-call time over ``repeats``
+    repeats (at least 5 for a number the book quotes). The last run of the
+    calibration already timed ``loops`` loops, so it counts as the first
+    repeat: a call that takes seconds runs ``repeats`` times, not once more.
     """
     repeats = _validate.positive_int("repeats", repeats)
     timer = timeit.Timer(lambda: fn(*args, **kwargs))
     loops, first = _loops_for(timer, min_time)
-    per_call = [t / loops for t in [first] + timer.repeat(repeat=repeats - 1, number=loops)]
-    return Timing(statistics.median(per_call), min(per_call), max(per_call), repeats, loops)
+    per_call = [
+        t / loops
+        for t in [first] + timer.repeat(repeat=repeats - 1, number=loops)
+    ]
+    return Timing(
+        statistics.median(per_call),
+        min(per_call),
+        max(per_call),
+        repeats,
+        loops,
+    )
 
 
 def _loops_for(timer: timeit.Timer, min_time: float) -> tuple[int, float]:
-    """Smallest power of two of loops whose total time reaches ``min_time``, and that total time."""
+    """Smallest power of two of loops whose total time reaches ``min_time``,
+    and that total time."""
     loops = 1
     while (elapsed := timer.timeit(loops)) < min_time and loops < 1_000_000:
         loops *= 2
     return loops, elapsed
 
 
-
-
 def peak_memory(fn, *args, **kwargs) -> tuple[object, int]:
-    """Run ``fn`` once; return ``(result, peak bytes allocated during the call)``.
+    """Run ``fn`` once; return ``(result, peak bytes allocated during the
+    call)``.
 
-    Measured with :mod:`tracemalloc`, which sees numpy's array buffers. The peak
-    is relative to what was allocated before the call.
+    Measured with :mod:`tracemalloc`, which sees numpy's array buffers. The
+    peak is relative to what was allocated before the call.
     """
     gc.collect()
     tracemalloc.start()
@@ -91,29 +112,40 @@ def peak_memory(fn, *args, **kwargs) -> tuple[object, int]:
 
 
 def machine() -> str:
-    """One line naming the machine and the versions a measurement depends on."""
+    """One line naming the machine and the versions a measurement depends
+    on."""
     import numpy
 
     cpu = _cpu_name() or platform.machine()
-    parts = [f"{cpu}, {os.cpu_count()} logical cores", f"Python {platform.python_version()}",
-             f"numpy {numpy.__version__}"]
+    parts = [
+        f"{cpu}, {os.cpu_count()} logical cores",
+        f"Python {platform.python_version()}",
+        f"numpy {numpy.__version__}",
+    ]
     try:
         import torch
 
         threads = torch.get_num_threads()
-        parts.append(f"torch {torch.__version__} ({threads} thread{'s' if threads != 1 else ''}, "
-                     f"{torch.backends.cpu.get_cpu_capability()} kernels)")
+        parts.append(
+            f"torch {torch.__version__} ({threads} "
+            f"thread{'s' if threads != 1 else ''}, "
+            f"{torch.backends.cpu.get_cpu_capability()} kernels)"
+        )
     except ImportError:
         pass
     return "; ".join(parts)
 
 
-def cpu_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:
-    """The data and unified cache sizes one core sees, in bytes, read from Linux's sysfs:
-    ``{"L1": ..., "L2": ..., "L3": ...}`` (``{}`` where sysfs does not say, as on macOS or Windows).
+def cpu_caches(
+    root: str = "/sys/devices/system/cpu/cpu0/cache",
+) -> dict[str, int]:
+    """The data and unified cache sizes one core sees, in bytes, read from
+    Linux's sysfs: ``{"L1": ..., "L2": ..., "L3": ...}`` (``{}`` where sysfs
+    does not say, as on macOS or Windows).
 
-    These are per-cache sizes, not the totals that ``lscpu`` prints (its ``L2 cache: 1 MiB (2 instances)``
-    sums the private L2 of two cores); ``index*/shared_cpu_list`` says which cores share each one.
+    These are per-cache sizes, not the totals that ``lscpu`` prints (its ``L2
+    cache: 1 MiB (2 instances)`` sums the private L2 of two cores);
+    ``index*/shared_cpu_list`` says which cores share each one.
     """
     units = {"K": 2**10, "M": 2**20, "G": 2**30}
     sizes = {}
@@ -129,7 +161,11 @@ def cpu_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, in
             continue
         if kind == "Instruction" or not text:
             continue
-        size = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        size = (
+            int(text[:-1]) * units[text[-1]]
+            if text[-1] in units
+            else int(text)
+        )
         sizes[f"L{level}"] = size
     return sizes
 
@@ -155,14 +191,16 @@ def format_bytes(n: float) -> str:
 
 @contextlib.contextmanager
 def one_blas_thread():
-    """Limit numpy's BLAS (the library behind its matrix products) to one thread inside the block.
+    """Limit numpy's BLAS (the library behind its matrix products) to one
+    thread inside the block.
 
-    Yields a line saying what was limited, for the output that reports the timings. NumPy's
-    elementwise operations run on one thread, so a fair comparison with a matrix product gives the
-    product one thread too; and on a machine shared with other programs a multithreaded BLAS can
-    spend most of a small product waiting for its threads to be scheduled. Uses threadpoolctl's
-    ``threadpool_limits(limits=1, user_api="blas")``; without threadpoolctl nothing is limited,
-    and the line says so.
+    Yields a line saying what was limited, for the output that reports the
+    timings. NumPy's elementwise operations run on one thread, so a fair
+    comparison with a matrix product gives the product one thread too; and on a
+    machine shared with other programs a multithreaded BLAS can spend most of a
+    small product waiting for its threads to be scheduled. Uses threadpoolctl's
+    ``threadpool_limits(limits=1, user_api="blas")``; without threadpoolctl
+    nothing is limited, and the line says so.
     """
     try:
         from threadpoolctl import threadpool_limits
@@ -175,12 +213,14 @@ def one_blas_thread():
 
 @dataclass(frozen=True)
 class PowerLawFit:
-    """The exponent ``a`` of ``y ~ x**a``, fitted by least squares in log-log, and its local slopes.
+    """The exponent ``a`` of ``y ~ x**a``, fitted by least squares in log-log,
+    and its local slopes.
 
-    ``local[i]`` is the slope between the points ``i`` and ``i + 1``. The fit is ``reliable`` when
-    the local slopes agree within ``max_spread`` (largest minus smallest): one disturbed timing
-    bends the two local slopes beside it in opposite directions, so it shows up as a spread,
-    where the least-squares slope alone would report a wrong exponent without a warning.
+    ``local[i]`` is the slope between the points ``i`` and ``i + 1``. The fit
+    is ``reliable`` when the local slopes agree within ``max_spread`` (largest
+    minus smallest): one disturbed timing bends the two local slopes beside it
+    in opposite directions, so it shows up as a spread, where the least-squares
+    slope alone would report a wrong exponent without a warning.
     """
 
     slope: float
@@ -198,19 +238,30 @@ class PowerLawFit:
 
 
 def fit_power_law(x, y, max_spread: float = 0.5) -> PowerLawFit:
-    """Fit ``y ~ x**a`` over the points given (pass the large sizes only) and judge the fit.
+    """Fit ``y ~ x**a`` over the points given (pass the large sizes only) and
+    judge the fit.
 
-    ``x`` and ``y`` are positive and of equal length, at least 3 points (2 local slopes to compare).
+    ``x`` and ``y`` are positive and of equal length, at least 3 points (2
+    local slopes to compare).
     """
     x, y = [float(v) for v in x], [float(v) for v in y]
     if len(x) != len(y) or len(x) < 3:
-        raise ValueError(f"fit_power_law needs x and y of equal length, at least 3; got {len(x)} and {len(y)}")
+        raise ValueError(
+            "fit_power_law needs x and y of equal length, at least 3; got "
+            f"{len(x)} and {len(y)}"
+        )
     if min(x) <= 0 or min(y) <= 0:
-        raise ValueError(f"fit_power_law needs positive x and y; got x = {x}, y = {y}")
+        raise ValueError(
+            f"fit_power_law needs positive x and y; got x = {x}, y = {y}"
+        )
     if len(set(x)) != len(x):
         raise ValueError(f"fit_power_law needs distinct x; got {x}")
     lx, ly = [math.log(v) for v in x], [math.log(v) for v in y]
     mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
-    local = tuple((ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i]) for i in range(len(lx) - 1))
+    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum(
+        (a - mx) ** 2 for a in lx
+    )
+    local = tuple(
+        (ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i]) for i in range(len(lx) - 1)
+    )
     return PowerLawFit(slope, my - slope * mx, local, max_spread)

@@ -1,12 +1,16 @@
-"""PyTorch's flop counter, ``FlopCounterMode``, imported without its warning about Triton.
+"""PyTorch's flop counter, ``FlopCounterMode``, imported without its warning
+about Triton.
 
-``torch.utils.flop_counter`` logs "triton not found; flop counting will not work for triton kernels",
-with the path of the file, when a CUDA (or ROCm, XPU) build of torch is imported on a machine without
-Triton: Colab's CPU runtime is such a machine. The chapters count the flops of torch's own matrix
-products, never of Triton kernels, so that line tells their reader nothing. Importing
-``FlopCounterMode`` from here drops that one message, during the import only; every other message of
-that logger, and the counter itself, are left as they are. Chapters 4, 5 and 8 import it.
+``torch.utils.flop_counter`` logs "triton not found; flop counting will not
+work for triton kernels", with the path of the file, when a CUDA (or ROCm, XPU)
+build of torch is imported on a machine without
+Triton: Colab's CPU runtime is such a machine. The chapters count the flops of
+torch's own matrix products, never of Triton kernels, so that line tells their
+reader nothing. Importing ``FlopCounterMode`` from here drops that one message,
+during the import only; every other message of that logger, and the counter
+itself, are left as they are. Chapters 4, 5 and 8 import it.
 """
+
 from __future__ import annotations
 
 import logging

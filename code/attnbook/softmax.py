@@ -1,11 +1,13 @@
 """Softmax and its relatives, written to be numerically stable.
 
 The trick throughout is shift invariance: ``softmax(x) == softmax(x - c)`` for
-any constant ``c``, so subtracting each row's maximum keeps every exponent
-``<= 0`` and nothing overflows. Chapter 4 (softmax) derives and shows these functions;
-chapters 2 and 3 use :func:`softmax` before that, and most later chapters call it. The online
-softmax of chapter 9 (:mod:`attnbook.online_softmax`) shifts by :func:`stable_shift` too.
+any constant ``c``, so subtracting each row's maximum keeps every exponent ``<=
+0`` and nothing overflows. Chapter 4 (softmax) derives and shows these
+functions; chapters 2 and 3 use :func:`softmax` before that, and most later
+chapters call it. The online softmax of chapter 9
+(:mod:`attnbook.online_softmax`) shifts by :func:`stable_shift` too.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,12 +16,14 @@ from . import _validate
 
 
 def stable_shift(m) -> np.ndarray:
-    """The shift to subtract before ``exp``: the maxima ``m``, with every non-finite entry made 0.
+    """The shift to subtract before ``exp``: the maxima ``m``, with every
+    non-finite entry made 0.
 
-    A row that is empty or entirely ``-inf`` (everything masked) has maximum ``-inf``, and
-    ``-inf - (-inf)`` would be NaN; subtracting 0 instead keeps the ``-inf`` entries at ``-inf``,
-    which exponentiate to exactly 0. A row holding ``+inf`` is not shifted either, so its sum is
-    ``inf`` and its log-sum-exp ``inf``, as they should be.
+    A row that is empty or entirely ``-inf`` (everything masked) has maximum
+    ``-inf``, and ``-inf - (-inf)`` would be NaN; subtracting 0 instead keeps
+    the ``-inf`` entries at ``-inf``, which exponentiate to exactly 0. A row
+    holding ``+inf`` is not shifted either, so its sum is ``inf`` and its
+    log-sum-exp ``inf``, as they should be.
     """
     return np.where(np.isfinite(m), m, 0)
 
@@ -27,30 +31,36 @@ def stable_shift(m) -> np.ndarray:
 def softmax(x, axis: int = -1) -> np.ndarray:
     """Softmax along ``axis``: ``exp(x_i) / sum_j exp(x_j)``.
 
-    x: any shape; the result has the same shape and floating dtype.
-    A slice that is empty or entirely ``-inf`` (a fully masked row) gives all zeros, not NaN;
-    a NaN anywhere in a slice makes the whole slice NaN, as in torch.
+    x: any shape; the result has the same shape and floating dtype. A slice
+    that is empty or entirely ``-inf`` (a fully masked row) gives all zeros,
+    not NaN; a NaN anywhere in a slice makes the whole slice NaN, as in torch.
     """
     x = as_float(x)
-    e = np.exp(x - stable_shift(np.max(x, axis=axis, keepdims=True, initial=-np.inf)))
+    e = np.exp(
+        x - stable_shift(np.max(x, axis=axis, keepdims=True, initial=-np.inf))
+    )
     total = np.sum(e, axis=axis, keepdims=True)
-    return np.divide(e, total, out=np.zeros_like(e), where=total != 0)  # 0 only for a masked row
+    # 0 only for a masked row
+    return np.divide(e, total, out=np.zeros_like(e), where=total != 0)
 
 
 def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
     """``log(sum(exp(x)))`` along ``axis`` without overflow.
 
-    ``-inf`` for an empty or all ``-inf`` slice, ``inf`` for one that holds ``inf`` (as torch's).
+    ``-inf`` for an empty or all ``-inf`` slice, ``inf`` for one that holds
+    ``inf`` (as torch's).
     """
     x = as_float(x)
     m = stable_shift(np.max(x, axis=axis, keepdims=True, initial=-np.inf))
-    with np.errstate(divide="ignore"):  # log(0) = -inf is the right answer for a masked row
+    # log(0) = -inf is the right answer for a masked row
+    with np.errstate(divide="ignore"):
         out = m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
 def log_softmax(x, axis: int = -1) -> np.ndarray:
-    """``log(softmax(x))`` computed as ``x - logsumexp(x)``, exact where softmax underflows."""
+    """``log(softmax(x))`` computed as ``x - logsumexp(x)``, exact where
+    softmax underflows."""
     x = np.asarray(x)
     return x - logsumexp(x, axis=axis, keepdims=True)
 
@@ -63,29 +73,37 @@ def softmax_jacobian(p) -> np.ndarray:
     """
     p = as_float(p)
     _validate.require_rank("p", p, 1, "(..., n)")
-    return p[..., :, None] * np.eye(p.shape[-1], dtype=p.dtype) - p[..., :, None] * p[..., None, :]
+    return (
+        p[..., :, None] * np.eye(p.shape[-1], dtype=p.dtype)
+        - p[..., :, None] * p[..., None, :]
+    )
 
 
 def as_float(x) -> np.ndarray:
-    """``x`` as an array of floats: integers and booleans become float64, floats keep their dtype."""
+    """``x`` as an array of floats: integers and booleans become float64,
+    floats keep their dtype."""
     x = np.asarray(x)
     return x.astype(float_dtype(x), copy=False)
 
 
 def float_dtype(*arrays) -> np.dtype:
-    """The dtype that ``arrays`` combine to, or float64 where that is not a float (integers, booleans).
+    """The dtype that ``arrays`` combine to, or float64 where that is not a
+    float (integers, booleans).
 
-    The dtype of a result computed from the arrays: integer inputs never give an integer
-    softmax or attention output, which would truncate every weight to 0.
+    The dtype of a result computed from the arrays: integer inputs never give
+    an integer softmax or attention output, which would truncate every weight
+    to 0.
     """
     dtype = np.result_type(*arrays)
     return dtype if np.issubdtype(dtype, np.floating) else np.dtype(np.float64)
 
 
 def naive_softmax(x, axis: int = -1) -> np.ndarray:
-    """The textbook formula with no max subtraction: overflows for large inputs.
+    """The textbook formula with no max subtraction: overflows for large
+    inputs.
 
-    Kept in the package so the softmax chapter can show the failure; never use it.
+    Kept in the package so the softmax chapter can show the failure; never use
+    it.
     """
     x = np.asarray(x)
     e = np.exp(x)

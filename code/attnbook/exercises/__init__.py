@@ -1,13 +1,21 @@
-"""Exercise checkers: ``check_<name>(fn)`` runs the reader's ``fn`` and names the mistake it sees.
+"""Exercise checkers: ``check_<name>(fn)`` runs the reader's ``fn`` and names
+the mistake it sees.
 
-On success a checker prints one line; on failure it raises :class:`ExerciseError`
-(an ``AssertionError``) whose message names the failing case, the diagnosed
-classic mistake, and a hint.
+On success a checker prints one line; on failure it raises
+:class:`ExerciseError` (an ``AssertionError``) whose message names the failing
+case, the diagnosed classic mistake, and a hint.
 
-Every chapter's exercises import their checker from here; the checkers' mistakes are tested in
-``tests/test_exercises_*.py``.
+Every chapter's exercises import their checker from here; the checkers'
+mistakes are tested in ``tests/test_exercises_*.py``.
 """
-from ._framework import Case, ExerciseError, Mistake, NotAttemptedError, run_checks
+
+from ._framework import (
+    Case,
+    ExerciseError,
+    Mistake,
+    NotAttemptedError,
+    run_checks,
+)
 from .attention import check_attention, check_causal_mask, check_softmax
 from .embeddings import check_cosine_similarity, check_ppmi
 from .flash import check_merge_softmax_states, check_online_softmax
@@ -16,24 +24,58 @@ from .masking import check_padding_mask
 from .perspectives import check_linear_attention, check_nadaraya_watson
 from .qkv import check_attention_scores, check_cross_attention
 
-__all__ = ["Case", "ExerciseError", "Mistake", "NotAttemptedError", "run_checks",
-           "check_alibi_bias", "check_attention", "check_attention_scores", "check_benchmark_flops", "check_causal_mask", "check_cosine_similarity",
-           "check_cross_attention", "check_dot_variance", "check_key_blocks", "check_kv_cache_step", "check_linear_attention", "check_merge_softmax_states",
-           "check_multihead_attention", "check_nadaraya_watson", "check_online_softmax", "check_padding_mask", "check_pool_kv_heads", "check_ppmi", "check_rope_attention", "check_scaled_scores",
-           "check_share_kv_heads", "check_softmax", "check_split_qkv"]
+__all__ = [
+    "Case",
+    "ExerciseError",
+    "Mistake",
+    "NotAttemptedError",
+    "run_checks",
+    "check_alibi_bias",
+    "check_attention",
+    "check_attention_scores",
+    "check_benchmark_flops",
+    "check_causal_mask",
+    "check_cosine_similarity",
+    "check_cross_attention",
+    "check_dot_variance",
+    "check_key_blocks",
+    "check_kv_cache_step",
+    "check_linear_attention",
+    "check_merge_softmax_states",
+    "check_multihead_attention",
+    "check_nadaraya_watson",
+    "check_online_softmax",
+    "check_padding_mask",
+    "check_pool_kv_heads",
+    "check_ppmi",
+    "check_rope_attention",
+    "check_scaled_scores",
+    "check_share_kv_heads",
+    "check_softmax",
+    "check_split_qkv",
+]
 
-# Checkers whose modules import torch load on first use, so that `import attnbook.exercises`
-# stays fast in the numpy-only chapters.
-_LAZY = {"check_dot_variance": "scaling", "check_scaled_scores": "scaling",
-         "check_key_blocks": "triton_flash", "check_benchmark_flops": "triton_flash",
-         "check_split_qkv": "multihead", "check_multihead_attention": "multihead",
-         "check_rope_attention": "positional", "check_alibi_bias": "positional",
-         "check_share_kv_heads": "gqa", "check_pool_kv_heads": "gqa"}
+# Checkers whose modules import torch load on first use, so that `import
+# attnbook.exercises` stays fast in the numpy-only chapters.
+_LAZY = {
+    "check_dot_variance": "scaling",
+    "check_scaled_scores": "scaling",
+    "check_key_blocks": "triton_flash",
+    "check_benchmark_flops": "triton_flash",
+    "check_split_qkv": "multihead",
+    "check_multihead_attention": "multihead",
+    "check_rope_attention": "positional",
+    "check_alibi_bias": "positional",
+    "check_share_kv_heads": "gqa",
+    "check_pool_kv_heads": "gqa",
+}
 
 
 def __getattr__(name):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(
+            importlib.import_module(f".{_LAZY[name]}", __name__), name
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,11 +4,12 @@ A checker runs the reader's function on a list of :class:`Case` s and compares
 each result with a reference solution. When they differ it also runs a list of
 :class:`Mistake` s (each a deliberately wrong implementation of a classic
 error) on the same inputs: if the reader's output matches one of them, the
-verdict names that mistake and gives its hint. Diagnosing by *behaviour* means a
-checker recognises a mistake however the reader happened to write it.
+verdict names that mistake and gives its hint. Diagnosing by *behaviour* means
+a checker recognises a mistake however the reader happened to write it.
 
 Every chapter's checker runs on it; no chapter shows it.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -17,12 +18,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..verdicts import ExerciseError, NotAttemptedError  # the library's; re-exported here
+# the library's; re-exported here
+from ..verdicts import ExerciseError, NotAttemptedError
 
 
 @dataclass(frozen=True)
 class Case:
-    """One set of inputs for the reader's function, with a name the verdict can cite."""
+    """One set of inputs for the reader's function, with a name the verdict can
+    cite."""
 
     name: str
     args: tuple
@@ -31,10 +34,13 @@ class Case:
 
 @dataclass(frozen=True)
 class Mistake:
-    """A classic error: a key, what it is, a hint, and a function that commits it.
+    """A classic error: a key, what it is, a hint, and a function that commits
+    it.
 
-    ``raises``, when given, recognises the mistake by the exception it makes the reader's code
-    raise (a broadcast error where ``keepdims`` was forgotten): ``raises(err)`` is True for it.
+    ``raises``, when given, recognises the mistake by the exception it makes
+    the reader's code
+    raise (a broadcast error where ``keepdims`` was forgotten): ``raises(err)``
+    is True for it.
     """
 
     key: str
@@ -45,11 +51,13 @@ class Mistake:
 
 
 def pristine(value):
-    """A copy of a case's argument that no function can change under the checker: arrays and
-    tensors are copied (tuples, lists and dicts of them too); anything else is passed as it is."""
+    """A copy of a case's argument that no function can change under the
+    checker: arrays and tensors are copied (tuples, lists and dicts of them
+    too); anything else is passed as it is."""
     if isinstance(value, np.ndarray):
         return value.copy()
-    if hasattr(value, "detach") and hasattr(value, "clone"):          # a torch tensor
+    # a torch tensor
+    if hasattr(value, "detach") and hasattr(value, "clone"):
         return value.detach().clone()
     if isinstance(value, tuple):
         return tuple(pristine(v) for v in value)
@@ -66,8 +74,13 @@ def fresh(case: "Case") -> "Case":
 
 
 def _unchanged(before, after) -> bool:
-    """Whether an argument holds what it held before the reader's function ran."""
-    if isinstance(before, (tuple, list)) and isinstance(after, (tuple, list)) and len(before) == len(after):
+    """Whether an argument holds what it held before the reader's function
+    ran."""
+    if (
+        isinstance(before, (tuple, list))
+        and isinstance(after, (tuple, list))
+        and len(before) == len(after)
+    ):
         return all(_unchanged(b, a) for b, a in zip(before, after))
     if isinstance(before, np.ndarray) or hasattr(before, "detach"):
         a, b = as_array(after), as_array(before)
@@ -78,29 +91,50 @@ def _unchanged(before, after) -> bool:
 
 
 def _argument_names(fn: Callable, n: int) -> list[str]:
-    """The names of ``fn``'s first ``n`` positional parameters, where they can be read."""
+    """The names of ``fn``'s first ``n`` positional parameters, where they can
+    be read."""
     try:
-        params = [p.name for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         params = []
-    return [params[i] if i < len(params) else f"argument {i + 1}" for i in range(n)]
+    return [
+        params[i] if i < len(params) else f"argument {i + 1}" for i in range(n)
+    ]
 
 
 def changed_inputs(fn: Callable, case: "Case", given: "Case") -> list[str]:
-    """The names of the arguments of ``case`` that ``fn``, called with ``given`` (copies), changed."""
+    """The names of the arguments of ``case`` that ``fn``, called with
+    ``given`` (copies), changed."""
     names = _argument_names(fn, len(case.args))
-    changed = [name for name, b, a in zip(names, case.args, given.args) if not _unchanged(b, a)]
-    changed += [k for k in case.kwargs if not _unchanged(case.kwargs[k], given.kwargs.get(k))]
+    changed = [
+        name
+        for name, b, a in zip(names, case.args, given.args)
+        if not _unchanged(b, a)
+    ]
+    changed += [
+        k
+        for k in case.kwargs
+        if not _unchanged(case.kwargs[k], given.kwargs.get(k))
+    ]
     return changed
 
 
 def in_place_note(exercise: str, case: "Case", names: Sequence[str]) -> str:
-    """The one note a checker prints when the reader's function changed its inputs in place."""
+    """The one note a checker prints when the reader's function changed its
+    inputs in place."""
     which = ", ".join(f"`{n}`" for n in names)
-    return (f"Note: {exercise}: your function changed its input{'s' if len(names) > 1 else ''} {which} in "
-            f"place (first in case '{case.name}'). The checker gave it fresh copies and judged only what it "
-            "returned; a caller who still needs those arrays would find them changed.")
+    return (
+        f"Note: {exercise}: your function changed its "
+        f"input{'s' if len(names) > 1 else ''} {which} in "
+        f"place (first in case '{case.name}'). The checker gave it fresh "
+        "copies and judged only what it "
+        "returned; a caller who still needs those arrays would find them "
+        "changed."
+    )
 
 
 def as_array(x) -> np.ndarray:
@@ -111,26 +145,42 @@ def as_array(x) -> np.ndarray:
 
 
 def same(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
-    """True when ``a`` and ``b`` have one shape and agree, NaN counting as equal to NaN."""
+    """True when ``a`` and ``b`` have one shape and agree, NaN counting as
+    equal to NaN."""
     a, b = as_array(a), as_array(b)
     if a.shape != b.shape:
         return False
     if a.dtype == bool or b.dtype == bool:
         return bool(np.array_equal(a, b))
-    return bool(np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol,
-                            equal_nan=True))
+    return bool(
+        np.allclose(
+            a.astype(np.float64),
+            b.astype(np.float64),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
+        )
+    )
 
 
-FLOAT_MASK_DESCRIPTION = ("the mask is a float array of 1.0 and 0.0 (np.ones, torch.ones): a boolean mask's "
-                          "pattern, in the dtype of an ADDITIVE mask. PyTorch's scaled_dot_product_attention adds a "
-                          "float mask to the scores (+1 or +0), so it masks nothing")
-FLOAT_MASK_HINT = ("make it boolean: build it with dtype=bool (np.ones((n, n), dtype=bool), torch.ones(n, n, "
-                   "dtype=torch.bool)) or compare (mask == 1); True = may attend")
+FLOAT_MASK_DESCRIPTION = (
+    "the mask is a float array of 1.0 and 0.0 (np.ones, torch.ones): a "
+    "boolean mask's "
+    "pattern, in the dtype of an ADDITIVE mask. PyTorch's "
+    "scaled_dot_product_attention adds a "
+    "float mask to the scores (+1 or +0), so it masks nothing"
+)
+FLOAT_MASK_HINT = (
+    "make it boolean: build it with dtype=bool (np.ones((n, n), dtype=bool), "
+    "torch.ones(n, n, "
+    "dtype=torch.bool)) or compare (mask == 1); True = may attend"
+)
 
 
 def same_mask(a, b) -> bool:
-    """:func:`same` for masks, except that a float array never equals a boolean one: a float 0/1 mask is
-    read as additive by PyTorch, so it is not the boolean mask whatever its values."""
+    """:func:`same` for masks, except that a float array never equals a boolean
+    one: a float 0/1 mask is read as additive by PyTorch, so it is not the
+    boolean mask whatever its values."""
     a, b = as_array(a), as_array(b)
     if (a.dtype.kind == "f") != (b.dtype.kind == "f"):
         return False
@@ -138,40 +188,63 @@ def same_mask(a, b) -> bool:
 
 
 def describe_mask(got, expected, case: "Case | None" = None) -> str:
-    """:func:`difference`, which also says when a float mask has the right pattern of 1.0 and 0.0."""
+    """:func:`difference`, which also says when a float mask has the right
+    pattern of 1.0 and 0.0."""
     a, e = as_array(got), as_array(expected)
-    if a.dtype.kind == "f" and e.dtype == bool and a.shape == e.shape and np.isin(a, (0.0, 1.0)).all():
+    if (
+        a.dtype.kind == "f"
+        and e.dtype == bool
+        and a.shape == e.shape
+        and np.isin(a, (0.0, 1.0)).all()
+    ):
         right = np.array_equal(a == 1, e)
-        return (f"your mask is float ({a.dtype}), not boolean; read as True = 1.0 its pattern is "
-                + ("right" if right else "also wrong: " + difference(a == 1, e)))
+        return (
+            f"your mask is float ({a.dtype}), not boolean; read as True = 1.0 "
+            "its pattern is "
+            + ("right" if right else "also wrong: " + difference(a == 1, e))
+        )
     return difference(got, expected, case)
 
 
-def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare, fn: Callable | None = None,
-             others: Sequence[Case] = (), postprocess: Callable = lambda out: out,
-             expected=None, reference: Callable | None = None) -> Mistake | None:
+def diagnose(
+    got,
+    case: Case,
+    mistakes: Sequence[Mistake],
+    compare,
+    fn: Callable | None = None,
+    others: Sequence[Case] = (),
+    postprocess: Callable = lambda out: out,
+    expected=None,
+    reference: Callable | None = None,
+) -> Mistake | None:
     """The mistake whose output on ``case`` matches the reader's, or None.
 
-    A case can be blind to a difference (with ``d_model = d_k`` dividing by either square root gives
-    the same scores), so one match on ``case`` is not enough: the reader's ``fn`` is also run on the
-    ``others`` cases, and a mistake is named only if those cases (where both run and neither output
-    breaks to NaN or inf) confirm it at least as often as they contradict it. When none survives,
-    no mistake is named (the verdict gives the generic hint rather than a wrong diagnosis); when
-    several do, the first wins, preferring those that also match on the other cases.
+    A case can be blind to a difference (with ``d_model = d_k`` dividing by
+    either square root gives the same scores), so one match on ``case`` is not
+    enough: the reader's ``fn`` is also run on the ``others`` cases, and a
+    mistake is named only if those cases (where both run and neither output
+    breaks to NaN or inf) confirm it at least as often as they contradict it.
+    When none survives, no mistake is named (the verdict gives the generic hint
+    rather than a wrong diagnosis); when several do, the first wins, preferring
+    those that also match on the other cases.
 
-    A match through NaN or inf is weak evidence: ``compare`` counts NaN as equal to NaN, so on a
-    case where the reader's output breaks, *every* mistake that breaks the same entries matches,
-    whatever its cause (an exponential that was never shifted and a maximum that was never updated
-    both overflow to NaN on large scores). So when the reader's output is wrong only by NaN or inf
-    (right wherever it is finite, compared with ``expected``, the reference's output on ``case``), a
-    mistake is named only if it also agrees with the reader's function on every other case where
-    both run: a mistake that breaks elsewhere, or not where the reader's function does, is not the
-    reader's.
+    A match through NaN or inf is weak evidence: ``compare`` counts NaN as
+    equal to NaN, so on a case where the reader's output breaks, *every*
+    mistake that breaks the same entries matches, whatever its cause (an
+    exponential that was never shifted and a maximum that was never updated
+    both overflow to NaN on large scores). So when the reader's output is wrong
+    only by NaN or inf (right wherever it is finite, compared with
+    ``expected``, the reference's output on ``case``), a mistake is named only
+    if it also agrees with the reader's function on every other case where both
+    run: a mistake that breaks elsewhere, or not where the reader's function
+    does, is not the reader's.
 
-    Whatever the evidence, a mistake is named only if it is also right wherever the reader's function
-    is right: on each other case where the reader's output agrees with ``reference`` (when given), the
-    mistake must give that output too. A mistake that matches by chance on the failing case (two wrong
-    formulas that coincide there) but is wrong on a case the reader got right is not the reader's.
+    Whatever the evidence, a mistake is named only if it is also right wherever
+    the reader's function is right: on each other case where the reader's
+    output agrees with ``reference`` (when given), the mistake must give that
+    output too. A mistake that matches by chance on the failing case (two wrong
+    formulas that coincide there) but is wrong on a case the reader got right
+    is not the reader's.
     """
     candidates = [m for m in mistakes if _commits(m, case, got, compare)]
     outputs = _ReaderOutputs(fn, postprocess)
@@ -181,31 +254,55 @@ def diagnose(got, case: Case, mistakes: Sequence[Mistake], compare, fn: Callable
             if theirs is _FAILED:
                 continue
             with np.errstate(all="ignore"):
-                right = reference(*pristine(other.args), **pristine(other.kwargs))
+                right = reference(
+                    *pristine(other.args), **pristine(other.kwargs)
+                )
             if compare(theirs, right):
-                candidates = [m for m in candidates if _commits(m, other, theirs, compare)]
+                candidates = [
+                    m
+                    for m in candidates
+                    if _commits(m, other, theirs, compare)
+                ]
     if candidates and expected is not None and _breaks_only(got, expected):
-        candidates = [m for m in candidates
-                      if all(_agrees(m, other, outputs, compare) for other in others)]
-    elif candidates and expected is not None and _all_zero(got) and not _all_zero(expected):
-        # an all-zero output is weak evidence too: every mistake that zeroes the case matches it (a
-        # PPMI whose ratio never exceeds 1 is clipped to zeros, however it went wrong)
-        candidates = [m for m in candidates
-                      if all(_agrees_where_finite(m, other, outputs) for other in others)]
+        candidates = [
+            m
+            for m in candidates
+            if all(_agrees(m, other, outputs, compare) for other in others)
+        ]
+    elif (
+        candidates
+        and expected is not None
+        and _all_zero(got)
+        and not _all_zero(expected)
+    ):
+        # an all-zero output is weak evidence too: every mistake that zeroes
+        # the case matches it (a PPMI whose ratio never exceeds 1 is clipped to
+        # zeros, however it went wrong)
+        candidates = [
+            m
+            for m in candidates
+            if all(_agrees_where_finite(m, other, outputs) for other in others)
+        ]
     elif candidates:
-        # a case can be blind to a difference (with d_model = d_k, dividing by d_model and by d_k
-        # coincide), so a match on ``case`` alone is not enough: a mistake is kept only if the other
-        # cases, where both it and the reader's function run, confirm it at least as often as they
-        # contradict it. (Not every one must agree: a reader who divides by k.shape[0] commits
-        # "sqrt(n_k)" on every case but a batched one.)
-        candidates = [m for m in candidates if _confirmed(m, others, outputs, compare)]
+        # a case can be blind to a difference (with d_model = d_k, dividing by
+        # d_model and by d_k coincide), so a match on ``case`` alone is not
+        # enough: a mistake is kept only if the other cases, where both it and
+        # the reader's function run, confirm it at least as often as they
+        # contradict it. (Not every one must agree: a reader who divides by
+        # k.shape[0] commits "sqrt(n_k)" on every case but a batched one.)
+        candidates = [
+            m for m in candidates if _confirmed(m, others, outputs, compare)
+        ]
     for other in others:
         if len(candidates) <= 1:
             break
         theirs = outputs(other)
-        if theirs is _FAILED:  # the reader's function fails here: this case cannot tell them apart
+        # the reader's function fails here: this case cannot tell them apart
+        if theirs is _FAILED:
             continue
-        narrowed = [m for m in candidates if _commits(m, other, theirs, compare)]
+        narrowed = [
+            m for m in candidates if _commits(m, other, theirs, compare)
+        ]
         candidates = narrowed or candidates
     return candidates[0] if candidates else None
 
@@ -214,7 +311,8 @@ _FAILED = object()  # a function that raised (or no function to run)
 
 
 class _ReaderOutputs:
-    """The reader's (postprocessed) output on a case, computed once; ``_FAILED`` if it raises."""
+    """The reader's (postprocessed) output on a case, computed once;
+    ``_FAILED`` if it raises."""
 
     def __init__(self, fn: Callable | None, postprocess: Callable):
         self.fn, self.postprocess, self.cache = fn, postprocess, {}
@@ -236,27 +334,42 @@ class _ReaderOutputs:
 
 
 def _commits(mistake: Mistake, case: Case, got, compare) -> bool:
-    """Whether ``mistake`` gives ``got`` on ``case``; False when the mistake cannot run there."""
+    """Whether ``mistake`` gives ``got`` on ``case``; False when the mistake
+    cannot run there."""
     wrong = _mistake_output(mistake, case)
     return wrong is not _FAILED and bool(compare(got, wrong))
 
 
-def _agrees(mistake: Mistake, case: Case, outputs: _ReaderOutputs, compare) -> bool:
-    """False only when both the mistake and the reader's function run on ``case`` and differ."""
+def _agrees(
+    mistake: Mistake, case: Case, outputs: _ReaderOutputs, compare
+) -> bool:
+    """False only when both the mistake and the reader's function run on
+    ``case`` and differ."""
     theirs, wrong = outputs(case), _mistake_output(mistake, case)
-    return theirs is _FAILED or wrong is _FAILED or bool(compare(theirs, wrong))
+    return (
+        theirs is _FAILED or wrong is _FAILED or bool(compare(theirs, wrong))
+    )
 
 
-def _confirmed(mistake: Mistake, others: Sequence[Case], outputs: _ReaderOutputs, compare) -> bool:
-    """Whether the cases of ``others`` confirm ``mistake`` at least as often as they contradict it
-    (a tie keeps it: a case that tells two readings apart may still hit an edge, such as a zero row,
-    where a reader's version of the mistake and the checker's differ). A case counts only where both the mistake and the reader's function run and
-    neither output holds NaN or inf (a formula that breaks on an input is another symptom, not
-    evidence either way)."""
+def _confirmed(
+    mistake: Mistake, others: Sequence[Case], outputs: _ReaderOutputs, compare
+) -> bool:
+    """Whether the cases of ``others`` confirm ``mistake`` at least as often as
+    they contradict it (a tie keeps it: a case that tells two readings apart
+    may still hit an edge, such as a zero row, where a reader's version of the
+    mistake and the checker's differ). A case counts only where both the
+    mistake and the reader's function run and neither output holds NaN or inf
+    (a formula that breaks on an input is another symptom, not evidence either
+    way)."""
     confirm = contradict = 0
     for case in others:
         theirs, wrong = outputs(case), _mistake_output(mistake, case)
-        if theirs is _FAILED or wrong is _FAILED or _non_finite(theirs) or _non_finite(wrong):
+        if (
+            theirs is _FAILED
+            or wrong is _FAILED
+            or _non_finite(theirs)
+            or _non_finite(wrong)
+        ):
             continue
         if compare(theirs, wrong):
             confirm += 1
@@ -266,7 +379,8 @@ def _confirmed(mistake: Mistake, others: Sequence[Case], outputs: _ReaderOutputs
 
 
 def _non_finite(x) -> bool:
-    """Whether ``x`` (an array, a tensor or a tuple of them) holds a NaN or an inf."""
+    """Whether ``x`` (an array, a tensor or a tuple of them) holds a NaN or an
+    inf."""
     if isinstance(x, (tuple, list)):
         return any(_non_finite(part) for part in x)
     try:
@@ -285,14 +399,20 @@ def _all_zero(x) -> bool:
     return a.dtype.kind in "fiu" and a.size > 0 and not bool(np.any(a))
 
 
-def _agrees_where_finite(mistake: Mistake, case: Case, outputs: _ReaderOutputs) -> bool:
-    """Like :func:`_agrees`, comparing only the entries finite in both outputs (a NaN the reader's
-    code leaves where the mistake's gives 0 is another slip, not evidence against the mistake)."""
+def _agrees_where_finite(
+    mistake: Mistake, case: Case, outputs: _ReaderOutputs
+) -> bool:
+    """Like :func:`_agrees`, comparing only the entries finite in both outputs
+    (a NaN the reader's code leaves where the mistake's gives 0 is another
+    slip, not evidence against the mistake)."""
     theirs, wrong = outputs(case), _mistake_output(mistake, case)
     if theirs is _FAILED or wrong is _FAILED:
         return True
     try:
-        a, w = as_array(theirs).astype(np.float64), as_array(wrong).astype(np.float64)
+        a, w = (
+            as_array(theirs).astype(np.float64),
+            as_array(wrong).astype(np.float64),
+        )
     except (TypeError, ValueError):
         return True
     if a.shape != w.shape:
@@ -311,19 +431,30 @@ def _mistake_output(mistake: Mistake, case: Case):
 
 
 def _breaks_only(got, expected) -> bool:
-    """Whether the reader's output is wrong only by NaN or inf: it holds one where ``expected`` is
-    finite, and agrees with ``expected`` wherever it is finite itself. Then matching a mistake
-    says only *that* the output broke there. (False when the two cannot be compared entry by entry.)"""
-    parts = (isinstance(got, (tuple, list)) and isinstance(expected, (tuple, list))
-             and len(got) == len(expected))
-    verdicts = ([_entry_verdict(a, e) for a, e in zip(got, expected)] if parts
-                else [_entry_verdict(got, expected)])
-    return None not in verdicts and "wrong" not in verdicts and "broken" in verdicts
+    """Whether the reader's output is wrong only by NaN or inf: it holds one
+    where ``expected`` is finite, and agrees with ``expected`` wherever it is
+    finite itself. Then matching a mistake says only *that* the output broke
+    there. (False when the two cannot be compared entry by entry.)"""
+    parts = (
+        isinstance(got, (tuple, list))
+        and isinstance(expected, (tuple, list))
+        and len(got) == len(expected)
+    )
+    verdicts = (
+        [_entry_verdict(a, e) for a, e in zip(got, expected)]
+        if parts
+        else [_entry_verdict(got, expected)]
+    )
+    return (
+        None not in verdicts
+        and "wrong" not in verdicts
+        and "broken" in verdicts
+    )
 
 
 def _entry_verdict(got, expected) -> str | None:
-    """'broken' (NaN/inf where the answer is finite, right elsewhere), 'wrong' (a finite entry
-    differs), 'right', or None (not comparable)."""
+    """'broken' (NaN/inf where the answer is finite, right elsewhere), 'wrong'
+    (a finite entry differs), 'right', or None (not comparable)."""
     try:
         a, e = as_array(got), as_array(expected)
     except Exception:
@@ -339,66 +470,121 @@ def _entry_verdict(got, expected) -> str | None:
     return "broken" if bool((~finite & np.isfinite(e)).any()) else "right"
 
 
-_KEEPDIMS_HINT = ("a reduction along an axis (max, sum, norm) drops that axis unless you keep it: an (n, d) "
-                  "array and the (n,) result of x.max(axis=-1) broadcast along the wrong axis, or not at all. "
-                  "Pass keepdims=True (keepdim=True in torch), or index the result with [..., None]")
+_KEEPDIMS_HINT = (
+    "a reduction along an axis (max, sum, norm) drops that axis unless you "
+    "keep it: an (n, d) "
+    "array and the (n,) result of x.max(axis=-1) broadcast along the wrong "
+    "axis, or not at all. "
+    "Pass keepdims=True (keepdim=True in torch), or index the result with "
+    "[..., None]"
+)
 
 
 def is_broadcast_error(err: Exception) -> bool:
-    """Whether ``err`` is numpy's or torch's complaint that two shapes do not broadcast."""
+    """Whether ``err`` is numpy's or torch's complaint that two shapes do not
+    broadcast."""
     text = str(err)
-    return ((isinstance(err, ValueError) and "could not be broadcast" in text)
-            or (isinstance(err, RuntimeError) and "must match the size of tensor" in text))
+    return (
+        isinstance(err, ValueError) and "could not be broadcast" in text
+    ) or (
+        isinstance(err, RuntimeError)
+        and "must match the size of tensor" in text
+    )
 
 
 def error_hint(err: Exception) -> str | None:
     """A hint for an error that readers' code commonly raises, or None."""
     text = str(err)
     if isinstance(err, ValueError) and "matmul" in text:
-        return ("the shapes do not fit a matrix product. On a batch of matrices (3 or more axes), "
-                "k.T reverses every axis, not the last two: use np.swapaxes(k, -1, -2)")
-    if isinstance(err, RuntimeError) and ("cannot be multiplied" in text or "Expected size for first two" in text):
-        return ("the shapes do not fit a matrix product: on a batch, transpose the last two axes only "
-                "(k.transpose(-1, -2)), and check which axis each operand's features are on")
+        return (
+            "the shapes do not fit a matrix product. On a batch of matrices "
+            "(3 or more axes), "
+            "k.T reverses every axis, not the last two: use np.swapaxes(k, "
+            "-1, -2)"
+        )
+    if isinstance(err, RuntimeError) and (
+        "cannot be multiplied" in text or "Expected size for first two" in text
+    ):
+        return (
+            "the shapes do not fit a matrix product: on a batch, transpose "
+            "the last two axes only "
+            "(k.transpose(-1, -2)), and check which axis each operand's "
+            "features are on"
+        )
     if is_broadcast_error(err):
         return _KEEPDIMS_HINT
-    if "cannot reshape" in text or ("shape '" in text and "is invalid for input of size" in text):
-        return ("a reshape asked for a shape whose size differs from the array's: take every size from the "
-                "input's own shape (x.shape), not from a case you tried by hand")
+    if "cannot reshape" in text or (
+        "shape '" in text and "is invalid for input of size" in text
+    ):
+        return (
+            "a reshape asked for a shape whose size differs from the array's: "
+            "take every size from the "
+            "input's own shape (x.shape), not from a case you tried by hand"
+        )
     return None
 
 
-def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Callable,
-               mistakes: Sequence[Mistake] = (), compare: Callable = same,
-               postprocess: Callable = lambda out: out, describe: Callable | None = None,
-               hint: str = "compare your steps with the chapter's derivation", quiet: bool = False) -> None:
-    """Run ``fn`` on every case; raise :class:`ExerciseError` at the first wrong one.
+def run_checks(
+    exercise: str,
+    fn: Callable,
+    cases: Sequence[Case],
+    reference: Callable,
+    mistakes: Sequence[Mistake] = (),
+    compare: Callable = same,
+    postprocess: Callable = lambda out: out,
+    describe: Callable | None = None,
+    hint: str = "compare your steps with the chapter's derivation",
+    quiet: bool = False,
+) -> None:
+    """Run ``fn`` on every case; raise :class:`ExerciseError` at the first
+    wrong one.
 
-    The reference runs first, on its own copies of the case's arguments, and ``fn`` gets copies
-    too: a function that changes its inputs in place (``q /= np.sqrt(d_k)``) is judged on what it
-    returns, and a note says once that it changed them. ``postprocess`` adapts the reader's return
-    value (e.g. keeps the output of an ``(output, weights)`` pair); an exception it raises is
-    reported as the reader's. ``describe(got, expected, case)`` says what is wrong (default
-    :func:`difference`); ``hint`` is given when no mistake is recognised. An exception raised by
-    ``fn`` is named as a mistake whose ``raises`` recognises it, or gets :func:`error_hint`'s hint.
-    On success prints one line (unless ``quiet``: a checker with more to check prints its own).
+    The reference runs first, on its own copies of the case's arguments, and
+    ``fn`` gets copies
+    too: a function that changes its inputs in place (``q /= np.sqrt(d_k)``) is
+    judged on what it returns, and a note says once that it changed them.
+    ``postprocess`` adapts the reader's return value (e.g. keeps the output of
+    an ``(output, weights)`` pair); an exception it raises is reported as the
+    reader's. ``describe(got, expected, case)`` says what is wrong (default
+    :func:`difference`); ``hint`` is given when no mistake is recognised. An
+    exception raised by ``fn`` is named as a mistake whose ``raises``
+    recognises it, or gets :func:`error_hint`'s hint. On success prints one
+    line (unless ``quiet``: a checker with more to check prints its own).
     """
-    __tracebackhide__ = True  # IPython and pytest show the verdict, not the checker's internals
+    # IPython and pytest show the verdict, not the checker's internals
+    __tracebackhide__ = True
     noted = False
     for case in cases:
         with np.errstate(all="ignore"):
             expected = reference(*pristine(case.args), **pristine(case.kwargs))
         given = fresh(case)
         try:
-            with np.errstate(all="ignore"):  # overflow is diagnosed below, not warned about
+            # overflow is diagnosed below, not warned about
+            with np.errstate(all="ignore"):
                 got = postprocess(fn(*given.args, **given.kwargs))
         except NotImplementedError:
-            raise NotAttemptedError(exercise, case.name, "the function is still the stub",
-                                    hint="replace `raise NotImplementedError` with your code") from None
+            raise NotAttemptedError(
+                exercise,
+                case.name,
+                "the function is still the stub",
+                hint="replace `raise NotImplementedError` with your code",
+            ) from None
         except Exception as err:
-            named = next((m for m in mistakes if m.raises is not None and m.raises(err)), None)
-            raise ExerciseError(exercise, case.name, f"your function raised {type(err).__name__}: {err}",
-                                mistake=named, hint=None if named else error_hint(err)) from err
+            named = next(
+                (
+                    m
+                    for m in mistakes
+                    if m.raises is not None and m.raises(err)
+                ),
+                None,
+            )
+            raise ExerciseError(
+                exercise,
+                case.name,
+                f"your function raised {type(err).__name__}: {err}",
+                mistake=named,
+                hint=None if named else error_hint(err),
+            ) from err
         if not noted:
             changed = changed_inputs(fn, case, given)
             if changed:
@@ -407,24 +593,54 @@ def run_checks(exercise: str, fn: Callable, cases: Sequence[Case], reference: Ca
         if compare(got, expected):
             continue
         others = [c for c in cases if c is not case]
-        if _is_array(expected) and _is_array(got) and as_array(expected).dtype == bool \
-                and _is_additive_mask(as_array(got)):
-            # judge the mask the reader meant (0 = may attend), so that a classic mistake made in
-            # the additive form is still named as that mistake
-            mistake = diagnose(as_array(got) == 0, case, mistakes, compare, fn, others,
-                               lambda out: _additive_as_bool(postprocess(out)), expected, reference)
+        if (
+            _is_array(expected)
+            and _is_array(got)
+            and as_array(expected).dtype == bool
+            and _is_additive_mask(as_array(got))
+        ):
+            # judge the mask the reader meant (0 = may attend), so that a
+            # classic mistake made in the additive form is still named as that
+            # mistake
+            mistake = diagnose(
+                as_array(got) == 0,
+                case,
+                mistakes,
+                compare,
+                fn,
+                others,
+                lambda out: _additive_as_bool(postprocess(out)),
+                expected,
+                reference,
+            )
             hint = "return `mask == 0`, the boolean form of your additive mask"
         else:
-            mistake = diagnose(got, case, mistakes, compare, fn, others, postprocess, expected, reference)
+            mistake = diagnose(
+                got,
+                case,
+                mistakes,
+                compare,
+                fn,
+                others,
+                postprocess,
+                expected,
+                reference,
+            )
         problem = (describe or difference)(got, expected, case)
-        raise ExerciseError(exercise, case.name, problem, mistake=mistake, hint=None if mistake else hint)
+        raise ExerciseError(
+            exercise,
+            case.name,
+            problem,
+            mistake=mistake,
+            hint=None if mistake else hint,
+        )
     if not quiet:
         print(f"Correct: {exercise} passes all {len(cases)} cases.")
 
 
 def _is_additive_mask(a: np.ndarray) -> bool:
-    """A float array of 0s and -infs (or a large negative stand-in for -inf, such as -1e9), with at least
-    one of the latter: an additive mask."""
+    """A float array of 0s and -infs (or a large negative stand-in for -inf,
+    such as -1e9), with at least one of the latter: an additive mask."""
     if a.dtype.kind != "f" or a.size == 0:
         return False
     with np.errstate(invalid="ignore"):
@@ -433,38 +649,53 @@ def _is_additive_mask(a: np.ndarray) -> bool:
 
 
 def _is_array(x) -> bool:
-    """Whether ``x`` is one array (or tensor), not a tuple of several results."""
+    """Whether ``x`` is one array (or tensor), not a tuple of several
+    results."""
     return isinstance(x, np.ndarray) or hasattr(x, "detach")
 
 
 def _additive_as_bool(out) -> np.ndarray:
-    """A float mask read as additive (0 = may attend); anything else unchanged."""
+    """A float mask read as additive (0 = may attend); anything else
+    unchanged."""
     a = as_array(out)
     return a == 0 if a.dtype.kind == "f" else a
 
 
 def difference(got, expected, case: Case | None = None) -> str:
-    """What differs between two arrays: the shape, non-finite values, or the largest difference."""
+    """What differs between two arrays: the shape, non-finite values, or the
+    largest difference."""
     got_a, expected_a = as_array(got), as_array(expected)
     if got_a.shape != expected_a.shape:
         return f"expected shape {expected_a.shape}, got {got_a.shape}"
     if expected_a.dtype == bool and _is_additive_mask(got_a):
         as_bool = got_a == 0
-        verdict = ("it is right as an additive mask" if np.array_equal(as_bool, expected_a)
-                   else "read as a boolean mask (mask == 0) it is still wrong: " + difference(as_bool, expected_a))
-        return ("your mask is additive (0 where attention is allowed, -inf or a large negative number where it is "
-                "not), the form that is "
-                "added to the scores; this exercise wants the boolean form, True = may attend, which "
-                f"`mask == 0` gives. {verdict[0].upper() + verdict[1:]}")
-    if got_a.dtype != bool and not np.all(np.isfinite(got_a.astype(float))) \
-            and np.all(np.isfinite(expected_a.astype(float))):
+        verdict = (
+            "it is right as an additive mask"
+            if np.array_equal(as_bool, expected_a)
+            else "read as a boolean mask (mask == 0) it is still wrong: "
+            + difference(as_bool, expected_a)
+        )
+        return (
+            "your mask is additive (0 where attention is allowed, -inf or a "
+            "large negative number where it is "
+            "not), the form that is "
+            "added to the scores; this exercise wants the boolean form, True "
+            "= may attend, which "
+            f"`mask == 0` gives. {verdict[0].upper() + verdict[1:]}"
+        )
+    if (
+        got_a.dtype != bool
+        and not np.all(np.isfinite(got_a.astype(float)))
+        and np.all(np.isfinite(expected_a.astype(float)))
+    ):
         return "your output contains NaN or inf where the answer is finite"
     problem = "values differ from the reference"
     if got_a.dtype != bool:
         got_f, expected_f = got_a.astype(float), expected_a.astype(float)
         with np.errstate(invalid="ignore"):  # inf - inf where both overflow
             gap = np.abs(got_f - expected_f)
-        # equal infinities (both -inf: an empty softmax state) agree: count them as 0, not inf - inf = NaN
+        # equal infinities (both -inf: an empty softmax state) agree: count
+        # them as 0, not inf - inf = NaN
         gap = np.where(got_f == expected_f, 0.0, gap)
         err = np.max(gap) if gap.size else 0.0
         problem += f" (largest difference {err:.3g})"

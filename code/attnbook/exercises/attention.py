@@ -1,4 +1,5 @@
 """Checkers for softmax, attention and the causal mask (chapters 4 and 7)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +7,18 @@ import numpy as np
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
 from ..softmax import naive_softmax, softmax
-from ._framework import (FLOAT_MASK_DESCRIPTION, FLOAT_MASK_HINT, Case, Mistake, as_array, describe_mask,
-                         is_broadcast_error, run_checks, same, same_mask)
+from ._framework import (
+    FLOAT_MASK_DESCRIPTION,
+    FLOAT_MASK_HINT,
+    Case,
+    Mistake,
+    as_array,
+    describe_mask,
+    is_broadcast_error,
+    run_checks,
+    same,
+    same_mask,
+)
 
 _rng = np.random.default_rng
 
@@ -19,26 +30,35 @@ def _first(out):
 
 # --- softmax ---------------------------------------------------------------
 
+
 def _exp_rows(x):
-    """exp(x - each row's maximum), as the book's solution computes it (keepdims kept)."""
+    """exp(x - each row's maximum), as the book's solution computes it
+    (keepdims kept)."""
     return np.exp(x - x.max(-1, keepdims=True))
 
 
 def _finite_mean(x):
-    """Each row's mean over its finite entries (0 for a row with none), keepdims kept."""
+    """Each row's mean over its finite entries (0 for a row with none),
+    keepdims kept."""
     x = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(x)
     count = finite.sum(-1, keepdims=True)
-    return np.where(count > 0, np.where(finite, x, 0).sum(-1, keepdims=True) / np.maximum(count, 1), 0.0)
+    return np.where(
+        count > 0,
+        np.where(finite, x, 0).sum(-1, keepdims=True) / np.maximum(count, 1),
+        0.0,
+    )
 
 
 def _finite_min(x):
-    """Each row's minimum over its finite entries (inf for a row with none), keepdims kept."""
+    """Each row's minimum over its finite entries (inf for a row with none),
+    keepdims kept."""
     return np.where(np.isfinite(x), x, np.inf).min(-1, keepdims=True)
 
 
 def _runner_up(x):
-    """Each row's second-largest entry (its only entry in a row of one), keepdims kept."""
+    """Each row's second-largest entry (its only entry in a row of one),
+    keepdims kept."""
     return np.sort(x, -1)[..., -2:-1] if x.shape[-1] > 1 else x
 
 
@@ -47,12 +67,20 @@ def _shifted_by(x, shift):
     return e / e.sum(-1, keepdims=True)
 
 
-_SHIFT_NOT_MAX = ("each row is shifted by a statistic other than its maximum (its mean, median, minimum, "
-                  "runner-up, first entry, ...): on a row whose top score lies further above that statistic than "
-                  "exp's range (~709 in float64, ~88 in float32) an exponent overflows, or on one far below it every "
-                  "exponent underflows, and the result is NaN")
-_SHIFT_NOT_MAX_HINT = ("only the maximum makes every exponent <= 0 with at least one equal to 0: the sum is then "
-                       "between 1 and n, never inf and never 0")
+_SHIFT_NOT_MAX = (
+    "each row is shifted by a statistic other than its maximum (its mean, "
+    "median, minimum, "
+    "runner-up, first entry, ...): on a row whose top score lies further "
+    "above that statistic than "
+    "exp's range (~709 in float64, ~88 in float32) an exponent overflows, or "
+    "on one far below it every "
+    "exponent underflows, and the result is NaN"
+)
+_SHIFT_NOT_MAX_HINT = (
+    "only the maximum makes every exponent <= 0 with at least one equal to 0: "
+    "the sum is then "
+    "between 1 and n, never inf and never 0"
+)
 
 
 def _fill_neg_inf(x, value=-1e9):
@@ -76,127 +104,318 @@ def _float16_softmax(x):
 
 
 SOFTMAX_MISTAKES = [
-    Mistake("unstable", "your softmax overflows: exp of a large score is inf, and inf/inf is NaN",
-            "subtract each row's maximum before exponentiating; softmax is unchanged by the shift",
-            naive_softmax),
-    # the same formula computed in float64 (a reader who casts first): it survives the float32 case
-    # near 100 that overflows the version above, so that version no longer matches it everywhere
-    Mistake("unstable", "your softmax overflows: exp of a large score is inf, and inf/inf is NaN",
-            "subtract each row's maximum before exponentiating; softmax is unchanged by the shift",
-            lambda x: naive_softmax(np.asarray(x, dtype=np.float64))),
-    Mistake("wrong_axis", "the softmax normalises over the wrong axis (columns instead of rows)",
-            "each row (one query's scores) must sum to 1: use axis=-1 with keepdims=True",
-            lambda x: softmax(x, axis=0) if np.ndim(x) > 1 else softmax(x)),
-    Mistake("axis_1", "the softmax is taken along axis 1, the last axis of a matrix only: on a batch "
-            "(3 or more axes) it normalises each column of every matrix",
-            "use axis=-1: the last axis, whatever the number of batch axes in front of it",
-            lambda x: softmax(x, axis=1) if np.ndim(x) > 2 else softmax(x)),
-    Mistake("not_normalised", "the exponentials are never divided by their sum",
-            "divide exp(x - max) by its sum along the last axis", lambda x: np.exp(x - x.max(-1, keepdims=True))),
-    Mistake("global_sum", "the exponentials are divided by the sum over the whole matrix, not per row",
-            "sum along axis=-1 with keepdims=True", lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum()),
-    Mistake("global_max", "the maximum subtracted is the whole array's, not each row's: a row far below "
-            "it underflows to all zeros, and 0/0 is NaN",
-            "subtract each row's own maximum: x - x.max(axis=-1, keepdims=True)",
-            lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum(axis=-1, keepdims=True)),
-    Mistake("shift_not_max", _SHIFT_NOT_MAX, _SHIFT_NOT_MAX_HINT,
-            lambda x: np.exp(x - x.mean(-1, keepdims=True)) / np.exp(x - x.mean(-1, keepdims=True)).sum(-1, keepdims=True)),
-    Mistake("shift_not_max", _SHIFT_NOT_MAX, _SHIFT_NOT_MAX_HINT, lambda x: _shifted_by(x, _finite_mean(x))),
-    # the other statistics readers shift by, each computed in the input's dtype and in float64
-    *[Mistake("shift_not_max", _SHIFT_NOT_MAX, _SHIFT_NOT_MAX_HINT,
-              lambda x, stat=stat, dtype=dtype: (lambda y: _shifted_by(y, stat(y)))(np.asarray(x, dtype=dtype)))
-      for stat in (lambda y: y.min(-1, keepdims=True), _finite_min, lambda y: y[..., :1],
-                   lambda y: np.median(y, -1, keepdims=True), _runner_up)
-      for dtype in (None, np.float64)],
-    Mistake("global_sum", "the exponentials are divided by the sum over the whole matrix, not per row (each "
-            "row's maximum is subtracted, but one sum divides them all)",
-            "sum along axis=-1 with keepdims=True", lambda x: _exp_rows(x) / _exp_rows(x).sum()),
-    Mistake("max_axis_0", "the maximum subtracted is each column's (axis 0), while the sum is each row's: rows "
-            "far below their column's maximum underflow, and 0/0 is NaN",
-            "take the maximum along the same axis as the sum: x.max(axis=-1, keepdims=True)",
-            lambda x: np.exp(x - x.max(0, keepdims=True)) / np.exp(x - x.max(0, keepdims=True)).sum(-1, keepdims=True)),
-    Mistake("neg_inf_to_zero", "the -inf scores (masked entries) were replaced by 0, so the masked keys get weight",
-            "keep -inf as it is: exp(-inf - max) = 0 gives a masked key weight 0; only a fully masked row needs care",
-            lambda x: _exp_rows(np.where(np.isneginf(x), 0.0, x))
-            / _exp_rows(np.where(np.isneginf(x), 0.0, x)).sum(-1, keepdims=True)),
-    Mistake("unshifted_denominator", "the numerator is shifted by the row maximum but the denominator is not: "
-            "exp(x - m) / sum exp(x) is softmax times exp(-m)",
-            "shift both: e = np.exp(x - m) and divide e by e.sum(axis=-1, keepdims=True)",
-            lambda x: _exp_rows(x) / np.exp(x).sum(-1, keepdims=True)),
-    Mistake("max_at_least_zero", "each row is shifted by max(its maximum, 0) (a running maximum started at 0): "
-            "a row whose scores are all far below 0 underflows to zeros, and 0/0 is NaN",
-            "start the maximum at -inf, or use x.max(axis=-1, keepdims=True) as it is, negative or not",
-            lambda x: (lambda e: e / e.sum(-1, keepdims=True))(np.exp(x - np.maximum(x.max(-1, keepdims=True), 0)))),
-    Mistake("no_keepdims", "the row sums lost their axis (no keepdims=True), so they divide the columns, "
-            "not the rows: on a square matrix numpy broadcasts them silently, on any other it raises",
-            "e.sum(axis=-1, keepdims=True) has shape (..., n, 1) and divides each row by its own sum",
-            lambda x: _exp_rows(x) / _exp_rows(x).sum(-1), raises=is_broadcast_error),
-    Mistake("no_keepdims_max", "the row maxima lost their axis (no keepdims=True), so they are subtracted "
-            "from the columns, not the rows",
-            "x.max(axis=-1, keepdims=True) has shape (..., n, 1): each row minus its own maximum",
-            lambda x: (lambda e: e / e.sum(-1, keepdims=True))(np.exp(x - x.max(-1)))),
-    Mistake("masked_row_uniform", "a fully masked row (every score -inf) gets the uniform weights 1/n: -inf was "
-            "replaced by a large negative number such as -1e9, so after the shift every score of that row is 0. "
-            "The book's convention is all zeros there (torch gives NaN; both are accepted): a query that may "
-            "see no key gets no weight, not an average of values it must not see",
-            "keep -inf as it is (exp(-inf) = 0 masks a key exactly), and return zeros for a row whose maximum is "
-            "-inf, e.g. with np.where(np.isfinite(m), x - m, -np.inf) before exp and 0 where the sum is 0",
-            lambda x: softmax(_fill_neg_inf(x), axis=-1)),
-    Mistake("log_softmax", "the log-softmax is returned (x - max - log sum exp(x - max)), not the weights",
-            "exponentiate: the weights are exp(x - m) / sum exp(x - m), positive and summing to 1 along the "
-            "last axis", lambda x: x - x.max(-1, keepdims=True) - np.log(_exp_rows(x).sum(-1, keepdims=True))),
-    Mistake("temperature_2", "the scores are divided by 2 before the exponential: that is softmax at temperature "
-            "T = 2, flatter than softmax itself",
-            "softmax is exp(x - m) / sum exp(x - m) with no factor on the scores (temperature T = 1)",
-            lambda x: softmax(x / 2, axis=-1)),
-    Mistake("float16", "the softmax is computed in float16: its 3 significant digits are far from the float64 "
-            "(or float32) answer", "compute in the input's own dtype: do not cast to float16 (np.half)",
-            _float16_softmax),
-    *[Mistake("eps_denominator", f"a constant (here {eps:g}) is added to the denominator, so the weights sum to "
-              "less than 1: after the shift by the row maximum the sum is at least 1 and needs no guard",
-              "divide by the sum alone; only a fully masked row has the sum 0, and it needs its own case "
-              "(zeros), not an epsilon", lambda x, eps=eps: _eps_denominator(x, eps))
-      for eps in (1e-2, 1e-3, 1e-4)],
-    # the message names no bound: clipping at any bound below the cases' largest scores gives the same output
-    *[Mistake("clipped_scores", "the scores are clipped at a fixed bound instead of shifted: every score "
-              "beyond the bound is changed, so rows with large scores get wrong weights",
-              "subtract each row's maximum instead: softmax is unchanged by the shift, and changed by clipping",
-              lambda x, bound=bound: _clipped(x, bound))
-      for bound in (80, 88, 700)],
+    Mistake(
+        "unstable",
+        "your softmax overflows: exp of a large score is inf, and inf/inf is "
+        "NaN",
+        "subtract each row's maximum before exponentiating; softmax is "
+        "unchanged by the shift",
+        naive_softmax,
+    ),
+    # the same formula computed in float64 (a reader who casts first): it
+    # survives the float32 case near 100 that overflows the version above, so
+    # that version no longer matches it everywhere
+    Mistake(
+        "unstable",
+        "your softmax overflows: exp of a large score is inf, and inf/inf is "
+        "NaN",
+        "subtract each row's maximum before exponentiating; softmax is "
+        "unchanged by the shift",
+        lambda x: naive_softmax(np.asarray(x, dtype=np.float64)),
+    ),
+    Mistake(
+        "wrong_axis",
+        "the softmax normalises over the wrong axis (columns instead of rows)",
+        "each row (one query's scores) must sum to 1: use axis=-1 with "
+        "keepdims=True",
+        lambda x: softmax(x, axis=0) if np.ndim(x) > 1 else softmax(x),
+    ),
+    Mistake(
+        "axis_1",
+        "the softmax is taken along axis 1, the last axis of a matrix only: "
+        "on a batch "
+        "(3 or more axes) it normalises each column of every matrix",
+        "use axis=-1: the last axis, whatever the number of batch axes in "
+        "front of it",
+        lambda x: softmax(x, axis=1) if np.ndim(x) > 2 else softmax(x),
+    ),
+    Mistake(
+        "not_normalised",
+        "the exponentials are never divided by their sum",
+        "divide exp(x - max) by its sum along the last axis",
+        lambda x: np.exp(x - x.max(-1, keepdims=True)),
+    ),
+    Mistake(
+        "global_sum",
+        "the exponentials are divided by the sum over the whole matrix, not "
+        "per row",
+        "sum along axis=-1 with keepdims=True",
+        lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum(),
+    ),
+    Mistake(
+        "global_max",
+        "the maximum subtracted is the whole array's, not each row's: a row "
+        "far below "
+        "it underflows to all zeros, and 0/0 is NaN",
+        "subtract each row's own maximum: x - x.max(axis=-1, keepdims=True)",
+        lambda x: (
+            np.exp(x - x.max())
+            / np.exp(x - x.max()).sum(axis=-1, keepdims=True)
+        ),
+    ),
+    Mistake(
+        "shift_not_max",
+        _SHIFT_NOT_MAX,
+        _SHIFT_NOT_MAX_HINT,
+        lambda x: (
+            np.exp(x - x.mean(-1, keepdims=True))
+            / np.exp(x - x.mean(-1, keepdims=True)).sum(-1, keepdims=True)
+        ),
+    ),
+    Mistake(
+        "shift_not_max",
+        _SHIFT_NOT_MAX,
+        _SHIFT_NOT_MAX_HINT,
+        lambda x: _shifted_by(x, _finite_mean(x)),
+    ),
+    # the other statistics readers shift by, each computed in the input's dtype
+    # and in float64
+    *[
+        Mistake(
+            "shift_not_max",
+            _SHIFT_NOT_MAX,
+            _SHIFT_NOT_MAX_HINT,
+            lambda x, stat=stat, dtype=dtype: (
+                lambda y: _shifted_by(y, stat(y))
+            )(np.asarray(x, dtype=dtype)),
+        )
+        for stat in (
+            lambda y: y.min(-1, keepdims=True),
+            _finite_min,
+            lambda y: y[..., :1],
+            lambda y: np.median(y, -1, keepdims=True),
+            _runner_up,
+        )
+        for dtype in (None, np.float64)
+    ],
+    Mistake(
+        "global_sum",
+        "the exponentials are divided by the sum over the whole matrix, not "
+        "per row (each "
+        "row's maximum is subtracted, but one sum divides them all)",
+        "sum along axis=-1 with keepdims=True",
+        lambda x: _exp_rows(x) / _exp_rows(x).sum(),
+    ),
+    Mistake(
+        "max_axis_0",
+        "the maximum subtracted is each column's (axis 0), while the sum is "
+        "each row's: rows "
+        "far below their column's maximum underflow, and 0/0 is NaN",
+        "take the maximum along the same axis as the sum: x.max(axis=-1, "
+        "keepdims=True)",
+        lambda x: (
+            np.exp(x - x.max(0, keepdims=True))
+            / np.exp(x - x.max(0, keepdims=True)).sum(-1, keepdims=True)
+        ),
+    ),
+    Mistake(
+        "neg_inf_to_zero",
+        "the -inf scores (masked entries) were replaced by 0, so the masked "
+        "keys get weight",
+        "keep -inf as it is: exp(-inf - max) = 0 gives a masked key weight 0; "
+        "only a fully masked row needs care",
+        lambda x: (
+            _exp_rows(np.where(np.isneginf(x), 0.0, x))
+            / _exp_rows(np.where(np.isneginf(x), 0.0, x)).sum(
+                -1, keepdims=True
+            )
+        ),
+    ),
+    Mistake(
+        "unshifted_denominator",
+        "the numerator is shifted by the row maximum but the denominator is "
+        "not: "
+        "exp(x - m) / sum exp(x) is softmax times exp(-m)",
+        "shift both: e = np.exp(x - m) and divide e by e.sum(axis=-1, "
+        "keepdims=True)",
+        lambda x: _exp_rows(x) / np.exp(x).sum(-1, keepdims=True),
+    ),
+    Mistake(
+        "max_at_least_zero",
+        "each row is shifted by max(its maximum, 0) (a running maximum "
+        "started at 0): "
+        "a row whose scores are all far below 0 underflows to zeros, and 0/0 "
+        "is NaN",
+        "start the maximum at -inf, or use x.max(axis=-1, keepdims=True) as "
+        "it is, negative or not",
+        lambda x: (lambda e: e / e.sum(-1, keepdims=True))(
+            np.exp(x - np.maximum(x.max(-1, keepdims=True), 0))
+        ),
+    ),
+    Mistake(
+        "no_keepdims",
+        "the row sums lost their axis (no keepdims=True), so they divide the "
+        "columns, "
+        "not the rows: on a square matrix numpy broadcasts them silently, on "
+        "any other it raises",
+        "e.sum(axis=-1, keepdims=True) has shape (..., n, 1) and divides each "
+        "row by its own sum",
+        lambda x: _exp_rows(x) / _exp_rows(x).sum(-1),
+        raises=is_broadcast_error,
+    ),
+    Mistake(
+        "no_keepdims_max",
+        "the row maxima lost their axis (no keepdims=True), so they are "
+        "subtracted "
+        "from the columns, not the rows",
+        "x.max(axis=-1, keepdims=True) has shape (..., n, 1): each row minus "
+        "its own maximum",
+        lambda x: (lambda e: e / e.sum(-1, keepdims=True))(
+            np.exp(x - x.max(-1))
+        ),
+    ),
+    Mistake(
+        "masked_row_uniform",
+        "a fully masked row (every score -inf) gets the uniform weights 1/n: "
+        "-inf was "
+        "replaced by a large negative number such as -1e9, so after the shift "
+        "every score of that row is 0. "
+        "The book's convention is all zeros there (torch gives NaN; both are "
+        "accepted): a query that may "
+        "see no key gets no weight, not an average of values it must not see",
+        "keep -inf as it is (exp(-inf) = 0 masks a key exactly), and return "
+        "zeros for a row whose maximum is "
+        "-inf, e.g. with np.where(np.isfinite(m), x - m, -np.inf) before exp "
+        "and 0 where the sum is 0",
+        lambda x: softmax(_fill_neg_inf(x), axis=-1),
+    ),
+    Mistake(
+        "log_softmax",
+        "the log-softmax is returned (x - max - log sum exp(x - max)), not "
+        "the weights",
+        "exponentiate: the weights are exp(x - m) / sum exp(x - m), positive "
+        "and summing to 1 along the "
+        "last axis",
+        lambda x: (
+            x
+            - x.max(-1, keepdims=True)
+            - np.log(_exp_rows(x).sum(-1, keepdims=True))
+        ),
+    ),
+    Mistake(
+        "temperature_2",
+        "the scores are divided by 2 before the exponential: that is softmax "
+        "at temperature "
+        "T = 2, flatter than softmax itself",
+        "softmax is exp(x - m) / sum exp(x - m) with no factor on the scores "
+        "(temperature T = 1)",
+        lambda x: softmax(x / 2, axis=-1),
+    ),
+    Mistake(
+        "float16",
+        "the softmax is computed in float16: its 3 significant digits are far "
+        "from the float64 "
+        "(or float32) answer",
+        "compute in the input's own dtype: do not cast to float16 (np.half)",
+        _float16_softmax,
+    ),
+    *[
+        Mistake(
+            "eps_denominator",
+            f"a constant (here {eps:g}) is added to the denominator, so the "
+            "weights sum to "
+            "less than 1: after the shift by the row maximum the sum is at "
+            "least 1 and needs no guard",
+            "divide by the sum alone; only a fully masked row has the sum 0, "
+            "and it needs its own case "
+            "(zeros), not an epsilon",
+            lambda x, eps=eps: _eps_denominator(x, eps),
+        )
+        for eps in (1e-2, 1e-3, 1e-4)
+    ],
+    # the message names no bound: clipping at any bound below the cases'
+    # largest scores gives the same output
+    *[
+        Mistake(
+            "clipped_scores",
+            "the scores are clipped at a fixed bound instead of shifted: "
+            "every score "
+            "beyond the bound is changed, so rows with large scores get wrong "
+            "weights",
+            "subtract each row's maximum instead: softmax is unchanged by the "
+            "shift, and changed by clipping",
+            lambda x, bound=bound: _clipped(x, bound),
+        )
+        for bound in (80, 88, 700)
+    ],
 ]
 
 
 def softmax_cases() -> list[Case]:
     rng = _rng(0)
-    spread = np.array([[-1000.0, 2000.0, 1990.0], [-3000.0, 1.0, 0.0], [-1000.0, -1001.0, -1003.0]])
+    spread = np.array(
+        [
+            [-1000.0, 2000.0, 1990.0],
+            [-3000.0, 1.0, 0.0],
+            [-1000.0, -1001.0, -1003.0],
+        ]
+    )
     batch = rng.normal(scale=3, size=(2, 3, 5))
-    batch[0, 1, [0, 3]] = -np.inf                                      # masked entries
-    batch[1, 2, :] = -np.inf                                           # a fully masked row
-    # Rows at different levels first: they tell a per-row shift from a global one.
+    # masked entries
+    batch[0, 1, [0, 3]] = -np.inf
+    # a fully masked row
+    batch[1, 2, :] = -np.inf
+    # Rows at different levels first: they tell a per-row shift from a global
+    # one.
     return [
-        Case("rows at very different levels, [[1000, 1001], [0, 1]]", (np.array([[1000.0, 1001.0], [0.0, 1.0]]),)),
-        Case("rows spanning more than exp's range, [[-1000, 2000, 1990], [-3000, 1, 0], "
-             "[-1000, -1001, -1003]] (the last all negative)", (spread,)),
-        Case("a 4 x 6 matrix of scores (softmax of each row)", (rng.normal(size=(4, 6)),)),
-        Case("one float32 row near 100 (float32's exp overflows above 88)",
-             ((100 + 5 * rng.normal(size=6)).astype(np.float32),)),
-        Case("a batch 2 x 3 x 5 with -inf entries and one fully masked row (there NaN or zeros are accepted)",
-             (batch,)),
+        Case(
+            "rows at very different levels, [[1000, 1001], [0, 1]]",
+            (np.array([[1000.0, 1001.0], [0.0, 1.0]]),),
+        ),
+        Case(
+            "rows spanning more than exp's range, [[-1000, 2000, 1990], "
+            "[-3000, 1, 0], "
+            "[-1000, -1001, -1003]] (the last all negative)",
+            (spread,),
+        ),
+        Case(
+            "a 4 x 6 matrix of scores (softmax of each row)",
+            (rng.normal(size=(4, 6)),),
+        ),
+        Case(
+            "one float32 row near 100 (float32's exp overflows above 88)",
+            ((100 + 5 * rng.normal(size=6)).astype(np.float32),),
+        ),
+        Case(
+            "a batch 2 x 3 x 5 with -inf entries and one fully masked row "
+            "(there NaN or zeros are accepted)",
+            (batch,),
+        ),
         Case("one score per row, shape (3, 1)", (rng.normal(size=(3, 1)),)),
-        # Last, so that the verdicts on the cases above stay as they were: a shift by anything but the
-        # maximum (median, runner-up) overflows only when the top score is far above all the others.
-        Case("one score far above all the others in each row, [[0, 1000, -5], [2000, 0, 1]]",
-             (np.array([[0.0, 1000.0, -5.0], [2000.0, 0.0, 1.0]]),)),
-        Case("one float32 row [0, 100, -5], its top score far above the rest",
-             (np.array([0.0, 100.0, -5.0], dtype=np.float32),)),
+        # Last, so that the verdicts on the cases above stay as they were: a
+        # shift by anything but the maximum (median, runner-up) overflows only
+        # when the top score is far above all the others.
+        Case(
+            "one score far above all the others in each row, [[0, 1000, -5], "
+            "[2000, 0, 1]]",
+            (np.array([[0.0, 1000.0, -5.0], [2000.0, 0.0, 1.0]]),),
+        ),
+        Case(
+            "one float32 row [0, 100, -5], its top score far above the rest",
+            (np.array([0.0, 100.0, -5.0], dtype=np.float32),),
+        ),
     ]
 
 
 def _same_softmax(got, expected) -> bool:
-    """Agreement, except that a fully masked row (the reference's all-zero row: softmax rows otherwise
-    sum to 1) may be all zeros or all NaN, what torch gives."""
+    """Agreement, except that a fully masked row (the reference's all-zero row:
+    softmax rows otherwise sum to 1) may be all zeros or all NaN, what torch
+    gives."""
     try:
-        g, e = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+        g, e = (
+            np.asarray(got, dtype=np.float64),
+            np.asarray(expected, dtype=np.float64),
+        )
     except (TypeError, ValueError):
         return same(got, expected)
     if g.shape != e.shape or e.ndim == 0:
@@ -211,78 +430,196 @@ def _same_softmax(got, expected) -> bool:
 
 
 def check_softmax(fn) -> None:
-    """Check ``fn(x)`` computes a numerically stable softmax over the last axis of ``x``.
+    """Check ``fn(x)`` computes a numerically stable softmax over the last axis
+    of ``x``.
 
-    A fully masked row (every score -inf) has no softmax: zeros and NaN are both accepted there.
+    A fully masked row (every score -inf) has no softmax: zeros and NaN are
+    both accepted there.
     """
-    run_checks("softmax", fn, softmax_cases(), lambda x: softmax(x, axis=-1), SOFTMAX_MISTAKES,
-               compare=_same_softmax)
+    run_checks(
+        "softmax",
+        fn,
+        softmax_cases(),
+        lambda x: softmax(x, axis=-1),
+        SOFTMAX_MISTAKES,
+        compare=_same_softmax,
+    )
 
 
 # --- scaled dot-product attention ------------------------------------------
 
+
 def _attention_with(scores_fn, weights_fn=softmax):
     def attention(q, k, v):
         return weights_fn(scores_fn(q, k)) @ v
+
     return attention
 
 
 ATTENTION_MISTAKES = [
-    Mistake("no_scale", "the scores are not divided by sqrt(d_k)",
-            "scores = q @ k.T / np.sqrt(d_k): without it softmax saturates as d_k grows (chapter 3)",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2))),
-    Mistake("scale_by_dk", "the scores are divided by d_k instead of sqrt(d_k)",
-            "the variance of q.k is d_k, so its standard deviation is sqrt(d_k)",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / q.shape[-1])),
-    Mistake("swapped_qk", "q and k are swapped: the score matrix is transposed (keys attend to queries)",
-            "row i of the scores must be query i against every key: q @ k.T, not k @ q.T",
-            _attention_with(lambda q, k: k @ np.swapaxes(q, -1, -2) / np.sqrt(q.shape[-1]))),
-    Mistake("wrong_axis", "the softmax normalises over the wrong axis (over queries instead of keys)",
-            "each query's weights over the keys must sum to 1: softmax along the last axis",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
-                            lambda s: softmax(s, axis=-2))),
-    Mistake("unstable", "your softmax overflows on large scores (NaN in the output)",
-            "subtract each row's maximum score before exponentiating",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]), naive_softmax)),
-    Mistake("scale_by_sqrt_d_v", "the scores are divided by sqrt(d_v), the width of the values, not sqrt(d_k)",
-            "the scale belongs to the dot products q . k, which have d_k terms: np.sqrt(q.shape[-1])",
-            lambda q, k, v: softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(v.shape[-1])) @ v),
-    Mistake("scale_by_sqrt_n_k", "the scores are divided by sqrt(n_k), the number of keys, not sqrt(d_k)",
-            "d_k is the dimension of each query and key vector, q.shape[-1]; len(k) counts the keys",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-2]))),
-    Mistake("scale_by_sqrt_n_q", "the scores are divided by sqrt(n_q), the number of queries, not sqrt(d_k)",
-            "d_k is the dimension of each query and key vector, q.shape[-1]; q.shape[0] counts the queries",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-2]))),
-    Mistake("scale_by_sqrt_dk_plus_1", "the scores are divided by sqrt(d_k + 1), not sqrt(d_k)",
-            "the variance of q . k is d_k (d_k terms of variance 1): divide by np.sqrt(q.shape[-1])",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1] + 1))),
-    Mistake("base_2", "the exponential is base 2 (2**s or np.exp2) instead of e: 2**s = e**(s ln 2), a softmax "
-            "of the scores times ln 2 ~ 0.69",
-            "use np.exp: the softmax of attention is exp(s - max) / sum exp(s - max)",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
-                            lambda s: (lambda e: e / e.sum(-1, keepdims=True))(np.exp2(s - s.max(-1, keepdims=True))))),
-    Mistake("global_softmax", "the softmax is taken over the whole score matrix, not over each query's row",
-            "each query's weights over the keys must sum to 1: softmax along the last axis, per row",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
-                            lambda s: softmax(s.reshape(-1)).reshape(s.shape))),
-    Mistake("global_max", "the softmax subtracts the maximum of the whole score matrix, not each row's own: "
-            "a row far below it underflows to all zeros, and 0/0 is NaN",
-            "subtract each query's own maximum: s - s.max(axis=-1, keepdims=True)",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
-                            lambda s: np.exp(s - s.max()) / np.exp(s - s.max()).sum(-1, keepdims=True))),
-    Mistake("no_softmax", "there is no softmax: the scaled scores themselves weight the values",
-            "the weights are softmax(q @ k.T / sqrt(d_k)) along the last axis: positive, each row summing to 1",
-            lambda q, k, v: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) @ v),
-    Mistake("times_sqrt_dk", "the scores are multiplied by sqrt(d_k) instead of divided by it",
-            "scores = q @ k.T / np.sqrt(d_k): the scale shrinks the dot products, whose variance is d_k",
-            _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) * np.sqrt(q.shape[-1]))),
-    Mistake("transposed_weights", "the weights are transposed before they multiply v (weights.T @ v): each "
-            "output row mixes the values with one KEY's weights over the queries",
-            "out = weights @ v with weights of shape (n_q, n_k): row i of the output uses row i of the weights",
-            lambda q, k, v: np.swapaxes(softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])), -1, -2) @ v),
-    Mistake("scaled_after_softmax", "the weights are divided by sqrt(d_k) after the softmax instead of the scores before it",
-            "the scale goes inside: softmax(q @ k.T / sqrt(d_k)); after the softmax it only shrinks the output",
-            lambda q, k, v: softmax(q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]) @ v),
+    Mistake(
+        "no_scale",
+        "the scores are not divided by sqrt(d_k)",
+        "scores = q @ k.T / np.sqrt(d_k): without it softmax saturates as d_k "
+        "grows (chapter 3)",
+        _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2)),
+    ),
+    Mistake(
+        "scale_by_dk",
+        "the scores are divided by d_k instead of sqrt(d_k)",
+        "the variance of q.k is d_k, so its standard deviation is sqrt(d_k)",
+        _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2) / q.shape[-1]),
+    ),
+    Mistake(
+        "swapped_qk",
+        "q and k are swapped: the score matrix is transposed (keys attend to "
+        "queries)",
+        "row i of the scores must be query i against every key: q @ k.T, not "
+        "k @ q.T",
+        _attention_with(
+            lambda q, k: k @ np.swapaxes(q, -1, -2) / np.sqrt(q.shape[-1])
+        ),
+    ),
+    Mistake(
+        "wrong_axis",
+        "the softmax normalises over the wrong axis (over queries instead of "
+        "keys)",
+        "each query's weights over the keys must sum to 1: softmax along the "
+        "last axis",
+        _attention_with(
+            lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
+            lambda s: softmax(s, axis=-2),
+        ),
+    ),
+    Mistake(
+        "unstable",
+        "your softmax overflows on large scores (NaN in the output)",
+        "subtract each row's maximum score before exponentiating",
+        _attention_with(
+            lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
+            naive_softmax,
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_d_v",
+        "the scores are divided by sqrt(d_v), the width of the values, not "
+        "sqrt(d_k)",
+        "the scale belongs to the dot products q . k, which have d_k terms: "
+        "np.sqrt(q.shape[-1])",
+        lambda q, k, v: (
+            softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(v.shape[-1])) @ v
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_n_k",
+        "the scores are divided by sqrt(n_k), the number of keys, not "
+        "sqrt(d_k)",
+        "d_k is the dimension of each query and key vector, q.shape[-1]; "
+        "len(k) counts the keys",
+        _attention_with(
+            lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-2])
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_n_q",
+        "the scores are divided by sqrt(n_q), the number of queries, not "
+        "sqrt(d_k)",
+        "d_k is the dimension of each query and key vector, q.shape[-1]; "
+        "q.shape[0] counts the queries",
+        _attention_with(
+            lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-2])
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_dk_plus_1",
+        "the scores are divided by sqrt(d_k + 1), not sqrt(d_k)",
+        "the variance of q . k is d_k (d_k terms of variance 1): divide by "
+        "np.sqrt(q.shape[-1])",
+        _attention_with(
+            lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1] + 1)
+        ),
+    ),
+    Mistake(
+        "base_2",
+        "the exponential is base 2 (2**s or np.exp2) instead of e: 2**s = "
+        "e**(s ln 2), a softmax "
+        "of the scores times ln 2 ~ 0.69",
+        "use np.exp: the softmax of attention is exp(s - max) / sum exp(s - "
+        "max)",
+        _attention_with(
+            lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
+            lambda s: (lambda e: e / e.sum(-1, keepdims=True))(
+                np.exp2(s - s.max(-1, keepdims=True))
+            ),
+        ),
+    ),
+    Mistake(
+        "global_softmax",
+        "the softmax is taken over the whole score matrix, not over each "
+        "query's row",
+        "each query's weights over the keys must sum to 1: softmax along the "
+        "last axis, per row",
+        _attention_with(
+            lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
+            lambda s: softmax(s.reshape(-1)).reshape(s.shape),
+        ),
+    ),
+    Mistake(
+        "global_max",
+        "the softmax subtracts the maximum of the whole score matrix, not "
+        "each row's own: "
+        "a row far below it underflows to all zeros, and 0/0 is NaN",
+        "subtract each query's own maximum: s - s.max(axis=-1, keepdims=True)",
+        _attention_with(
+            lambda q, k: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]),
+            lambda s: (
+                np.exp(s - s.max())
+                / np.exp(s - s.max()).sum(-1, keepdims=True)
+            ),
+        ),
+    ),
+    Mistake(
+        "no_softmax",
+        "there is no softmax: the scaled scores themselves weight the values",
+        "the weights are softmax(q @ k.T / sqrt(d_k)) along the last axis: "
+        "positive, each row summing to 1",
+        lambda q, k, v: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) @ v,
+    ),
+    Mistake(
+        "times_sqrt_dk",
+        "the scores are multiplied by sqrt(d_k) instead of divided by it",
+        "scores = q @ k.T / np.sqrt(d_k): the scale shrinks the dot products, "
+        "whose variance is d_k",
+        _attention_with(
+            lambda q, k: q @ np.swapaxes(k, -1, -2) * np.sqrt(q.shape[-1])
+        ),
+    ),
+    Mistake(
+        "transposed_weights",
+        "the weights are transposed before they multiply v (weights.T @ v): "
+        "each "
+        "output row mixes the values with one KEY's weights over the queries",
+        "out = weights @ v with weights of shape (n_q, n_k): row i of the "
+        "output uses row i of the weights",
+        lambda q, k, v: (
+            np.swapaxes(
+                softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])),
+                -1,
+                -2,
+            )
+            @ v
+        ),
+    ),
+    Mistake(
+        "scaled_after_softmax",
+        "the weights are divided by sqrt(d_k) after the softmax instead of "
+        "the scores before it",
+        "the scale goes inside: softmax(q @ k.T / sqrt(d_k)); after the "
+        "softmax it only shrinks the output",
+        lambda q, k, v: (
+            softmax(q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]) @ v
+        ),
+    ),
 ]
 
 
@@ -291,59 +628,125 @@ def attention_cases() -> list[Case]:
     n = lambda *shape, scale=1.0: rng.normal(scale=scale, size=shape)  # noqa: E731
     f32 = lambda *shape: n(*shape).astype(np.float32)  # noqa: E731
     return [
-        Case("self-attention, n = 4, d_k = d_v = 16", (n(4, 16), n(4, 16), n(4, 16))),
-        Case("cross-attention, n_q = 3, n_k = 5, d_k = 8, d_v = 6", (n(3, 8), n(5, 8), n(5, 6))),
-        Case("float32 inputs, a single query (n_q = 1) over n_k = 7 keys, d_k = 4, d_v = 3",
-             (f32(1, 4), f32(7, 4), f32(7, 3))),
-        Case("large inputs whose scores span more than exp's range (thousands)",
-             (n(4, 64, scale=40), n(6, 64, scale=40), n(6, 8))),
+        Case(
+            "self-attention, n = 4, d_k = d_v = 16",
+            (n(4, 16), n(4, 16), n(4, 16)),
+        ),
+        Case(
+            "cross-attention, n_q = 3, n_k = 5, d_k = 8, d_v = 6",
+            (n(3, 8), n(5, 8), n(5, 6)),
+        ),
+        Case(
+            "float32 inputs, a single query (n_q = 1) over n_k = 7 keys, d_k "
+            "= 4, d_v = 3",
+            (f32(1, 4), f32(7, 4), f32(7, 3)),
+        ),
+        Case(
+            "large inputs whose scores span more than exp's range (thousands)",
+            (n(4, 64, scale=40), n(6, 64, scale=40), n(6, 8)),
+        ),
     ]
 
 
 def check_attention(fn) -> None:
-    """Check ``fn(q, k, v)`` returns ``softmax(q k^T / sqrt(d_k)) v`` (or an ``(output, weights)`` pair)."""
-    run_checks("scaled dot-product attention", fn, attention_cases(),
-               lambda q, k, v: scaled_dot_product_attention(q, k, v)[0], ATTENTION_MISTAKES,
-               postprocess=_first)
+    """Check ``fn(q, k, v)`` returns ``softmax(q k^T / sqrt(d_k)) v`` (or an
+    ``(output, weights)`` pair)."""
+    run_checks(
+        "scaled dot-product attention",
+        fn,
+        attention_cases(),
+        lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
+        ATTENTION_MISTAKES,
+        postprocess=_first,
+    )
 
 
 # --- the causal mask -------------------------------------------------------
 
 CAUSAL_MISTAKES = [
-    Mistake("diagonal_hidden", "the mask is off by one: each position cannot attend to itself",
-            "query i may attend to keys 0..i inclusive: np.tril(np.ones((n, n), bool)) keeps the diagonal",
-            lambda n: np.tril(np.ones((n, n), bool), k=-1)),
-    Mistake("inverted", "True marks the masked positions; the book's convention is True = may attend",
-            "negate your mask, or build the lower triangle directly",
-            lambda n: ~np.tril(np.ones((n, n), bool))),
-    Mistake("transposed", "the mask lets each query see the future (upper triangle) instead of the past",
-            "row i is query i; the allowed keys j satisfy j <= i",
-            lambda n: np.triu(np.ones((n, n), bool))),
-    Mistake("one_ahead", "the mask is off by one the other way: each position also sees the next one",
-            "use j <= i, not j <= i + 1", lambda n: np.tril(np.ones((n, n), bool), k=1)),
-    Mistake("no_mask", "every entry is True: nothing is hidden, so each position sees the future",
-            "keep only the keys j <= i: np.tril(np.ones((n, n), bool))", lambda n: np.ones((n, n), bool)),
-    Mistake("flipped", "the mask is flipped left to right: the anti-diagonal triangle, not the lower one",
-            "row i may see keys j <= i: np.tril(np.ones((n, n), bool)), with no flip",
-            lambda n: np.fliplr(np.tril(np.ones((n, n), bool)))),
-    Mistake("two_ahead", "the mask is off by two: each position also sees the next two",
-            "use j <= i: np.tril(np.ones((n, n), bool)) with k=0", lambda n: np.tril(np.ones((n, n), bool), k=2)),
-    Mistake("diagonal_only", "only the diagonal is True: each position sees itself and nothing before it",
-            "query i may attend to every key j <= i, not only to j = i", lambda n: np.eye(n, dtype=bool)),
+    Mistake(
+        "diagonal_hidden",
+        "the mask is off by one: each position cannot attend to itself",
+        "query i may attend to keys 0..i inclusive: np.tril(np.ones((n, n), "
+        "bool)) keeps the diagonal",
+        lambda n: np.tril(np.ones((n, n), bool), k=-1),
+    ),
+    Mistake(
+        "inverted",
+        "True marks the masked positions; the book's convention is True = may "
+        "attend",
+        "negate your mask, or build the lower triangle directly",
+        lambda n: ~np.tril(np.ones((n, n), bool)),
+    ),
+    Mistake(
+        "transposed",
+        "the mask lets each query see the future (upper triangle) instead of "
+        "the past",
+        "row i is query i; the allowed keys j satisfy j <= i",
+        lambda n: np.triu(np.ones((n, n), bool)),
+    ),
+    Mistake(
+        "one_ahead",
+        "the mask is off by one the other way: each position also sees the "
+        "next one",
+        "use j <= i, not j <= i + 1",
+        lambda n: np.tril(np.ones((n, n), bool), k=1),
+    ),
+    Mistake(
+        "no_mask",
+        "every entry is True: nothing is hidden, so each position sees the "
+        "future",
+        "keep only the keys j <= i: np.tril(np.ones((n, n), bool))",
+        lambda n: np.ones((n, n), bool),
+    ),
+    Mistake(
+        "flipped",
+        "the mask is flipped left to right: the anti-diagonal triangle, not "
+        "the lower one",
+        "row i may see keys j <= i: np.tril(np.ones((n, n), bool)), with no "
+        "flip",
+        lambda n: np.fliplr(np.tril(np.ones((n, n), bool))),
+    ),
+    Mistake(
+        "two_ahead",
+        "the mask is off by two: each position also sees the next two",
+        "use j <= i: np.tril(np.ones((n, n), bool)) with k=0",
+        lambda n: np.tril(np.ones((n, n), bool), k=2),
+    ),
+    Mistake(
+        "diagonal_only",
+        "only the diagonal is True: each position sees itself and nothing "
+        "before it",
+        "query i may attend to every key j <= i, not only to j = i",
+        lambda n: np.eye(n, dtype=bool),
+    ),
 ]
 
 
-CAUSAL_MISTAKES.append(Mistake(
-    "float_mask", FLOAT_MASK_DESCRIPTION, FLOAT_MASK_HINT, lambda n: np.tril(np.ones((n, n)))))
-CAUSAL_MISTAKES.append(Mistake(
-    "squeezed", "the mask is right for n >= 2 but loses its shape for a single position: squeezed, "
-    "the (1, 1) mask of n = 1 becomes a 0-d array",
-    "return an (n, n) array for every n, with no squeeze(): for n = 1 the one query sees its own key, [[True]]",
-    lambda n: np.tril(np.ones((n, n), bool)).squeeze()))
+CAUSAL_MISTAKES.append(
+    Mistake(
+        "float_mask",
+        FLOAT_MASK_DESCRIPTION,
+        FLOAT_MASK_HINT,
+        lambda n: np.tril(np.ones((n, n))),
+    )
+)
+CAUSAL_MISTAKES.append(
+    Mistake(
+        "squeezed",
+        "the mask is right for n >= 2 but loses its shape for a single "
+        "position: squeezed, "
+        "the (1, 1) mask of n = 1 becomes a 0-d array",
+        "return an (n, n) array for every n, with no squeeze(): for n = 1 the "
+        "one query sees its own key, [[True]]",
+        lambda n: np.tril(np.ones((n, n), bool)).squeeze(),
+    )
+)
 
 
 def _as_bool_mask(out):
-    """0/1 integers read as booleans; a float mask stays float (:func:`same_mask` rejects it)."""
+    """0/1 integers read as booleans; a float mask stays float
+    (:func:`same_mask` rejects it)."""
     out = as_array(out)
     if out.dtype.kind in "iu" and np.isin(out, (0, 1)).all():
         return out.astype(bool)
@@ -351,11 +754,22 @@ def _as_bool_mask(out):
 
 
 def check_causal_mask(fn) -> None:
-    """Check ``fn(n)`` returns the (n, n) boolean causal mask, True = may attend.
+    """Check ``fn(n)`` returns the (n, n) boolean causal mask, True = may
+    attend.
 
-    0/1 integers are accepted as booleans; a float mask of 1.0 and 0.0 is not: PyTorch's
-    ``scaled_dot_product_attention`` would add it to the scores instead of masking them.
+    0/1 integers are accepted as booleans; a float mask of 1.0 and 0.0 is not:
+    PyTorch's ``scaled_dot_product_attention`` would add it to the scores
+    instead of masking them.
     """
-    cases = [Case(f"n = {n}", (n,)) for n in (5, 8, 2, 1)]  # informative sizes first
-    run_checks("causal mask", fn, cases, lambda n: causal_mask(n), CAUSAL_MISTAKES,
-               postprocess=_as_bool_mask, compare=same_mask, describe=describe_mask)
+    # informative sizes first
+    cases = [Case(f"n = {n}", (n,)) for n in (5, 8, 2, 1)]
+    run_checks(
+        "causal mask",
+        fn,
+        cases,
+        lambda n: causal_mask(n),
+        CAUSAL_MISTAKES,
+        postprocess=_as_bool_mask,
+        compare=same_mask,
+        describe=describe_mask,
+    )

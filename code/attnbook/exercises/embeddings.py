@@ -1,4 +1,5 @@
 """Checkers for chapter 1 (token embeddings): cosine similarity and PPMI."""
+
 from __future__ import annotations
 
 from functools import partial
@@ -21,74 +22,168 @@ def _norm(x, axis=-1, keepdims=True):
 
 
 def _one_side_guarded_cosine(a, b, guarded, both_zero):
-    """The cosines with NaN where the unguarded side's row is zero, ``both_zero`` where both rows are."""
-    zero_a, zero_b = (_norm(a) == 0), (_norm(b) == 0).T                      # (m, 1), (1, n)
-    out = np.where(zero_b if guarded == "a" else zero_a, np.nan, cosine_similarity(a, b))
+    """The cosines with NaN where the unguarded side's row is zero,
+    ``both_zero`` where both rows are."""
+    # (m, 1), (1, n)
+    zero_a, zero_b = (_norm(a) == 0), (_norm(b) == 0).T
+    out = np.where(
+        zero_b if guarded == "a" else zero_a, np.nan, cosine_similarity(a, b)
+    )
     return np.where(zero_a & zero_b, both_zero, out)
 
 
 def _guarded_rows(x, ord=None):
-    """The rows of ``x`` divided by their norms (``ord`` as in np.linalg.norm), zero rows left zero."""
+    """The rows of ``x`` divided by their norms (``ord`` as in np.linalg.norm),
+    zero rows left zero."""
     norms = np.linalg.norm(x, ord=ord, axis=-1, keepdims=True)
-    return np.divide(x, norms, out=np.zeros_like(x, dtype=float), where=norms > 0)
+    return np.divide(
+        x, norms, out=np.zeros_like(x, dtype=float), where=norms > 0
+    )
 
 
 COSINE_MISTAKES = [
-    Mistake("raw_dot", "the rows are never normalised: this is the raw dot product a_i . b_j",
-            "divide every row of a and of b by its Euclidean length before multiplying",
-            lambda a, b: a @ b.T),
-    Mistake("only_a", "only the rows of a are normalised; the lengths of b's rows still scale the result",
-            "normalise both sides: cos = a_i . b_j / (|a_i| |b_j|)",
-            lambda a, b: _rows_over(a, _norm(a)) @ b.T),
-    Mistake("only_b", "only the rows of b are normalised; the lengths of a's rows still scale the result",
-            "normalise both sides: cos = a_i . b_j / (|a_i| |b_j|)",
-            lambda a, b: a @ _rows_over(b, _norm(b)).T),
-    Mistake("wrong_axis", "the norms are taken over the wrong axis (down each column, axis=0)",
-            "each row is a vector: take its length with np.linalg.norm(x, axis=1, keepdims=True)",
-            lambda a, b: _rows_over(a, _norm(a, axis=0)) @ _rows_over(b, _norm(b, axis=0)).T),
-    Mistake("no_keepdims", "the row norms have shape (m,) instead of (m, 1), so they divide the "
-            "columns, not the rows (numpy broadcasts them along the last axis)",
-            "use keepdims=True (or norms[:, None]) so that each row is divided by its own length",
-            lambda a, b: _rows_over(a, _norm(a, keepdims=False)) @ _rows_over(b, _norm(b, keepdims=False)).T),
-    Mistake("squared_norms", "the dot product is divided by the squared lengths |a_i|^2 |b_j|^2",
-            "divide by the lengths themselves, np.linalg.norm, not by the sums of squares",
-            lambda a, b: (a @ b.T) / (np.sum(a * a, axis=1)[:, None] * np.sum(b * b, axis=1)[None, :])),
-    Mistake("distance", "this is the cosine *distance* 1 - cos, not the similarity",
-            "return the cosine itself: 1 for parallel rows, 0 for orthogonal ones, -1 for opposite ones",
-            lambda a, b: 1 - cosine_similarity(a, b)),
-    Mistake("transposed", "the result is (n, m): rows of b against rows of a",
-            "entry [i, j] compares row i of a with row j of b, so the result is (m, n): a_hat @ b_hat.T",
-            lambda a, b: cosine_similarity(b, a)),
-    Mistake("zero_row_nan", "a zero row gives 0/0 = NaN; the exercise defines its cosine as 0",
-            "guard the division, e.g. np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)",
-            lambda a, b: _rows_over(a, _norm(a)) @ _rows_over(b, _norm(b)).T),
-    # a guard on one side only, each in two forms that differ where two zero rows meet: normalised matrices
-    # give NaN there (0 times NaN), a loop that tests the guarded side's norm first gives 0
-    *(Mistake(f"zero_guard_{side}_only", f"only {side}'s zero rows are guarded: a zero row of {other} still gives "
-              f"0/0 = NaN, {'down its whole column' if side == 'a' else 'along its whole row'}",
-              f"guard the division on both sides: {other}'s rows are normalised like {side}'s, np.divide({other}, "
-              f"norms_{other}, out=np.zeros_like({other}), where=norms_{other} > 0)",
-              partial(_one_side_guarded_cosine, guarded=side, both_zero=both_zero))
-      for side, other in (("a", "b"), ("b", "a")) for both_zero in (np.nan, 0.0)),
-    Mistake("zero_row_one", "a zero row is given cosine 1 with every row (as np.nan_to_num(cos, nan=1.0) does); "
-            "the exercise defines its cosine as 0: a zero vector has no direction to share",
-            "guard the division so that a zero row stays zero, e.g. np.divide(x, norms, out=np.zeros_like(x), "
-            "where=norms > 0), or replace the NaN by 0",
-            lambda a, b: np.where((_norm(a) > 0) & (_norm(b) > 0).T, cosine_similarity(a, b), 1.0)),
-    Mistake("matrix_norms", "the dot products are divided by the norms of the whole matrices (np.linalg.norm(a) "
-            "with no axis is the Frobenius norm of all of a), not by the length of each row",
-            "each row has its own length: np.linalg.norm(a, axis=1, keepdims=True), one per row of a, and "
-            "the same for b",
-            lambda a, b: (a @ b.T) / (np.linalg.norm(a) * np.linalg.norm(b))),
-    Mistake("l1_norms", "the rows are divided by their L1 norms (sums of absolute values), not by their "
-            "Euclidean lengths",
-            "the cosine divides by the Euclidean length sqrt(sum_k x_k^2): np.linalg.norm(x, axis=1, "
-            "keepdims=True) with its default ord",
-            lambda a, b: _guarded_rows(a, ord=1) @ _guarded_rows(b, ord=1).T),
-    Mistake("centred", "each row's mean is subtracted before normalising: that is the Pearson correlation of "
-            "the rows, not their cosine",
-            "do not centre the rows: the cosine compares the vectors as they are, a_i . b_j / (|a_i| |b_j|)",
-            lambda a, b: cosine_similarity(a - a.mean(axis=1, keepdims=True), b - b.mean(axis=1, keepdims=True))),
+    Mistake(
+        "raw_dot",
+        "the rows are never normalised: this is the raw dot product a_i . b_j",
+        "divide every row of a and of b by its Euclidean length before "
+        "multiplying",
+        lambda a, b: a @ b.T,
+    ),
+    Mistake(
+        "only_a",
+        "only the rows of a are normalised; the lengths of b's rows still "
+        "scale the result",
+        "normalise both sides: cos = a_i . b_j / (|a_i| |b_j|)",
+        lambda a, b: _rows_over(a, _norm(a)) @ b.T,
+    ),
+    Mistake(
+        "only_b",
+        "only the rows of b are normalised; the lengths of a's rows still "
+        "scale the result",
+        "normalise both sides: cos = a_i . b_j / (|a_i| |b_j|)",
+        lambda a, b: a @ _rows_over(b, _norm(b)).T,
+    ),
+    Mistake(
+        "wrong_axis",
+        "the norms are taken over the wrong axis (down each column, axis=0)",
+        "each row is a vector: take its length with np.linalg.norm(x, axis=1, "
+        "keepdims=True)",
+        lambda a, b: (
+            _rows_over(a, _norm(a, axis=0)) @ _rows_over(b, _norm(b, axis=0)).T
+        ),
+    ),
+    Mistake(
+        "no_keepdims",
+        "the row norms have shape (m,) instead of (m, 1), so they divide the "
+        "columns, not the rows (numpy broadcasts them along the last axis)",
+        "use keepdims=True (or norms[:, None]) so that each row is divided by "
+        "its own length",
+        lambda a, b: (
+            _rows_over(a, _norm(a, keepdims=False))
+            @ _rows_over(b, _norm(b, keepdims=False)).T
+        ),
+    ),
+    Mistake(
+        "squared_norms",
+        "the dot product is divided by the squared lengths |a_i|^2 |b_j|^2",
+        "divide by the lengths themselves, np.linalg.norm, not by the sums of "
+        "squares",
+        lambda a, b: (
+            (a @ b.T)
+            / (np.sum(a * a, axis=1)[:, None] * np.sum(b * b, axis=1)[None, :])
+        ),
+    ),
+    Mistake(
+        "distance",
+        "this is the cosine *distance* 1 - cos, not the similarity",
+        "return the cosine itself: 1 for parallel rows, 0 for orthogonal "
+        "ones, -1 for opposite ones",
+        lambda a, b: 1 - cosine_similarity(a, b),
+    ),
+    Mistake(
+        "transposed",
+        "the result is (n, m): rows of b against rows of a",
+        "entry [i, j] compares row i of a with row j of b, so the result is "
+        "(m, n): a_hat @ b_hat.T",
+        lambda a, b: cosine_similarity(b, a),
+    ),
+    Mistake(
+        "zero_row_nan",
+        "a zero row gives 0/0 = NaN; the exercise defines its cosine as 0",
+        "guard the division, e.g. np.divide(x, norms, out=np.zeros_like(x), "
+        "where=norms > 0)",
+        lambda a, b: _rows_over(a, _norm(a)) @ _rows_over(b, _norm(b)).T,
+    ),
+    # a guard on one side only, each in two forms that differ where two zero
+    # rows meet: normalised matrices give NaN there (0 times NaN), a loop that
+    # tests the guarded side's norm first gives 0
+    *(
+        Mistake(
+            f"zero_guard_{side}_only",
+            f"only {side}'s zero rows are guarded: a zero row of {other} "
+            "still gives 0/0 = NaN, "
+            + (
+                "down its whole column"
+                if side == "a"
+                else "along its whole row"
+            ),
+            f"guard the division on both sides: {other}'s rows are normalised "
+            f"like {side}'s, np.divide({other}, "
+            f"norms_{other}, out=np.zeros_like({other}), where=norms_{other} "
+            "> 0)",
+            partial(
+                _one_side_guarded_cosine, guarded=side, both_zero=both_zero
+            ),
+        )
+        for side, other in (("a", "b"), ("b", "a"))
+        for both_zero in (np.nan, 0.0)
+    ),
+    Mistake(
+        "zero_row_one",
+        "a zero row is given cosine 1 with every row (as np.nan_to_num(cos, "
+        "nan=1.0) does); "
+        "the exercise defines its cosine as 0: a zero vector has no direction "
+        "to share",
+        "guard the division so that a zero row stays zero, e.g. np.divide(x, "
+        "norms, out=np.zeros_like(x), "
+        "where=norms > 0), or replace the NaN by 0",
+        lambda a, b: np.where(
+            (_norm(a) > 0) & (_norm(b) > 0).T, cosine_similarity(a, b), 1.0
+        ),
+    ),
+    Mistake(
+        "matrix_norms",
+        "the dot products are divided by the norms of the whole matrices "
+        "(np.linalg.norm(a) "
+        "with no axis is the Frobenius norm of all of a), not by the length "
+        "of each row",
+        "each row has its own length: np.linalg.norm(a, axis=1, "
+        "keepdims=True), one per row of a, and "
+        "the same for b",
+        lambda a, b: (a @ b.T) / (np.linalg.norm(a) * np.linalg.norm(b)),
+    ),
+    Mistake(
+        "l1_norms",
+        "the rows are divided by their L1 norms (sums of absolute values), "
+        "not by their "
+        "Euclidean lengths",
+        "the cosine divides by the Euclidean length sqrt(sum_k x_k^2): "
+        "np.linalg.norm(x, axis=1, "
+        "keepdims=True) with its default ord",
+        lambda a, b: _guarded_rows(a, ord=1) @ _guarded_rows(b, ord=1).T,
+    ),
+    Mistake(
+        "centred",
+        "each row's mean is subtracted before normalising: that is the "
+        "Pearson correlation of "
+        "the rows, not their cosine",
+        "do not centre the rows: the cosine compares the vectors as they are, "
+        "a_i . b_j / (|a_i| |b_j|)",
+        lambda a, b: cosine_similarity(
+            a - a.mean(axis=1, keepdims=True),
+            b - b.mean(axis=1, keepdims=True),
+        ),
+    ),
 ]
 
 
@@ -96,7 +191,8 @@ def cosine_cases() -> list[Case]:
     rng = np.random.default_rng(10)
 
     def rows(m, d):
-        # rows of very different lengths, so normalising one side only is visible
+        # rows of very different lengths, so normalising one side only is
+        # visible
         return rng.normal(size=(m, d)) * rng.uniform(0.2, 5.0, size=(m, 1))
 
     with_zero = rows(3, 4)
@@ -105,23 +201,40 @@ def cosine_cases() -> list[Case]:
     b_zero = rows(2, 4)
     b_zero[0] = 0.0
     return [
-        # the square case comes first: there a forgotten keepdims broadcasts instead of failing
+        # the square case comes first: there a forgotten keepdims broadcasts
+        # instead of failing
         Case("square: a and b both (4, 4)", (rows(4, 4), rows(4, 4))),
         Case("a (3, 5) against b (4, 5)", (rows(3, 5), rows(4, 5))),
-        Case("a single row each: a (1, 7), b (1, 7)", (rows(1, 7), rows(1, 7))),
-        Case("a matrix against itself, (4, 6) (the diagonal is 1)", (a_same, a_same.copy())),
-        # zero rows on both sides: a guard on a's norms alone still gives NaN for b's zero row
-        Case("a (3, 4) whose second row is zero, against b (2, 4) whose first row is zero", (with_zero, b_zero)),
+        Case(
+            "a single row each: a (1, 7), b (1, 7)", (rows(1, 7), rows(1, 7))
+        ),
+        Case(
+            "a matrix against itself, (4, 6) (the diagonal is 1)",
+            (a_same, a_same.copy()),
+        ),
+        # zero rows on both sides: a guard on a's norms alone still gives NaN
+        # for b's zero row
+        Case(
+            "a (3, 4) whose second row is zero, against b (2, 4) whose first "
+            "row is zero",
+            (with_zero, b_zero),
+        ),
     ]
 
 
 def check_cosine_similarity(fn) -> None:
-    """Check ``fn(a, b)`` returns the ``(m, n)`` cosines between the rows of ``a (m, d)`` and ``b (n, d)``.
+    """Check ``fn(a, b)`` returns the ``(m, n)`` cosines between the rows of
+    ``a (m, d)`` and ``b (n, d)``.
 
     A zero row has cosine 0 with every row.
     """
-    run_checks("cosine similarity", fn, cosine_cases(), lambda a, b: cosine_similarity(a, b),
-               COSINE_MISTAKES)
+    run_checks(
+        "cosine similarity",
+        fn,
+        cosine_cases(),
+        lambda a, b: cosine_similarity(a, b),
+        COSINE_MISTAKES,
+    )
 
 
 # --- positive pointwise mutual information ----------------------------------
@@ -137,91 +250,211 @@ def _pmi(counts, expected, log=np.log):
 
 
 PPMI_MISTAKES = [
-    Mistake("no_clip", "negative PMI values are kept (and never-seen pairs give log 0 = -inf)",
-            "PPMI is max(0, PMI): clip with np.maximum(pmi, 0), and give zero counts the value 0",
-            lambda n: _pmi(n, _expected(n, n.sum(1), n.sum(0)))),
-    Mistake("negative_kept", "negative PMI values are kept (only the never-seen pairs were set to 0)",
-            "PPMI is max(0, PMI): clip every negative value to 0 with np.maximum(pmi, 0), not only the -inf "
-            "of the zero counts",
-            lambda n: np.nan_to_num(_pmi(n, _expected(n, n.sum(1), n.sum(0))), nan=0.0, neginf=0.0, posinf=0.0)),
-    Mistake("all_zero", "every entry of your output is 0: whatever you clip at 0 never exceeds 0 here. Either the "
-            "ratio inside your log never exceeds 1 (log p(c | w) = log(N_wc / N_w) is such a ratio: it is not "
-            "PMI), or you subtracted a shift such as log k (the shifted PPMI, SPPMI, of Levy & Goldberg 2014) "
-            "larger than every PMI of these small matrices",
-            "PMI compares p(w, c) with p(w) p(c): log(N_wc N / (N_w N_c)), the total N in the numerator; it is "
-            "positive for pairs seen together more often than chance. The exercise asks for max(0, PMI), unshifted",
-            lambda n: np.zeros(np.shape(n))),
-    Mistake("shifted", "your PMI is shifted down by log 2 before the clip: max(0, PMI - log k) is the shifted PPMI "
-            "(SPPMI) of Levy & Goldberg 2014, with k = 2",
-            "the exercise asks for the unshifted PPMI, max(0, PMI): leave out the - log k",
-            lambda n: np.maximum(np.nan_to_num(_pmi(n, _expected(n, n.sum(1), n.sum(0))), nan=0.0, neginf=0.0,
-                                               posinf=0.0) - np.log(2), 0.0)),
-    Mistake("zero_row_nan", "a word that never occurs (a zero row) gives 0/0 = NaN",
-            "guard the division where the count is 0, e.g. np.divide(..., where=counts > 0), and set "
-            "those entries to 0",
-            lambda n: np.maximum(_pmi(n, _expected(n, n.sum(1), n.sum(0))), 0)),
-    Mistake("missing_total", "the counts are not divided by the total N: the ratio is N_wc / (N_w N_c)",
-            "p(w, c) p(w)^-1 p(c)^-1 = N_wc N / (N_w N_c): the total N appears once in the numerator",
-            lambda n: np.nan_to_num(np.maximum(_pmi(n, np.outer(n.sum(1), n.sum(0))), 0))),
-    Mistake("log2", "the logarithm is base 2; the chapter (and this exercise) uses the natural log",
-            "use np.log; log2(x) = ln(x) / ln(2) differs by a factor 1.44",
-            lambda n: np.nan_to_num(np.maximum(_pmi(n, _expected(n, n.sum(1), n.sum(0)), np.log2), 0))),
-    Mistake("swapped_marginals", "the marginals are summed over the wrong axes: p(w) from the column "
-            "sums and p(c) from the row sums",
-            "p(w) is row w's sum (axis=1) and p(c) is column c's sum (axis=0), each divided by N",
-            lambda n: np.nan_to_num(np.maximum(_pmi(n, _expected(n, n.sum(0), n.sum(1))), 0))),
-    Mistake("rows_guarded_only", "a word that never occurs (a zero row) is set to 0, but a context that never "
-            "occurs (a zero column) still gives 0/0 = NaN",
-            "guard by the count of each pair, not by the row sums: every pair with N_wc = 0 gets 0, which "
-            "covers zero rows and zero columns alike (np.where(counts > 0, ..., 0.0))",
-            lambda n: _one_side_guarded(n, axis=1)),
-    Mistake("columns_guarded_only", "a context that never occurs (a zero column) is set to 0, but a word that "
-            "never occurs (a zero row) still gives 0/0 = NaN",
-            "guard by the count of each pair, not by the column sums: every pair with N_wc = 0 gets 0, which "
-            "covers zero rows and zero columns alike (np.where(counts > 0, ..., 0.0))",
-            lambda n: _one_side_guarded(n, axis=0)),
-    Mistake("row_sums_twice", "p(c) is taken from the row sums too (row c's sum instead of column c's), "
-            "which is right only for a symmetric matrix",
-            "p(c) comes from the column sums, counts.sum(axis=0); they equal the row sums only for a symmetric "
-            "matrix (a window's word-word counts), not for a general word-by-context matrix",
-            lambda n: _positive_where_seen(n, _pmi(n, _expected(n, n.sum(1), n.sum(1))))),
-    Mistake("column_sums_twice", "p(w) is taken from the column sums too (column w's sum instead of row "
-            "w's), which is right only for a symmetric matrix",
-            "p(w) comes from the row sums, counts.sum(axis=1); they equal the column sums only for a symmetric "
-            "matrix (a window's word-word counts), not for a general word-by-context matrix",
-            lambda n: _positive_where_seen(n, _pmi(n, _expected(n, n.sum(0), n.sum(0))))),
-    Mistake("absolute", "negative PMI values are made positive (|PMI|) instead of being set to 0",
-            "PPMI keeps only the positive part, max(0, PMI): a pair seen less often than chance gets 0, not "
-            "its distance below chance",
-            lambda n: _positive_where_seen(n, np.abs(_pmi(n, _expected(n, n.sum(1), n.sum(0)))))),
-    Mistake("context_smoothing", "the context probabilities are smoothed, p(c) proportional to N_c^0.75 (the "
-            "context-distribution smoothing of word2vec and Levy et al. 2015): a useful variant, but not the "
-            "PPMI this exercise defines",
-            "use the plain marginals p(w) = N_w / N and p(c) = N_c / N, with no exponent",
-            lambda n: _positive_where_seen(n, _pmi(n / n.sum(), np.outer(n.sum(1) / n.sum(),
-                                                                          _smoothed(n.sum(0)))))),
-    Mistake("add_one", "1 is added to every count before the PMI (add-one smoothing): that changes every value, "
-            "and pairs never seen get a PPMI of their own",
-            "use the counts as they are; a pair that never occurs (N_wc = 0) gets 0",
-            lambda n: ppmi(n + 1.0)),
+    Mistake(
+        "no_clip",
+        "negative PMI values are kept (and never-seen pairs give log 0 = "
+        "-inf)",
+        "PPMI is max(0, PMI): clip with np.maximum(pmi, 0), and give zero "
+        "counts the value 0",
+        lambda n: _pmi(n, _expected(n, n.sum(1), n.sum(0))),
+    ),
+    Mistake(
+        "negative_kept",
+        "negative PMI values are kept (only the never-seen pairs were set to "
+        "0)",
+        "PPMI is max(0, PMI): clip every negative value to 0 with "
+        "np.maximum(pmi, 0), not only the -inf "
+        "of the zero counts",
+        lambda n: np.nan_to_num(
+            _pmi(n, _expected(n, n.sum(1), n.sum(0))),
+            nan=0.0,
+            neginf=0.0,
+            posinf=0.0,
+        ),
+    ),
+    Mistake(
+        "all_zero",
+        "every entry of your output is 0: whatever you clip at 0 never "
+        "exceeds 0 here. Either the "
+        "ratio inside your log never exceeds 1 (log p(c | w) = log(N_wc / "
+        "N_w) is such a ratio: it is not "
+        "PMI), or you subtracted a shift such as log k (the shifted PPMI, "
+        "SPPMI, of Levy & Goldberg 2014) "
+        "larger than every PMI of these small matrices",
+        "PMI compares p(w, c) with p(w) p(c): log(N_wc N / (N_w N_c)), the "
+        "total N in the numerator; it is "
+        "positive for pairs seen together more often than chance. The "
+        "exercise asks for max(0, PMI), unshifted",
+        lambda n: np.zeros(np.shape(n)),
+    ),
+    Mistake(
+        "shifted",
+        "your PMI is shifted down by log 2 before the clip: max(0, PMI - log "
+        "k) is the shifted PPMI "
+        "(SPPMI) of Levy & Goldberg 2014, with k = 2",
+        "the exercise asks for the unshifted PPMI, max(0, PMI): leave out the "
+        "- log k",
+        lambda n: np.maximum(
+            np.nan_to_num(
+                _pmi(n, _expected(n, n.sum(1), n.sum(0))),
+                nan=0.0,
+                neginf=0.0,
+                posinf=0.0,
+            )
+            - np.log(2),
+            0.0,
+        ),
+    ),
+    Mistake(
+        "zero_row_nan",
+        "a word that never occurs (a zero row) gives 0/0 = NaN",
+        "guard the division where the count is 0, e.g. np.divide(..., "
+        "where=counts > 0), and set "
+        "those entries to 0",
+        lambda n: np.maximum(_pmi(n, _expected(n, n.sum(1), n.sum(0))), 0),
+    ),
+    Mistake(
+        "missing_total",
+        "the counts are not divided by the total N: the ratio is N_wc / (N_w "
+        "N_c)",
+        "p(w, c) p(w)^-1 p(c)^-1 = N_wc N / (N_w N_c): the total N appears "
+        "once in the numerator",
+        lambda n: np.nan_to_num(
+            np.maximum(_pmi(n, np.outer(n.sum(1), n.sum(0))), 0)
+        ),
+    ),
+    Mistake(
+        "log2",
+        "the logarithm is base 2; the chapter (and this exercise) uses the "
+        "natural log",
+        "use np.log; log2(x) = ln(x) / ln(2) differs by a factor 1.44",
+        lambda n: np.nan_to_num(
+            np.maximum(_pmi(n, _expected(n, n.sum(1), n.sum(0)), np.log2), 0)
+        ),
+    ),
+    Mistake(
+        "swapped_marginals",
+        "the marginals are summed over the wrong axes: p(w) from the column "
+        "sums and p(c) from the row sums",
+        "p(w) is row w's sum (axis=1) and p(c) is column c's sum (axis=0), "
+        "each divided by N",
+        lambda n: np.nan_to_num(
+            np.maximum(_pmi(n, _expected(n, n.sum(0), n.sum(1))), 0)
+        ),
+    ),
+    Mistake(
+        "rows_guarded_only",
+        "a word that never occurs (a zero row) is set to 0, but a context "
+        "that never "
+        "occurs (a zero column) still gives 0/0 = NaN",
+        "guard by the count of each pair, not by the row sums: every pair "
+        "with N_wc = 0 gets 0, which "
+        "covers zero rows and zero columns alike (np.where(counts > 0, ..., "
+        "0.0))",
+        lambda n: _one_side_guarded(n, axis=1),
+    ),
+    Mistake(
+        "columns_guarded_only",
+        "a context that never occurs (a zero column) is set to 0, but a word "
+        "that "
+        "never occurs (a zero row) still gives 0/0 = NaN",
+        "guard by the count of each pair, not by the column sums: every pair "
+        "with N_wc = 0 gets 0, which "
+        "covers zero rows and zero columns alike (np.where(counts > 0, ..., "
+        "0.0))",
+        lambda n: _one_side_guarded(n, axis=0),
+    ),
+    Mistake(
+        "row_sums_twice",
+        "p(c) is taken from the row sums too (row c's sum instead of column "
+        "c's), "
+        "which is right only for a symmetric matrix",
+        "p(c) comes from the column sums, counts.sum(axis=0); they equal the "
+        "row sums only for a symmetric "
+        "matrix (a window's word-word counts), not for a general "
+        "word-by-context matrix",
+        lambda n: _positive_where_seen(
+            n, _pmi(n, _expected(n, n.sum(1), n.sum(1)))
+        ),
+    ),
+    Mistake(
+        "column_sums_twice",
+        "p(w) is taken from the column sums too (column w's sum instead of "
+        "row "
+        "w's), which is right only for a symmetric matrix",
+        "p(w) comes from the row sums, counts.sum(axis=1); they equal the "
+        "column sums only for a symmetric "
+        "matrix (a window's word-word counts), not for a general "
+        "word-by-context matrix",
+        lambda n: _positive_where_seen(
+            n, _pmi(n, _expected(n, n.sum(0), n.sum(0)))
+        ),
+    ),
+    Mistake(
+        "absolute",
+        "negative PMI values are made positive (|PMI|) instead of being set "
+        "to 0",
+        "PPMI keeps only the positive part, max(0, PMI): a pair seen less "
+        "often than chance gets 0, not "
+        "its distance below chance",
+        lambda n: _positive_where_seen(
+            n, np.abs(_pmi(n, _expected(n, n.sum(1), n.sum(0))))
+        ),
+    ),
+    Mistake(
+        "context_smoothing",
+        "the context probabilities are smoothed, p(c) proportional to "
+        "N_c^0.75 (the "
+        "context-distribution smoothing of word2vec and Levy et al. 2015): a "
+        "useful variant, but not the "
+        "PPMI this exercise defines",
+        "use the plain marginals p(w) = N_w / N and p(c) = N_c / N, with no "
+        "exponent",
+        lambda n: _positive_where_seen(
+            n,
+            _pmi(
+                n / n.sum(), np.outer(n.sum(1) / n.sum(), _smoothed(n.sum(0)))
+            ),
+        ),
+    ),
+    Mistake(
+        "add_one",
+        "1 is added to every count before the PMI (add-one smoothing): that "
+        "changes every value, "
+        "and pairs never seen get a PPMI of their own",
+        "use the counts as they are; a pair that never occurs (N_wc = 0) gets "
+        "0",
+        lambda n: ppmi(n + 1.0),
+    ),
 ]
 
 
 def _positive_where_seen(counts, values):
-    """``max(0, values)`` where the count is positive, 0 where it is 0 (NaN and inf never reach the output)."""
+    """``max(0, values)`` where the count is positive, 0 where it is 0 (NaN and
+    inf never reach the output)."""
     with np.errstate(invalid="ignore"):
-        return np.where(counts > 0, np.maximum(np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0), 0.0), 0.0)
+        return np.where(
+            counts > 0,
+            np.maximum(
+                np.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0), 0.0
+            ),
+            0.0,
+        )
 
 
 def _smoothed(context_counts, alpha=0.75):
-    """Context probabilities from counts raised to ``alpha``, normalised to sum to 1."""
-    weights = context_counts ** alpha
+    """Context probabilities from counts raised to ``alpha``, normalised to sum
+    to 1."""
+    weights = context_counts**alpha
     return weights / weights.sum()
 
 
 def _one_side_guarded(counts, axis):
-    """PPMI with no guard but for the zero rows (``axis=1``) or the zero columns (``axis=0``), set to 0."""
-    out = np.maximum(_pmi(counts, _expected(counts, counts.sum(1), counts.sum(0))), 0)
+    """PPMI with no guard but for the zero rows (``axis=1``) or the zero
+    columns (``axis=0``), set to 0."""
+    out = np.maximum(
+        _pmi(counts, _expected(counts, counts.sum(1), counts.sum(0))), 0
+    )
     unused = counts.sum(axis=axis) == 0
     if axis == 1:
         out[unused] = 0.0
@@ -238,20 +471,35 @@ def ppmi_cases() -> list[Case]:
     with_unused[2] = 0.0
     with_unused[:, 4] = 0.0
     return [
-        Case("a symmetric (4, 4) count matrix with some zero counts", (symmetric,)),
-        # weighted counts below 1: there the ratio N_wc / (N_w N_c) without the total exceeds 1 for some
-        # pairs, so forgetting N gives nonzero values, not the zeros of every ratio that never exceeds 1
-        Case("a (5, 5) matrix of weighted counts (fractions below 1, e.g. weighted by distance), not symmetric",
-             (rng.integers(1, 9, size=(5, 5)).astype(float) / 100,)),
-        Case("a rectangular (3, 6) matrix: 3 words by 6 contexts", (rng.integers(0, 7, size=(3, 6)).astype(float),)),
-        # a zero column too: a guard on the row sums alone still gives 0/0 for a context that never occurs
-        Case("a (5, 5) matrix whose word 2 never occurs (a zero row) and context 4 neither (a zero column)",
-             (with_unused,)),
+        Case(
+            "a symmetric (4, 4) count matrix with some zero counts",
+            (symmetric,),
+        ),
+        # weighted counts below 1: there the ratio N_wc / (N_w N_c) without the
+        # total exceeds 1 for some pairs, so forgetting N gives nonzero values,
+        # not the zeros of every ratio that never exceeds 1
+        Case(
+            "a (5, 5) matrix of weighted counts (fractions below 1, e.g. "
+            "weighted by distance), not symmetric",
+            (rng.integers(1, 9, size=(5, 5)).astype(float) / 100,),
+        ),
+        Case(
+            "a rectangular (3, 6) matrix: 3 words by 6 contexts",
+            (rng.integers(0, 7, size=(3, 6)).astype(float),),
+        ),
+        # a zero column too: a guard on the row sums alone still gives 0/0 for
+        # a context that never occurs
+        Case(
+            "a (5, 5) matrix whose word 2 never occurs (a zero row) and "
+            "context 4 neither (a zero column)",
+            (with_unused,),
+        ),
     ]
 
 
 def check_ppmi(fn) -> None:
-    """Check ``fn(counts)`` returns ``max(0, ln(p(w, c) / (p(w) p(c))))`` for a count matrix ``(V, V_c)``.
+    """Check ``fn(counts)`` returns ``max(0, ln(p(w, c) / (p(w) p(c))))`` for a
+    count matrix ``(V, V_c)``.
 
     Pairs with count 0 get 0.
     """

@@ -1,19 +1,31 @@
-"""Checkers for the online softmax (chapter 9): merging two partial states, and the one-pass recurrence."""
+"""Checkers for the online softmax (chapter 9): merging two partial states, and
+the one-pass recurrence."""
+
 from __future__ import annotations
 
 import numpy as np
 
 from ..online_softmax import SoftmaxState, merge_softmax_states, softmax_state
-from ._framework import Case, ExerciseError, Mistake, difference, run_checks, same
+from ._framework import (
+    Case,
+    ExerciseError,
+    Mistake,
+    difference,
+    run_checks,
+    same,
+)
 
 _inf = np.inf
 
 
 # --- merging two softmax states --------------------------------------------
 
+
 def _merge_reference(m_a, l_a, m_b, l_b):
-    return merge_softmax_states(SoftmaxState(np.asarray(m_a, float), np.asarray(l_a, float)),
-                                SoftmaxState(np.asarray(m_b, float), np.asarray(l_b, float)))
+    return merge_softmax_states(
+        SoftmaxState(np.asarray(m_a, float), np.asarray(l_a, float)),
+        SoftmaxState(np.asarray(m_b, float), np.asarray(l_b, float)),
+    )
 
 
 def _as_state(out) -> np.ndarray:
@@ -21,129 +33,232 @@ def _as_state(out) -> np.ndarray:
     if isinstance(out, np.ndarray) and out.ndim >= 1 and len(out) == 2:
         out = tuple(out)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise TypeError(f"return the merged state as a pair (m, l); got {type(out).__name__}")
-    m, l = np.broadcast_arrays(np.asarray(out[0], float), np.asarray(out[1], float))
+        raise TypeError(
+            "return the merged state as a pair (m, l); got "
+            f"{type(out).__name__}"
+        )
+    m, l = np.broadcast_arrays(
+        np.asarray(out[0], float), np.asarray(out[1], float)
+    )
     return np.stack([m, l])
 
 
 def _same_state(got, expected) -> bool:
     """Sums and maxima agree everywhere, an empty state's maximum included.
 
-    An empty state must be ``(-inf, 0)``: a state ``(0, 0)`` (the finite stand-in returned as the
-    maximum) is not empty, since merging it with a block whose maximum is far below 0 loses that
-    block's mass: ``(0, 0)`` and ``(-800, 1)`` merge to ``(0, e^-800) = (0, 0)``, not ``(-800, 1)``.
+    An empty state must be ``(-inf, 0)``: a state ``(0, 0)`` (the finite
+    stand-in returned as the maximum) is not empty, since merging it with a
+    block whose maximum is far below 0 loses that block's mass: ``(0, 0)`` and
+    ``(-800, 1)`` merge to ``(0, e^-800) = (0, 0)``, not ``(-800, 1)``.
 
-    Which finite stand-in a state reports as an empty maximum (0, -1e30, ``np.finfo(float).min``) is
-    the reader's choice, so two such states, ``(c, 0)`` and ``(c', 0)`` with ``c`` and ``c'`` finite,
-    count as the same mistake. The reference never returns one (its empty state is ``(-inf, 0)``, and
-    every other state has ``l > 0``), so this matches a reader's output with a mistake's, never a wrong
-    answer with the reference.
+    Which finite stand-in a state reports as an empty maximum (0, -1e30,
+    ``np.finfo(float).min``) is the reader's choice, so two such states, ``(c,
+    0)`` and ``(c', 0)`` with ``c`` and ``c'`` finite, count as the same
+    mistake. The reference never returns one (its empty state is ``(-inf, 0)``,
+    and every other state has ``l > 0``), so this matches a reader's output
+    with a mistake's, never a wrong answer with the reference.
     """
     got, expected = _as_state(got), _as_state(expected)
     if got.shape != expected.shape or np.isnan(got[0]).any():
         return False
     stand_in = _stand_in_empty(got) & _stand_in_empty(expected)
-    return same(got[1], expected[1]) and same(np.where(stand_in, 0.0, got[0]), np.where(stand_in, 0.0, expected[0]))
+    return same(got[1], expected[1]) and same(
+        np.where(stand_in, 0.0, got[0]), np.where(stand_in, 0.0, expected[0])
+    )
 
 
 def _stand_in_empty(state: np.ndarray) -> np.ndarray:
-    """Where a stacked state ``(m, l)`` is empty (``l = 0``) but reports a finite maximum."""
+    """Where a stacked state ``(m, l)`` is empty (``l = 0``) but reports a
+    finite maximum."""
     return np.isfinite(state[0]) & (state[1] == 0)
 
 
 def _describe_state(got, expected, case=None) -> str:
-    """What differs between two merged states; a wrong shape is named as the shape of m and l."""
+    """What differs between two merged states; a wrong shape is named as the
+    shape of m and l."""
     got_s, expected_s = _as_state(got), _as_state(expected)
     if got_s.shape != expected_s.shape:
-        return (f"your m and l have shape {got_s.shape[1:]} (broadcast together), the inputs' shape is "
-                f"{expected_s.shape[1:]}: return one m and one l per state, of the inputs' shape")
+        return (
+            f"your m and l have shape {got_s.shape[1:]} (broadcast together), "
+            "the inputs' shape is "
+            f"{expected_s.shape[1:]}: return one m and one l per state, of "
+            "the inputs' shape"
+        )
     return difference(got_s, expected_s, case)
 
 
 def _finite(m):
-    """The empty-state guard of the chapter's solution: a finite stand-in (0) where ``m`` is -inf."""
+    """The empty-state guard of the chapter's solution: a finite stand-in (0)
+    where ``m`` is -inf."""
     return np.where(np.isneginf(m), 0.0, m)
 
 
 def _merge_with(rule, guard=True):
-    """A merge whose new max is ``max(m_a, m_b)`` and whose sum is ``rule(m_a, l_a, m_b, l_b, m)``.
+    """A merge whose new max is ``max(m_a, m_b)`` and whose sum is ``rule(m_a,
+    l_a, m_b, l_b, m)``.
 
-    With ``guard``, ``rule`` sees the chapter's finite stand-in for an empty maximum, as a reader who
-    copied the guard but made another mistake would write it: such a mistake merges two empty states
-    correctly, so it is named when the reader's function does too.
+    With ``guard``, ``rule`` sees the chapter's finite stand-in for an empty
+    maximum, as a reader who copied the guard but made another mistake would
+    write it: such a mistake merges two empty states correctly, so it is named
+    when the reader's function does too.
     """
+
     def merge(m_a, l_a, m_b, l_b):
-        m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+        m_a, l_a, m_b, l_b = (
+            np.asarray(x, float) for x in (m_a, l_a, m_b, l_b)
+        )
         m = np.maximum(m_a, m_b)
         return m, rule(m_a, l_a, m_b, l_b, _finite(m) if guard else m)
+
     return merge
 
 
 def _strict_merge(m_a, l_a, m_b, l_b, keep="a"):
-    """Strict comparisons only: where the two maxima are equal (and finite), one sum is kept (a's, b's) or
-    neither ("none": l started at zeros and no branch writes the tie)."""
+    """Strict comparisons only: where the two maxima are equal (and finite),
+    one sum is kept (a's, b's) or neither ("none": l started at zeros and no
+    branch writes the tie)."""
     m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
     tie = {"a": l_a, "b": l_b, "none": np.zeros_like(l_a)}[keep]
     with np.errstate(all="ignore"):
-        l = np.where(m_a > m_b, l_a + l_b * np.exp(m_b - m_a),
-                     np.where(m_b > m_a, l_b + l_a * np.exp(m_a - m_b), tie))
+        l = np.where(
+            m_a > m_b,
+            l_a + l_b * np.exp(m_b - m_a),
+            np.where(m_b > m_a, l_b + l_a * np.exp(m_a - m_b), tie),
+        )
     return np.maximum(m_a, m_b), l
 
 
 def _max_is_stand_in(m_a, l_a, m_b, l_b):
-    """Right sums, but the finite stand-in is returned as the maximum of two empty states."""
+    """Right sums, but the finite stand-in is returned as the maximum of two
+    empty states."""
     m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
     m = _finite(np.maximum(m_a, m_b))
     return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
 
 
-# Mistakes that are right except on an edge case come first: on a case where they are wrong,
-# other mistakes can produce the same NaN.
+# Mistakes that are right except on an edge case come first: on a case where
+# they are wrong, other mistakes can produce the same NaN.
 MERGE_MISTAKES = [
-    Mistake("nan_on_empty", "merging two empty states gives NaN: exp(-inf - (-inf)) is exp(NaN)",
-            "an empty state (a fully masked block) is (m=-inf, l=0); subtract a finite stand-in for m, "
-            "e.g. np.where(np.isneginf(m), 0, m), so that exp(-inf - 0) = 0",
-            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m),
-                        guard=False)),
-    Mistake("max_is_stand_in", "two empty states merge to a finite maximum (a stand-in for -inf, such as 0, "
-            "-1e30 or np.finfo(float).min), not to the empty state (-inf, 0): merged later with a block whose "
-            "maximum is far below it, that block's sum underflows to 0 and its mass is lost",
-            "use the finite stand-in only inside the exponentials; return the true maximum max(m_a, m_b), "
-            "which is -inf for two empty states",
-            _max_is_stand_in),
-    Mistake("no_rescale", "the two sums are added as they are: each was computed relative to its own maximum",
-            "move both sums to the new maximum m first: l = l_a * exp(m_a - m) + l_b * exp(m_b - m)",
-            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a + l_b)),
-    Mistake("only_a_rescaled", "only the first sum is rescaled; the second is wrong whenever b's maximum is not the larger",
-            "both states must be moved to the new maximum; the factor is 1 only for the state that holds it",
-            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a - m) + l_b)),
-    Mistake("only_b_rescaled", "only the second sum is rescaled; the first is wrong whenever a's maximum is not the larger",
-            "both states must be moved to the new maximum; the factor is 1 only for the state that holds it",
-            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a + l_b * np.exp(m_b - m))),
-    Mistake("inverted_factor", "the rescaling factor is upside down: exp(m - m_old) instead of exp(m_old - m)",
-            "a sum relative to m_old becomes relative to a larger m by multiplying by exp(m_old - m) <= 1",
-            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m - m_a) + l_b * np.exp(m - m_b))),
-    Mistake("max_not_updated", "the merged maximum stays at the first state's maximum",
-            "the new state's maximum is max(m_a, m_b); keeping m_a lets exp(m_b - m_a) overflow",
-            lambda m_a, l_a, m_b, l_b: (np.asarray(m_a, float),
-                                        np.asarray(l_a, float)
-                                        + np.asarray(l_b, float) * np.exp(np.subtract(m_b, _finite(np.asarray(m_a, float)))))),
-    Mistake("unshifted", "the sums are multiplied by exp(m_old) instead of exp(m_old - m): the maximum was never subtracted",
-            "rescale relative to the new maximum, exp(m_a - m) and exp(m_b - m), so that nothing overflows",
-            _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a) + l_b * np.exp(m_b))),
-    Mistake("max_at_least_zero", "the merged maximum is never below 0 (a maximum started at 0, or clipped "
-            "with max(..., 0)): where both states' scores are negative it is not their maximum",
-            "the merged maximum is exactly max(m_a, m_b), which may be negative (or -inf for two empty states)",
-            lambda m_a, l_a, m_b, l_b: (lambda m_a, l_a, m_b, l_b, m: (m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)))(
-                *(np.asarray(x, float) for x in (m_a, l_a, m_b, l_b)),
-                np.maximum(np.maximum(np.asarray(m_a, float), np.asarray(m_b, float)), 0.0))),
-    # the tie may keep a's sum, b's, or neither (l started at zeros): each is the same mistake
-    *[Mistake("tie_dropped", "a state whose maximum equals the other's is dropped: the branches compare the maxima "
-            "strictly (m_a > m_b, m_b > m_a), and where they are equal a sum is lost (one state's, or both)",
-            "when m_a == m_b both sums count: l = l_a + l_b (both factors are 1); the general formula "
+    Mistake(
+        "nan_on_empty",
+        "merging two empty states gives NaN: exp(-inf - (-inf)) is exp(NaN)",
+        "an empty state (a fully masked block) is (m=-inf, l=0); subtract a "
+        "finite stand-in for m, "
+        "e.g. np.where(np.isneginf(m), 0, m), so that exp(-inf - 0) = 0",
+        _merge_with(
+            lambda m_a, l_a, m_b, l_b, m: (
+                l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
+            ),
+            guard=False,
+        ),
+    ),
+    Mistake(
+        "max_is_stand_in",
+        "two empty states merge to a finite maximum (a stand-in for -inf, "
+        "such as 0, "
+        "-1e30 or np.finfo(float).min), not to the empty state (-inf, 0): "
+        "merged later with a block whose "
+        "maximum is far below it, that block's sum underflows to 0 and its "
+        "mass is lost",
+        "use the finite stand-in only inside the exponentials; return the "
+        "true maximum max(m_a, m_b), "
+        "which is -inf for two empty states",
+        _max_is_stand_in,
+    ),
+    Mistake(
+        "no_rescale",
+        "the two sums are added as they are: each was computed relative to "
+        "its own maximum",
+        "move both sums to the new maximum m first: l = l_a * exp(m_a - m) + "
+        "l_b * exp(m_b - m)",
+        _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a + l_b),
+    ),
+    Mistake(
+        "only_a_rescaled",
+        "only the first sum is rescaled; the second is wrong whenever b's "
+        "maximum is not the larger",
+        "both states must be moved to the new maximum; the factor is 1 only "
+        "for the state that holds it",
+        _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a - m) + l_b),
+    ),
+    Mistake(
+        "only_b_rescaled",
+        "only the second sum is rescaled; the first is wrong whenever a's "
+        "maximum is not the larger",
+        "both states must be moved to the new maximum; the factor is 1 only "
+        "for the state that holds it",
+        _merge_with(lambda m_a, l_a, m_b, l_b, m: l_a + l_b * np.exp(m_b - m)),
+    ),
+    Mistake(
+        "inverted_factor",
+        "the rescaling factor is upside down: exp(m - m_old) instead of "
+        "exp(m_old - m)",
+        "a sum relative to m_old becomes relative to a larger m by "
+        "multiplying by exp(m_old - m) <= 1",
+        _merge_with(
+            lambda m_a, l_a, m_b, l_b, m: (
+                l_a * np.exp(m - m_a) + l_b * np.exp(m - m_b)
+            )
+        ),
+    ),
+    Mistake(
+        "max_not_updated",
+        "the merged maximum stays at the first state's maximum",
+        "the new state's maximum is max(m_a, m_b); keeping m_a lets exp(m_b - "
+        "m_a) overflow",
+        lambda m_a, l_a, m_b, l_b: (
+            np.asarray(m_a, float),
+            np.asarray(l_a, float)
+            + np.asarray(l_b, float)
+            * np.exp(np.subtract(m_b, _finite(np.asarray(m_a, float)))),
+        ),
+    ),
+    Mistake(
+        "unshifted",
+        "the sums are multiplied by exp(m_old) instead of exp(m_old - m): the "
+        "maximum was never subtracted",
+        "rescale relative to the new maximum, exp(m_a - m) and exp(m_b - m), "
+        "so that nothing overflows",
+        _merge_with(
+            lambda m_a, l_a, m_b, l_b, m: l_a * np.exp(m_a) + l_b * np.exp(m_b)
+        ),
+    ),
+    Mistake(
+        "max_at_least_zero",
+        "the merged maximum is never below 0 (a maximum started at 0, or "
+        "clipped "
+        "with max(..., 0)): where both states' scores are negative it is not "
+        "their maximum",
+        "the merged maximum is exactly max(m_a, m_b), which may be negative "
+        "(or -inf for two empty states)",
+        lambda m_a, l_a, m_b, l_b: (
+            lambda m_a, l_a, m_b, l_b, m: (
+                m,
+                l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m),
+            )
+        )(
+            *(np.asarray(x, float) for x in (m_a, l_a, m_b, l_b)),
+            np.maximum(
+                np.maximum(np.asarray(m_a, float), np.asarray(m_b, float)), 0.0
+            ),
+        ),
+    ),
+    # the tie may keep a's sum, b's, or neither (l started at zeros): each is
+    # the same mistake
+    *[
+        Mistake(
+            "tie_dropped",
+            "a state whose maximum equals the other's is dropped: the "
+            "branches compare the maxima "
+            "strictly (m_a > m_b, m_b > m_a), and where they are equal a sum "
+            "is lost (one state's, or both)",
+            "when m_a == m_b both sums count: l = l_a + l_b (both factors are "
+            "1); the general formula "
             "l_a * exp(m_a - m) + l_b * exp(m_b - m) needs no branches at all",
-            lambda *state, keep=keep: _strict_merge(*state, keep=keep))
-      for keep in ("a", "b", "none")],
+            lambda *state, keep=keep: _strict_merge(*state, keep=keep),
+        )
+        for keep in ("a", "b", "none")
+    ],
 ]
 
 
@@ -152,32 +267,82 @@ def merge_cases() -> list[Case]:
     m_a, m_b = rng.normal(scale=3, size=5), rng.normal(scale=3, size=5)
     l_a, l_b = rng.uniform(1, 4, size=5), rng.uniform(1, 4, size=5)
     return [
-        Case("5 queries; the larger maximum is sometimes in a, sometimes in b", (m_a, l_a, m_b, l_b)),
-        Case("scalar states (m_a=1.0, l_a=2.0) and (m_b=3.0, l_b=1.5)", (1.0, 2.0, 3.0, 1.5)),
-        Case("maxima 1000 apart: exp(1000) overflows", (np.array([0.0, 1000.0]), np.array([2.0, 1.0]),
-                                                        np.array([1000.0, 0.0]), np.array([1.0, 3.0]))),
-        Case("one state empty (a fully masked block: m=-inf, l=0), the other's scores all negative",
-             (np.array([-_inf, -2.0]), np.array([0.0, 2.0]), np.array([-0.5, -_inf]), np.array([1.0, 0.0]))),
-        Case("both states empty", (np.array([-_inf]), np.array([0.0]), np.array([-_inf]), np.array([0.0]))),
-        Case("equal finite maxima: (1, 2) with (1, 1.5) and (-3, 0.5) with (-3, 4)",
-             (np.array([1.0, -3.0]), np.array([2.0, 0.5]), np.array([1.0, -3.0]), np.array([1.5, 4.0]))),
+        Case(
+            "5 queries; the larger maximum is sometimes in a, sometimes in b",
+            (m_a, l_a, m_b, l_b),
+        ),
+        Case(
+            "scalar states (m_a=1.0, l_a=2.0) and (m_b=3.0, l_b=1.5)",
+            (1.0, 2.0, 3.0, 1.5),
+        ),
+        Case(
+            "maxima 1000 apart: exp(1000) overflows",
+            (
+                np.array([0.0, 1000.0]),
+                np.array([2.0, 1.0]),
+                np.array([1000.0, 0.0]),
+                np.array([1.0, 3.0]),
+            ),
+        ),
+        Case(
+            "one state empty (a fully masked block: m=-inf, l=0), the other's "
+            "scores all negative",
+            (
+                np.array([-_inf, -2.0]),
+                np.array([0.0, 2.0]),
+                np.array([-0.5, -_inf]),
+                np.array([1.0, 0.0]),
+            ),
+        ),
+        Case(
+            "both states empty",
+            (
+                np.array([-_inf]),
+                np.array([0.0]),
+                np.array([-_inf]),
+                np.array([0.0]),
+            ),
+        ),
+        Case(
+            "equal finite maxima: (1, 2) with (1, 1.5) and (-3, 0.5) with "
+            "(-3, 4)",
+            (
+                np.array([1.0, -3.0]),
+                np.array([2.0, 0.5]),
+                np.array([1.0, -3.0]),
+                np.array([1.5, 4.0]),
+            ),
+        ),
     ]
 
 
 def check_merge_softmax_states(fn) -> None:
-    """Check ``fn(m_a, l_a, m_b, l_b) -> (m, l)`` merges two softmax states (arrays of shape (n,))."""
-    run_checks("merge softmax states", fn, merge_cases(), _merge_reference, MERGE_MISTAKES,
-               compare=_same_state, postprocess=_as_state, describe=_describe_state)
+    """Check ``fn(m_a, l_a, m_b, l_b) -> (m, l)`` merges two softmax states
+    (arrays of shape (n,))."""
+    run_checks(
+        "merge softmax states",
+        fn,
+        merge_cases(),
+        _merge_reference,
+        MERGE_MISTAKES,
+        compare=_same_state,
+        postprocess=_as_state,
+        describe=_describe_state,
+    )
 
 
 # --- the one-pass online softmax -------------------------------------------
 
+
 class ScoreStream:
-    """The scores of one row, handed out one at a time and readable ONCE, as a row that streams
-    past from memory: iterating a second time yields nothing. ``len`` is not available."""
+    """The scores of one row, handed out one at a time and readable ONCE, as a
+    row that streams past from memory: iterating a second time yields nothing.
+    ``len`` is not available."""
 
     def __init__(self, scores):
-        self._scores = iter([float(s) for s in np.asarray(scores, float).ravel()])
+        self._scores = iter(
+            [float(s) for s in np.asarray(scores, float).ravel()]
+        )
 
     def __iter__(self):
         return self
@@ -187,7 +352,9 @@ class ScoreStream:
 
 
 def _state_with(update, guard=True, start=-np.inf):
-    """A one-pass state (m, l) whose running sum follows ``update(l, m_old, m_new, x_j)``."""
+    """A one-pass state (m, l) whose running sum follows ``update(l, m_old,
+    m_new, x_j)``."""
+
     def state(x):
         m, l = start, 0.0
         for xj in np.asarray(x, float):
@@ -195,11 +362,13 @@ def _state_with(update, guard=True, start=-np.inf):
             base = 0.0 if (guard and m_new == -np.inf) else m_new
             l, m = update(l, m, base, xj), m_new
         return m, l
+
     return state
 
 
 def _as_pair(out) -> np.ndarray:
-    """The reader's (m, l) as a float array of two entries (a SoftmaxState is such a pair too)."""
+    """The reader's (m, l) as a float array of two entries (a SoftmaxState is
+    such a pair too)."""
     pair = np.asarray([float(np.asarray(part)) for part in out], float)
     if pair.shape != (2,):
         raise ValueError(f"return the pair (m, l); got {len(pair)} values")
@@ -207,65 +376,152 @@ def _as_pair(out) -> np.ndarray:
 
 
 def _same_pair(got, expected, rtol: float = 1e-6) -> bool:
-    """Equal to a relative 1e-6: float32 accumulators pass (their rounding is ~1e-7), a wrong state does not."""
+    """Equal to a relative 1e-6: float32 accumulators pass (their rounding is
+    ~1e-7), a wrong state does not."""
     got, expected = np.asarray(got, float), np.asarray(expected, float)
-    return got.shape == expected.shape and bool(np.allclose(got, expected, rtol=rtol, atol=0, equal_nan=True))
+    return got.shape == expected.shape and bool(
+        np.allclose(got, expected, rtol=rtol, atol=0, equal_nan=True)
+    )
 
 
 ONLINE_MISTAKES = [
-    Mistake("two_pass", "the scores were read twice: the second pass over the stream found nothing, so the sum is 0",
-            "a stream can be read once: update the maximum and the sum in the same loop, rescaling the sum "
-            "by exp(m_old - m_new) whenever the maximum grows",
-            lambda x: (float(np.max(x)), 0.0)),
-    Mistake("nan_on_masked_start", "a row that starts with -inf gives NaN: exp(-inf - (-inf)) is exp(NaN)",
-            "while the maximum is still -inf, rescale with a finite stand-in (e.g. 0) instead of m",
-            _state_with(lambda l, m, m_new, xj: l * np.exp(m - m_new) + np.exp(xj - m_new), guard=False)),
-    Mistake("no_rescale", "the running sum is never rescaled when the maximum grows",
-            "before adding exp(x_j - m_new), multiply the old sum by exp(m_old - m_new)",
-            _state_with(lambda l, m, m_new, xj: l + np.exp(xj - m_new))),
-    Mistake("inverted_factor", "the running sum is rescaled by exp(m_new - m_old) instead of exp(m_old - m_new)",
-            "the old sum is relative to m_old; relative to a larger m_new it shrinks by exp(m_old - m_new)",
-            _state_with(lambda l, m, m_new, xj: l * np.exp(m_new - m if np.isfinite(m) else 0.0)
-                        + np.exp(xj - m_new))),
-    Mistake("unshifted", "no maximum is subtracted: the sum is of exp(x_j), which overflows to inf past ~710",
-            "keep the running maximum m and add exp(x_j - m), rescaling the sum whenever m grows",
-            lambda x: (float(np.max(x)), float(np.sum(np.exp(np.asarray(x, float)))))),
-    Mistake("max_starts_at_zero", "the running maximum starts at 0 instead of -inf: on a row whose scores are "
-            "all negative it stays 0, which is not their maximum",
-            "start with m = -inf (and l = 0), the state of an empty row; any finite start is larger than "
-            "some row's maximum",
-            _state_with(lambda l, m, m_new, xj: l * np.exp(m - m_new) + np.exp(xj - m_new), start=0.0)),
-    Mistake("log_of_sum", "the second entry is log(l), a log-sum-exp relative to m, instead of the sum l itself",
-            "return l = sum_j exp(x_j - m), not its logarithm; the log-sum-exp of the row is m + log(l)",
-            lambda x: (lambda m, l: (m, float(np.log(l)) if l > 0 else -np.inf))(*_reference_state(x))),
-    Mistake("new_term_old_max", "each new term is exp(x_j - m_old), relative to the old maximum, while the "
-            "old sum is rescaled to the new one: the two parts of the sum are relative to different maxima",
-            "after the maximum grows, both parts must be relative to m_new: l = l * exp(m_old - m_new) + "
-            "exp(x_j - m_new)",
-            _state_with(lambda l, m, m_new, xj: l * np.exp(m - m_new)
-                        + np.exp(xj - (m if np.isfinite(m) else m_new)))),
-    Mistake("reset_on_new_max", "the running sum restarts at 1 whenever the maximum grows: the mass of the "
-            "scores before the new maximum is dropped instead of rescaled",
-            "when the maximum grows, keep the old sum and rescale it: l = l * exp(m_old - m_new) + 1",
-            _state_with(lambda l, m, m_new, xj: 1.0 if xj > m else l + np.exp(xj - m_new))),
-    Mistake("returns_lse", "the second entry is the row's log-sum-exp m + log(l), not the sum l",
-            "return l = sum_j exp(x_j - m) itself; m + log(l) is what the forward pass saves for the "
-            "backward pass, but the state is the pair (m, l)",
-            lambda x: (lambda m, l: (m, m + float(np.log(l)) if l > 0 else -np.inf))(*_reference_state(x))),
-    Mistake("max_not_updated", "the maximum stays at the first score, so exp(x_j - m) overflows once x_j exceeds "
-            "it by ~710",
-            "update m_new = max(m_old, x_j) at every step, and rescale the sum to it",
-            lambda x: _first_score_state(x)),
-    Mistake("tie_dropped", "a score equal to the running maximum is dropped: the branches compare strictly "
-            "(x_j < m, x_j > m), so a repeated maximum adds nothing to the sum",
-            "a score equal to m adds exp(0) = 1; use x_j <= m (or x_j >= m) in one branch, or the branch-free "
-            "update m_new = max(m, x_j); l = l * exp(m - m_new) + exp(x_j - m_new)",
-            lambda x: _strict_state(x)),
+    Mistake(
+        "two_pass",
+        "the scores were read twice: the second pass over the stream found "
+        "nothing, so the sum is 0",
+        "a stream can be read once: update the maximum and the sum in the "
+        "same loop, rescaling the sum "
+        "by exp(m_old - m_new) whenever the maximum grows",
+        lambda x: (float(np.max(x)), 0.0),
+    ),
+    Mistake(
+        "nan_on_masked_start",
+        "a row that starts with -inf gives NaN: exp(-inf - (-inf)) is "
+        "exp(NaN)",
+        "while the maximum is still -inf, rescale with a finite stand-in "
+        "(e.g. 0) instead of m",
+        _state_with(
+            lambda l, m, m_new, xj: l * np.exp(m - m_new) + np.exp(xj - m_new),
+            guard=False,
+        ),
+    ),
+    Mistake(
+        "no_rescale",
+        "the running sum is never rescaled when the maximum grows",
+        "before adding exp(x_j - m_new), multiply the old sum by exp(m_old - "
+        "m_new)",
+        _state_with(lambda l, m, m_new, xj: l + np.exp(xj - m_new)),
+    ),
+    Mistake(
+        "inverted_factor",
+        "the running sum is rescaled by exp(m_new - m_old) instead of "
+        "exp(m_old - m_new)",
+        "the old sum is relative to m_old; relative to a larger m_new it "
+        "shrinks by exp(m_old - m_new)",
+        _state_with(
+            lambda l, m, m_new, xj: (
+                l * np.exp(m_new - m if np.isfinite(m) else 0.0)
+                + np.exp(xj - m_new)
+            )
+        ),
+    ),
+    Mistake(
+        "unshifted",
+        "no maximum is subtracted: the sum is of exp(x_j), which overflows to "
+        "inf past ~710",
+        "keep the running maximum m and add exp(x_j - m), rescaling the sum "
+        "whenever m grows",
+        lambda x: (
+            float(np.max(x)),
+            float(np.sum(np.exp(np.asarray(x, float)))),
+        ),
+    ),
+    Mistake(
+        "max_starts_at_zero",
+        "the running maximum starts at 0 instead of -inf: on a row whose "
+        "scores are "
+        "all negative it stays 0, which is not their maximum",
+        "start with m = -inf (and l = 0), the state of an empty row; any "
+        "finite start is larger than "
+        "some row's maximum",
+        _state_with(
+            lambda l, m, m_new, xj: l * np.exp(m - m_new) + np.exp(xj - m_new),
+            start=0.0,
+        ),
+    ),
+    Mistake(
+        "log_of_sum",
+        "the second entry is log(l), a log-sum-exp relative to m, instead of "
+        "the sum l itself",
+        "return l = sum_j exp(x_j - m), not its logarithm; the log-sum-exp of "
+        "the row is m + log(l)",
+        lambda x: (lambda m, l: (m, float(np.log(l)) if l > 0 else -np.inf))(
+            *_reference_state(x)
+        ),
+    ),
+    Mistake(
+        "new_term_old_max",
+        "each new term is exp(x_j - m_old), relative to the old maximum, "
+        "while the "
+        "old sum is rescaled to the new one: the two parts of the sum are "
+        "relative to different maxima",
+        "after the maximum grows, both parts must be relative to m_new: l = l "
+        "* exp(m_old - m_new) + "
+        "exp(x_j - m_new)",
+        _state_with(
+            lambda l, m, m_new, xj: (
+                l * np.exp(m - m_new)
+                + np.exp(xj - (m if np.isfinite(m) else m_new))
+            )
+        ),
+    ),
+    Mistake(
+        "reset_on_new_max",
+        "the running sum restarts at 1 whenever the maximum grows: the mass "
+        "of the "
+        "scores before the new maximum is dropped instead of rescaled",
+        "when the maximum grows, keep the old sum and rescale it: l = l * "
+        "exp(m_old - m_new) + 1",
+        _state_with(
+            lambda l, m, m_new, xj: 1.0 if xj > m else l + np.exp(xj - m_new)
+        ),
+    ),
+    Mistake(
+        "returns_lse",
+        "the second entry is the row's log-sum-exp m + log(l), not the sum l",
+        "return l = sum_j exp(x_j - m) itself; m + log(l) is what the forward "
+        "pass saves for the "
+        "backward pass, but the state is the pair (m, l)",
+        lambda x: (
+            lambda m, l: (m, m + float(np.log(l)) if l > 0 else -np.inf)
+        )(*_reference_state(x)),
+    ),
+    Mistake(
+        "max_not_updated",
+        "the maximum stays at the first score, so exp(x_j - m) overflows once "
+        "x_j exceeds "
+        "it by ~710",
+        "update m_new = max(m_old, x_j) at every step, and rescale the sum to "
+        "it",
+        lambda x: _first_score_state(x),
+    ),
+    Mistake(
+        "tie_dropped",
+        "a score equal to the running maximum is dropped: the branches "
+        "compare strictly "
+        "(x_j < m, x_j > m), so a repeated maximum adds nothing to the sum",
+        "a score equal to m adds exp(0) = 1; use x_j <= m (or x_j >= m) in "
+        "one branch, or the branch-free "
+        "update m_new = max(m, x_j); l = l * exp(m - m_new) + exp(x_j - "
+        "m_new)",
+        lambda x: _strict_state(x),
+    ),
 ]
 
 
 def _strict_state(x) -> tuple[float, float]:
-    """Strict comparisons only: a score equal to the running maximum falls in neither branch and is dropped."""
+    """Strict comparisons only: a score equal to the running maximum falls in
+    neither branch and is dropped."""
     m, l = -np.inf, 0.0
     for xj in np.asarray(x, float):
         if xj < m:
@@ -276,8 +532,9 @@ def _strict_state(x) -> tuple[float, float]:
 
 
 def _first_score_state(x) -> tuple[float, float]:
-    """The state with the maximum fixed at the first visible (finite) score; a reader who skips the
-    leading masked scores writes it so, and on rows that start visible it is fixing it at x[0]."""
+    """The state with the maximum fixed at the first visible (finite) score; a
+    reader who skips the leading masked scores writes it so, and on rows that
+    start visible it is fixing it at x[0]."""
     x = np.asarray(x, float)
     visible = x[np.isfinite(x)]
     if visible.size == 0:
@@ -290,10 +547,22 @@ def online_cases() -> list[Case]:
     return [
         Case("a row of 8 scores", (rng.normal(scale=2, size=8),)),
         Case("a single negative score, -0.7", (np.array([-0.7]),)),
-        Case("a fully masked row (every score -inf): the state (-inf, 0)", (np.array([-_inf, -_inf, -_inf]),)),
-        Case("scores growing to 3000 (exp overflows past ~710)", (np.array([0.0, 800.0, 1600.0, 2400.0, 3000.0]),)),
-        Case("a row that starts with masked scores (-inf)", (np.array([-_inf, -_inf, 0.3, 1.2, -_inf, 0.8]),)),
-        Case("a row whose maximum 2.0 occurs three times", (np.array([0.5, 2.0, 2.0, -1.0, 2.0]),)),
+        Case(
+            "a fully masked row (every score -inf): the state (-inf, 0)",
+            (np.array([-_inf, -_inf, -_inf]),),
+        ),
+        Case(
+            "scores growing to 3000 (exp overflows past ~710)",
+            (np.array([0.0, 800.0, 1600.0, 2400.0, 3000.0]),),
+        ),
+        Case(
+            "a row that starts with masked scores (-inf)",
+            (np.array([-_inf, -_inf, 0.3, 1.2, -_inf, 0.8]),),
+        ),
+        Case(
+            "a row whose maximum 2.0 occurs three times",
+            (np.array([0.5, 2.0, 2.0, -1.0, 2.0]),),
+        ),
     ]
 
 
@@ -303,36 +572,62 @@ def _reference_state(x) -> tuple[float, float]:
 
 
 def check_online_softmax(fn) -> None:
-    """Check ``fn(scores)`` returns the softmax state ``(m, l)`` of a row read ONCE.
+    """Check ``fn(scores)`` returns the softmax state ``(m, l)`` of a row read
+    ONCE.
 
-    ``scores`` is a :class:`ScoreStream`: an iterator over the row that can be read only once.
-    The answer is ``m = max_j x_j`` and ``l = sum_j exp(x_j - m)`` (``(-inf, 0)`` for a fully
-    masked row). On a long row the checker also measures memory: storing the scores (a list or an
-    array) to read them again is a second pass in disguise.
+    ``scores`` is a :class:`ScoreStream`: an iterator over the row that can be
+    read only once. The answer is ``m = max_j x_j`` and ``l = sum_j exp(x_j -
+    m)`` (``(-inf, 0)`` for a fully masked row). On a long row the checker also
+    measures memory: storing the scores (a list or an array) to read them again
+    is a second pass in disguise.
     """
     __tracebackhide__ = True
-    run_checks("online softmax", lambda x: fn(ScoreStream(x)), online_cases(), _reference_state,
-               ONLINE_MISTAKES, compare=_same_pair, postprocess=_as_pair,
-               quiet=True)                            # its "Correct" line waits for the memory check
+    run_checks(
+        "online softmax",
+        lambda x: fn(ScoreStream(x)),
+        online_cases(),
+        _reference_state,
+        ONLINE_MISTAKES,
+        compare=_same_pair,
+        postprocess=_as_pair,
+        # its "Correct" line waits for the memory check
+        quiet=True,
+    )
     _check_one_pass_memory(fn)
-    print(f"Correct: online softmax passes all {len(online_cases())} cases and reads a long stream once, "
-          "in constant memory.")
+    print(
+        f"Correct: online softmax passes all {len(online_cases())} cases and "
+        "reads a long stream once, "
+        "in constant memory."
+    )
 
 
 def _check_one_pass_memory(fn, n: int = 100_000) -> None:
-    """Reject an answer that keeps the scores: a one-pass state needs O(1) memory, a stored row O(n)."""
+    """Reject an answer that keeps the scores: a one-pass state needs O(1)
+    memory, a stored row O(n)."""
     from ..bench import format_bytes, peak_memory
 
     __tracebackhide__ = True
     x = np.random.default_rng(11).normal(scale=3, size=n)
-    stream = ScoreStream(x)                           # built before measuring: the row is the checker's
+    # built before measuring: the row is the checker's
+    stream = ScoreStream(x)
     out, peak = peak_memory(fn, stream)
     case = f"a stream of {n:,} scores (memory)"
-    if peak > 150 * 1024:                             # a stored row: 400 KB in float32, 800 KB in float64, more as a list
-        raise ExerciseError("online softmax", case,
-                            f"your function's peak memory was {format_bytes(peak)}: it stored the scores "
-                            "(8 bytes or more each), so that it could read them twice",
-                            hint="keep only m and l: the loop that reads each score must update both at once")
-    # a float32 running sum of 100,000 terms drifts by up to ~1e-4 relative; every wrong state is far off
+    # a stored row: 400 KB in float32, 800 KB in float64, more as a list
+    if peak > 150 * 1024:
+        raise ExerciseError(
+            "online softmax",
+            case,
+            f"your function's peak memory was {format_bytes(peak)}: it stored "
+            "the scores "
+            "(8 bytes or more each), so that it could read them twice",
+            hint="keep only m and l: the loop that reads each score must "
+            "update both at once",
+        )
+    # a float32 running sum of 100,000 terms drifts by up to ~1e-4 relative;
+    # every wrong state is far off
     if not _same_pair(_as_pair(out), np.array(_reference_state(x)), rtol=1e-3):
-        raise ExerciseError("online softmax", case, "the state differs from the reference on a long row")
+        raise ExerciseError(
+            "online softmax",
+            case,
+            "the state differs from the reference on a long row",
+        )

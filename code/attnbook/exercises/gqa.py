@@ -1,11 +1,14 @@
-"""Checkers for grouped-query attention (chapter 11): sharing key/value heads, pooling them.
+"""Checkers for grouped-query attention (chapter 11): sharing key/value heads,
+pooling them.
 
-Both exercises have one classic mistake in common: grouping the query heads in the
-wrong order. Query head ``j`` must read key/value head ``j // g`` (contiguous groups,
-``repeat_interleave``), not ``j % n_kv_heads`` (strided groups, what ``repeat`` or
-``torch.cat([x] * g)`` produce). Both give tensors of the right shape, and a model
-converted with one convention and run with the other is silently wrong.
+Both exercises have one classic mistake in common: grouping the query heads in
+the wrong order. Query head ``j`` must read key/value head ``j // g``
+(contiguous groups, ``repeat_interleave``), not ``j % n_kv_heads`` (strided
+groups, what ``repeat`` or ``torch.cat([x] * g)`` produce). Both give tensors
+of the right shape, and a model converted with one convention and run with the
+other is silently wrong.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,165 +23,332 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-# --- sharing key/value heads: (batch, n_kv_heads, n, d) -> (batch, n_heads, n, d) ----------------
+# --- sharing key/value heads: (batch, n_kv_heads, n, d) -> (batch, n_heads, n,
+# d) ----------------
+
 
 def _group(x, n_heads: int) -> int:
     return n_heads // x.shape[1]
 
 
 SHARE_MISTAKES = [
-    Mistake("wrong_order",
-            "the heads are grouped in the wrong order: query head j reads key/value head j % n_kv_heads "
-            "(the copies are tiled, as x.repeat(1, g, 1, 1) does) instead of j // g",
-            "each key/value head serves g *consecutive* query heads: copy each head g times in place, "
-            "with x.repeat_interleave(g, dim=1), not the whole stack g times",
-            lambda x, n_heads: x.repeat(1, _group(x, n_heads), 1, 1)),
-    Mistake("wrong_group_size",
-            "each key/value head is copied n_heads times instead of g = n_heads // n_kv_heads times",
-            "the output must have n_heads heads in all: every key/value head serves g = n_heads // n_kv_heads",
-            lambda x, n_heads: x.repeat_interleave(n_heads, dim=1)),
-    Mistake("wrong_axis",
-            "the positions are repeated (axis 2) instead of the heads (axis 1)",
-            "x is (batch, n_kv_heads, n, d): the copies go along dim=1, and n must stay the same",
-            lambda x, n_heads: x.repeat_interleave(_group(x, n_heads), dim=2)),
-    Mistake("wrong_axis",
-            "the whole sequence of positions is tiled g times (axis 2, as x.repeat(1, 1, g, 1) or expand then "
-            "flatten(2, 3) do) instead of copying the heads (axis 1)",
-            "x is (batch, n_kv_heads, n, d): the copies go along dim=1, and n must stay the same",
-            lambda x, n_heads: x.repeat(1, 1, _group(x, n_heads), 1)),
-    Mistake("scrambled",
-            "the copies were made next to the position axis, so the final reshape mixes positions into heads",
-            "insert the new axis right after the head axis: x[:, :, None].expand(b, n_kv, g, n, d), "
-            "then reshape to (b, n_kv * g, n, d)",
-            lambda x, n_heads: x[:, :, :, None].expand(*x.shape[:3], _group(x, n_heads), x.shape[3])
-            .reshape(x.shape[0], n_heads, x.shape[2], x.shape[3])),
-    Mistake("scrambled_features",
-            "the copies were made on the last axis (next to the features), so the final reshape mixes "
-            "features and positions into heads",
-            "insert the new axis right after the head axis: x[:, :, None].expand(b, n_kv, g, n, d), "
-            "then reshape to (b, n_kv * g, n, d)",
-            lambda x, n_heads: x[..., None].expand(*x.shape, _group(x, n_heads))
-            .reshape(x.shape[0], n_heads, x.shape[2], x.shape[3])),
-    Mistake("first_head_only",
-            "every query head reads key/value head 0: the other key/value heads are never used",
-            "query head j reads key/value head j // g: copy *each* key/value head g times, "
-            "x.repeat_interleave(g, dim=1)",
-            lambda x, n_heads: x[:, :1].expand(x.shape[0], n_heads, *x.shape[2:])),
-    Mistake("divided_by_g",
-            "the copies are divided by g: sharing copies a key/value head, it does not average or split it",
-            "each query head of a group gets the key/value head itself, unscaled",
-            lambda x, n_heads: x.repeat_interleave(_group(x, n_heads), dim=1) / _group(x, n_heads)),
-    Mistake("group_size_off_by_one",
-            "each key/value head is copied g + 1 times instead of g = n_heads // n_kv_heads",
-            "the output must have n_heads = n_kv_heads * g heads: copy each head exactly g times",
-            lambda x, n_heads: x.repeat_interleave(_group(x, n_heads) + 1, dim=1)),
-    Mistake("group_size_off_by_one",
-            "each key/value head is copied g - 1 times instead of g = n_heads // n_kv_heads",
-            "the output must have n_heads = n_kv_heads * g heads: copy each head exactly g times",
-            lambda x, n_heads: x.repeat_interleave(_group(x, n_heads) - 1, dim=1)),
+    Mistake(
+        "wrong_order",
+        "the heads are grouped in the wrong order: query head j reads "
+        "key/value head j % n_kv_heads "
+        "(the copies are tiled, as x.repeat(1, g, 1, 1) does) instead of j // "
+        "g",
+        "each key/value head serves g *consecutive* query heads: copy each "
+        "head g times in place, "
+        "with x.repeat_interleave(g, dim=1), not the whole stack g times",
+        lambda x, n_heads: x.repeat(1, _group(x, n_heads), 1, 1),
+    ),
+    Mistake(
+        "wrong_group_size",
+        "each key/value head is copied n_heads times instead of g = n_heads "
+        "// n_kv_heads times",
+        "the output must have n_heads heads in all: every key/value head "
+        "serves g = n_heads // n_kv_heads",
+        lambda x, n_heads: x.repeat_interleave(n_heads, dim=1),
+    ),
+    Mistake(
+        "wrong_axis",
+        "the positions are repeated (axis 2) instead of the heads (axis 1)",
+        "x is (batch, n_kv_heads, n, d): the copies go along dim=1, and n "
+        "must stay the same",
+        lambda x, n_heads: x.repeat_interleave(_group(x, n_heads), dim=2),
+    ),
+    Mistake(
+        "wrong_axis",
+        "the whole sequence of positions is tiled g times (axis 2, as "
+        "x.repeat(1, 1, g, 1) or expand then "
+        "flatten(2, 3) do) instead of copying the heads (axis 1)",
+        "x is (batch, n_kv_heads, n, d): the copies go along dim=1, and n "
+        "must stay the same",
+        lambda x, n_heads: x.repeat(1, 1, _group(x, n_heads), 1),
+    ),
+    Mistake(
+        "scrambled",
+        "the copies were made next to the position axis, so the final reshape "
+        "mixes positions into heads",
+        "insert the new axis right after the head axis: x[:, :, "
+        "None].expand(b, n_kv, g, n, d), "
+        "then reshape to (b, n_kv * g, n, d)",
+        lambda x, n_heads: (
+            x[:, :, :, None]
+            .expand(*x.shape[:3], _group(x, n_heads), x.shape[3])
+            .reshape(x.shape[0], n_heads, x.shape[2], x.shape[3])
+        ),
+    ),
+    Mistake(
+        "scrambled_features",
+        "the copies were made on the last axis (next to the features), so the "
+        "final reshape mixes "
+        "features and positions into heads",
+        "insert the new axis right after the head axis: x[:, :, "
+        "None].expand(b, n_kv, g, n, d), "
+        "then reshape to (b, n_kv * g, n, d)",
+        lambda x, n_heads: (
+            x[..., None]
+            .expand(*x.shape, _group(x, n_heads))
+            .reshape(x.shape[0], n_heads, x.shape[2], x.shape[3])
+        ),
+    ),
+    Mistake(
+        "first_head_only",
+        "every query head reads key/value head 0: the other key/value heads "
+        "are never used",
+        "query head j reads key/value head j // g: copy *each* key/value head "
+        "g times, "
+        "x.repeat_interleave(g, dim=1)",
+        lambda x, n_heads: x[:, :1].expand(x.shape[0], n_heads, *x.shape[2:]),
+    ),
+    Mistake(
+        "divided_by_g",
+        "the copies are divided by g: sharing copies a key/value head, it "
+        "does not average or split it",
+        "each query head of a group gets the key/value head itself, unscaled",
+        lambda x, n_heads: (
+            x.repeat_interleave(_group(x, n_heads), dim=1) / _group(x, n_heads)
+        ),
+    ),
+    Mistake(
+        "group_size_off_by_one",
+        "each key/value head is copied g + 1 times instead of g = n_heads // "
+        "n_kv_heads",
+        "the output must have n_heads = n_kv_heads * g heads: copy each head "
+        "exactly g times",
+        lambda x, n_heads: x.repeat_interleave(_group(x, n_heads) + 1, dim=1),
+    ),
+    Mistake(
+        "group_size_off_by_one",
+        "each key/value head is copied g - 1 times instead of g = n_heads // "
+        "n_kv_heads",
+        "the output must have n_heads = n_kv_heads * g heads: copy each head "
+        "exactly g times",
+        lambda x, n_heads: x.repeat_interleave(_group(x, n_heads) - 1, dim=1),
+    ),
 ]
 
 
 def share_cases() -> list[Case]:
     def kv(seed, *shape):
         return torch.randn(*shape, generator=_gen(seed), dtype=torch.float64)
+
     return [
-        Case("2 key/value heads for 4 query heads, batch 2, n = 3, d = 5", (kv(0, 2, 2, 3, 5), 4)),
-        Case("3 key/value heads for 12 query heads (g = 4)", (kv(1, 1, 3, 4, 2), 12)),
-        Case("multi-query: 1 key/value head for 4 query heads", (kv(2, 2, 1, 3, 4), 4)),
-        Case("multi-head: 3 key/value heads for 3 query heads (nothing to share)", (kv(3, 1, 3, 2, 4), 3)),
-        Case("a single position (n = 1), 2 key/value heads for 6 query heads", (kv(4, 3, 2, 1, 4), 6)),
+        Case(
+            "2 key/value heads for 4 query heads, batch 2, n = 3, d = 5",
+            (kv(0, 2, 2, 3, 5), 4),
+        ),
+        Case(
+            "3 key/value heads for 12 query heads (g = 4)",
+            (kv(1, 1, 3, 4, 2), 12),
+        ),
+        Case(
+            "multi-query: 1 key/value head for 4 query heads",
+            (kv(2, 2, 1, 3, 4), 4),
+        ),
+        Case(
+            "multi-head: 3 key/value heads for 3 query heads (nothing to "
+            "share)",
+            (kv(3, 1, 3, 2, 4), 3),
+        ),
+        Case(
+            "a single position (n = 1), 2 key/value heads for 6 query heads",
+            (kv(4, 3, 2, 1, 4), 6),
+        ),
     ]
 
 
 def check_share_kv_heads(fn) -> None:
-    """Check ``fn(x, n_heads)`` turns x (batch, n_kv_heads, n, d) into (batch, n_heads, n, d),
-    query head ``j`` receiving key/value head ``j // (n_heads // n_kv_heads)``."""
-    run_checks("sharing key/value heads", fn, share_cases(),
-               lambda x, n_heads: repeat_kv(x, _group(x, n_heads)), SHARE_MISTAKES)
+    """Check ``fn(x, n_heads)`` turns x (batch, n_kv_heads, n, d) into (batch,
+    n_heads, n, d), query head ``j`` receiving key/value head ``j // (n_heads
+    // n_kv_heads)``."""
+    run_checks(
+        "sharing key/value heads",
+        fn,
+        share_cases(),
+        lambda x, n_heads: repeat_kv(x, _group(x, n_heads)),
+        SHARE_MISTAKES,
+    )
 
 
-# --- pooling a projection's heads (Ainslie et al. 2023) -----------------------------------------
+# --- pooling a projection's heads (Ainslie et al. 2023) ----------------------
+
 
 def _heads(w, n_heads: int):
-    return w.reshape(n_heads, w.shape[0] // n_heads, *w.shape[1:])       # (h, d_head, ...)
+    # (h, d_head, ...)
+    return w.reshape(n_heads, w.shape[0] // n_heads, *w.shape[1:])
 
 
 def _lower_median(a):
-    """torch.median's semantics along axis 1, in numpy: the lower of the two middle values for an even count."""
+    """torch.median's semantics along axis 1, in numpy: the lower of the two
+    middle values for an even count."""
     return np.sort(a, axis=1)[:, (a.shape[1] - 1) // 2]
 
 
 POOL_MISTAKES = [
-    Mistake("wrong_order",
-            "the heads are grouped in the wrong order: key/value head i pools query heads i, i + n_kv_heads, "
-            "i + 2 n_kv_heads, ... instead of the consecutive heads i*g .. i*g + g - 1",
-            "reshape the rows to (n_kv_heads, g, d_head, ...) and average over the g axis (dim 1)",
-            lambda w, h, n_kv_heads: _heads(w, h).reshape(h // n_kv_heads, n_kv_heads, *_heads(w, h).shape[1:]).mean(0)
-            .reshape(-1, *w.shape[1:])),
-    Mistake("first_head",
-            "only the first head of each group is kept (the ablation of Ainslie et al.), not the mean",
-            "average all g heads of the group: mean-pooling keeps information from each of them",
-            lambda w, h, n_kv_heads: _heads(w, h)[:: h // n_kv_heads].reshape(-1, *w.shape[1:])),
-    Mistake("last_head",
-            "only the last head of each group is kept, not the mean",
-            "average all g heads of the group: reshape to (n_kv_heads, g, d_head, ...) and take .mean(1)",
-            lambda w, h, n_kv_heads: _heads(w, h)[h // n_kv_heads - 1:: h // n_kv_heads].reshape(-1, *w.shape[1:])),
-    Mistake("median",
-            "the heads of a group are pooled by their median, not their mean",
-            "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), not np.median(..., axis=1)",
-            lambda w, h, n_kv_heads: np.median(np.asarray(_heads(w, h)).reshape(n_kv_heads, h // n_kv_heads, w.shape[0] // h,
-                                                                         *w.shape[1:]), axis=1)
-            .reshape(-1, *w.shape[1:])),
-    Mistake("lower_median",
-            "the heads of a group are pooled by torch's .median(1), which for an even group size takes the "
-            "lower of the two middle values (at g = 2 the minimum), not their mean",
-            "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), not .median(1)",
-            lambda w, h, n_kv_heads: _lower_median(np.asarray(_heads(w, h)).reshape(n_kv_heads, h // n_kv_heads,
-                                                                               w.shape[0] // h, *w.shape[1:]))
-            .reshape(-1, *w.shape[1:])),
-    Mistake("summed",
-            "the heads of a group are summed instead of averaged (the keys come out g times too large)",
-            "divide the sum by the group size g, or use .mean",
-            lambda w, h, n_kv_heads: _heads(w, h).reshape(n_kv_heads, h // n_kv_heads, -1, *w.shape[1:]).sum(1)
-            .reshape(-1, *w.shape[1:])),
-    Mistake("mixed_features",
-            "the rows were split as (n_kv_heads, d_head, g): features of one head are averaged with each other",
-            "row r of head j is row j * d_head + r, so the head index varies slowest: reshape to "
-            "(n_kv_heads, g, d_head, ...)",
-            lambda w, h, n_kv_heads: w.reshape(n_kv_heads, w.shape[0] // h, h // n_kv_heads, *w.shape[1:]).mean(2)
-            .reshape(-1, *w.shape[1:])),
-    Mistake("global_mean",
-            "all n_heads heads are averaged into one, instead of each group of g heads into its own key/value head",
-            "average within each group only: reshape to (n_kv_heads, g, d_head, ...) and take .mean(1)",
-            lambda w, h, n_kv_heads: _heads(w, h).mean(0)),
-    Mistake("global_mean",
-            "every key/value head is the mean of all n_heads heads, instead of the mean of its own group of g",
-            "average within each group only: reshape to (n_kv_heads, g, d_head, ...) and take .mean(1)",
-            lambda w, h, n_kv_heads: torch.cat([_heads(w, h).mean(0)] * n_kv_heads)),
-    Mistake("max",
-            "the heads of a group are pooled by their elementwise maximum, not their mean",
-            "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), not .max(1) or .amax(1)",
-            lambda w, h, n_kv_heads: _heads(w, h).reshape(n_kv_heads, h // n_kv_heads, -1, *w.shape[1:]).amax(1)
-            .reshape(-1, *w.shape[1:])),
+    Mistake(
+        "wrong_order",
+        "the heads are grouped in the wrong order: key/value head i pools "
+        "query heads i, i + n_kv_heads, "
+        "i + 2 n_kv_heads, ... instead of the consecutive heads i*g .. i*g + "
+        "g - 1",
+        "reshape the rows to (n_kv_heads, g, d_head, ...) and average over "
+        "the g axis (dim 1)",
+        lambda w, h, n_kv_heads: (
+            _heads(w, h)
+            .reshape(h // n_kv_heads, n_kv_heads, *_heads(w, h).shape[1:])
+            .mean(0)
+            .reshape(-1, *w.shape[1:])
+        ),
+    ),
+    Mistake(
+        "first_head",
+        "only the first head of each group is kept (the ablation of Ainslie "
+        "et al.), not the mean",
+        "average all g heads of the group: mean-pooling keeps information "
+        "from each of them",
+        lambda w, h, n_kv_heads: _heads(w, h)[:: h // n_kv_heads].reshape(
+            -1, *w.shape[1:]
+        ),
+    ),
+    Mistake(
+        "last_head",
+        "only the last head of each group is kept, not the mean",
+        "average all g heads of the group: reshape to (n_kv_heads, g, d_head, "
+        "...) and take .mean(1)",
+        lambda w, h, n_kv_heads: _heads(w, h)[
+            h // n_kv_heads - 1 :: h // n_kv_heads
+        ].reshape(-1, *w.shape[1:]),
+    ),
+    Mistake(
+        "median",
+        "the heads of a group are pooled by their median, not their mean",
+        "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), "
+        "not np.median(..., axis=1)",
+        lambda w, h, n_kv_heads: np.median(
+            np.asarray(_heads(w, h)).reshape(
+                n_kv_heads, h // n_kv_heads, w.shape[0] // h, *w.shape[1:]
+            ),
+            axis=1,
+        ).reshape(-1, *w.shape[1:]),
+    ),
+    Mistake(
+        "lower_median",
+        "the heads of a group are pooled by torch's .median(1), which for an "
+        "even group size takes the "
+        "lower of the two middle values (at g = 2 the minimum), not their "
+        "mean",
+        "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), "
+        "not .median(1)",
+        lambda w, h, n_kv_heads: _lower_median(
+            np.asarray(_heads(w, h)).reshape(
+                n_kv_heads, h // n_kv_heads, w.shape[0] // h, *w.shape[1:]
+            )
+        ).reshape(-1, *w.shape[1:]),
+    ),
+    Mistake(
+        "summed",
+        "the heads of a group are summed instead of averaged (the keys come "
+        "out g times too large)",
+        "divide the sum by the group size g, or use .mean",
+        lambda w, h, n_kv_heads: (
+            _heads(w, h)
+            .reshape(n_kv_heads, h // n_kv_heads, -1, *w.shape[1:])
+            .sum(1)
+            .reshape(-1, *w.shape[1:])
+        ),
+    ),
+    Mistake(
+        "mixed_features",
+        "the rows were split as (n_kv_heads, d_head, g): features of one head "
+        "are averaged with each other",
+        "row r of head j is row j * d_head + r, so the head index varies "
+        "slowest: reshape to "
+        "(n_kv_heads, g, d_head, ...)",
+        lambda w, h, n_kv_heads: (
+            w.reshape(
+                n_kv_heads, w.shape[0] // h, h // n_kv_heads, *w.shape[1:]
+            )
+            .mean(2)
+            .reshape(-1, *w.shape[1:])
+        ),
+    ),
+    Mistake(
+        "global_mean",
+        "all n_heads heads are averaged into one, instead of each group of g "
+        "heads into its own key/value head",
+        "average within each group only: reshape to (n_kv_heads, g, d_head, "
+        "...) and take .mean(1)",
+        lambda w, h, n_kv_heads: _heads(w, h).mean(0),
+    ),
+    Mistake(
+        "global_mean",
+        "every key/value head is the mean of all n_heads heads, instead of "
+        "the mean of its own group of g",
+        "average within each group only: reshape to (n_kv_heads, g, d_head, "
+        "...) and take .mean(1)",
+        lambda w, h, n_kv_heads: torch.cat(
+            [_heads(w, h).mean(0)] * n_kv_heads
+        ),
+    ),
+    Mistake(
+        "max",
+        "the heads of a group are pooled by their elementwise maximum, not "
+        "their mean",
+        "mean-pooling (Ainslie et al. 2023) averages the g heads: .mean(1), "
+        "not .max(1) or .amax(1)",
+        lambda w, h, n_kv_heads: (
+            _heads(w, h)
+            .reshape(n_kv_heads, h // n_kv_heads, -1, *w.shape[1:])
+            .amax(1)
+            .reshape(-1, *w.shape[1:])
+        ),
+    ),
 ]
 
 
 def pool_cases() -> list[Case]:
     def w(seed, *shape):
         return torch.randn(*shape, generator=_gen(seed), dtype=torch.float64)
+
     return [
-        Case("4 heads of 3 features -> 2 heads, weight (12, 5)", (w(10, 12, 5), 4, 2)),
-        Case("6 heads of 2 features -> 3 heads, weight (12, 4)", (w(11, 12, 4), 6, 3)),
-        Case("4 heads of 2 features -> 1 head (multi-query), weight (8, 3)", (w(12, 8, 3), 4, 1)),
-        Case("8 heads of 2 features -> 2 heads (g = 4), weight (16, 3)", (w(13, 16, 3), 8, 2)),
-        Case("a bias vector: 4 heads of 3 features -> 2 heads, shape (12,)", (w(14, 12), 4, 2)),
-        Case("4 heads -> 4 heads: nothing to pool, weight (8, 3)", (w(15, 8, 3), 4, 4)),
+        Case(
+            "4 heads of 3 features -> 2 heads, weight (12, 5)",
+            (w(10, 12, 5), 4, 2),
+        ),
+        Case(
+            "6 heads of 2 features -> 3 heads, weight (12, 4)",
+            (w(11, 12, 4), 6, 3),
+        ),
+        Case(
+            "4 heads of 2 features -> 1 head (multi-query), weight (8, 3)",
+            (w(12, 8, 3), 4, 1),
+        ),
+        Case(
+            "8 heads of 2 features -> 2 heads (g = 4), weight (16, 3)",
+            (w(13, 16, 3), 8, 2),
+        ),
+        Case(
+            "a bias vector: 4 heads of 3 features -> 2 heads, shape (12,)",
+            (w(14, 12), 4, 2),
+        ),
+        Case(
+            "4 heads -> 4 heads: nothing to pool, weight (8, 3)",
+            (w(15, 8, 3), 4, 4),
+        ),
     ]
 
 
 def check_pool_kv_heads(fn) -> None:
-    """Check ``fn(weight, n_heads, n_kv_heads)`` mean-pools the head blocks of a key or value
-    projection's rows, weight (n_heads * d_head, ...) -> (n_kv_heads * d_head, ...)."""
-    run_checks("mean-pooling key/value heads", fn, pool_cases(),
-               lambda w, h, n_kv_heads: pool_kv_heads(w, h, n_kv_heads, "mean"), POOL_MISTAKES)
+    """Check ``fn(weight, n_heads, n_kv_heads)`` mean-pools the head blocks of
+    a key or value projection's rows, weight (n_heads * d_head, ...) ->
+    (n_kv_heads * d_head, ...)."""
+    run_checks(
+        "mean-pooling key/value heads",
+        fn,
+        pool_cases(),
+        lambda w, h, n_kv_heads: pool_kv_heads(w, h, n_kv_heads, "mean"),
+        POOL_MISTAKES,
+    )

@@ -1,10 +1,13 @@
-"""Checkers for chapter 5: splitting a packed q/k/v projection into heads, and multi-head attention.
+"""Checkers for chapter 5: splitting a packed q/k/v projection into heads, and
+multi-head attention.
 
-Weights are in the book's layout, ``(d_in, d_out)``, so a projection is ``x @ w``.
-Both checkers accept numpy arrays or torch tensors as results. The split checker passes numpy
-arrays, and a function that fails on them but runs on torch tensors (a torch-native answer,
-``qkv.chunk(3, dim=-1)``) gets the same cases as tensors, where torch is installed.
+Weights are in the book's layout, ``(d_in, d_out)``, so a projection is ``x @
+w``. Both checkers accept numpy arrays or torch tensors as results. The split
+checker passes numpy arrays, and a function that fails on them but runs on
+torch tensors (a torch-native answer, ``qkv.chunk(3, dim=-1)``) gets the same
+cases as tensors, where torch is installed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,29 +24,38 @@ def _t(a):
     return np.swapaxes(a, -1, -2)
 
 
-# The references cut and join heads with their own reshapes rather than attnbook.heads' split_heads and
-# merge_heads: they stay independent of the code the exercises are about, and this module stays free of
-# torch (attnbook.heads imports it), so that its checkers also run in the browser.
+# The references cut and join heads with their own reshapes rather than
+# attnbook.heads' split_heads and
+# merge_heads: they stay independent of the code the exercises are about, and
+# this module stays free of torch (attnbook.heads imports it), so that its
+# checkers also run in the browser.
+
 
 def split_heads(x, n_heads):
-    """(..., n, d_model) -> (..., n_heads, n, d_head): each token's features cut into heads, then the
-    head axis moved in front of the tokens."""
+    """(..., n, d_model) -> (..., n_heads, n, d_head): each token's features
+    cut into heads, then the head axis moved in front of the tokens."""
     *lead, n, d_model = np.shape(x)
-    return np.swapaxes(np.reshape(x, (*lead, n, n_heads, d_model // n_heads)), -3, -2)
+    return np.swapaxes(
+        np.reshape(x, (*lead, n, n_heads, d_model // n_heads)), -3, -2
+    )
 
 
 def merge_heads(x):
-    """(..., n_heads, n, d_head) -> (..., n, n_heads * d_head), the inverse of :func:`split_heads`."""
+    """(..., n_heads, n, d_head) -> (..., n, n_heads * d_head), the inverse of
+    :func:`split_heads`."""
     *lead, h, n, d_head = np.shape(x)
     return np.reshape(np.swapaxes(x, -3, -2), (*lead, n, h * d_head))
 
 
-# --- splitting a packed projection into heads ------------------------------------
+# --- splitting a packed projection into heads --------------------------------
+
 
 def _split_qkv(qkv, n_heads):
-    """Reference: q, k, v are the three thirds of the features; each is split into heads.
+    """Reference: q, k, v are the three thirds of the features; each is split
+    into heads.
 
-    Returns them stacked, (3, batch, n_heads, n, d_head), the form the checker compares.
+    Returns them stacked, (3, batch, n_heads, n, d_head), the form the checker
+    compares.
     """
     q, k, v = np.split(np.asarray(qkv), 3, axis=-1)
     return np.stack([split_heads(t, n_heads) for t in (q, k, v)])
@@ -56,122 +68,205 @@ def _thirds(qkv):
 def _stack(out):
     """The reader returns (q, k, v); the checker compares them stacked."""
     if not isinstance(out, (tuple, list)) or len(out) != 3:
-        raise ValueError(f"return the three tensors (q, k, v); got {type(out).__name__}")
+        raise ValueError(
+            f"return the three tensors (q, k, v); got {type(out).__name__}"
+        )
     parts = [as_array(t) for t in out]
     shapes = {p.shape for p in parts}
     if len(shapes) != 1:
-        raise ValueError(f"q, k and v should have one shape; got {[p.shape for p in parts]}")
+        raise ValueError(
+            f"q, k and v should have one shape; got {[p.shape for p in parts]}"
+        )
     return np.stack(parts)
 
 
 def _no_transpose(qkv, h):
     b, n, three_d = qkv.shape
-    return np.stack([t.reshape(b, h, n, three_d // 3 // h) for t in _thirds(qkv)])
+    return np.stack(
+        [t.reshape(b, h, n, three_d // 3 // h) for t in _thirds(qkv)]
+    )
 
 
 def _heads_strided(qkv, h):
     b, n, three_d = qkv.shape
     d_head = three_d // 3 // h
     # features cut as (d_head, h): head r gets features r, r + h, r + 2h, ...
-    return np.stack([t.reshape(b, n, d_head, h).transpose(0, 3, 1, 2) for t in _thirds(qkv)])
+    return np.stack(
+        [
+            t.reshape(b, n, d_head, h).transpose(0, 3, 1, 2)
+            for t in _thirds(qkv)
+        ]
+    )
 
 
 def _interleaved(qkv, h):
     b, n, three_d = qkv.shape
-    # the packed axis read as (h, 3, d_head): q, k, v taken from inside each head's block
+    # the packed axis read as (h, 3, d_head): q, k, v taken from inside each
+    # head's block
     x = qkv.reshape(b, n, h, 3, three_d // 3 // h).transpose(3, 0, 2, 1, 4)
     return np.stack([x[0], x[1], x[2]])
 
 
 def _tokens_last(qkv, h):
     b, n, three_d = qkv.shape
-    return np.stack([t.reshape(b, n, h, three_d // 3 // h).transpose(0, 2, 3, 1) for t in _thirds(qkv)])
+    return np.stack(
+        [
+            t.reshape(b, n, h, three_d // 3 // h).transpose(0, 2, 3, 1)
+            for t in _thirds(qkv)
+        ]
+    )
 
 
 def _order(*which):
-    """q, k, v split correctly into heads but returned in another order (``which`` indexes q, k, v)."""
+    """q, k, v split correctly into heads but returned in another order
+    (``which`` indexes q, k, v)."""
+
     def split(qkv, h):
         parts = _split_qkv(qkv, h)
         return np.stack([parts[i] for i in which])
+
     return split
 
 
 def _split_tokens(qkv, h):
     b, n, three_d = qkv.shape
     # q, k, v cut out of the token axis instead of the feature axis
-    return np.stack([split_heads(t, h) for t in np.split(qkv.reshape(b, 3 * n, three_d // 3), 3, axis=1)])
+    return np.stack(
+        [
+            split_heads(t, h)
+            for t in np.split(qkv.reshape(b, 3 * n, three_d // 3), 3, axis=1)
+        ]
+    )
 
 
 SPLIT_QKV_MISTAKES = [
-    Mistake("no_transpose", "each of q, k, v was reshaped straight to (batch, n_heads, n, d_head), "
-            "without a transpose: every 'token' of a head is a run of features from several tokens",
-            "reshape to (batch, n, n_heads, d_head) first, then swap the token and head axes "
-            "(.transpose(0, 2, 1, 3) in numpy, .transpose(1, 2) in torch)",
-            _no_transpose),
-    Mistake("heads_strided", "the features were cut as (d_head, n_heads): head r got features r, r + h, "
-            "r + 2h, ... instead of one contiguous block",
-            "head r owns the contiguous features r * d_head ... (r + 1) * d_head - 1: reshape the feature "
-            "axis as (n_heads, d_head), heads first",
-            _heads_strided),
-    Mistake("interleaved", "the packed axis was read as (n_heads, 3, d_head): q, k and v taken from inside "
-            "each head's block. That is a real layout (GPT-NeoX and BLOOM pack their fused projection "
-            "that way), but not this exercise's",
-            "here the packed features are [all of q | all of k | all of v], as in GPT-2: split them into "
-            "three thirds first, then each third into heads. Which packing a checkpoint uses is a fact "
-            "about the checkpoint; reading one layout as the other scrambles every head",
-            _interleaved),
-    Mistake("tokens_last", "the axes are (batch, n_heads, d_head, n): tokens and features are swapped",
-            "after reshaping to (batch, n, n_heads, d_head), swap only axes 1 and 2",
-            _tokens_last),
-    Mistake("split_tokens", "q, k and v were cut out of the token axis, not the feature axis",
-            "the three thirds of the *last* axis are q, k and v: np.split(qkv, 3, axis=-1)",
-            _split_tokens),
-    Mistake("order_kqv", "q and k are swapped: the function returns (k, q, v)",
-            "the packed features are [q | k | v], as in GPT-2: the first third is q, the second k, the third v; "
-            "return them in that order",
-            _order(1, 0, 2)),
-    Mistake("order_qvk", "k and v are swapped: the function returns (q, v, k)",
-            "the packed features are [q | k | v], as in GPT-2: the second third is k and the last v; return "
-            "(q, k, v) in that order",
-            _order(0, 2, 1)),
+    Mistake(
+        "no_transpose",
+        "each of q, k, v was reshaped straight to (batch, n_heads, n, "
+        "d_head), "
+        "without a transpose: every 'token' of a head is a run of features "
+        "from several tokens",
+        "reshape to (batch, n, n_heads, d_head) first, then swap the token "
+        "and head axes "
+        "(.transpose(0, 2, 1, 3) in numpy, .transpose(1, 2) in torch)",
+        _no_transpose,
+    ),
+    Mistake(
+        "heads_strided",
+        "the features were cut as (d_head, n_heads): head r got features r, r "
+        "+ h, "
+        "r + 2h, ... instead of one contiguous block",
+        "head r owns the contiguous features r * d_head ... (r + 1) * d_head "
+        "- 1: reshape the feature "
+        "axis as (n_heads, d_head), heads first",
+        _heads_strided,
+    ),
+    Mistake(
+        "interleaved",
+        "the packed axis was read as (n_heads, 3, d_head): q, k and v taken "
+        "from inside "
+        "each head's block. That is a real layout (GPT-NeoX and BLOOM pack "
+        "their fused projection "
+        "that way), but not this exercise's",
+        "here the packed features are [all of q | all of k | all of v], as in "
+        "GPT-2: split them into "
+        "three thirds first, then each third into heads. Which packing a "
+        "checkpoint uses is a fact "
+        "about the checkpoint; reading one layout as the other scrambles "
+        "every head",
+        _interleaved,
+    ),
+    Mistake(
+        "tokens_last",
+        "the axes are (batch, n_heads, d_head, n): tokens and features are "
+        "swapped",
+        "after reshaping to (batch, n, n_heads, d_head), swap only axes 1 and "
+        "2",
+        _tokens_last,
+    ),
+    Mistake(
+        "split_tokens",
+        "q, k and v were cut out of the token axis, not the feature axis",
+        "the three thirds of the *last* axis are q, k and v: np.split(qkv, 3, "
+        "axis=-1)",
+        _split_tokens,
+    ),
+    Mistake(
+        "order_kqv",
+        "q and k are swapped: the function returns (k, q, v)",
+        "the packed features are [q | k | v], as in GPT-2: the first third is "
+        "q, the second k, the third v; "
+        "return them in that order",
+        _order(1, 0, 2),
+    ),
+    Mistake(
+        "order_qvk",
+        "k and v are swapped: the function returns (q, v, k)",
+        "the packed features are [q | k | v], as in GPT-2: the second third "
+        "is k and the last v; return "
+        "(q, k, v) in that order",
+        _order(0, 2, 1),
+    ),
 ]
 
 
 def split_qkv_cases() -> list[Case]:
     rng = np.random.default_rng(5)
     r = lambda *shape: rng.normal(size=shape)  # noqa: E731
-    # The first case has distinct n, n_heads and d_head, so that every mistake gives its own answer.
+    # The first case has distinct n, n_heads and d_head, so that every mistake
+    # gives its own answer.
     return [
-        Case("batch 2, n = 5 tokens, d_model = 12, n_heads = 3 (d_head = 4)", (r(2, 5, 36), 3)),
-        Case("batch 1, n = 4, d_model = 8, n_heads = 2 (d_head = 4)", (r(1, 4, 24), 2)),
-        Case("a single token: batch 3, n = 1, d_model = 6, n_heads = 2", (r(3, 1, 18), 2)),
-        Case("one feature per head: n = 3, d_model = 4, n_heads = 4", (r(2, 3, 12), 4)),
+        Case(
+            "batch 2, n = 5 tokens, d_model = 12, n_heads = 3 (d_head = 4)",
+            (r(2, 5, 36), 3),
+        ),
+        Case(
+            "batch 1, n = 4, d_model = 8, n_heads = 2 (d_head = 4)",
+            (r(1, 4, 24), 2),
+        ),
+        Case(
+            "a single token: batch 3, n = 1, d_model = 6, n_heads = 2",
+            (r(3, 1, 18), 2),
+        ),
+        Case(
+            "one feature per head: n = 3, d_model = 4, n_heads = 4",
+            (r(2, 3, 12), 4),
+        ),
         Case("one head: n = 6, d_model = 5, n_heads = 1", (r(1, 6, 15), 1)),
     ]
 
 
 def _split_problem(got, expected, case) -> str:
-    """What is wrong with the reader's (q, k, v), in the shapes the exercise asks for."""
+    """What is wrong with the reader's (q, k, v), in the shapes the exercise
+    asks for."""
     if got.shape != expected.shape:
         b, n, _ = case.args[0].shape
-        return (f"each of q, k, v should have shape (batch, n_heads, n, d_head) = {expected.shape[1:]} "
-                f"(batch {b}, n {n}); yours have {got.shape[1:]}")
+        return (
+            "each of q, k, v should have shape (batch, n_heads, n, d_head) = "
+            f"{expected.shape[1:]} "
+            f"(batch {b}, n {n}); yours have {got.shape[1:]}"
+        )
     return difference(got, expected)
 
 
 class ArraysOrTensors:
-    """The reader's ``fn(qkv, n_heads)``, given numpy arrays, or torch tensors where it needs them.
+    """The reader's ``fn(qkv, n_heads)``, given numpy arrays, or torch tensors
+    where it needs them.
 
-    The exercise allows numpy or torch. On its first call the wrapper passes the numpy array; if
-    ``fn`` raises (``'numpy.ndarray' object has no attribute 'chunk'``) and torch is importable, it
-    calls ``fn`` again on the same values as a tensor (``torch.from_numpy``, which shares the array's
-    memory, so that a change in place is still seen), and from then on always passes tensors. When
-    the tensor fails too, or torch is missing (the browser), the error on the array stands.
+    The exercise allows numpy or torch. On its first call the wrapper passes
+    the numpy array; if ``fn`` raises (``'numpy.ndarray' object has no
+    attribute 'chunk'``) and torch is importable, it calls ``fn`` again on the
+    same values as a tensor (``torch.from_numpy``, which shares the array's
+    memory, so that a change in place is still seen), and from then on always
+    passes tensors. When the tensor fails too, or torch is missing (the
+    browser), the error on the array stands.
     """
 
     def __init__(self, fn):
-        functools.update_wrapper(self, fn)          # the reader's signature, for the in-place note
-        self.fn, self.tensors = fn, None            # None: not yet known which the function takes
+        # the reader's signature, for the in-place note
+        functools.update_wrapper(self, fn)
+        # None: not yet known which the function takes
+        self.fn, self.tensors = fn, None
 
     def __call__(self, qkv, n_heads):
         if self.tensors:
@@ -187,7 +282,8 @@ class ArraysOrTensors:
             torch = _torch()
             if torch is None:
                 raise
-            qkv[...] = before                        # undo anything the failed call changed
+            # undo anything the failed call changed
+            qkv[...] = before
             try:
                 out = self.fn(torch.from_numpy(qkv), n_heads)
             except Exception:
@@ -208,23 +304,35 @@ def _torch():
 
 
 def check_split_qkv(fn) -> None:
-    """Check ``fn(qkv, n_heads)`` splits a packed projection into per-head q, k, v.
+    """Check ``fn(qkv, n_heads)`` splits a packed projection into per-head q,
+    k, v.
 
-    qkv: (batch, n, 3 * d_model), the concatenation ``[x @ w_q | x @ w_k | x @ w_v]`` along the
-    features (what one fused linear layer computes), a float64 numpy array; a function that fails
-    on arrays is given torch tensors instead, where torch is installed (:class:`ArraysOrTensors`).
-    Returns ``(q, k, v)``, each (batch, n_heads, n, d_head) with head ``r`` holding the features
-    ``r * d_head .. (r + 1) * d_head - 1`` of its third, as numpy arrays or torch tensors.
+    qkv: (batch, n, 3 * d_model), the concatenation ``[x @ w_q | x @ w_k | x @
+    w_v]`` along the features (what one fused linear layer computes), a float64
+    numpy array; a function that fails on arrays is given torch tensors
+    instead, where torch is installed (:class:`ArraysOrTensors`). Returns ``(q,
+    k, v)``, each (batch, n_heads, n, d_head) with head ``r`` holding the
+    features ``r * d_head .. (r + 1) * d_head - 1`` of its third, as numpy
+    arrays or torch tensors.
     """
-    run_checks("split packed q, k, v into heads", ArraysOrTensors(fn), split_qkv_cases(), _split_qkv,
-               SPLIT_QKV_MISTAKES, postprocess=_stack, describe=_split_problem)
+    run_checks(
+        "split packed q, k, v into heads",
+        ArraysOrTensors(fn),
+        split_qkv_cases(),
+        _split_qkv,
+        SPLIT_QKV_MISTAKES,
+        postprocess=_stack,
+        describe=_split_problem,
+    )
 
 
-# --- multi-head attention ------------------------------------------------------------
+# --- multi-head attention ----------------------------------------------------
+
 
 def _mha(x, w_q, w_k, w_v, w_o, n_heads):
     """Reference: split, attend per head, merge, project."""
-    q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))    # (b, h, n, d_head)
+    # (b, h, n, d_head)
+    q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))
     heads, _ = scaled_dot_product_attention(q, k, v)
     return merge_heads(heads) @ w_o
 
@@ -243,8 +351,17 @@ def _merge(t):
     return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
 
 
-def _variant(split=_split, merge=_merge, scale=None, axis=-1, out=True, transpose_w=False, causal=False,
-             transpose_w_o=False, keys_with_w_q=False):
+def _variant(
+    split=_split,
+    merge=_merge,
+    scale=None,
+    axis=-1,
+    out=True,
+    transpose_w=False,
+    causal=False,
+    transpose_w_o=False,
+    keys_with_w_q=False,
+):
     def mha(x, w_q, w_k, w_v, w_o, h):
         if transpose_w:
             w_q, w_k, w_v, w_o = (w.T for w in (w_q, w_k, w_v, w_o))
@@ -256,10 +373,15 @@ def _variant(split=_split, merge=_merge, scale=None, axis=-1, out=True, transpos
         s = 1 / np.sqrt(q.shape[-1]) if scale is None else scale(x, h)
         if causal:
             n = q.shape[-2]
-            concat = merge(scaled_dot_product_attention(q, k, v, mask=causal_mask(n), scale=s)[0])
+            concat = merge(
+                scaled_dot_product_attention(
+                    q, k, v, mask=causal_mask(n), scale=s
+                )[0]
+            )
         else:
             concat = merge(_attend(q, k, v, s, axis))
         return concat @ w_o if out else concat
+
     return mha
 
 
@@ -284,67 +406,145 @@ def _strided_merge(t):
 
 
 MHA_MISTAKES = [
-    Mistake("one_head", "the features were never split: this is one head of width d_model",
-            "split q, k and v into n_heads heads of d_model // n_heads features and attend in each",
-            _variant(split=lambda t, h: t[:, None], scale=lambda x, h: 1 / np.sqrt(x.shape[-1]))),
-    Mistake("scale_d_model", "the scores were divided by sqrt(d_model) instead of sqrt(d_head)",
-            "each head's dot products have d_head terms, so divide by sqrt(d_model // n_heads)",
-            _variant(scale=lambda x, h: 1 / np.sqrt(x.shape[-1]))),
-    Mistake("no_scale", "the scores were not scaled: 1/sqrt(d_head) is missing",
-            "each head computes softmax(q_r k_r^T / sqrt(d_head)) v_r; without the scale its softmax "
-            "saturates as d_head grows (chapter 3)",
-            _variant(scale=lambda x, h: 1.0)),
-    Mistake("causal_mask", "a causal mask was applied: each token sees only itself and earlier tokens",
-            "this exercise is plain self-attention, every token seeing every token; the causal mask "
-            "belongs to decoders (chapter 7)",
-            _variant(causal=True)),
-    Mistake("no_transpose", "the heads were split and merged by reshape alone, without transposes",
-            "split: reshape to (batch, n, n_heads, d_head), then swap axes 1 and 2; merge: swap them back, "
-            "then reshape",
-            _variant(split=_plain_split, merge=_plain_merge)),
-    Mistake("merge_no_transpose", "the heads are split correctly but merged by a reshape alone",
-            "swap the head and token axes back, (batch, n_heads, n, d_head) -> (batch, n, n_heads, d_head), "
-            "before the reshape to (batch, n, d_model)",
-            _variant(merge=_plain_merge)),
-    Mistake("split_no_transpose", "the heads were split by a reshape alone, straight to (batch, n_heads, n, "
-            "d_head), though the merge is right",
-            "split: reshape to (batch, n, n_heads, d_head), then swap axes 1 and 2",
-            _variant(split=_plain_split)),
-    Mistake("heads_strided", "head r got the strided features r, r + h, r + 2h, ... (a (d_head, n_heads) split)",
-            "with weights laid out like everyone else's, head r owns a contiguous block of d_head features",
-            _variant(split=_strided_split, merge=_strided_merge)),
-    Mistake("no_out_proj", "the concatenated heads are returned without the output projection w_o",
-            "finish with concat @ w_o: it mixes the heads back into the model's d_model features",
-            _variant(out=False)),
-    Mistake("wrong_axis", "the softmax normalises over the queries instead of the keys",
-            "each query's weights over the keys must sum to 1: softmax along the last axis",
-            _variant(axis=-2)),
-    Mistake("transposed_weights", "the weights were applied transposed (x @ w.T, torch.nn.Linear's layout)",
-            "the book's weights are (d_in, d_out) and project as x @ w",
-            _variant(transpose_w=True)),
-    Mistake("scale_d_head", "the scores were divided by d_head instead of sqrt(d_head)",
-            "the variance of a dot product of d_head unit-variance terms is d_head, so its standard deviation, "
-            "the scale, is sqrt(d_head) (chapter 3)",
-            _variant(scale=lambda x, h: 1 / (x.shape[-1] // h))),
-    Mistake("scale_sqrt_heads", "the scores were divided by sqrt(n_heads) instead of sqrt(d_head)",
-            "the scale depends on how many terms each dot product has, d_head = d_model // n_heads, not on the "
-            "number of heads",
-            _variant(scale=lambda x, h: 1 / np.sqrt(h))),
-    Mistake("w_o_transposed", "the output projection was applied transposed (concat @ w_o.T); q, k and v are right",
-            "w_o is (d_model, d_model) in the book's (d_in, d_out) layout, like the others: finish with concat @ w_o",
-            _variant(transpose_w_o=True)),
-    Mistake("softmax_heads", "the softmax normalises over the heads axis instead of the keys",
-            "scores are (batch, n_heads, n, n): each query's weights over the keys, the last axis, must sum to 1",
-            _variant(axis=-3)),
-    Mistake("keys_with_w_q", "the keys were projected with w_q: k = x @ w_q, so every score is q_i . q_j",
-            "project the keys with their own matrix: k = x @ w_k",
-            _variant(keys_with_w_q=True)),
-    Mistake("strided_split", "the heads were split strided, as (d_head, n_heads), but merged with the standard "
-            "(n_heads, d_head) merge: head r got features r, r + h, r + 2h, ... and its output went back to "
-            "the block r * d_head ... (r + 1) * d_head - 1",
-            "split each of q, k, v by reshaping to (batch, n, n_heads, d_head) and swapping axes 1 and 2; the merge "
-            "must be its exact inverse",
-            _variant(split=_strided_split)),
+    Mistake(
+        "one_head",
+        "the features were never split: this is one head of width d_model",
+        "split q, k and v into n_heads heads of d_model // n_heads features "
+        "and attend in each",
+        _variant(
+            split=lambda t, h: t[:, None],
+            scale=lambda x, h: 1 / np.sqrt(x.shape[-1]),
+        ),
+    ),
+    Mistake(
+        "scale_d_model",
+        "the scores were divided by sqrt(d_model) instead of sqrt(d_head)",
+        "each head's dot products have d_head terms, so divide by "
+        "sqrt(d_model // n_heads)",
+        _variant(scale=lambda x, h: 1 / np.sqrt(x.shape[-1])),
+    ),
+    Mistake(
+        "no_scale",
+        "the scores were not scaled: 1/sqrt(d_head) is missing",
+        "each head computes softmax(q_r k_r^T / sqrt(d_head)) v_r; without "
+        "the scale its softmax "
+        "saturates as d_head grows (chapter 3)",
+        _variant(scale=lambda x, h: 1.0),
+    ),
+    Mistake(
+        "causal_mask",
+        "a causal mask was applied: each token sees only itself and earlier "
+        "tokens",
+        "this exercise is plain self-attention, every token seeing every "
+        "token; the causal mask "
+        "belongs to decoders (chapter 7)",
+        _variant(causal=True),
+    ),
+    Mistake(
+        "no_transpose",
+        "the heads were split and merged by reshape alone, without transposes",
+        "split: reshape to (batch, n, n_heads, d_head), then swap axes 1 and "
+        "2; merge: swap them back, "
+        "then reshape",
+        _variant(split=_plain_split, merge=_plain_merge),
+    ),
+    Mistake(
+        "merge_no_transpose",
+        "the heads are split correctly but merged by a reshape alone",
+        "swap the head and token axes back, (batch, n_heads, n, d_head) -> "
+        "(batch, n, n_heads, d_head), "
+        "before the reshape to (batch, n, d_model)",
+        _variant(merge=_plain_merge),
+    ),
+    Mistake(
+        "split_no_transpose",
+        "the heads were split by a reshape alone, straight to (batch, "
+        "n_heads, n, "
+        "d_head), though the merge is right",
+        "split: reshape to (batch, n, n_heads, d_head), then swap axes 1 and "
+        "2",
+        _variant(split=_plain_split),
+    ),
+    Mistake(
+        "heads_strided",
+        "head r got the strided features r, r + h, r + 2h, ... (a (d_head, "
+        "n_heads) split)",
+        "with weights laid out like everyone else's, head r owns a contiguous "
+        "block of d_head features",
+        _variant(split=_strided_split, merge=_strided_merge),
+    ),
+    Mistake(
+        "no_out_proj",
+        "the concatenated heads are returned without the output projection "
+        "w_o",
+        "finish with concat @ w_o: it mixes the heads back into the model's "
+        "d_model features",
+        _variant(out=False),
+    ),
+    Mistake(
+        "wrong_axis",
+        "the softmax normalises over the queries instead of the keys",
+        "each query's weights over the keys must sum to 1: softmax along the "
+        "last axis",
+        _variant(axis=-2),
+    ),
+    Mistake(
+        "transposed_weights",
+        "the weights were applied transposed (x @ w.T, torch.nn.Linear's "
+        "layout)",
+        "the book's weights are (d_in, d_out) and project as x @ w",
+        _variant(transpose_w=True),
+    ),
+    Mistake(
+        "scale_d_head",
+        "the scores were divided by d_head instead of sqrt(d_head)",
+        "the variance of a dot product of d_head unit-variance terms is "
+        "d_head, so its standard deviation, "
+        "the scale, is sqrt(d_head) (chapter 3)",
+        _variant(scale=lambda x, h: 1 / (x.shape[-1] // h)),
+    ),
+    Mistake(
+        "scale_sqrt_heads",
+        "the scores were divided by sqrt(n_heads) instead of sqrt(d_head)",
+        "the scale depends on how many terms each dot product has, d_head = "
+        "d_model // n_heads, not on the "
+        "number of heads",
+        _variant(scale=lambda x, h: 1 / np.sqrt(h)),
+    ),
+    Mistake(
+        "w_o_transposed",
+        "the output projection was applied transposed (concat @ w_o.T); q, k "
+        "and v are right",
+        "w_o is (d_model, d_model) in the book's (d_in, d_out) layout, like "
+        "the others: finish with concat @ w_o",
+        _variant(transpose_w_o=True),
+    ),
+    Mistake(
+        "softmax_heads",
+        "the softmax normalises over the heads axis instead of the keys",
+        "scores are (batch, n_heads, n, n): each query's weights over the "
+        "keys, the last axis, must sum to 1",
+        _variant(axis=-3),
+    ),
+    Mistake(
+        "keys_with_w_q",
+        "the keys were projected with w_q: k = x @ w_q, so every score is q_i "
+        ". q_j",
+        "project the keys with their own matrix: k = x @ w_k",
+        _variant(keys_with_w_q=True),
+    ),
+    Mistake(
+        "strided_split",
+        "the heads were split strided, as (d_head, n_heads), but merged with "
+        "the standard "
+        "(n_heads, d_head) merge: head r got features r, r + h, r + 2h, ... "
+        "and its output went back to "
+        "the block r * d_head ... (r + 1) * d_head - 1",
+        "split each of q, k, v by reshaping to (batch, n, n_heads, d_head) "
+        "and swapping axes 1 and 2; the merge "
+        "must be its exact inverse",
+        _variant(split=_strided_split),
+    ),
 ]
 
 
@@ -353,23 +553,44 @@ def mha_cases() -> list[Case]:
     r = lambda *shape: rng.normal(size=shape)  # noqa: E731
 
     def case(name, b, n, d, h):
-        return Case(name, (r(b, n, d), r(d, d) / np.sqrt(d), r(d, d) / np.sqrt(d), r(d, d) / np.sqrt(d),
-                           r(d, d) / np.sqrt(d), h))
-    # The first case has n != n_heads != d_head, so that every mistake gives its own answer.
+        return Case(
+            name,
+            (
+                r(b, n, d),
+                r(d, d) / np.sqrt(d),
+                r(d, d) / np.sqrt(d),
+                r(d, d) / np.sqrt(d),
+                r(d, d) / np.sqrt(d),
+                h,
+            ),
+        )
+
+    # The first case has n != n_heads != d_head, so that every mistake gives
+    # its own answer.
     return [
-        case("batch 2, n = 5 tokens, d_model = 12, n_heads = 3 (d_head = 4)", 2, 5, 12, 3),
+        case(
+            "batch 2, n = 5 tokens, d_model = 12, n_heads = 3 (d_head = 4)",
+            2,
+            5,
+            12,
+            3,
+        ),
         case("batch 1, n = 4, d_model = 8, n_heads = 2", 1, 4, 8, 2),
         case("a single token: n = 1, d_model = 6, n_heads = 3", 2, 1, 6, 3),
-        case("one feature per head: n = 3, d_model = 4, n_heads = 4", 1, 3, 4, 4),
+        case(
+            "one feature per head: n = 3, d_model = 4, n_heads = 4", 1, 3, 4, 4
+        ),
         case("one head: n = 5, d_model = 6, n_heads = 1", 1, 5, 6, 1),
     ]
 
 
 def check_multihead_attention(fn) -> None:
-    """Check ``fn(x, w_q, w_k, w_v, w_o, n_heads)`` computes multi-head self-attention, no loop needed.
+    """Check ``fn(x, w_q, w_k, w_v, w_o, n_heads)`` computes multi-head
+    self-attention, no loop needed.
 
-    x: (batch, n, d_model); w_q, w_k, w_v, w_o: (d_model, d_model) in the book's layout
-    (project with ``x @ w``). Returns (batch, n, d_model):
-    ``concat(head_1, ..., head_h) @ w_o`` with ``head_r = softmax(q_r k_r^T / sqrt(d_head)) v_r``.
+    x: (batch, n, d_model); w_q, w_k, w_v, w_o: (d_model, d_model) in the
+    book's layout (project with ``x @ w``). Returns (batch, n, d_model):
+    ``concat(head_1, ..., head_h) @ w_o`` with ``head_r = softmax(q_r k_r^T /
+    sqrt(d_head)) v_r``.
     """
     run_checks("multi-head attention", fn, mha_cases(), _mha, MHA_MISTAKES)

@@ -1,4 +1,6 @@
-"""Checkers for linear attention and the Nadaraya-Watson estimator (chapter 12)."""
+"""Checkers for linear attention and the Nadaraya-Watson estimator (chapter
+12)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,17 +18,21 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
-# --- linear attention with the elu + 1 feature map ------------------------------------
+# --- linear attention with the elu + 1 feature map ---------------------------
+
 
 def _t(x):
     return np.swapaxes(x, -1, -2)
 
 
 def _weights_then(normalise):
-    """A mistake that forms the n_q x n_k weights phi(q) phi(k)^T and normalises them wrongly."""
+    """A mistake that forms the n_q x n_k weights phi(q) phi(k)^T and
+    normalises them wrongly."""
+
     def attention(q, k, v):
         w = elu_feature_map(q) @ _t(elu_feature_map(k))
         return normalise(w) @ v
+
     return attention
 
 
@@ -36,7 +42,9 @@ def _no_normaliser(q, k, v):
 
 def _feature_map_on_values(q, k, v):
     fq, fk = elu_feature_map(q), elu_feature_map(k)
-    return (fq @ (_t(fk) @ elu_feature_map(v))) / (fq @ fk.sum(axis=-2)[..., None])
+    return (fq @ (_t(fk) @ elu_feature_map(v))) / (
+        fq @ fk.sum(axis=-2)[..., None]
+    )
 
 
 def _sum_over_queries(q, k, v):
@@ -48,6 +56,7 @@ def _with_features(phi):
     def attention(q, k, v):
         fq, fk = phi(q), phi(k)
         return (fq @ (_t(fk) @ v)) / (fq @ fk.sum(axis=-2)[..., None])
+
     return attention
 
 
@@ -56,30 +65,58 @@ def _elu(x):
 
 
 LINEAR_ATTENTION_MISTAKES = [
-    Mistake("no_normaliser", "the output is never divided by the normaliser phi(q_i) . sum_j phi(k_j)",
-            "without the denominator the weights do not sum to 1 and the output grows with n_k; "
-            "divide by phi(q) @ phi(k).sum(axis=-2)",
-            _no_normaliser),
-    Mistake("feature_map_on_values", "the feature map is applied to the values as well",
-            "phi replaces the exponential of the scores, which involve only q and k; v enters as it is",
-            _feature_map_on_values),
-    Mistake("wrong_axis", "the weights are normalised over the queries instead of over the keys",
-            "each query's weights phi(q_i) . phi(k_j) must sum to 1 over the keys j",
-            _weights_then(lambda w: w / w.sum(axis=-2, keepdims=True))),
-    Mistake("sum_over_queries", "the normaliser sums the features of the queries instead of the keys",
-            "the denominator is phi(q_i) . z with z = sum over the keys j of phi(k_j)",
-            _sum_over_queries),
-    Mistake("elu_without_one", "the feature map is elu(x), without the + 1",
-            "elu(x) is negative for x < 0, so weights can be negative and denominators near zero; "
-            "use elu(x) + 1, which is always positive",
-            _with_features(_elu)),
-    Mistake("no_feature_map", "q and k are used without a feature map (phi(x) = x)",
-            "apply phi(x) = elu(x) + 1 to q and to k before forming S and z",
-            _with_features(lambda x: x)),
-    Mistake("softmax_attention", "this is softmax attention, not linear attention",
-            "replace exp(q . k / sqrt(d)) by phi(q) . phi(k) with phi(x) = elu(x) + 1, and use "
-            "associativity: phi(q) @ (phi(k).T @ v)",
-            lambda q, k, v: scaled_dot_product_attention(q, k, v)[0]),
+    Mistake(
+        "no_normaliser",
+        "the output is never divided by the normaliser phi(q_i) . sum_j "
+        "phi(k_j)",
+        "without the denominator the weights do not sum to 1 and the output "
+        "grows with n_k; "
+        "divide by phi(q) @ phi(k).sum(axis=-2)",
+        _no_normaliser,
+    ),
+    Mistake(
+        "feature_map_on_values",
+        "the feature map is applied to the values as well",
+        "phi replaces the exponential of the scores, which involve only q and "
+        "k; v enters as it is",
+        _feature_map_on_values,
+    ),
+    Mistake(
+        "wrong_axis",
+        "the weights are normalised over the queries instead of over the keys",
+        "each query's weights phi(q_i) . phi(k_j) must sum to 1 over the keys "
+        "j",
+        _weights_then(lambda w: w / w.sum(axis=-2, keepdims=True)),
+    ),
+    Mistake(
+        "sum_over_queries",
+        "the normaliser sums the features of the queries instead of the keys",
+        "the denominator is phi(q_i) . z with z = sum over the keys j of "
+        "phi(k_j)",
+        _sum_over_queries,
+    ),
+    Mistake(
+        "elu_without_one",
+        "the feature map is elu(x), without the + 1",
+        "elu(x) is negative for x < 0, so weights can be negative and "
+        "denominators near zero; "
+        "use elu(x) + 1, which is always positive",
+        _with_features(_elu),
+    ),
+    Mistake(
+        "no_feature_map",
+        "q and k are used without a feature map (phi(x) = x)",
+        "apply phi(x) = elu(x) + 1 to q and to k before forming S and z",
+        _with_features(lambda x: x),
+    ),
+    Mistake(
+        "softmax_attention",
+        "this is softmax attention, not linear attention",
+        "replace exp(q . k / sqrt(d)) by phi(q) . phi(k) with phi(x) = elu(x) "
+        "+ 1, and use "
+        "associativity: phi(q) @ (phi(k).T @ v)",
+        lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
+    ),
 ]
 
 
@@ -87,62 +124,93 @@ def linear_attention_cases() -> list[Case]:
     rng = _rng(12)
     n = lambda *shape, scale=1.0: rng.normal(scale=scale, size=shape)  # noqa: E731
     return [
-        Case("self-attention, n = 6, d_k = d_v = 4", (n(6, 4), n(6, 4), n(6, 4))),
-        Case("cross-attention, n_q = 3, n_k = 7, d_k = 5, d_v = 2", (n(3, 5), n(7, 5), n(7, 2))),
-        Case("a batch of 2 x 3 heads, n = 5, d_k = 4, d_v = 6", (n(2, 3, 5, 4), n(2, 3, 5, 4), n(2, 3, 5, 6))),
-        Case("inputs of scale 3, n = 8, d_k = 3, d_v = 2", (n(8, 3, scale=3), n(8, 3, scale=3), n(8, 2))),
+        Case(
+            "self-attention, n = 6, d_k = d_v = 4", (n(6, 4), n(6, 4), n(6, 4))
+        ),
+        Case(
+            "cross-attention, n_q = 3, n_k = 7, d_k = 5, d_v = 2",
+            (n(3, 5), n(7, 5), n(7, 2)),
+        ),
+        Case(
+            "a batch of 2 x 3 heads, n = 5, d_k = 4, d_v = 6",
+            (n(2, 3, 5, 4), n(2, 3, 5, 4), n(2, 3, 5, 6)),
+        ),
+        Case(
+            "inputs of scale 3, n = 8, d_k = 3, d_v = 2",
+            (n(8, 3, scale=3), n(8, 3, scale=3), n(8, 2)),
+        ),
         Case("a single query and key (n = 1)", (n(1, 4), n(1, 4), n(1, 3))),
     ]
 
 
 def check_linear_attention(fn) -> None:
-    """Check ``fn(q, k, v)`` computes non-causal linear attention with ``phi(x) = elu(x) + 1``.
+    """Check ``fn(q, k, v)`` computes non-causal linear attention with ``phi(x)
+    = elu(x) + 1``.
 
-    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v) -> (..., n_q, d_v).
-    Besides the values, the checker measures the memory of one long case (n = 4096): linear
-    attention never forms the n x n matrix phi(Q) phi(K)^T, and an answer that does (the
-    quadratic form, right values at quadratic cost) is rejected. The measurement uses
-    :mod:`tracemalloc`, which sees numpy's arrays. It also compares the work at two lengths
-    (:func:`work_growth`): an answer that never stores the matrix but still computes it (a loop
-    over the queries, a three-operand ``einsum``) does 64 times the work at 8 times the length,
-    and is rejected.
+    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v) -> (..., n_q,
+    d_v). Besides the values, the checker measures the memory of one long case
+    (n = 4096): linear attention never forms the n x n matrix phi(Q) phi(K)^T,
+    and an answer that does (the quadratic form, right values at quadratic
+    cost) is rejected. The measurement uses :mod:`tracemalloc`, which sees
+    numpy's arrays. It also compares the work at two lengths
+    (:func:`work_growth`): an answer that never stores the matrix but still
+    computes it (a loop over the queries, a three-operand ``einsum``) does 64
+    times the work at 8 times the length, and is rejected.
     """
     __tracebackhide__ = True
-    run_checks("linear attention", fn, linear_attention_cases(), lambda q, k, v: linear_attention(q, k, v),
-               LINEAR_ATTENTION_MISTAKES, postprocess=_first,
-               quiet=True)                            # its "Correct" line waits for the cost checks
+    run_checks(
+        "linear attention",
+        fn,
+        linear_attention_cases(),
+        lambda q, k, v: linear_attention(q, k, v),
+        LINEAR_ATTENTION_MISTAKES,
+        postprocess=_first,
+        # its "Correct" line waits for the cost checks
+        quiet=True,
+    )
     _check_linear_memory(fn)
     _check_linear_time(fn)
-    print(f"Correct: linear attention passes all {len(linear_attention_cases())} cases; on n = 4096 it never "
-          "needed the memory of an n x n matrix, and its CPU time grew like linear work, not quadratic, from "
-          f"n = {LINEAR_TIME_STEPS[0][0]} to n = {LINEAR_TIME_STEPS[-1][1]}.")
+    print(
+        "Correct: linear attention passes all "
+        f"{len(linear_attention_cases())} cases; on n = 4096 it never "
+        "needed the memory of an n x n matrix, and its CPU time grew like "
+        "linear work, not quadratic, from "
+        f"n = {LINEAR_TIME_STEPS[0][0]} to n = {LINEAR_TIME_STEPS[-1][1]}."
+    )
 
 
 def _largest_torch_allocation(fn, *args):
-    """``(fn(*args), the largest single allocation torch made during the call)``: tracemalloc does
-    not see torch's CPU allocator, its profiler does (0 when the answer uses numpy only)."""
+    """``(fn(*args), the largest single allocation torch made during the
+    call)``: tracemalloc does not see torch's CPU allocator, its profiler does
+    (0 when the answer uses numpy only)."""
     import warnings
 
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")                 # the profiler's own notices, not the reader's
+        # the profiler's own notices, not the reader's
+        warnings.simplefilter("ignore")
         prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        with _quiet_stderr():                           # some builds log "profiler_start" to the C stderr
+        # some builds log "profiler_start" to the C stderr
+        with _quiet_stderr():
             prof.__enter__()
         try:
-            out = fn(*args)                             # the reader's own messages still show
+            # the reader's own messages still show
+            out = fn(*args)
         finally:
-            with _quiet_stderr():                       # ... and "profiler_stop"
+            # ... and "profiler_stop"
+            with _quiet_stderr():
                 prof.__exit__(None, None, None)
-    sizes = [e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0]
+    sizes = [
+        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
+    ]
     return out, max(sizes, default=0)
 
 
 class _quiet_stderr:
-    """Silence file descriptor 2 (what C++ code writes to stderr) for the duration of the block; where
-    there is no such descriptor (the browser), do nothing."""
+    """Silence file descriptor 2 (what C++ code writes to stderr) for the
+    duration of the block; where there is no such descriptor (the browser), do
+    nothing."""
 
     def __enter__(self):
         import os
@@ -171,39 +239,60 @@ class _quiet_stderr:
 
 
 def _check_linear_memory(fn, n: int = 4096, d: int = 8) -> None:
-    """Reject an answer whose peak memory on a long sequence is that of an n x n matrix."""
+    """Reject an answer whose peak memory on a long sequence is that of an n x
+    n matrix."""
     from ..bench import format_bytes, peak_memory
     from ._framework import ExerciseError
 
     __tracebackhide__ = True
     rng = _rng(13)
     q, k, v = (rng.normal(size=(n, d)) for _ in range(3))
-    out, peak = peak_memory(fn, q, k, v)                          # numpy's arrays
-    if hasattr(_first(out), "detach"):                            # a torch answer: torch's allocations too
+    # numpy's arrays
+    out, peak = peak_memory(fn, q, k, v)
+    # a torch answer: torch's allocations too
+    if hasattr(_first(out), "detach"):
         _, torch_largest = _largest_torch_allocation(fn, q, k, v)
         peak = max(peak, torch_largest)
     case = f"n = {n}, d_k = d_v = {d} (memory)"
-    square = n * n * 4                                # one float32 n x n matrix (float64: twice that)
+    # one float32 n x n matrix (float64: twice that)
+    square = n * n * 4
     if peak >= square // 2:
-        raise ExerciseError("linear attention", case,
-                            f"the values may be right, but your function's peak memory was {format_bytes(peak)}, "
-                            f"about that of an n x n matrix ({format_bytes(square)}): this is the quadratic "
-                            "form phi(Q) phi(K)^T V, at the cost linear attention exists to avoid",
-                            hint="multiply the other way round: phi(K)^T V is d_k x d_v and sum_j phi(k_j) is d_k, "
-                                 "both independent of n; then multiply phi(Q) by them")
+        raise ExerciseError(
+            "linear attention",
+            case,
+            "the values may be right, but your function's peak memory was "
+            f"{format_bytes(peak)}, "
+            f"about that of an n x n matrix ({format_bytes(square)}): this is "
+            "the quadratic "
+            "form phi(Q) phi(K)^T V, at the cost linear attention exists to "
+            "avoid",
+            hint="multiply the other way round: phi(K)^T V is d_k x d_v and "
+            "sum_j phi(k_j) is d_k, "
+            "both independent of n; then multiply phi(Q) by them",
+        )
     expected = linear_attention(q, k, v)
-    scale = float(np.abs(expected).max())         # the outputs are small (averages of n values): a float32
-    if not same(_first(out), expected, rtol=1e-4, atol=1e-5 * scale):   # answer is right to ~1e-6 of them
-        raise ExerciseError("linear attention", case, "values differ from the reference on a long sequence")
+    # the outputs are small (averages of n values): a float32
+    scale = float(np.abs(expected).max())
+    # answer is right to ~1e-6 of them
+    if not same(_first(out), expected, rtol=1e-4, atol=1e-5 * scale):
+        raise ExerciseError(
+            "linear attention",
+            case,
+            "values differ from the reference on a long sequence",
+        )
 
 
-def work_growth(fn, make_args, n_small: int, n_large: int, repeats: int = 3) -> float:
-    """How much the CPU time of ``fn(*make_args(n))`` grows from ``n_small`` to ``n_large``: the ratio of
-    the fastest of up to ``repeats`` runs at each length (fewer once a length has used 0.5 s).
+def work_growth(
+    fn, make_args, n_small: int, n_large: int, repeats: int = 3
+) -> float:
+    """How much the CPU time of ``fn(*make_args(n))`` grows from ``n_small`` to
+    ``n_large``: the ratio of the fastest of up to ``repeats`` runs at each
+    length (fewer once a length has used 0.5 s).
 
-    A ratio of two process CPU times measured moments apart, not one clock reading: time spent
-    waiting for the CPU on a busy machine is not counted, and what slows both runs alike cancels.
-    numpy's BLAS and torch run on one thread meanwhile: idle threads that spin count as CPU time.
+    A ratio of two process CPU times measured moments apart, not one clock
+    reading: time spent waiting for the CPU on a busy machine is not counted,
+    and what slows both runs alike cancels. numpy's BLAS and torch run on one
+    thread meanwhile: idle threads that spin count as CPU time.
     """
     import contextlib
     import sys
@@ -212,15 +301,20 @@ def work_growth(fn, make_args, n_small: int, n_large: int, repeats: int = 3) -> 
     with contextlib.ExitStack() as stack:
         try:
             from threadpoolctl import threadpool_limits
+
             stack.enter_context(threadpool_limits(1))
-        except ImportError:                               # not installed (the browser): one thread anyway
+        # not installed (the browser): one thread anyway
+        except ImportError:
             pass
-        torch = sys.modules.get("torch")                  # only where the reader's code already uses it
+        # only where the reader's code already uses it
+        torch = sys.modules.get("torch")
         if torch is not None:
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             stack.callback(torch.set_num_threads, threads)
-        return _growth(fn, make_args, n_small, n_large, repeats, time.process_time)
+        return _growth(
+            fn, make_args, n_small, n_large, repeats, time.process_time
+        )
 
 
 def _growth(fn, make_args, n_small, n_large, repeats, clock):
@@ -240,17 +334,20 @@ def _growth(fn, make_args, n_small, n_large, repeats, clock):
     return fastest(n_large) / max(small, 1e-6)
 
 
-# The lengths compared and the growth above which the work is called quadratic. Measured here
-# (2-core Xeon, loaded; d_k = 32, d_v = 1): the book's solution grows 2.5-5x over 256 -> 1024 and
-# 11-14x over 1024 -> 8192 (more than 8x: its arrays leave the cache), a recurrence over the keys
-# 3-6x and 6-9x; a loop over the queries 3-7x (Python's overhead dominates) and 28-32x; a
-# three-operand einsum about 14x on the first step, and is stopped there, before the long one.
+# The lengths compared and the growth above which the work is called quadratic.
+# Measured here (2-core Xeon, loaded; d_k = 32, d_v = 1): the book's solution
+# grows 2.5-5x over 256 -> 1024 and 11-14x over 1024 -> 8192 (more than 8x: its
+# arrays leave the cache), a recurrence over the keys 3-6x and 6-9x; a loop
+# over the queries 3-7x (Python's overhead dominates) and 28-32x; a
+# three-operand einsum about 14x on the first step, and is stopped there,
+# before the long one.
 LINEAR_TIME_STEPS = ((256, 1024, 10.0), (1024, 8192, 20.0))
 LINEAR_TIME_TRIES = 3
 
 
 def _check_linear_time(fn, d_k: int = 32, d_v: int = 1) -> None:
-    """Reject an answer whose work grows quadratically with the length, though it never stores n x n."""
+    """Reject an answer whose work grows quadratically with the length, though
+    it never stores n x n."""
     from ._framework import ExerciseError
 
     __tracebackhide__ = True
@@ -259,13 +356,18 @@ def _check_linear_time(fn, d_k: int = 32, d_v: int = 1) -> None:
 
     def make(n):
         if n not in inputs:
-            inputs[n] = (rng.normal(size=(n, d_k)), rng.normal(size=(n, d_k)), rng.normal(size=(n, d_v)))
+            inputs[n] = (
+                rng.normal(size=(n, d_k)),
+                rng.normal(size=(n, d_k)),
+                rng.normal(size=(n, d_v)),
+            )
         return inputs[n]
 
     for n_small, n_large, limit in LINEAR_TIME_STEPS:
-        # A busy machine can slow one run of the small length: a growth above the limit is measured
-        # again, up to LINEAR_TIME_TRIES times in all, and only the smallest counts. Quadratic work
-        # exceeds the limit in every try, so this rejects no wrong answer that one try would not.
+        # A busy machine can slow one run of the small length: a growth above
+        # the limit is measured again, up to LINEAR_TIME_TRIES times in all,
+        # and only the smallest counts. Quadratic work exceeds the limit in
+        # every try, so this rejects no wrong answer that one try would not.
         growth = work_growth(fn, make, n_small, n_large)
         for _ in range(LINEAR_TIME_TRIES - 1):
             if growth <= limit:
@@ -274,82 +376,164 @@ def _check_linear_time(fn, d_k: int = 32, d_v: int = 1) -> None:
         if growth > limit:
             ratio = n_large // n_small
             raise ExerciseError(
-                "linear attention", f"n = {n_small} and n = {n_large}, d_k = {d_k}, d_v = {d_v} (time)",
-                f"at {ratio} times the length your function took {growth:.0f} times the CPU time (linear "
-                f"work: about {ratio} times; quadratic: {ratio ** 2}): it computes every weight "
-                "phi(q_i) . phi(k_j), n x n of them, even if it never stores them all",
-                hint="compute S = phi(K)^T V (d_k x d_v) and z = sum_j phi(k_j) once, then each output row "
-                     "is phi(q_i) S / (phi(q_i) . z): no loop over the queries that visits every key, and no "
-                     "three-operand einsum, which numpy evaluates over all (i, j) pairs unless optimize=True")
+                "linear attention",
+                f"n = {n_small} and n = {n_large}, d_k = {d_k}, d_v = {d_v} "
+                "(time)",
+                f"at {ratio} times the length your function took {growth:.0f} "
+                "times the CPU time (linear "
+                f"work: about {ratio} times; quadratic: {ratio**2}): it "
+                "computes every weight "
+                "phi(q_i) . phi(k_j), n x n of them, even if it never stores "
+                "them all",
+                hint="compute S = phi(K)^T V (d_k x d_v) and z = sum_j "
+                "phi(k_j) once, then each output row "
+                "is phi(q_i) S / (phi(q_i) . z): no loop over the queries "
+                "that visits every key, and no "
+                "three-operand einsum, which numpy evaluates over all (i, j) "
+                "pairs unless optimize=True",
+            )
 
 
-# --- the Nadaraya-Watson estimator with a Gaussian kernel --------------------------------
+# --- the Nadaraya-Watson estimator with a Gaussian kernel --------------------
 
-def _gaussian_nw(log_kernel, normalise=True, axis=-1, stable=True, shift_axis="same"):
-    """A 1-D estimator built from ``log_kernel(diff, h)``, with switchable mistakes (``shift_axis``:
-    the axis of the maximum subtracted for stability, by default the normalised one)."""
+
+def _gaussian_nw(
+    log_kernel, normalise=True, axis=-1, stable=True, shift_axis="same"
+):
+    """A 1-D estimator built from ``log_kernel(diff, h)``, with switchable
+    mistakes (``shift_axis``: the axis of the maximum subtracted for stability,
+    by default the normalised one)."""
+
     def estimate(x_query, x_train, y_train, bandwidth):
-        diff = np.asarray(x_query, float)[:, None] - np.asarray(x_train, float)[None, :]   # (m, n)
+        # (m, n)
+        diff = (
+            np.asarray(x_query, float)[:, None]
+            - np.asarray(x_train, float)[None, :]
+        )
         s = log_kernel(diff, bandwidth)
         if stable:
-            s = s - s.max(axis=axis if shift_axis == "same" else shift_axis, keepdims=True)
+            s = s - s.max(
+                axis=axis if shift_axis == "same" else shift_axis,
+                keepdims=True,
+            )
         k = np.exp(s)
         if normalise:
             k = k / k.sum(axis=axis, keepdims=True)
         return k @ np.asarray(y_train, float)
+
     return estimate
 
 
-_gauss = lambda diff, h: -diff**2 / (2 * h**2)  # noqa: E731
+_gauss = lambda diff, h: -(diff**2) / (2 * h**2)  # noqa: E731
 
 
 def _nearest_fallback(x_query, x_train, y_train, bandwidth):
-    """The unstable estimator with each NaN row (all kernel values underflowed) patched to the y of the
-    nearest training point."""
+    """The unstable estimator with each NaN row (all kernel values underflowed)
+    patched to the y of the nearest training point."""
     with np.errstate(invalid="ignore"):
-        est = _gaussian_nw(_gauss, stable=False)(x_query, x_train, y_train, bandwidth)
-    diff = np.asarray(x_query, float)[:, None] - np.asarray(x_train, float)[None, :]
-    return np.where(np.isfinite(est), est, np.asarray(y_train, float)[np.argmin(np.abs(diff), axis=1)])
+        est = _gaussian_nw(_gauss, stable=False)(
+            x_query, x_train, y_train, bandwidth
+        )
+    diff = (
+        np.asarray(x_query, float)[:, None]
+        - np.asarray(x_train, float)[None, :]
+    )
+    return np.where(
+        np.isfinite(est),
+        est,
+        np.asarray(y_train, float)[np.argmin(np.abs(diff), axis=1)],
+    )
+
 
 NADARAYA_WATSON_MISTAKES = [
-    Mistake("not_normalised", "the kernel values are never divided by their sum over the training points",
-            "f(x) = sum_i K(x, x_i) y_i / sum_j K(x, x_j): without the division it is not an average",
-            _gaussian_nw(_gauss, normalise=False, stable=False)),
-    Mistake("bandwidth_not_squared", "the kernel divides by 2 h instead of 2 h^2",
-            "the Gaussian kernel is exp(-(x - x_i)^2 / (2 h^2)); h has the units of x, so it is squared",
-            _gaussian_nw(lambda diff, h: -diff**2 / (2 * h))),
-    Mistake("no_half", "the kernel is exp(-(x - x_i)^2 / h^2), without the factor 1/2",
-            "with exp(-(x - x_i)^2 / (2 h^2)) the bandwidth h is the kernel's standard deviation",
-            _gaussian_nw(lambda diff, h: -diff**2 / h**2)),
-    Mistake("wrong_axis", "the weights are normalised over the query points instead of the training points",
-            "for each query x, the weights K(x, x_i) must sum to 1 over the training points i",
-            _gaussian_nw(_gauss, axis=0)),
-    Mistake("wrong_axis_row_shift", "each query's largest log-kernel value was subtracted (as in a stable softmax), "
-            "but the weights are then normalised over the query points instead of the training points",
-            "for each query x, the weights K(x, x_i) must sum to 1 over the training points i: sum along the "
-            "same axis as the maximum (axis=-1, keepdims=True), since the shift cancels only within a query's row",
-            _gaussian_nw(_gauss, axis=0, shift_axis=-1)),
-    Mistake("underflow", "every kernel value underflows to 0 for a small bandwidth, giving 0 / 0 = NaN",
-            "subtract, for each query, the largest log-kernel value before exponentiating: the common "
-            "factor cancels in the ratio (as in a stable softmax)",
-            _gaussian_nw(_gauss, stable=False)),
-    Mistake("underflow_patched", "every kernel value underflows to 0 for a small bandwidth, and the 0 / 0 = NaN "
-            "was patched to 0 (np.nan_to_num, or an epsilon in the denominator) instead of avoided: the estimate there is 0, not the nearest "
-            "training point's y",
-            "subtract, for each query, the largest log-kernel value before exponentiating: the largest kernel "
-            "value is then exactly 1, the sum is at least 1, and nothing needs patching",
-            lambda *args: np.nan_to_num(_gaussian_nw(_gauss, stable=False)(*args))),
-    Mistake("nearest_fallback", "every kernel value underflows to 0 for a small bandwidth, and the 0 / 0 = NaN "
-            "was replaced by the nearest training point's y: that is the limit h -> 0, not the estimate at this h, "
-            "and it is wrong wherever two training points are almost equally near",
-            "subtract, for each query, the largest log-kernel value before exponentiating: the kernel values "
-            "that underflowed become ratios exp(s_i - max s), which keep the weight of every point that is almost "
-            "as near as the nearest",
-            _nearest_fallback),
-    Mistake("global_shift", "the largest log-kernel value of the whole matrix is subtracted, not each query's own",
-            "a query far from every training point has all its kernel values far below the global maximum, and "
-            "they underflow to 0 / 0: subtract each row's maximum (keepdims=True along the training points)",
-            _gaussian_nw(_gauss, shift_axis=None)),
+    Mistake(
+        "not_normalised",
+        "the kernel values are never divided by their sum over the training "
+        "points",
+        "f(x) = sum_i K(x, x_i) y_i / sum_j K(x, x_j): without the division "
+        "it is not an average",
+        _gaussian_nw(_gauss, normalise=False, stable=False),
+    ),
+    Mistake(
+        "bandwidth_not_squared",
+        "the kernel divides by 2 h instead of 2 h^2",
+        "the Gaussian kernel is exp(-(x - x_i)^2 / (2 h^2)); h has the units "
+        "of x, so it is squared",
+        _gaussian_nw(lambda diff, h: -(diff**2) / (2 * h)),
+    ),
+    Mistake(
+        "no_half",
+        "the kernel is exp(-(x - x_i)^2 / h^2), without the factor 1/2",
+        "with exp(-(x - x_i)^2 / (2 h^2)) the bandwidth h is the kernel's "
+        "standard deviation",
+        _gaussian_nw(lambda diff, h: -(diff**2) / h**2),
+    ),
+    Mistake(
+        "wrong_axis",
+        "the weights are normalised over the query points instead of the "
+        "training points",
+        "for each query x, the weights K(x, x_i) must sum to 1 over the "
+        "training points i",
+        _gaussian_nw(_gauss, axis=0),
+    ),
+    Mistake(
+        "wrong_axis_row_shift",
+        "each query's largest log-kernel value was subtracted (as in a stable "
+        "softmax), "
+        "but the weights are then normalised over the query points instead of "
+        "the training points",
+        "for each query x, the weights K(x, x_i) must sum to 1 over the "
+        "training points i: sum along the "
+        "same axis as the maximum (axis=-1, keepdims=True), since the shift "
+        "cancels only within a query's row",
+        _gaussian_nw(_gauss, axis=0, shift_axis=-1),
+    ),
+    Mistake(
+        "underflow",
+        "every kernel value underflows to 0 for a small bandwidth, giving 0 / "
+        "0 = NaN",
+        "subtract, for each query, the largest log-kernel value before "
+        "exponentiating: the common "
+        "factor cancels in the ratio (as in a stable softmax)",
+        _gaussian_nw(_gauss, stable=False),
+    ),
+    Mistake(
+        "underflow_patched",
+        "every kernel value underflows to 0 for a small bandwidth, and the 0 "
+        "/ 0 = NaN "
+        "was patched to 0 (np.nan_to_num, or an epsilon in the denominator) "
+        "instead of avoided: the estimate there is 0, not the nearest "
+        "training point's y",
+        "subtract, for each query, the largest log-kernel value before "
+        "exponentiating: the largest kernel "
+        "value is then exactly 1, the sum is at least 1, and nothing needs "
+        "patching",
+        lambda *args: np.nan_to_num(_gaussian_nw(_gauss, stable=False)(*args)),
+    ),
+    Mistake(
+        "nearest_fallback",
+        "every kernel value underflows to 0 for a small bandwidth, and the 0 "
+        "/ 0 = NaN "
+        "was replaced by the nearest training point's y: that is the limit h "
+        "-> 0, not the estimate at this h, "
+        "and it is wrong wherever two training points are almost equally near",
+        "subtract, for each query, the largest log-kernel value before "
+        "exponentiating: the kernel values "
+        "that underflowed become ratios exp(s_i - max s), which keep the "
+        "weight of every point that is almost "
+        "as near as the nearest",
+        _nearest_fallback,
+    ),
+    Mistake(
+        "global_shift",
+        "the largest log-kernel value of the whole matrix is subtracted, not "
+        "each query's own",
+        "a query far from every training point has all its kernel values far "
+        "below the global maximum, and "
+        "they underflow to 0 / 0: subtract each row's maximum (keepdims=True "
+        "along the training points)",
+        _gaussian_nw(_gauss, shift_axis=None),
+    ),
 ]
 
 
@@ -360,33 +544,72 @@ def nadaraya_watson_cases() -> list[Case]:
     x_query = np.linspace(0.05, 0.95, 5)
     grid = np.arange(0.0, 1.01, 0.1)
     return [
-        Case("5 queries, 8 training points, bandwidth h = 0.3", (x_query, x_train, y_train, 0.3)),
+        Case(
+            "5 queries, 8 training points, bandwidth h = 0.3",
+            (x_query, x_train, y_train, 0.3),
+        ),
         Case("a smooth fit, h = 2.0", (x_query, x_train, y_train, 2.0)),
-        # off the midpoints (0.04 from one point, 0.06 from the next): no near-tie that float32 inputs could flip
-        Case("queries between training points spaced 0.1 apart, h = 0.001 (every exp underflows)",
-             (grid[:-1] + 0.04, grid, np.cos(grid), 0.001)),
-        Case("a single training point", (x_query, x_train[:1], y_train[:1], 0.3)),
-        Case("one query far from every training point, one close, h = 0.005 (rows at different levels)",
-             (np.array([0.3, 0.5]), np.array([0.0, 0.52, 1.0]), np.array([1.0, 2.0, 3.0]), 0.005)),
-        # log-kernels -800 and -800.4: both underflow, yet the farther point keeps weight 1 / (1 + e^0.4) = 0.40,
-        # so the nearest point's y (the limit h -> 0) is not the estimate (20.40 here, not 20). Scores of -800
-        # carry a float32 rounding of about 1e-4, which moves a right float32 answer by about 2e-5: the
-        # responses are offset to 20, so that the tolerance (relative 1e-5: 2e-4 here) admits it.
-        Case("every exp underflows, two training points almost equally near (0.4 and 0.4001), h = 0.01",
-             (np.array([0.5]), np.array([0.1, 0.9001]), np.array([20.0, 21.0]), 0.01)),
+        # off the midpoints (0.04 from one point, 0.06 from the next): no
+        # near-tie that float32 inputs could flip
+        Case(
+            "queries between training points spaced 0.1 apart, h = 0.001 "
+            "(every exp underflows)",
+            (grid[:-1] + 0.04, grid, np.cos(grid), 0.001),
+        ),
+        Case(
+            "a single training point", (x_query, x_train[:1], y_train[:1], 0.3)
+        ),
+        Case(
+            "one query far from every training point, one close, h = 0.005 "
+            "(rows at different levels)",
+            (
+                np.array([0.3, 0.5]),
+                np.array([0.0, 0.52, 1.0]),
+                np.array([1.0, 2.0, 3.0]),
+                0.005,
+            ),
+        ),
+        # log-kernels -800 and -800.4: both underflow, yet the farther point
+        # keeps weight 1 / (1 + e^0.4) = 0.40, so the nearest point's y (the
+        # limit h -> 0) is not the estimate (20.40 here, not 20). Scores of
+        # -800 carry a float32 rounding of about 1e-4, which moves a right
+        # float32 answer by about 2e-5: the responses are offset to 20, so that
+        # the tolerance (relative 1e-5: 2e-4 here) admits it.
+        Case(
+            "every exp underflows, two training points almost equally near "
+            "(0.4 and 0.4001), h = 0.01",
+            (
+                np.array([0.5]),
+                np.array([0.1, 0.9001]),
+                np.array([20.0, 21.0]),
+                0.01,
+            ),
+        ),
     ]
 
 
 def check_nadaraya_watson(fn) -> None:
-    """Check ``fn(x_query, x_train, y_train, bandwidth)`` returns the Gaussian-kernel estimate.
+    """Check ``fn(x_query, x_train, y_train, bandwidth)`` returns the
+    Gaussian-kernel estimate.
 
-    x_query: (n_q,), x_train: (n,), y_train: (n,) 1-D arrays -> (n_q,); the kernel is
-    ``exp(-(x - x_i)^2 / (2 h^2))`` with ``h = bandwidth``.
+    x_query: (n_q,), x_train: (n,), y_train: (n,) 1-D arrays -> (n_q,); the
+    kernel is ``exp(-(x - x_i)^2 / (2 h^2))`` with ``h = bandwidth``.
     """
+
     def reference(x_query, x_train, y_train, bandwidth):
-        est, _ = nadaraya_watson(np.asarray(x_query)[:, None], np.asarray(x_train)[:, None],
-                                 np.asarray(y_train)[:, None], bandwidth=bandwidth)
+        est, _ = nadaraya_watson(
+            np.asarray(x_query)[:, None],
+            np.asarray(x_train)[:, None],
+            np.asarray(y_train)[:, None],
+            bandwidth=bandwidth,
+        )
         return est[:, 0]
 
-    run_checks("Nadaraya-Watson", fn, nadaraya_watson_cases(), reference, NADARAYA_WATSON_MISTAKES,
-               postprocess=_first)
+    run_checks(
+        "Nadaraya-Watson",
+        fn,
+        nadaraya_watson_cases(),
+        reference,
+        NADARAYA_WATSON_MISTAKES,
+        postprocess=_first,
+    )

@@ -3,6 +3,7 @@
 ``check_rope_attention`` imports torch; load it from this module
 (``from attnbook.exercises.positional import check_rope_attention``).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,65 +21,136 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
-# --- attention with RoPE on queries and keys ----------------------------------------
+# --- attention with RoPE on queries and keys ---------------------------------
+
 
 def _rope_with(x, base=10000.0, sign=1.0, exponent=2.0):
-    """Half-layout RoPE with a sign on the angle and an exponent ``e`` in ``base ** (-e i / d)``."""
+    """Half-layout RoPE with a sign on the angle and an exponent ``e`` in
+    ``base ** (-e i / d)``."""
     d = x.shape[-1]
     freqs = base ** (-exponent * np.arange(d // 2) / d)
     return apply_rope(x, frequencies=sign * freqs)
 
 
 def rope_attention(q, k, v):
-    """The reference: ``softmax(R(q) R(k)^T / sqrt(d_k)) v``, half layout, positions 0..n-1, no mask."""
+    """The reference: ``softmax(R(q) R(k)^T / sqrt(d_k)) v``, half layout,
+    positions 0..n-1, no mask."""
     return attend(apply_rope(q), apply_rope(k), v)
 
 
 ROPE_MISTAKES = [
-    Mistake("rope_on_values", "RoPE was applied to the values as well as to the queries and keys",
-            "rotate q and k only: the rotation is there to make the scores q.k depend on m - n; "
-            "rotating v makes what each key hands on depend on its absolute position",
-            lambda q, k, v: attend(apply_rope(q), apply_rope(k), apply_rope(v))),
-    Mistake("q_only", "RoPE was applied to the queries but not to the keys",
-            "rotate both: q_m . k_n depends on m - n only when q is turned by m*theta and k by n*theta",
-            lambda q, k, v: attend(apply_rope(q), k, v)),
-    Mistake("k_only", "RoPE was applied to the keys but not to the queries",
-            "rotate both q and k, each by its own position",
-            lambda q, k, v: attend(q, apply_rope(k), v)),
-    Mistake("no_rope", "no rotation at all: this is plain attention, blind to position",
-            "apply attnbook.positional.apply_rope (or your own rotation) to q and k before the scores",
-            lambda q, k, v: attend(q, k, v)),
-    Mistake("rope_on_output", "the rotation was applied to the attention output instead of to q and k",
-            "rotate q and k before computing the scores; the output is not rotated",
-            lambda q, k, v: apply_rope(attend(q, k, v))),
-    Mistake("interleaved_layout", "the pairs are (2i, 2i+1) (interleaved layout); this exercise uses the half "
-            "layout, pairs (i, i + d/2)",
-            "use layout='half': pair i is feature i with feature i + d/2. A checkpoint cares which one you use",
-            lambda q, k, v: attend(apply_rope(q, layout="interleaved"), apply_rope(k, layout="interleaved"), v)),
-    Mistake("reversed_rotation", "each pair is rotated by -m*theta instead of +m*theta (a sign error in the sines, "
-            "or positions counted backwards, n - 1 .. 0, for both q and k: the two give the same scores)",
-            "the first half becomes x1*cos - x2*sin and the second x1*sin + x2*cos, with positions 0, 1, ..., "
-            "n - 1 for q and k alike",
-            lambda q, k, v: attend(_rope_with(q, sign=-1.0), _rope_with(k, sign=-1.0), v)),
-    Mistake("frequency_exponent", "the frequencies are base**(-i/d) instead of base**(-2i/d)",
-            "pair i (i = 0 .. d/2 - 1) turns at base**(-2i/d) radians per position",
-            lambda q, k, v: attend(_rope_with(q, exponent=1.0), _rope_with(k, exponent=1.0), v)),
-    Mistake("opposite_rotations", "the keys are rotated the opposite way (by -n*theta): the scores then "
-            "depend on m + n, the absolute positions, instead of on m - n",
-            "rotate q and k the same way, each by its own position: R(m) q . R(n) k = q . R(n - m) k",
-            lambda q, k, v: attend(apply_rope(q), _rope_with(k, sign=-1.0), v)),
-    Mistake("key_positions_shifted", "the keys are rotated at positions 1 .. n instead of 0 .. n - 1 (the "
-            "queries at 0 .. n - 1): every score sees the distance off by one",
-            "rotate query m and key n at their own positions, both counted from 0 (or both from 1: only "
-            "m - n matters, so one shift for both is harmless, a shift of one of them is not)",
-            lambda q, k, v: attend(apply_rope(q), apply_rope(k, positions=torch.arange(1, k.shape[-2] + 1)), v)),
-    Mistake("key_positions_reversed", "the keys are rotated at positions n - 1 .. 0, in reverse order",
-            "key j sits at position j: apply the rotation with positions 0, 1, ..., n - 1 to the keys as to "
-            "the queries",
-            lambda q, k, v: attend(apply_rope(q), apply_rope(k, positions=torch.arange(k.shape[-2] - 1, -1, -1)), v)),
-    Mistake("no_scale", "the scores are not divided by sqrt(d_k)",
-            "RoPE preserves lengths, so the scaling of chapter 3 is still needed",
-            lambda q, k, v: attend(apply_rope(q), apply_rope(k), v, scale=1.0)),
+    Mistake(
+        "rope_on_values",
+        "RoPE was applied to the values as well as to the queries and keys",
+        "rotate q and k only: the rotation is there to make the scores q.k "
+        "depend on m - n; "
+        "rotating v makes what each key hands on depend on its absolute "
+        "position",
+        lambda q, k, v: attend(apply_rope(q), apply_rope(k), apply_rope(v)),
+    ),
+    Mistake(
+        "q_only",
+        "RoPE was applied to the queries but not to the keys",
+        "rotate both: q_m . k_n depends on m - n only when q is turned by "
+        "m*theta and k by n*theta",
+        lambda q, k, v: attend(apply_rope(q), k, v),
+    ),
+    Mistake(
+        "k_only",
+        "RoPE was applied to the keys but not to the queries",
+        "rotate both q and k, each by its own position",
+        lambda q, k, v: attend(q, apply_rope(k), v),
+    ),
+    Mistake(
+        "no_rope",
+        "no rotation at all: this is plain attention, blind to position",
+        "apply attnbook.positional.apply_rope (or your own rotation) to q and "
+        "k before the scores",
+        lambda q, k, v: attend(q, k, v),
+    ),
+    Mistake(
+        "rope_on_output",
+        "the rotation was applied to the attention output instead of to q and "
+        "k",
+        "rotate q and k before computing the scores; the output is not "
+        "rotated",
+        lambda q, k, v: apply_rope(attend(q, k, v)),
+    ),
+    Mistake(
+        "interleaved_layout",
+        "the pairs are (2i, 2i+1) (interleaved layout); this exercise uses "
+        "the half "
+        "layout, pairs (i, i + d/2)",
+        "use layout='half': pair i is feature i with feature i + d/2. A "
+        "checkpoint cares which one you use",
+        lambda q, k, v: attend(
+            apply_rope(q, layout="interleaved"),
+            apply_rope(k, layout="interleaved"),
+            v,
+        ),
+    ),
+    Mistake(
+        "reversed_rotation",
+        "each pair is rotated by -m*theta instead of +m*theta (a sign error "
+        "in the sines, "
+        "or positions counted backwards, n - 1 .. 0, for both q and k: the "
+        "two give the same scores)",
+        "the first half becomes x1*cos - x2*sin and the second x1*sin + "
+        "x2*cos, with positions 0, 1, ..., "
+        "n - 1 for q and k alike",
+        lambda q, k, v: attend(
+            _rope_with(q, sign=-1.0), _rope_with(k, sign=-1.0), v
+        ),
+    ),
+    Mistake(
+        "frequency_exponent",
+        "the frequencies are base**(-i/d) instead of base**(-2i/d)",
+        "pair i (i = 0 .. d/2 - 1) turns at base**(-2i/d) radians per "
+        "position",
+        lambda q, k, v: attend(
+            _rope_with(q, exponent=1.0), _rope_with(k, exponent=1.0), v
+        ),
+    ),
+    Mistake(
+        "opposite_rotations",
+        "the keys are rotated the opposite way (by -n*theta): the scores then "
+        "depend on m + n, the absolute positions, instead of on m - n",
+        "rotate q and k the same way, each by its own position: R(m) q . R(n) "
+        "k = q . R(n - m) k",
+        lambda q, k, v: attend(apply_rope(q), _rope_with(k, sign=-1.0), v),
+    ),
+    Mistake(
+        "key_positions_shifted",
+        "the keys are rotated at positions 1 .. n instead of 0 .. n - 1 (the "
+        "queries at 0 .. n - 1): every score sees the distance off by one",
+        "rotate query m and key n at their own positions, both counted from 0 "
+        "(or both from 1: only "
+        "m - n matters, so one shift for both is harmless, a shift of one of "
+        "them is not)",
+        lambda q, k, v: attend(
+            apply_rope(q),
+            apply_rope(k, positions=torch.arange(1, k.shape[-2] + 1)),
+            v,
+        ),
+    ),
+    Mistake(
+        "key_positions_reversed",
+        "the keys are rotated at positions n - 1 .. 0, in reverse order",
+        "key j sits at position j: apply the rotation with positions 0, 1, "
+        "..., n - 1 to the keys as to "
+        "the queries",
+        lambda q, k, v: attend(
+            apply_rope(q),
+            apply_rope(k, positions=torch.arange(k.shape[-2] - 1, -1, -1)),
+            v,
+        ),
+    ),
+    Mistake(
+        "no_scale",
+        "the scores are not divided by sqrt(d_k)",
+        "RoPE preserves lengths, so the scaling of chapter 3 is still needed",
+        lambda q, k, v: attend(apply_rope(q), apply_rope(k), v, scale=1.0),
+    ),
 ]
 
 
@@ -89,37 +161,60 @@ def rope_attention_cases() -> list[Case]:
         return torch.from_numpy(rng.normal(scale=scale, size=shape))
 
     return [
-        Case("n = 6 positions, d_k = d_v = 8", (t(6, 8, scale=1.5), t(6, 8, scale=1.5), t(6, 8))),
-        Case("a batch of 2 sequences, n = 5, d_k = d_v = 16", (t(2, 5, 16, scale=1.5), t(2, 5, 16, scale=1.5),
-                                                                t(2, 5, 16))),
-        Case("d_v = 6 differs from d_k = 4, n = 7", (t(7, 4, scale=2.0), t(7, 4, scale=2.0), t(7, 6))),
-        Case("a single position (n = 1): no rotation at all", (t(1, 8), t(1, 8), t(1, 8))),
+        Case(
+            "n = 6 positions, d_k = d_v = 8",
+            (t(6, 8, scale=1.5), t(6, 8, scale=1.5), t(6, 8)),
+        ),
+        Case(
+            "a batch of 2 sequences, n = 5, d_k = d_v = 16",
+            (t(2, 5, 16, scale=1.5), t(2, 5, 16, scale=1.5), t(2, 5, 16)),
+        ),
+        Case(
+            "d_v = 6 differs from d_k = 4, n = 7",
+            (t(7, 4, scale=2.0), t(7, 4, scale=2.0), t(7, 6)),
+        ),
+        Case(
+            "a single position (n = 1): no rotation at all",
+            (t(1, 8), t(1, 8), t(1, 8)),
+        ),
     ]
 
 
 def check_rope_attention(fn) -> None:
-    """Check ``fn(q, k, v)`` = attention with RoPE (half layout, base 10000) on ``q`` and ``k``.
+    """Check ``fn(q, k, v)`` = attention with RoPE (half layout, base 10000) on
+    ``q`` and ``k``.
 
-    q, k: torch float64 ``(..., n, d_k)``; v: ``(..., n, d_v)``; positions ``0 .. n-1``; no mask;
-    scores scaled by ``1/sqrt(d_k)``. ``fn`` may return the output or ``(output, weights)``.
+    q, k: torch float64 ``(..., n, d_k)``; v: ``(..., n, d_v)``; positions ``0
+    .. n-1``; no mask; scores scaled by ``1/sqrt(d_k)``. ``fn`` may return the
+    output or ``(output, weights)``.
     """
-    run_checks("attention with RoPE", fn, rope_attention_cases(), rope_attention, ROPE_MISTAKES,
-               postprocess=_first)
+    run_checks(
+        "attention with RoPE",
+        fn,
+        rope_attention_cases(),
+        rope_attention,
+        ROPE_MISTAKES,
+        postprocess=_first,
+    )
 
 
-# --- the ALiBi bias ---------------------------------------------------------------------
+# --- the ALiBi bias ----------------------------------------------------------
+
 
 def visible_relative(bias) -> np.ndarray:
-    """What attention can see of a bias ``(heads, n, n)``: each row minus its diagonal, at or below it.
+    """What attention can see of a bias ``(heads, n, n)``: each row minus its
+    diagonal, at or below it.
 
-    Softmax ignores a constant added to a row (chapter 4), and a causal mask hides the
-    entries above the diagonal; so two biases that agree here give the same attention. A bias
-    ``(heads, 1, n)``, the same row for every query, is first broadcast to ``(heads, n, n)``.
-    Above the diagonal the result is 0. Anything that is not ``(heads, n, n)`` is returned as is.
+    Softmax ignores a constant added to a row (chapter 4), and a causal mask
+    hides the entries above the diagonal; so two biases that agree here give
+    the same attention. A bias ``(heads, 1, n)``, the same row for every query,
+    is first broadcast to ``(heads, n, n)``. Above the diagonal the result is
+    0. Anything that is not ``(heads, n, n)`` is returned as is.
     """
     b = as_array(bias)
     if b.ndim == 3 and b.shape[-2] == 1 and b.dtype != bool:
-        # (heads, 1, n): one row for every query, the form of the original ALiBi code (slope * j)
+        # (heads, 1, n): one row for every query, the form of the original
+        # ALiBi code (slope * j)
         b = np.broadcast_to(b, b.shape[:1] + (b.shape[-1], b.shape[-1]))
     if b.ndim != 3 or b.shape[-1] != b.shape[-2] or b.dtype == bool:
         return b
@@ -133,7 +228,8 @@ def visible_relative(bias) -> np.ndarray:
 
 def _distance(n):
     i = np.arange(n)
-    return i[:, None] - i[None, :]                                     # i - j: >= 0 at or below the diagonal
+    # i - j: >= 0 at or below the diagonal
+    return i[:, None] - i[None, :]
 
 
 def _geometric(h):
@@ -141,40 +237,93 @@ def _geometric(h):
 
 
 ALIBI_MISTAKES = [
-    Mistake("sign_error", "the bias grows with distance instead of shrinking: distant keys are favoured",
-            "the bias is -slope * (i - j) for a key j at or before the query i: a penalty, never a reward. "
-            "(Using the key's position, -slope * j, is the same mistake up to a constant per row.)",
-            lambda h, n: +alibi_slopes(h)[:, None, None] * _distance(n)),
-    Mistake("slopes_reversed", "the slopes are in reverse order: the first head (r = 1) has the smallest slope",
-            "heads are numbered r = 1 .. h: head r = 1 gets the steepest slope 2**(-8/h), head r = h the "
-            "gentlest 2**(-8)",
-            lambda h, n: -alibi_slopes(h)[::-1, None, None] * _distance(n)),
-    Mistake("missing_slope", "every head has the same bias -(i - j): the per-head slope is missing",
-            "multiply each head's distance matrix by its own slope from alibi_slopes",
-            lambda h, n: -np.ones((h, 1, 1)) * _distance(n)),
-    Mistake("slopes_start_at_one", "the slopes start at 2**0 = 1 (exponents i = 0 .. h-1) instead of 2**(-8/h)",
-            "the exponents are -8 i / h for i = 1 .. h",
-            lambda h, n: -(2.0 ** (-8.0 * np.arange(h) / h))[:, None, None] * _distance(n)),
-    Mistake("geometric_for_any_h", "the power-of-two formula 2**(-8 i / h) was used for a head count "
-            "that is not a power of two",
-            "for such h, Press et al. take the slopes of the largest power of two p < h, then every "
-            "other slope of 2p: alibi_slopes(12) = slopes(8) + slopes(16)[0::2][:4]",
-            lambda h, n: -_geometric(h)[:, None, None] * _distance(n)),
-    Mistake("constant_rows", "the bias does not change along a row (it is zero, or depends on the query only), "
-            "so softmax ignores it",
-            "the bias must depend on the key's distance from the query: -slope * (i - j)",
-            lambda h, n: -alibi_slopes(h)[:, None, None] * np.arange(n)[None, :, None] * np.ones((1, 1, n))),
+    Mistake(
+        "sign_error",
+        "the bias grows with distance instead of shrinking: distant keys are "
+        "favoured",
+        "the bias is -slope * (i - j) for a key j at or before the query i: a "
+        "penalty, never a reward. "
+        "(Using the key's position, -slope * j, is the same mistake up to a "
+        "constant per row.)",
+        lambda h, n: +alibi_slopes(h)[:, None, None] * _distance(n),
+    ),
+    Mistake(
+        "slopes_reversed",
+        "the slopes are in reverse order: the first head (r = 1) has the "
+        "smallest slope",
+        "heads are numbered r = 1 .. h: head r = 1 gets the steepest slope "
+        "2**(-8/h), head r = h the "
+        "gentlest 2**(-8)",
+        lambda h, n: -alibi_slopes(h)[::-1, None, None] * _distance(n),
+    ),
+    Mistake(
+        "missing_slope",
+        "every head has the same bias -(i - j): the per-head slope is missing",
+        "multiply each head's distance matrix by its own slope from "
+        "alibi_slopes",
+        lambda h, n: -np.ones((h, 1, 1)) * _distance(n),
+    ),
+    Mistake(
+        "slopes_start_at_one",
+        "the slopes start at 2**0 = 1 (exponents i = 0 .. h-1) instead of "
+        "2**(-8/h)",
+        "the exponents are -8 i / h for i = 1 .. h",
+        lambda h, n: (
+            -(2.0 ** (-8.0 * np.arange(h) / h))[:, None, None] * _distance(n)
+        ),
+    ),
+    Mistake(
+        "geometric_for_any_h",
+        "the power-of-two formula 2**(-8 i / h) was used for a head count "
+        "that is not a power of two",
+        "for such h, Press et al. take the slopes of the largest power of two "
+        "p < h, then every "
+        "other slope of 2p: alibi_slopes(12) = slopes(8) + "
+        "slopes(16)[0::2][:4]",
+        lambda h, n: -_geometric(h)[:, None, None] * _distance(n),
+    ),
+    Mistake(
+        "constant_rows",
+        "the bias does not change along a row (it is zero, or depends on the "
+        "query only), "
+        "so softmax ignores it",
+        "the bias must depend on the key's distance from the query: -slope * "
+        "(i - j)",
+        lambda h, n: (
+            -alibi_slopes(h)[:, None, None]
+            * np.arange(n)[None, :, None]
+            * np.ones((1, 1, n))
+        ),
+    ),
 ]
 
 
 def check_alibi_bias(fn) -> None:
-    """Check ``fn(n_heads, n)`` returns the ALiBi bias ``(n_heads, n, n)`` for a causal model.
+    """Check ``fn(n_heads, n)`` returns the ALiBi bias ``(n_heads, n, n)`` for
+    a causal model.
 
-    Only what attention can see is compared (:func:`visible_relative`): entries at or below
-    the diagonal, up to a constant per row. Entries above the diagonal (masked) may be anything.
+    Only what attention can see is compared (:func:`visible_relative`): entries
+    at or below the diagonal, up to a constant per row. Entries above the
+    diagonal (masked) may be anything.
     """
-    cases = [Case(f"n_heads = {h}, n = {n}", (h, n)) for h, n in ((8, 6), (4, 5), (12, 5), (3, 4), (1, 3))]
-    mistakes = [Mistake(m.key, m.description, m.hint, lambda h, n, f=m.commit: visible_relative(f(h, n)))
-                for m in ALIBI_MISTAKES]
-    run_checks("ALiBi bias", fn, cases, lambda h, n: visible_relative(alibi_bias(h, n)), mistakes,
-               postprocess=visible_relative)
+    cases = [
+        Case(f"n_heads = {h}, n = {n}", (h, n))
+        for h, n in ((8, 6), (4, 5), (12, 5), (3, 4), (1, 3))
+    ]
+    mistakes = [
+        Mistake(
+            m.key,
+            m.description,
+            m.hint,
+            lambda h, n, f=m.commit: visible_relative(f(h, n)),
+        )
+        for m in ALIBI_MISTAKES
+    ]
+    run_checks(
+        "ALiBi bias",
+        fn,
+        cases,
+        lambda h, n: visible_relative(alibi_bias(h, n)),
+        mistakes,
+        postprocess=visible_relative,
+    )

@@ -1,4 +1,6 @@
-"""Checkers for chapter 2: attention scores and cross-attention from token vectors."""
+"""Checkers for chapter 2: attention scores and cross-attention from token
+vectors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,101 +21,212 @@ def _t(a):
 
 # --- scores S = (x W_Q)(x W_K)^T -------------------------------------------
 
+
 def _scores(x, w_q, w_k):
     return (x @ w_q) @ _t(x @ w_k)
 
 
 SCORES_MISTAKES = [
-    Mistake("swapped_qk", "queries and keys are swapped: your matrix is S transposed",
-            "row i must hold query i against every key: (x @ w_q) @ (x @ w_k).T, not (x @ w_k) @ (x @ w_q).T",
-            lambda x, w_q, w_k: (x @ w_k) @ _t(x @ w_q)),
-    Mistake("w_q_for_both", "w_q is used for the keys too, so your scores are symmetric",
-            "the keys are x @ w_k; tying the two matrices makes S = S^T (see the chapter's theorem)",
-            lambda x, w_q, w_k: (x @ w_q) @ _t(x @ w_q)),
-    Mistake("w_k_for_both", "w_k is used for the queries too, so your scores are symmetric",
-            "the queries are x @ w_q; tying the two matrices makes S = S^T (see the chapter's theorem)",
-            lambda x, w_q, w_k: (x @ w_k) @ _t(x @ w_k)),
-    Mistake("scaled", "your scores are already divided by sqrt(d_k)",
-            "this exercise asks for the raw dot products q_i . k_j; the 1/sqrt(d_k) comes later (chapter 3)",
-            lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(w_q.shape[-1])),
-    Mistake("scaled_by_d_model", "your scores are divided by sqrt(d_model), the width of the tokens",
-            "this exercise asks for the raw dot products; and when chapter 3 scales them, the factor is "
-            "sqrt(d_k), the width of the queries and keys (w_q.shape[-1]), not of the tokens",
-            lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(x.shape[-1])),
-    Mistake("transposed_weights", "the weight matrices are applied transposed (x @ w.T)",
-            "the book's weights are (d_model, d_k) and project as x @ w; torch.nn.Linear stores the transpose",
-            lambda x, w_q, w_k: (x @ _t(w_q)) @ _t(x @ _t(w_k))),
-    Mistake("features_contracted", "you contracted over the tokens (Q^T K, shape (d_k, d_k)) instead of the features",
-            "S_ij = q_i . k_j sums over the d_k features of one query and one key: Q @ K.T is (n, n)",
-            lambda x, w_q, w_k: _t(x @ w_q) @ (x @ w_k)),
-    Mistake("softmax_applied", "you returned attention weights (softmax of the scores), not the scores",
-            "stop before the softmax: the exercise asks for S itself",
-            lambda x, w_q, w_k: softmax(_scores(x, w_q, w_k), axis=-1)),
-    Mistake("softmax_over_queries", "you applied a softmax down the columns (over the queries, axis 0)",
-            "stop before any softmax: the exercise asks for S itself (and attention's softmax runs along "
-            "each row, over the keys, axis=-1)",
-            lambda x, w_q, w_k: softmax(_scores(x, w_q, w_k), axis=-2)),
-    Mistake("log_softmax", "you returned the log of the softmax of the scores (log-softmax), not the scores",
-            "log-softmax subtracts each row's log-sum-exp from the scores; return S itself, before any softmax",
-            lambda x, w_q, w_k: np.log(softmax(_scores(x, w_q, w_k), axis=-1))),
-    Mistake("row_max_subtracted", "each row has its maximum subtracted (the softmax's stabilising shift)",
-            "that shift belongs inside a softmax, where it changes nothing; the scores themselves are unshifted",
-            lambda x, w_q, w_k: _scores(x, w_q, w_k) - _scores(x, w_q, w_k).max(axis=-1, keepdims=True)),
-    Mistake("divided_by_d_k", "your scores are divided by d_k, not left raw",
-            "this exercise asks for the raw dot products q_i . k_j; when chapter 3 scales them, the factor "
-            "is 1/sqrt(d_k), not 1/d_k",
-            lambda x, w_q, w_k: _scores(x, w_q, w_k) / w_q.shape[-1]),
-    Mistake("divided_by_d_model", "your scores are divided by d_model, the width of the tokens, not left raw",
-            "this exercise asks for the raw dot products q_i . k_j; when chapter 3 scales them, the factor is "
-            "1/sqrt(d_k), with d_k the width of the queries and keys (w_q.shape[-1]), not of the tokens",
-            lambda x, w_q, w_k: _scores(x, w_q, w_k) / x.shape[-1]),
-    Mistake("divided_by_sqrt_n", "your scores are divided by sqrt(n), the square root of the number of tokens",
-            "this exercise asks for the raw dot products; a scale, when there is one (chapter 3), depends on "
-            "the width d_k of the queries and keys, not on how many tokens there are",
-            lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(x.shape[-2])),
-    Mistake("symmetrised", "your scores are symmetrised, (S + S^T) / 2",
-            "S_ij = q_i . k_j and S_ji = q_j . k_i differ: the scores of attention need not be symmetric",
-            lambda x, w_q, w_k: (_scores(x, w_q, w_k) + _t(_scores(x, w_q, w_k))) / 2),
-    Mistake("diagonal_only", "only the diagonal is filled: each token's query against its own key",
-            "S_ij pairs query i with key j for every i and j: (x @ w_q) @ (x @ w_k).T fills the whole (n, n) matrix",
-            lambda x, w_q, w_k: np.eye(x.shape[-2]) * _scores(x, w_q, w_k)),
-    Mistake("cosine_similarity", "you returned cosine similarities: the queries and keys are normalised to length 1",
-            "the scores are plain dot products q_i . k_j; their lengths count too",
-            lambda x, w_q, w_k: _scores(x, w_q, w_k)
-            / np.linalg.norm(x @ w_q, axis=-1)[..., :, None] / np.linalg.norm(x @ w_k, axis=-1)[..., None, :]),
-    Mistake("float16", "your scores are rounded to float16 (half precision, about 3 significant digits)",
-            "compute and return the scores in the precision of the inputs (float64 here)",
-            lambda x, w_q, w_k: _scores(x, w_q, w_k).astype(np.float16)),
-    Mistake("w_q_transposed", "w_q is applied transposed (x @ w_q.T); w_k is used the right way",
-            "the book's weights are (d_model, d_k) and project as x @ w: the queries are x @ w_q",
-            lambda x, w_q, w_k: (x @ _t(w_q)) @ _t(x @ w_k)),
-    Mistake("w_k_transposed", "w_k is applied transposed (x @ w_k.T); w_q is used the right way",
-            "the book's weights are (d_model, d_k) and project as x @ w: the keys are x @ w_k",
-            lambda x, w_q, w_k: (x @ w_q) @ _t(x @ _t(w_k))),
+    Mistake(
+        "swapped_qk",
+        "queries and keys are swapped: your matrix is S transposed",
+        "row i must hold query i against every key: (x @ w_q) @ (x @ w_k).T, "
+        "not (x @ w_k) @ (x @ w_q).T",
+        lambda x, w_q, w_k: (x @ w_k) @ _t(x @ w_q),
+    ),
+    Mistake(
+        "w_q_for_both",
+        "w_q is used for the keys too, so your scores are symmetric",
+        "the keys are x @ w_k; tying the two matrices makes S = S^T (see the "
+        "chapter's theorem)",
+        lambda x, w_q, w_k: (x @ w_q) @ _t(x @ w_q),
+    ),
+    Mistake(
+        "w_k_for_both",
+        "w_k is used for the queries too, so your scores are symmetric",
+        "the queries are x @ w_q; tying the two matrices makes S = S^T (see "
+        "the chapter's theorem)",
+        lambda x, w_q, w_k: (x @ w_k) @ _t(x @ w_k),
+    ),
+    Mistake(
+        "scaled",
+        "your scores are already divided by sqrt(d_k)",
+        "this exercise asks for the raw dot products q_i . k_j; the "
+        "1/sqrt(d_k) comes later (chapter 3)",
+        lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(w_q.shape[-1]),
+    ),
+    Mistake(
+        "scaled_by_d_model",
+        "your scores are divided by sqrt(d_model), the width of the tokens",
+        "this exercise asks for the raw dot products; and when chapter 3 "
+        "scales them, the factor is "
+        "sqrt(d_k), the width of the queries and keys (w_q.shape[-1]), not of "
+        "the tokens",
+        lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(x.shape[-1]),
+    ),
+    Mistake(
+        "transposed_weights",
+        "the weight matrices are applied transposed (x @ w.T)",
+        "the book's weights are (d_model, d_k) and project as x @ w; "
+        "torch.nn.Linear stores the transpose",
+        lambda x, w_q, w_k: (x @ _t(w_q)) @ _t(x @ _t(w_k)),
+    ),
+    Mistake(
+        "features_contracted",
+        "you contracted over the tokens (Q^T K, shape (d_k, d_k)) instead of "
+        "the features",
+        "S_ij = q_i . k_j sums over the d_k features of one query and one "
+        "key: Q @ K.T is (n, n)",
+        lambda x, w_q, w_k: _t(x @ w_q) @ (x @ w_k),
+    ),
+    Mistake(
+        "softmax_applied",
+        "you returned attention weights (softmax of the scores), not the "
+        "scores",
+        "stop before the softmax: the exercise asks for S itself",
+        lambda x, w_q, w_k: softmax(_scores(x, w_q, w_k), axis=-1),
+    ),
+    Mistake(
+        "softmax_over_queries",
+        "you applied a softmax down the columns (over the queries, axis 0)",
+        "stop before any softmax: the exercise asks for S itself (and "
+        "attention's softmax runs along "
+        "each row, over the keys, axis=-1)",
+        lambda x, w_q, w_k: softmax(_scores(x, w_q, w_k), axis=-2),
+    ),
+    Mistake(
+        "log_softmax",
+        "you returned the log of the softmax of the scores (log-softmax), not "
+        "the scores",
+        "log-softmax subtracts each row's log-sum-exp from the scores; return "
+        "S itself, before any softmax",
+        lambda x, w_q, w_k: np.log(softmax(_scores(x, w_q, w_k), axis=-1)),
+    ),
+    Mistake(
+        "row_max_subtracted",
+        "each row has its maximum subtracted (the softmax's stabilising "
+        "shift)",
+        "that shift belongs inside a softmax, where it changes nothing; the "
+        "scores themselves are unshifted",
+        lambda x, w_q, w_k: (
+            _scores(x, w_q, w_k)
+            - _scores(x, w_q, w_k).max(axis=-1, keepdims=True)
+        ),
+    ),
+    Mistake(
+        "divided_by_d_k",
+        "your scores are divided by d_k, not left raw",
+        "this exercise asks for the raw dot products q_i . k_j; when chapter "
+        "3 scales them, the factor "
+        "is 1/sqrt(d_k), not 1/d_k",
+        lambda x, w_q, w_k: _scores(x, w_q, w_k) / w_q.shape[-1],
+    ),
+    Mistake(
+        "divided_by_d_model",
+        "your scores are divided by d_model, the width of the tokens, not "
+        "left raw",
+        "this exercise asks for the raw dot products q_i . k_j; when chapter "
+        "3 scales them, the factor is "
+        "1/sqrt(d_k), with d_k the width of the queries and keys "
+        "(w_q.shape[-1]), not of the tokens",
+        lambda x, w_q, w_k: _scores(x, w_q, w_k) / x.shape[-1],
+    ),
+    Mistake(
+        "divided_by_sqrt_n",
+        "your scores are divided by sqrt(n), the square root of the number of "
+        "tokens",
+        "this exercise asks for the raw dot products; a scale, when there is "
+        "one (chapter 3), depends on "
+        "the width d_k of the queries and keys, not on how many tokens there "
+        "are",
+        lambda x, w_q, w_k: _scores(x, w_q, w_k) / np.sqrt(x.shape[-2]),
+    ),
+    Mistake(
+        "symmetrised",
+        "your scores are symmetrised, (S + S^T) / 2",
+        "S_ij = q_i . k_j and S_ji = q_j . k_i differ: the scores of "
+        "attention need not be symmetric",
+        lambda x, w_q, w_k: (
+            (_scores(x, w_q, w_k) + _t(_scores(x, w_q, w_k))) / 2
+        ),
+    ),
+    Mistake(
+        "diagonal_only",
+        "only the diagonal is filled: each token's query against its own key",
+        "S_ij pairs query i with key j for every i and j: (x @ w_q) @ (x @ "
+        "w_k).T fills the whole (n, n) matrix",
+        lambda x, w_q, w_k: np.eye(x.shape[-2]) * _scores(x, w_q, w_k),
+    ),
+    Mistake(
+        "cosine_similarity",
+        "you returned cosine similarities: the queries and keys are "
+        "normalised to length 1",
+        "the scores are plain dot products q_i . k_j; their lengths count too",
+        lambda x, w_q, w_k: (
+            _scores(x, w_q, w_k)
+            / np.linalg.norm(x @ w_q, axis=-1)[..., :, None]
+            / np.linalg.norm(x @ w_k, axis=-1)[..., None, :]
+        ),
+    ),
+    Mistake(
+        "float16",
+        "your scores are rounded to float16 (half precision, about 3 "
+        "significant digits)",
+        "compute and return the scores in the precision of the inputs "
+        "(float64 here)",
+        lambda x, w_q, w_k: _scores(x, w_q, w_k).astype(np.float16),
+    ),
+    Mistake(
+        "w_q_transposed",
+        "w_q is applied transposed (x @ w_q.T); w_k is used the right way",
+        "the book's weights are (d_model, d_k) and project as x @ w: the "
+        "queries are x @ w_q",
+        lambda x, w_q, w_k: (x @ _t(w_q)) @ _t(x @ w_k),
+    ),
+    Mistake(
+        "w_k_transposed",
+        "w_k is applied transposed (x @ w_k.T); w_q is used the right way",
+        "the book's weights are (d_model, d_k) and project as x @ w: the keys "
+        "are x @ w_k",
+        lambda x, w_q, w_k: (x @ w_q) @ _t(x @ _t(w_k)),
+    ),
 ]
 
 
 def scores_cases() -> list[Case]:
     rng = np.random.default_rng(2)
     r = lambda *shape: rng.normal(size=shape)  # noqa: E731
-    # The first case has square weights, so that every mistake runs and can be recognised.
+    # The first case has square weights, so that every mistake runs and can be
+    # recognised.
     return [
         Case("n = 4 tokens, d_model = d_k = 5", (r(4, 5), r(5, 5), r(5, 5))),
-        Case("n = 6 tokens, d_model = 8, d_k = 3", (r(6, 8), r(8, 3), r(8, 3))),
-        Case("a single token (n = 1), d_model = 4, d_k = 2", (r(1, 4), r(4, 2), r(4, 2))),
-        Case("n = 3 tokens, d_model = 2, d_k = 6 (wider than the tokens)", (r(3, 2), r(2, 6), r(2, 6))),
+        Case(
+            "n = 6 tokens, d_model = 8, d_k = 3", (r(6, 8), r(8, 3), r(8, 3))
+        ),
+        Case(
+            "a single token (n = 1), d_model = 4, d_k = 2",
+            (r(1, 4), r(4, 2), r(4, 2)),
+        ),
+        Case(
+            "n = 3 tokens, d_model = 2, d_k = 6 (wider than the tokens)",
+            (r(3, 2), r(2, 6), r(2, 6)),
+        ),
     ]
 
 
 def check_attention_scores(fn) -> None:
-    """Check ``fn(x, w_q, w_k)`` returns the raw scores ``S = (x w_q)(x w_k)^T``, shape ``(n, n)``.
+    """Check ``fn(x, w_q, w_k)`` returns the raw scores ``S = (x w_q)(x
+    w_k)^T``, shape ``(n, n)``.
 
     x: (n, d_model); w_q, w_k: (d_model, d_k). No scaling, no softmax.
     """
-    run_checks("attention scores", fn, scores_cases(), _scores, SCORES_MISTAKES)
+    run_checks(
+        "attention scores", fn, scores_cases(), _scores, SCORES_MISTAKES
+    )
 
 
 # --- cross-attention output --------------------------------------------------
+
 
 def _cross(x, context, w_q, w_k, w_v):
     return single_head_attention(x, w_q, w_k, w_v, context=context)[0]
@@ -127,97 +240,254 @@ def _attend(q, k, v, scale=True, axis=-1):
 
 
 CROSS_MISTAKES = [
-    Mistake("swapped_sources", "the queries come from the context and the keys and values from x",
-            "queries ask, so they come from x (the sequence being updated); keys and values come from the context",
-            lambda x, c, w_q, w_k, w_v: _attend(c @ w_q, x @ w_k, x @ w_v)),
-    Mistake("self_attention", "the keys and values come from x: that is self-attention, not cross-attention",
-            "project the context with w_k and w_v: k = context @ w_k, v = context @ w_v",
-            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, x @ w_k, x @ w_v)),
-    Mistake("values_from_x", "the values come from x instead of the context",
-            "each weight row has one entry per context token, so the values must be context @ w_v",
-            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, c @ w_k, x @ w_v)),
-    Mistake("swapped_qk", "queries and keys are swapped: the score matrix is transposed",
-            "scores = q @ k.T with q = x @ w_q and k = context @ w_k; k @ q.T is the transpose",
-            lambda x, c, w_q, w_k, w_v: softmax(_t((x @ w_q) @ _t(c @ w_k)) / np.sqrt(w_q.shape[-1])) @ (c @ w_v)),
-    Mistake("no_scale", "the scores are not divided by sqrt(d_k)",
-            "use softmax(q @ k.T / np.sqrt(d_k)) @ v; chapter 3 explains the factor",
-            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, c @ w_k, c @ w_v, scale=False)),
-    Mistake("scale_by_sqrt_d_v", "the scores are divided by sqrt(d_v), the width of the values, not sqrt(d_k)",
-            "the scale belongs to the dot products q . k, which have d_k terms: w_q.shape[-1] or q.shape[-1]",
-            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(w_v.shape[-1])) @ (c @ w_v)),
-    Mistake("scale_by_sqrt_n_k", "the scores are divided by sqrt(n_k), the number of context tokens, not sqrt(d_k)",
-            "d_k is the width of each query and key, q.shape[-1]; len(context) counts the keys",
-            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(len(c))) @ (c @ w_v)),
-    Mistake("scale_by_sqrt_n_q", "the scores are divided by sqrt(n_q), the number of queries, not sqrt(d_k)",
-            "d_k is the width of each query and key, q.shape[-1]; q.shape[0] (or len(x)) counts the queries",
-            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(len(x))) @ (c @ w_v)),
-    Mistake("scale_by_d_v", "the scores are divided by d_v, the width of the values, not by sqrt(d_k)",
-            "the scale belongs to the dot products q . k, which have d_k terms: divide by np.sqrt(w_q.shape[-1])",
-            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / w_v.shape[-1]) @ (c @ w_v)),
-    Mistake("scale_by_sqrt_d_context", "the scores are divided by sqrt(d_context), the width of the context "
-            "tokens, not sqrt(d_k)",
-            "the dot products are between projected queries and keys, d_k features each: divide by "
-            "sqrt(w_q.shape[-1]), not by sqrt(context.shape[-1]) or sqrt(w_k.shape[0])",
-            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(c.shape[-1])) @ (c @ w_v)),
-    Mistake("scale_by_sqrt_d_model", "the scores are divided by sqrt(d_model), the width of the tokens, not sqrt(d_k)",
-            "the dot products are between projected queries and keys, d_k features each: divide by sqrt(d_k)",
-            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(x.shape[-1])) @ (c @ w_v)),
-    Mistake("wrong_axis", "the softmax normalises over the queries (axis 0) instead of the keys",
-            "each query's weights over the context tokens must sum to 1: softmax along the last axis",
-            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, c @ w_k, c @ w_v, axis=-2)),
-    Mistake("no_softmax", "the scores multiply the values directly, without a softmax",
-            "turn each row of scores into weights that are positive and sum to 1 before multiplying by v",
-            lambda x, c, w_q, w_k, w_v: (x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]) @ (c @ w_v)),
-    Mistake("keys_from_x", "the keys come from x instead of the context (the values do come from the context)",
-            "the queries of x are matched against the context's tokens: k = context @ w_k, like v = context @ w_v",
-            lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, x @ w_k, c @ w_v)),
-    Mistake("scale_by_d_k", "the scores are divided by d_k, not by its square root",
-            "divide by np.sqrt(d_k): a dot product of d_k terms has a standard deviation growing like sqrt(d_k) "
-            "(chapter 3)",
-            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) / w_q.shape[-1]) @ (c @ w_v)),
-    Mistake("scale_times_sqrt_d_k", "the scores are multiplied by sqrt(d_k) instead of divided by it",
-            "the scale makes the scores smaller: q @ k.T / np.sqrt(d_k)",
-            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k) * np.sqrt(w_q.shape[-1])) @ (c @ w_v)),
-    Mistake("scale_after_softmax", "the 1/sqrt(d_k) is applied after the softmax, to the weights",
-            "scale the scores, then take the softmax: softmax(q @ k.T / np.sqrt(d_k)); scaled after it, "
-            "the weights no longer sum to 1",
-            lambda x, c, w_q, w_k, w_v: softmax((x @ w_q) @ _t(c @ w_k)) / np.sqrt(w_q.shape[-1]) @ (c @ w_v)),
-    Mistake("sigmoid", "the weights are a sigmoid of the scores, not a softmax",
-            "a sigmoid squashes each score on its own; the softmax normalises each row so its weights sum to 1",
-            lambda x, c, w_q, w_k, w_v: (1 / (1 + np.exp(-(x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]))))
-            @ (c @ w_v)),
-    Mistake("softmax_whole_matrix", "one softmax runs over the whole score matrix, so all the weights together sum to 1",
-            "each query has its own distribution over the context tokens: softmax along the last axis only",
-            lambda x, c, w_q, w_k, w_v: (softmax(((x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1])).reshape(-1))
-                                         .reshape(len(x), len(c))) @ (c @ w_v)),
-    Mistake("mean_of_values", "every output row is the plain mean of the values: the scores play no part",
-            "weight the values by softmax(q @ k.T / np.sqrt(d_k)), one row of weights per query",
-            lambda x, c, w_q, w_k, w_v: np.repeat((c @ w_v).mean(axis=0, keepdims=True), len(x), axis=0)),
+    Mistake(
+        "swapped_sources",
+        "the queries come from the context and the keys and values from x",
+        "queries ask, so they come from x (the sequence being updated); keys "
+        "and values come from the context",
+        lambda x, c, w_q, w_k, w_v: _attend(c @ w_q, x @ w_k, x @ w_v),
+    ),
+    Mistake(
+        "self_attention",
+        "the keys and values come from x: that is self-attention, not "
+        "cross-attention",
+        "project the context with w_k and w_v: k = context @ w_k, v = context "
+        "@ w_v",
+        lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, x @ w_k, x @ w_v),
+    ),
+    Mistake(
+        "values_from_x",
+        "the values come from x instead of the context",
+        "each weight row has one entry per context token, so the values must "
+        "be context @ w_v",
+        lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, c @ w_k, x @ w_v),
+    ),
+    Mistake(
+        "swapped_qk",
+        "queries and keys are swapped: the score matrix is transposed",
+        "scores = q @ k.T with q = x @ w_q and k = context @ w_k; k @ q.T is "
+        "the transpose",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax(_t((x @ w_q) @ _t(c @ w_k)) / np.sqrt(w_q.shape[-1]))
+            @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "no_scale",
+        "the scores are not divided by sqrt(d_k)",
+        "use softmax(q @ k.T / np.sqrt(d_k)) @ v; chapter 3 explains the "
+        "factor",
+        lambda x, c, w_q, w_k, w_v: _attend(
+            x @ w_q, c @ w_k, c @ w_v, scale=False
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_d_v",
+        "the scores are divided by sqrt(d_v), the width of the values, not "
+        "sqrt(d_k)",
+        "the scale belongs to the dot products q . k, which have d_k terms: "
+        "w_q.shape[-1] or q.shape[-1]",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(w_v.shape[-1]))
+            @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_n_k",
+        "the scores are divided by sqrt(n_k), the number of context tokens, "
+        "not sqrt(d_k)",
+        "d_k is the width of each query and key, q.shape[-1]; len(context) "
+        "counts the keys",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(len(c))) @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_n_q",
+        "the scores are divided by sqrt(n_q), the number of queries, not "
+        "sqrt(d_k)",
+        "d_k is the width of each query and key, q.shape[-1]; q.shape[0] (or "
+        "len(x)) counts the queries",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(len(x))) @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "scale_by_d_v",
+        "the scores are divided by d_v, the width of the values, not by "
+        "sqrt(d_k)",
+        "the scale belongs to the dot products q . k, which have d_k terms: "
+        "divide by np.sqrt(w_q.shape[-1])",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k) / w_v.shape[-1]) @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_d_context",
+        "the scores are divided by sqrt(d_context), the width of the context "
+        "tokens, not sqrt(d_k)",
+        "the dot products are between projected queries and keys, d_k "
+        "features each: divide by "
+        "sqrt(w_q.shape[-1]), not by sqrt(context.shape[-1]) or "
+        "sqrt(w_k.shape[0])",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(c.shape[-1])) @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_d_model",
+        "the scores are divided by sqrt(d_model), the width of the tokens, "
+        "not sqrt(d_k)",
+        "the dot products are between projected queries and keys, d_k "
+        "features each: divide by sqrt(d_k)",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(x.shape[-1])) @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "wrong_axis",
+        "the softmax normalises over the queries (axis 0) instead of the keys",
+        "each query's weights over the context tokens must sum to 1: softmax "
+        "along the last axis",
+        lambda x, c, w_q, w_k, w_v: _attend(
+            x @ w_q, c @ w_k, c @ w_v, axis=-2
+        ),
+    ),
+    Mistake(
+        "no_softmax",
+        "the scores multiply the values directly, without a softmax",
+        "turn each row of scores into weights that are positive and sum to 1 "
+        "before multiplying by v",
+        lambda x, c, w_q, w_k, w_v: (
+            (x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]) @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "keys_from_x",
+        "the keys come from x instead of the context (the values do come from "
+        "the context)",
+        "the queries of x are matched against the context's tokens: k = "
+        "context @ w_k, like v = context @ w_v",
+        lambda x, c, w_q, w_k, w_v: _attend(x @ w_q, x @ w_k, c @ w_v),
+    ),
+    Mistake(
+        "scale_by_d_k",
+        "the scores are divided by d_k, not by its square root",
+        "divide by np.sqrt(d_k): a dot product of d_k terms has a standard "
+        "deviation growing like sqrt(d_k) "
+        "(chapter 3)",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k) / w_q.shape[-1]) @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "scale_times_sqrt_d_k",
+        "the scores are multiplied by sqrt(d_k) instead of divided by it",
+        "the scale makes the scores smaller: q @ k.T / np.sqrt(d_k)",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k) * np.sqrt(w_q.shape[-1]))
+            @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "scale_after_softmax",
+        "the 1/sqrt(d_k) is applied after the softmax, to the weights",
+        "scale the scores, then take the softmax: softmax(q @ k.T / "
+        "np.sqrt(d_k)); scaled after it, "
+        "the weights no longer sum to 1",
+        lambda x, c, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k))
+            / np.sqrt(w_q.shape[-1])
+            @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "sigmoid",
+        "the weights are a sigmoid of the scores, not a softmax",
+        "a sigmoid squashes each score on its own; the softmax normalises "
+        "each row so its weights sum to 1",
+        lambda x, c, w_q, w_k, w_v: (
+            (
+                1
+                / (
+                    1
+                    + np.exp(-(x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]))
+                )
+            )
+            @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "softmax_whole_matrix",
+        "one softmax runs over the whole score matrix, so all the weights "
+        "together sum to 1",
+        "each query has its own distribution over the context tokens: softmax "
+        "along the last axis only",
+        lambda x, c, w_q, w_k, w_v: (
+            (
+                softmax(
+                    ((x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1])).reshape(
+                        -1
+                    )
+                ).reshape(len(x), len(c))
+            )
+            @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "mean_of_values",
+        "every output row is the plain mean of the values: the scores play no "
+        "part",
+        "weight the values by softmax(q @ k.T / np.sqrt(d_k)), one row of "
+        "weights per query",
+        lambda x, c, w_q, w_k, w_v: np.repeat(
+            (c @ w_v).mean(axis=0, keepdims=True), len(x), axis=0
+        ),
+    ),
 ]
 
 
 def cross_cases() -> list[Case]:
     rng = np.random.default_rng(3)
     r = lambda *shape: rng.normal(size=shape)  # noqa: E731
-    # The first case has n_q = n_k and equal widths, so that every mistake runs and can be recognised.
+    # The first case has n_q = n_k and equal widths, so that every mistake runs
+    # and can be recognised.
     return [
-        Case("n_q = n_k = 4, d_model = d_context = 6, d_k = 3, d_v = 2",
-             (r(4, 6), r(4, 6), r(6, 3), r(6, 3), r(6, 2))),
-        Case("n_q = 3 queries over n_k = 5 context tokens, d_model = d_context = 6, d_k = 4, d_v = 3",
-             (r(3, 6), r(5, 6), r(6, 4), r(6, 4), r(6, 3))),
-        Case("d_model = 6 but d_context = 8, n_q = 2, n_k = 7, d_k = 4, d_v = 5",
-             (r(2, 6), r(7, 8), r(6, 4), r(8, 4), r(8, 5))),
-        Case("a single query (n_q = 1) over n_k = 3, d_k = 2, d_v = 4",
-             (r(1, 5), r(3, 5), r(5, 2), r(5, 2), r(5, 4))),
+        Case(
+            "n_q = n_k = 4, d_model = d_context = 6, d_k = 3, d_v = 2",
+            (r(4, 6), r(4, 6), r(6, 3), r(6, 3), r(6, 2)),
+        ),
+        Case(
+            "n_q = 3 queries over n_k = 5 context tokens, d_model = d_context "
+            "= 6, d_k = 4, d_v = 3",
+            (r(3, 6), r(5, 6), r(6, 4), r(6, 4), r(6, 3)),
+        ),
+        Case(
+            "d_model = 6 but d_context = 8, n_q = 2, n_k = 7, d_k = 4, d_v = "
+            "5",
+            (r(2, 6), r(7, 8), r(6, 4), r(8, 4), r(8, 5)),
+        ),
+        Case(
+            "a single query (n_q = 1) over n_k = 3, d_k = 2, d_v = 4",
+            (r(1, 5), r(3, 5), r(5, 2), r(5, 2), r(5, 4)),
+        ),
     ]
 
 
 def check_cross_attention(fn) -> None:
-    """Check ``fn(x, context, w_q, w_k, w_v)`` returns cross-attention's output, shape ``(n_q, d_v)``.
+    """Check ``fn(x, context, w_q, w_k, w_v)`` returns cross-attention's
+    output, shape ``(n_q, d_v)``.
 
     x: (n_q, d_model), context: (n_k, d_context), w_q: (d_model, d_k),
     w_k: (d_context, d_k), w_v: (d_context, d_v). The output is
     ``softmax(q k^T / sqrt(d_k)) v`` with ``q = x w_q``, ``k = context w_k``,
     ``v = context w_v``; an ``(output, weights)`` pair is accepted too.
     """
-    run_checks("cross-attention", fn, cross_cases(), _cross, CROSS_MISTAKES, postprocess=_first)
+    run_checks(
+        "cross-attention",
+        fn,
+        cross_cases(),
+        _cross,
+        CROSS_MISTAKES,
+        postprocess=_first,
+    )

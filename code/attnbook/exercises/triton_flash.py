@@ -1,4 +1,6 @@
-"""Checkers for chapter 10 (FlashAttention on a GPU): causal block counts and FLOP counts."""
+"""Checkers for chapter 10 (FlashAttention on a GPU): causal block counts and
+FLOP counts."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,113 +16,267 @@ def _cdiv(a: int, b: int) -> int:
 
 # --- how many key blocks does each causal query block visit? -----------------
 
-def key_blocks_visited(n_q: int, n_k: int, block_q: int, block_k: int) -> np.ndarray:
-    """Reference: per query block, the number of key blocks the causal kernels load: the tiles of
-    chapter 9's schedule (:func:`attnbook.flash.key_tiles`), which the kernels' bounds follow
-    (tests/test_exercises_triton_flash.py checks the two agree). numpy only, so that the checker also
-    runs where torch and Triton do not (the browser)."""
-    return np.array([sum(1 for _ in key_tiles(slice(q0, min(q0 + block_q, n_q)), n_q, n_k, block_k, causal=True))
-                     for q0 in range(0, n_q, block_q)])
+
+def key_blocks_visited(
+    n_q: int, n_k: int, block_q: int, block_k: int
+) -> np.ndarray:
+    """Reference: per query block, the number of key blocks the causal kernels
+    load: the tiles of chapter 9's schedule (:func:`attnbook.flash.key_tiles`),
+    which the kernels' bounds follow (tests/test_exercises_triton_flash.py
+    checks the two agree). numpy only, so that the checker also runs where
+    torch and Triton do not (the browser)."""
+    return np.array(
+        [
+            sum(
+                1
+                for _ in key_tiles(
+                    slice(q0, min(q0 + block_q, n_q)),
+                    n_q,
+                    n_k,
+                    block_k,
+                    causal=True,
+                )
+            )
+            for q0 in range(0, n_q, block_q)
+        ]
+    )
 
 
 def _per_block(fn):
-    """Build a wrong answer from a formula for one query block (first absolute query position a0)."""
+    """Build a wrong answer from a formula for one query block (first absolute
+    query position a0)."""
+
     def counts(n_q, n_k, block_q, block_k):
         offset = n_k - n_q
-        return np.array([fn(q_block * block_q + offset, q_block, n_q, n_k, block_q, block_k)
-                         for q_block in range(_cdiv(n_q, block_q))])
+        return np.array(
+            [
+                fn(
+                    q_block * block_q + offset,
+                    q_block,
+                    n_q,
+                    n_k,
+                    block_q,
+                    block_k,
+                )
+                for q_block in range(_cdiv(n_q, block_q))
+            ]
+        )
+
     return counts
 
 
 BLOCK_COUNT_MISTAKES = [
-    Mistake("no_skipping", "every query block visits every key block: causal blocks are masked but not skipped",
-            "key blocks that start after the block's last query are hidden from all its rows: never load them",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(n_k, bk))),
-    Mistake("diagonal_missed", "the block on the diagonal is missing: only blocks fully visible to every row count",
-            "a block that the diagonal crosses is visited too (with a mask): count up to the LAST row's "
-            "last visible key, rounded up to a whole block",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + 1, n_k) // bk)),
-    Mistake("first_row", "the count follows the block's FIRST query row, which sees the fewest keys",
-            "the rows below it see further: use the last row of the block, at position a0 + block_q - 1",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + 1, n_k), bk))),
-    Mistake("top_left", "the queries are aligned with the FIRST n_q keys (PyTorch's is_causal), not the last",
-            "in the book's convention query i sits at position i + n_k - n_q and sees every key up to it",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min((qb + 1) * bq, n_k), bk))),
-    Mistake("equal_blocks", "query block b visits b + 1 key blocks: right only when block_q == block_k and n_q == n_k",
-            "convert positions, not block numbers: the block's last query is at q_block * block_q + block_q - 1 "
-            "(plus n_k - n_q), and the key blocks it needs are cdiv(last + 1, block_k)",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: qb + 1)),
-    Mistake("no_clamp", "past the last key: the count is not clamped to the key blocks that exist",
-            "the last query block can hang past n_q; its rows past the end see keys past n_k, which do not "
-            "exist: cap the keys to cover at n_k, cdiv(min(a0 + block_q, n_k), block_k)",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(a0 + bq, bk))),
-    Mistake("offset_in_blocks", "the cache offset n_k - n_q was counted in whole key blocks (rounded down), "
-            "right only when it is a multiple of block_k",
-            "add the offset to the query positions first, then convert positions to blocks: "
-            "cdiv(min(q_block * block_q + block_q + n_k - n_q, n_k), block_k)",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk:
-                       _cdiv(min((qb + 1) * bq, n_q), bk) + (n_k - n_q) // bk)),
-    Mistake("clamp_to_n_q", "the count is clamped to n_q, the number of queries, instead of n_k, the number of "
-            "keys: right only without a cache (n_q = n_k)",
-            "the keys to cover end at the block's last query position (offset included) or at the last key, "
-            "whichever comes first: cdiv(min(a0 + block_q, n_k), block_k)",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq, n_q), bk))),
-    Mistake("floor_not_ceil", "the keys to cover were divided by block_k rounding down: a partly covered "
-            "last block is dropped",
-            "a block that holds even one visible key is visited: round up, cdiv(min(a0 + block_q, n_k), block_k)",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq, n_k) // bk)),
-    Mistake("offset_reversed", "the cache offset has the wrong sign: n_q - n_k instead of n_k - n_q",
-            "the queries are the LAST n_q of the n_k positions, so query i sits at i + n_k - n_q, at or after i",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min((qb + 1) * bq + n_q - n_k, n_k), bk))),
-    Mistake("one_past", "one key block too many where the last visible key ends a block",
-            "the last visible key of the block is at a0 + block_q - 1; the keys to cover are "
-            "0 .. a0 + block_q - 1, that is a0 + block_q of them, not one more",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq + 1, n_k), bk))),
-    Mistake("clamp_at_n_k", "the last visible key was clamped at n_k instead of n_k - 1: one key block too many "
-            "when the last query block hangs past the end and n_k is a multiple of block_k",
-            "the last key that exists is n_k - 1, not n_k: the block's last visible key is "
-            "min(a0 + block_q - 1, n_k - 1), and the blocks that hold keys 0 .. that key are "
-            "cdiv(min(a0 + block_q, n_k), block_k)",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq - 1, n_k) // bk + 1)),
-    Mistake("cap_drops_ragged", "the count is capped at n_k // block_k, the whole key blocks: the ragged last "
-            "block, which holds the last n_k % block_k keys, is dropped",
-            "the key blocks that exist are cdiv(n_k, block_k), the last one possibly ragged; clamping the keys "
-            "to cover, cdiv(min(a0 + block_q, n_k), block_k), counts it",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(_cdiv(a0 + bq, bk), n_k // bk))),
-    Mistake("first_row_plus_width", "the count is the first row's key block plus block_q / block_k blocks: right "
-            "only when the block's first query position is a multiple of block_k",
-            "rows a0 .. a0 + block_q - 1 that start inside a key block reach one block further than "
-            "block_q / block_k blocks: convert the LAST row's position, cdiv(min(a0 + block_q, n_k), block_k)",
-            _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 // bk + _cdiv(bq, bk), _cdiv(n_k, bk)))),
+    Mistake(
+        "no_skipping",
+        "every query block visits every key block: causal blocks are masked "
+        "but not skipped",
+        "key blocks that start after the block's last query are hidden from "
+        "all its rows: never load them",
+        _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(n_k, bk)),
+    ),
+    Mistake(
+        "diagonal_missed",
+        "the block on the diagonal is missing: only blocks fully visible to "
+        "every row count",
+        "a block that the diagonal crosses is visited too (with a mask): "
+        "count up to the LAST row's "
+        "last visible key, rounded up to a whole block",
+        _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + 1, n_k) // bk),
+    ),
+    Mistake(
+        "first_row",
+        "the count follows the block's FIRST query row, which sees the fewest "
+        "keys",
+        "the rows below it see further: use the last row of the block, at "
+        "position a0 + block_q - 1",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + 1, n_k), bk)
+        ),
+    ),
+    Mistake(
+        "top_left",
+        "the queries are aligned with the FIRST n_q keys (PyTorch's "
+        "is_causal), not the last",
+        "in the book's convention query i sits at position i + n_k - n_q and "
+        "sees every key up to it",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min((qb + 1) * bq, n_k), bk)
+        ),
+    ),
+    Mistake(
+        "equal_blocks",
+        "query block b visits b + 1 key blocks: right only when block_q == "
+        "block_k and n_q == n_k",
+        "convert positions, not block numbers: the block's last query is at "
+        "q_block * block_q + block_q - 1 "
+        "(plus n_k - n_q), and the key blocks it needs are cdiv(last + 1, "
+        "block_k)",
+        _per_block(lambda a0, qb, n_q, n_k, bq, bk: qb + 1),
+    ),
+    Mistake(
+        "no_clamp",
+        "past the last key: the count is not clamped to the key blocks that "
+        "exist",
+        "the last query block can hang past n_q; its rows past the end see "
+        "keys past n_k, which do not "
+        "exist: cap the keys to cover at n_k, cdiv(min(a0 + block_q, n_k), "
+        "block_k)",
+        _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(a0 + bq, bk)),
+    ),
+    Mistake(
+        "offset_in_blocks",
+        "the cache offset n_k - n_q was counted in whole key blocks (rounded "
+        "down), "
+        "right only when it is a multiple of block_k",
+        "add the offset to the query positions first, then convert positions "
+        "to blocks: "
+        "cdiv(min(q_block * block_q + block_q + n_k - n_q, n_k), block_k)",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: (
+                _cdiv(min((qb + 1) * bq, n_q), bk) + (n_k - n_q) // bk
+            )
+        ),
+    ),
+    Mistake(
+        "clamp_to_n_q",
+        "the count is clamped to n_q, the number of queries, instead of n_k, "
+        "the number of "
+        "keys: right only without a cache (n_q = n_k)",
+        "the keys to cover end at the block's last query position (offset "
+        "included) or at the last key, "
+        "whichever comes first: cdiv(min(a0 + block_q, n_k), block_k)",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq, n_q), bk)
+        ),
+    ),
+    Mistake(
+        "floor_not_ceil",
+        "the keys to cover were divided by block_k rounding down: a partly "
+        "covered "
+        "last block is dropped",
+        "a block that holds even one visible key is visited: round up, "
+        "cdiv(min(a0 + block_q, n_k), block_k)",
+        _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq, n_k) // bk),
+    ),
+    Mistake(
+        "offset_reversed",
+        "the cache offset has the wrong sign: n_q - n_k instead of n_k - n_q",
+        "the queries are the LAST n_q of the n_k positions, so query i sits "
+        "at i + n_k - n_q, at or after i",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: _cdiv(
+                min((qb + 1) * bq + n_q - n_k, n_k), bk
+            )
+        ),
+    ),
+    Mistake(
+        "one_past",
+        "one key block too many where the last visible key ends a block",
+        "the last visible key of the block is at a0 + block_q - 1; the keys "
+        "to cover are "
+        "0 .. a0 + block_q - 1, that is a0 + block_q of them, not one more",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq + 1, n_k), bk)
+        ),
+    ),
+    Mistake(
+        "clamp_at_n_k",
+        "the last visible key was clamped at n_k instead of n_k - 1: one key "
+        "block too many "
+        "when the last query block hangs past the end and n_k is a multiple "
+        "of block_k",
+        "the last key that exists is n_k - 1, not n_k: the block's last "
+        "visible key is "
+        "min(a0 + block_q - 1, n_k - 1), and the blocks that hold keys 0 .. "
+        "that key are "
+        "cdiv(min(a0 + block_q, n_k), block_k)",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq - 1, n_k) // bk + 1
+        ),
+    ),
+    Mistake(
+        "cap_drops_ragged",
+        "the count is capped at n_k // block_k, the whole key blocks: the "
+        "ragged last "
+        "block, which holds the last n_k % block_k keys, is dropped",
+        "the key blocks that exist are cdiv(n_k, block_k), the last one "
+        "possibly ragged; clamping the keys "
+        "to cover, cdiv(min(a0 + block_q, n_k), block_k), counts it",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: min(_cdiv(a0 + bq, bk), n_k // bk)
+        ),
+    ),
+    Mistake(
+        "first_row_plus_width",
+        "the count is the first row's key block plus block_q / block_k "
+        "blocks: right "
+        "only when the block's first query position is a multiple of block_k",
+        "rows a0 .. a0 + block_q - 1 that start inside a key block reach one "
+        "block further than "
+        "block_q / block_k blocks: convert the LAST row's position, "
+        "cdiv(min(a0 + block_q, n_k), block_k)",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: min(
+                a0 // bk + _cdiv(bq, bk), _cdiv(n_k, bk)
+            )
+        ),
+    ),
 ]
 
 
 def block_count_cases() -> list[Case]:
     return [
         Case("n_q = n_k = 256, block_q = block_k = 64", (256, 256, 64, 64)),
-        Case("n_q = n_k = 256, block_q = 128, block_k = 64", (256, 256, 128, 64)),
-        # the last query block (one row) hangs past the end while n_k is a multiple of block_k: a count that
-        # clamps the last visible key at n_k instead of n_k - 1 comes out one block too many; and the first
-        # rows of the query blocks (offset 127) sit inside a key block, so that the first row's block plus
-        # block_q / block_k more comes out one block short
-        Case("65 new queries after 127 cached keys (the last query block hangs past the end, n_k a multiple of "
-             "block_k): n_q = 65, n_k = 192, block_q = 32, block_k = 64", (65, 192, 32, 64)),
-        Case("n_q = n_k = 200 (a ragged last block), block_q = block_k = 64", (200, 200, 64, 64)),
-        # an offset that is not a multiple of block_k, and n_q != n_k where clamping to n_q or aligning the
-        # queries top-left give different wrong counts; with an offset of 129 the last visible key of the
-        # second query block is key 192, a multiple of block_k, so counting it as 192 keys instead of 193
-        # comes out one block short
-        Case("96 new queries after 129 cached keys (not a multiple of the block): n_q = 96, n_k = 225, "
-             "block_q = 32, block_k = 64", (96, 225, 32, 64)),
-        Case("one query, n_k = 300, block_q = 16, block_k = 64", (1, 300, 16, 64)),
-        Case("n_q = n_k = 65 (the last query block hangs past the end), block_q = 64, block_k = 16",
-             (65, 65, 64, 16)),
+        Case(
+            "n_q = n_k = 256, block_q = 128, block_k = 64", (256, 256, 128, 64)
+        ),
+        # the last query block (one row) hangs past the end while n_k is a
+        # multiple of block_k: a count that clamps the last visible key at n_k
+        # instead of n_k - 1 comes out one block too many; and the first rows
+        # of the query blocks (offset 127) sit inside a key block, so that the
+        # first row's block plus block_q / block_k more comes out one block
+        # short
+        Case(
+            "65 new queries after 127 cached keys (the last query block hangs "
+            "past the end, n_k a multiple of "
+            "block_k): n_q = 65, n_k = 192, block_q = 32, block_k = 64",
+            (65, 192, 32, 64),
+        ),
+        Case(
+            "n_q = n_k = 200 (a ragged last block), block_q = block_k = 64",
+            (200, 200, 64, 64),
+        ),
+        # an offset that is not a multiple of block_k, and n_q != n_k where
+        # clamping to n_q or aligning the queries top-left give different wrong
+        # counts; with an offset of 129 the last visible key of the second
+        # query block is key 192, a multiple of block_k, so counting it as 192
+        # keys instead of 193 comes out one block short
+        Case(
+            "96 new queries after 129 cached keys (not a multiple of the "
+            "block): n_q = 96, n_k = 225, "
+            "block_q = 32, block_k = 64",
+            (96, 225, 32, 64),
+        ),
+        Case(
+            "one query, n_k = 300, block_q = 16, block_k = 64",
+            (1, 300, 16, 64),
+        ),
+        Case(
+            "n_q = n_k = 65 (the last query block hangs past the end), "
+            "block_q = 64, block_k = 16",
+            (65, 65, 64, 16),
+        ),
     ]
 
 
 def _as_counts(out):
-    if not isinstance(out, np.ndarray) and not hasattr(out, "__len__") and hasattr(out, "__iter__"):
-        out = list(out)              # a generator or another iterable: its values, not one object
+    if (
+        not isinstance(out, np.ndarray)
+        and not hasattr(out, "__len__")
+        and hasattr(out, "__iter__")
+    ):
+        # a generator or another iterable: its values, not one object
+        out = list(out)
     out = np.asarray(out)
     if out.dtype.kind == "f" and np.all(out == np.round(out)):
         out = out.astype(int)
@@ -128,16 +284,23 @@ def _as_counts(out):
 
 
 def check_key_blocks(fn) -> None:
-    """Check ``fn(n_q, n_k, block_q, block_k)``: the number of key blocks each causal query block visits.
+    """Check ``fn(n_q, n_k, block_q, block_k)``: the number of key blocks each
+    causal query block visits.
 
     Returns a sequence of ``cdiv(n_q, block_q)`` integers. The queries are the
     last ``n_q`` of the ``n_k`` positions (the book's causal convention).
     """
-    run_checks("causal key blocks", fn, block_count_cases(), key_blocks_visited, BLOCK_COUNT_MISTAKES,
-               postprocess=_as_counts)
+    run_checks(
+        "causal key blocks",
+        fn,
+        block_count_cases(),
+        key_blocks_visited,
+        BLOCK_COUNT_MISTAKES,
+        postprocess=_as_counts,
+    )
 
 
-# --- FLOPs of attention ---------------------------------------------------------
+# --- FLOPs of attention ------------------------------------------------------
 
 _MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 
@@ -148,83 +311,205 @@ def _flops_with(forward, factors=_MODE_FACTOR, halve=True):
         if causal and halve:
             f /= 2
         return f * factors[mode]
+
     return flops
 
 
 FLOPS_MISTAKES = [
-    Mistake("causal_not_halved", "causal attention is counted as the full n x n product",
-            "a causal kernel computes only the scores on and below the diagonal: about half of them",
-            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, halve=False)),
-    Mistake("half_forward", "the forward is half of 4 B H n^2 d: a multiply-add counted as one FLOP, "
-            "or only one of the two matrix products",
-            "S = Q K^T and O = P V each cost n^2 d multiply-adds per head, and a multiply-add is 2 FLOPs",
-            _flops_with(lambda b, h, n, d: 2.0 * b * h * n * n * d)),
-    Mistake("backward_two", "the backward is counted as 2 times the forward, like an ordinary matrix product",
-            "attention's backward does five n x n x d products (S recomputed, dV, dP, dQ, dK) to the "
-            "forward's two: 2.5 times",
-            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0})),
-    Mistake("fwd_bwd_without_fwd", "forward + backward is counted as the backward alone",
-            "a training step runs both passes: 1 + 2.5 = 3.5 times the forward",
-            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 2.5})),
-    Mistake("d_squared", "n and d are swapped in the count (n d^2 instead of n^2 d)",
-            "each of the n^2 scores is a dot product of length d",
-            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * d * d)),
-    Mistake("causal_forward_only", "causal attention is halved in the forward pass only: its backward "
-            "(and forward + backward) skip the same blocks, so they halve too",
-            "halve the forward count when causal, then multiply by the mode's factor (1, 2.5 or 3.5)",
-            lambda batch, heads, n, d, causal=False, mode="fwd":
-                4.0 * batch * heads * n * n * d / (2 if causal and mode == "fwd" else 1) * _MODE_FACTOR[mode]),
-    Mistake("fwd_bwd_not_halved", "causal forward + backward is counted as the full 3.5 x 4 B H n^2 d: the halving "
-            "was applied to the forward and the backward alone, not to the two together",
-            "a causal training step skips the same blocks in both passes: halve the forward count when causal, "
-            "then multiply by 3.5 for forward + backward",
-            lambda batch, heads, n, d, causal=False, mode="fwd":
-                4.0 * batch * heads * n * n * d / (2 if causal and mode != "fwd_bwd" else 1) * _MODE_FACTOR[mode]),
-    Mistake("backward_seven", "the backward is counted as 3.5 times the forward, the seven n x n x d products "
-            "the book's two backward kernels really perform (S and dP computed in both), and forward + backward "
-            "as 4.5 times",
-            "that is the true arithmetic, but benchmarks count by the papers' convention: the backward's five "
-            "products (S, dV, dP, dQ, dK) to the forward's two, 2.5 times the forward, and forward + backward "
-            "3.5 times, whatever a kernel recomputes",
-            _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, {"fwd": 1.0, "bwd": 3.5, "fwd_bwd": 4.5})),
-    Mistake("causal_strictly_below", "causal attention is counted as n (n - 1) / 2 scores, those strictly below "
-            "the diagonal",
-            "each query also sees its own key (the diagonal), and benchmarks count n^2 / 2 for causal attention "
-            "(the FlashAttention papers' convention): use half of the full count",
-            lambda batch, heads, n, d, causal=False, mode="fwd":
-                4.0 * batch * heads * (n * (n - 1) / 2 if causal else n * n) * d * _MODE_FACTOR[mode]),
-    Mistake("tflops_not_flops", "the count is in TFLOP (divided by 10^12), not in FLOP",
-            "return the number of floating-point operations itself; the benchmark divides by the time and "
-            "by 10^12 later",
-            lambda batch, heads, n, d, causal=False, mode="fwd": benchmark_flops(batch, heads, n, d, causal, mode) / 1e12),
-    Mistake("exact_causal", "causal attention is counted exactly, n (n + 1) / 2 scores, not by the papers' convention",
-            "your count is the true one, but benchmarks report n^2 / 2 for causal attention (the convention "
-            "of the FlashAttention papers, which the chapter's plots use), so that causal and full TFLOP/s "
-            "compare; use half of the full count",
-            lambda batch, heads, n, d, causal=False, mode="fwd":
-                4.0 * batch * heads * (n * (n + 1) / 2 if causal else n * n) * d * _MODE_FACTOR[mode]),
+    Mistake(
+        "causal_not_halved",
+        "causal attention is counted as the full n x n product",
+        "a causal kernel computes only the scores on and below the diagonal: "
+        "about half of them",
+        _flops_with(lambda b, h, n, d: 4.0 * b * h * n * n * d, halve=False),
+    ),
+    Mistake(
+        "half_forward",
+        "the forward is half of 4 B H n^2 d: a multiply-add counted as one "
+        "FLOP, "
+        "or only one of the two matrix products",
+        "S = Q K^T and O = P V each cost n^2 d multiply-adds per head, and a "
+        "multiply-add is 2 FLOPs",
+        _flops_with(lambda b, h, n, d: 2.0 * b * h * n * n * d),
+    ),
+    Mistake(
+        "backward_two",
+        "the backward is counted as 2 times the forward, like an ordinary "
+        "matrix product",
+        "attention's backward does five n x n x d products (S recomputed, dV, "
+        "dP, dQ, dK) to the "
+        "forward's two: 2.5 times",
+        _flops_with(
+            lambda b, h, n, d: 4.0 * b * h * n * n * d,
+            {"fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0},
+        ),
+    ),
+    Mistake(
+        "fwd_bwd_without_fwd",
+        "forward + backward is counted as the backward alone",
+        "a training step runs both passes: 1 + 2.5 = 3.5 times the forward",
+        _flops_with(
+            lambda b, h, n, d: 4.0 * b * h * n * n * d,
+            {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 2.5},
+        ),
+    ),
+    Mistake(
+        "d_squared",
+        "n and d are swapped in the count (n d^2 instead of n^2 d)",
+        "each of the n^2 scores is a dot product of length d",
+        _flops_with(lambda b, h, n, d: 4.0 * b * h * n * d * d),
+    ),
+    Mistake(
+        "causal_forward_only",
+        "causal attention is halved in the forward pass only: its backward "
+        "(and forward + backward) skip the same blocks, so they halve too",
+        "halve the forward count when causal, then multiply by the mode's "
+        "factor (1, 2.5 or 3.5)",
+        lambda batch, heads, n, d, causal=False, mode="fwd": (
+            4.0
+            * batch
+            * heads
+            * n
+            * n
+            * d
+            / (2 if causal and mode == "fwd" else 1)
+            * _MODE_FACTOR[mode]
+        ),
+    ),
+    Mistake(
+        "fwd_bwd_not_halved",
+        "causal forward + backward is counted as the full 3.5 x 4 B H n^2 d: "
+        "the halving "
+        "was applied to the forward and the backward alone, not to the two "
+        "together",
+        "a causal training step skips the same blocks in both passes: halve "
+        "the forward count when causal, "
+        "then multiply by 3.5 for forward + backward",
+        lambda batch, heads, n, d, causal=False, mode="fwd": (
+            4.0
+            * batch
+            * heads
+            * n
+            * n
+            * d
+            / (2 if causal and mode != "fwd_bwd" else 1)
+            * _MODE_FACTOR[mode]
+        ),
+    ),
+    Mistake(
+        "backward_seven",
+        "the backward is counted as 3.5 times the forward, the seven n x n x "
+        "d products "
+        "the book's two backward kernels really perform (S and dP computed in "
+        "both), and forward + backward "
+        "as 4.5 times",
+        "that is the true arithmetic, but benchmarks count by the papers' "
+        "convention: the backward's five "
+        "products (S, dV, dP, dQ, dK) to the forward's two, 2.5 times the "
+        "forward, and forward + backward "
+        "3.5 times, whatever a kernel recomputes",
+        _flops_with(
+            lambda b, h, n, d: 4.0 * b * h * n * n * d,
+            {"fwd": 1.0, "bwd": 3.5, "fwd_bwd": 4.5},
+        ),
+    ),
+    Mistake(
+        "causal_strictly_below",
+        "causal attention is counted as n (n - 1) / 2 scores, those strictly "
+        "below "
+        "the diagonal",
+        "each query also sees its own key (the diagonal), and benchmarks "
+        "count n^2 / 2 for causal attention "
+        "(the FlashAttention papers' convention): use half of the full count",
+        lambda batch, heads, n, d, causal=False, mode="fwd": (
+            4.0
+            * batch
+            * heads
+            * (n * (n - 1) / 2 if causal else n * n)
+            * d
+            * _MODE_FACTOR[mode]
+        ),
+    ),
+    Mistake(
+        "tflops_not_flops",
+        "the count is in TFLOP (divided by 10^12), not in FLOP",
+        "return the number of floating-point operations itself; the benchmark "
+        "divides by the time and "
+        "by 10^12 later",
+        lambda batch, heads, n, d, causal=False, mode="fwd": (
+            benchmark_flops(batch, heads, n, d, causal, mode) / 1e12
+        ),
+    ),
+    Mistake(
+        "exact_causal",
+        "causal attention is counted exactly, n (n + 1) / 2 scores, not by "
+        "the papers' convention",
+        "your count is the true one, but benchmarks report n^2 / 2 for causal "
+        "attention (the convention "
+        "of the FlashAttention papers, which the chapter's plots use), so "
+        "that causal and full TFLOP/s "
+        "compare; use half of the full count",
+        lambda batch, heads, n, d, causal=False, mode="fwd": (
+            4.0
+            * batch
+            * heads
+            * (n * (n + 1) / 2 if causal else n * n)
+            * d
+            * _MODE_FACTOR[mode]
+        ),
+    ),
 ]
 
 
 def flops_cases() -> list[Case]:
     return [
-        Case("forward, batch 2, heads 8, n = 1024, d = 64", (2, 8, 1024, 64), dict(causal=False, mode="fwd")),
-        Case("causal forward, batch 1, heads 16, n = 4096, d = 128", (1, 16, 4096, 128),
-             dict(causal=True, mode="fwd")),
-        Case("causal backward, batch 4, heads 12, n = 2048, d = 64", (4, 12, 2048, 64),
-             dict(causal=True, mode="bwd")),
-        Case("forward + backward, batch 8, heads 32, n = 512, d = 64", (8, 32, 512, 64),
-             dict(causal=False, mode="fwd_bwd")),
-        Case("backward, batch 2, heads 4, n = 1024, d = 128", (2, 4, 1024, 128), dict(causal=False, mode="bwd")),
-        # the forward + backward of a causal training step, the case the chapter's benchmark prints; without it
-        # a count that forgets to halve causal forward + backward passed every other case
-        Case("causal forward + backward, batch 4, heads 16, n = 1024, d = 64", (4, 16, 1024, 64),
-             dict(causal=True, mode="fwd_bwd")),
+        Case(
+            "forward, batch 2, heads 8, n = 1024, d = 64",
+            (2, 8, 1024, 64),
+            dict(causal=False, mode="fwd"),
+        ),
+        Case(
+            "causal forward, batch 1, heads 16, n = 4096, d = 128",
+            (1, 16, 4096, 128),
+            dict(causal=True, mode="fwd"),
+        ),
+        Case(
+            "causal backward, batch 4, heads 12, n = 2048, d = 64",
+            (4, 12, 2048, 64),
+            dict(causal=True, mode="bwd"),
+        ),
+        Case(
+            "forward + backward, batch 8, heads 32, n = 512, d = 64",
+            (8, 32, 512, 64),
+            dict(causal=False, mode="fwd_bwd"),
+        ),
+        Case(
+            "backward, batch 2, heads 4, n = 1024, d = 128",
+            (2, 4, 1024, 128),
+            dict(causal=False, mode="bwd"),
+        ),
+        # the forward + backward of a causal training step, the case the
+        # chapter's benchmark prints; without it a count that forgets to halve
+        # causal forward + backward passed every other case
+        Case(
+            "causal forward + backward, batch 4, heads 16, n = 1024, d = 64",
+            (4, 16, 1024, 64),
+            dict(causal=True, mode="fwd_bwd"),
+        ),
     ]
 
 
 def check_benchmark_flops(fn) -> None:
-    """Check ``fn(batch, heads, n, d, causal=False, mode="fwd")``: attention's FLOPs by the papers' convention."""
-    run_checks("attention FLOPs", fn, flops_cases(), benchmark_flops, FLOPS_MISTAKES,
-               compare=lambda a, b: same(np.float64(a), np.float64(b), rtol=1e-9, atol=0.0),
-               postprocess=float)
+    """Check ``fn(batch, heads, n, d, causal=False, mode="fwd")``: attention's
+    FLOPs by the papers' convention."""
+    run_checks(
+        "attention FLOPs",
+        fn,
+        flops_cases(),
+        benchmark_flops,
+        FLOPS_MISTAKES,
+        compare=lambda a, b: same(
+            np.float64(a), np.float64(b), rtol=1e-9, atol=0.0
+        ),
+        postprocess=float,
+    )

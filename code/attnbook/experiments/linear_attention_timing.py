@@ -1,8 +1,10 @@
-"""How the time of softmax and linear attention grows with the sequence length, on this CPU.
+"""How the time of softmax and linear attention grows with the sequence length,
+on this CPU.
 
-Chapter 12 (perspectives) runs :func:`time_against_softmax`, fits its exponents with
-:func:`attnbook.bench.fit_power_law` and plots it.
+Chapter 12 (perspectives) runs :func:`time_against_softmax`, fits its exponents
+with :func:`attnbook.bench.fit_power_law` and plots it.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,28 +17,42 @@ from ..bench import time_call
 from ..linear_attention import linear_attention
 
 
-def time_against_softmax(lengths, d: int = 64, softmax_max_n: int = 4096, repeats: int = 5,
-                         seed: int = 0, sweeps: int = 3) -> dict[str, list[float]]:
-    """Seconds per call of softmax attention and of linear attention, for one head in float32.
+def time_against_softmax(
+    lengths,
+    d: int = 64,
+    softmax_max_n: int = 4096,
+    repeats: int = 5,
+    seed: int = 0,
+    sweeps: int = 3,
+) -> dict[str, list[float]]:
+    """Seconds per call of softmax attention and of linear attention, for one
+    head in float32.
 
-    For each ``n`` in ``lengths``: q, k, v of shape (n, d) drawn from N(0, 1). The three methods,
-    ``scaled_dot_product_attention`` (only for ``n <= softmax_max_n``: it forms the n x n
-    weights), :func:`linear_attention` and its causal form, are timed in ``sweeps`` interleaved
-    sweeps over all lengths and methods, ``repeats`` repeats each time; each entry is the fastest of all its
-    ``sweeps * repeats`` repeats (other programs can only add time, and a burst of load spoils
-    the repeats of one sweep, not of all). Call it inside :func:`attnbook.bench.one_blas_thread`
-    to give every method the same single core. Returns
-    ``{"softmax": [...], "linear": [...], "linear, causal": [...]}`` in the order of ``lengths``.
+    For each ``n`` in ``lengths``: q, k, v of shape (n, d) drawn from N(0, 1).
+    The three methods, ``scaled_dot_product_attention`` (only for ``n <=
+    softmax_max_n``: it forms the n x n weights), :func:`linear_attention` and
+    its causal form, are timed in ``sweeps`` interleaved sweeps over all
+    lengths and methods, ``repeats`` repeats each time; each entry is the
+    fastest of all its ``sweeps * repeats`` repeats (other programs can only
+    add time, and a burst of load spoils the repeats of one sweep, not of all).
+    Call it inside :func:`attnbook.bench.one_blas_thread` to give every method
+    the same single core. Returns ``{"softmax": [...], "linear": [...],
+    "linear, causal": [...]}`` in the order of ``lengths``.
     """
     d = _validate.positive_int("d", d)
     sweeps = _validate.positive_int("sweeps", sweeps)
     lengths = [_validate.positive_int("n", n) for n in lengths]
     rng = np.random.default_rng(seed)
-    inputs = [tuple(rng.standard_normal((n, d), dtype=np.float32) for _ in range(3)) for n in lengths]
+    inputs = [
+        tuple(rng.standard_normal((n, d), dtype=np.float32) for _ in range(3))
+        for n in lengths
+    ]
     methods = {
         "softmax": lambda q, k, v: scaled_dot_product_attention(q, k, v),
         "linear": lambda q, k, v: linear_attention(q, k, v),
-        "linear, causal": lambda q, k, v: linear_attention(q, k, v, causal=True),
+        "linear, causal": lambda q, k, v: linear_attention(
+            q, k, v, causal=True
+        ),
     }
     best = {name: [math.inf] * len(lengths) for name in methods}
     for _ in range(sweeps):
@@ -44,6 +60,8 @@ def time_against_softmax(lengths, d: int = 64, softmax_max_n: int = 4096, repeat
             for name, method in methods.items():
                 if name == "softmax" and n > softmax_max_n:
                     continue
-                timing = time_call(method, *inputs[i], repeats=repeats, min_time=0.01)
+                timing = time_call(
+                    method, *inputs[i], repeats=repeats, min_time=0.01
+                )
                 best[name][i] = min(best[name][i], timing.low)
     return {name: [t for t in ts if t < math.inf] for name, ts in best.items()}
