@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 
-.PHONY: book pdf test test-minimum execute nbval clean system
+.PHONY: book pdf test test-minimum execute nbval clean system format
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # The environment that makes this CPU compute like the other kind (AVX-512 <-> AVX2-only): the
@@ -29,6 +29,13 @@ $(READY): requirements.txt pyproject.toml
 # here, before anything else runs.
 system:
 	bash scripts/system_packages.sh
+
+# ruff formats the code at the book's line length (pyproject.toml), then scripts/fit_lines.py
+# rewraps what the formatter leaves long: docstrings, comments, string literals. tests/test_style.py
+# checks the result.
+format: $(READY)
+	$(BIN)/python scripts/fit_lines.py code tests scripts book
+	$(BIN)/ruff check --fix --quiet code tests scripts book
 
 book: $(READY)
 	$(BIN)/jupyter-book build --warningiserror --nitpick --keep-going .

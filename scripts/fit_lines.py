@@ -432,7 +432,7 @@ def main(args: list[str]) -> None:
     files = [
         f
         for f in files
-        if not {".ipynb_checkpoints", "_build", "_ext"} & set(f.parts)
+        if not {".ipynb_checkpoints", "_build"} & set(f.parts)
     ]
     for f in files:
         fit_file(f, width, [move_inline_comments])

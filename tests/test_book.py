@@ -264,3 +264,28 @@ def test_page_renders_in_a_browser(browser, server, page):
         assert report["math"] > 0, (
             "the introduction's formula should have been found"
         )
+
+
+# The code a page shows: its cells' sources and the package source that
+# show_source displays, not the text that cells print.
+SHOWN_CODE = """() => [
+    ...document.querySelectorAll('article div.highlight pre')]
+    .filter(p => !p.closest(
+        '.output.stream, .output.text_plain, .output.stderr'))
+    .filter(p => p.scrollWidth > p.clientWidth + 1)
+    .map(p => p.textContent.split('\\n')
+        .reduce((a, b) => (a.length >= b.length ? a : b)))"""
+
+
+@pytest.mark.parametrize("page", toc_pages())
+def test_no_shown_code_scrolls_sideways(browser, server, page):
+    """At a 1280-pixel window every line of shown code fits its block: the
+    line length of pyproject.toml against the font size of book.css."""
+    tab = browser.new_page(viewport={"width": 1280, "height": 800})
+    tab.goto(f"{server}/{page}.html", wait_until="load")
+    too_wide = tab.evaluate(SHOWN_CODE)
+    tab.close()
+    assert not too_wide, (
+        f"{len(too_wide)} code blocks scroll sideways; their longest lines:\n"
+        + "\n".join(too_wide)
+    )

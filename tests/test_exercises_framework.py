@@ -104,7 +104,7 @@ def reader_first_score_as_max(x):
 def reader_unguarded(x):
     """Right, except that a row starting with -inf computes exp(-inf - (-inf))
     = NaN."""
-    m, l, acc = -math.inf, 0.0, []
+    m, l, _acc = -math.inf, 0.0, []
     for v in x:
         m_new = max(m, v)
         scale = math.nan if m_new == -math.inf else math.exp(m - m_new)

@@ -1,31 +1,40 @@
-"""What the PDF of the book (``make pdf``, Sphinx's LaTeX builder) needs that the HTML does not.
+"""What the PDF of the book (``make pdf``, Sphinx's LaTeX builder) needs that
+the HTML does not.
 
-The print fixes 1-4 act on the LaTeX builder only; the HTML book is untouched by them. Item 5 is the
-HTML book's link to the PDF.
+The print fixes 1-4 act on the LaTeX builder only; the HTML book is untouched
+by them. Item 5 is the HTML book's link to the PDF.
 
-1. Proofs read as proofs. sphinx-proof wraps a ``{prf:proof}`` in an admonition with no title,
-   which LaTeX draws as a box with an empty title bar. In print a proof follows its theorem as
-   plain text: "*Proof.*" in italics, and a square at its end.
-2. Solutions show their code. A solution's text says "the code is in the cell below", and the HTML
-   folds that cell's source (``hide-input``) so that a reader on the page meets the answer only on
-   request; sphinx-jupyterbook-latex drops hidden sources from the PDF altogether. In a section
-   that holds solutions, a hidden source is printed. (Elsewhere ``hide-input`` hides plotting code,
-   and the PDF keeps hiding it: the figure is what the reader needs.)
-3. Long lines fit the page. Code and outputs are set in ``\\small`` monospace, which holds about
-   82 characters across the text block; a longer line is wrapped with a continuation arrow, which
-   breaks up tables and aligned columns. A block whose longest line is too long for ``\\small`` is
-   set in the largest smaller size at which it fits, down to 6 pt (122 characters); a block with
-   longer lines still is set in 6 pt and wrapped.
-4. Every character prints. xelatex sets a character its font lacks as nothing at all, with only a
-   line in its log. The book's fonts (FreeSerif, FreeMono) have no emoji: each character of
-   ``SUBSTITUTES`` is printed as the nearest character they have (``\\newunicodechar``), and
-   ``tests/test_pdf.py`` fails on any "Missing character" in the log.
-5. The link to the PDF. The GitHub Pages workflow publishes the PDF beside the HTML book, at the
-   site's root; the substitution ``{{ pdf_link }}`` (book/intro.md) links to it there, at the
-   address GitHub Pages gives the repository of ``_config.yml`` (https://OWNER.github.io/REPO/).
-   The address is absolute, so that ``make book`` and the link check, which run without the PDF
-   (``make pdf`` needs TeX), see an external link instead of a missing file.
+1. Proofs read as proofs. sphinx-proof wraps a ``{prf:proof}`` in an admonition
+   with no title, which LaTeX draws as a box with an empty title bar. In print
+   a proof follows its theorem as plain text: "*Proof.*" in italics, and a
+   square at its end.
+2. Solutions show their code. A solution's text says "the code is in the cell
+   below", and the HTML folds that cell's source (``hide-input``) so that a
+   reader on the page meets the answer only on request;
+   sphinx-jupyterbook-latex drops hidden sources from the PDF altogether. In a
+   section that holds solutions, a hidden source is printed. (Elsewhere
+   ``hide-input`` hides plotting code, and the PDF keeps hiding it: the figure
+   is what the reader needs.)
+3. Long lines fit the page. Code and outputs are set in ``\\small`` monospace,
+   which holds about 82 characters across the text block; a longer line is
+   wrapped with a continuation arrow, which breaks up tables and aligned
+   columns. A block whose longest line is too long for ``\\small`` is set in
+   the largest smaller size at which it fits, down to 6 pt (122 characters); a
+   block with longer lines still is set in 6 pt and wrapped.
+4. Every character prints. xelatex sets a character its font lacks as nothing
+   at all, with only a line in its log. The book's fonts (FreeSerif, FreeMono)
+   have no emoji: each character of ``SUBSTITUTES`` is printed as the nearest
+   character they have (``\\newunicodechar``), and ``tests/test_pdf.py`` fails
+   on any "Missing character" in the log.
+5. The link to the PDF. The GitHub Pages workflow publishes the PDF beside the
+   HTML book, at the site's root; the substitution ``{{ pdf_link }}``
+   (book/intro.md) links to it there, at the address GitHub Pages gives the
+   repository of ``_config.yml`` (https://OWNER.github.io/REPO/). The address
+   is absolute, so that ``make book`` and the link check, which run without the
+   PDF (``make pdf`` needs TeX), see an external link instead of a missing
+   file.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,59 +42,85 @@ import re
 from docutils import nodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
 
-# Characters of monospace that fit across a code or output block, by font size: measured in the
-# PDF at \small (9 pt: 82 characters in an output box, a few more in an input box); the smaller
-# sizes scale by the ratio of the font sizes, less a character of safety.
-FITS = ((None, 81), (r"\footnotesize", 91), (r"\scriptsize", 104), (r"\fontsize{6}{7.5}\selectfont", 122))
+# Characters of monospace that fit across a code or output block, by font size:
+# measured in the PDF at \small (9 pt: 82 characters in an output box, a few
+# more in an input box); the smaller sizes scale by the ratio of the font
+# sizes, less a character of safety.
+FITS = (
+    (None, 81),
+    (r"\footnotesize", 91),
+    (r"\scriptsize", 104),
+    (r"\fontsize{6}{7.5}\selectfont", 122),
+)
 
 
 def font_size_for(text: str, boxed: bool = False) -> str | None:
-    """The LaTeX font size to set a verbatim block in, or None for the default (``\\small``).
+    """The LaTeX font size to set a verbatim block in, or None for the default
+    (``\\small``).
 
-    ``boxed``: the block is inside a box (an exercise, a solution), whose padding takes about
-    four characters of the width.
+    ``boxed``: the block is inside a box (an exercise, a solution), whose
+    padding takes about four characters of the width.
     """
-    longest = max((len(line.rstrip()) for line in text.splitlines()), default=0) + (4 if boxed else 0)
+    longest = max(
+        (len(line.rstrip()) for line in text.splitlines()), default=0
+    ) + (4 if boxed else 0)
     for size, width in FITS:
         if longest <= width:
             return size
     return FITS[-1][0]
 
 
-# Characters of the book that its fonts lack -> the character printed instead (chapter 1 shows the
-# tokenizer an emoji; FreeMono has the white smiling face of U+263A).
+# Characters of the book that its fonts lack -> the character printed instead
+# (chapter 1 shows the tokenizer an emoji; FreeMono has the white smiling face
+# of U+263A).
 SUBSTITUTES = {"\N{SLIGHTLY SMILING FACE}": "\N{WHITE SMILING FACE}"}
 
 
 def substitutes_preamble(substitutes: dict[str, str] = SUBSTITUTES) -> str:
-    """LaTeX that prints each key of ``substitutes`` as its value (package newunicodechar)."""
+    """LaTeX that prints each key of ``substitutes`` as its value (package
+    newunicodechar)."""
     lines = [r"\usepackage{newunicodechar}"]
-    lines += [rf"\newunicodechar{{{char}}}{{{instead}}}" for char, instead in substitutes.items()]
+    lines += [
+        rf"\newunicodechar{{{char}}}{{{instead}}}"
+        for char, instead in substitutes.items()
+    ]
     return "\n".join(lines) + "\n"
 
 
 def _print_substitutes(app, config) -> None:
     elements = dict(config.latex_elements)
-    elements["preamble"] = elements.get("preamble", "") + substitutes_preamble()
+    elements["preamble"] = (
+        elements.get("preamble", "") + substitutes_preamble()
+    )
     config.latex_elements = elements
 
 
-PDF_NAME = "attention-derived.pdf"  # latex_documents' targetname in _config.yml, as a PDF
+# latex_documents' targetname in _config.yml, as a PDF
+PDF_NAME = "attention-derived.pdf"
 
 
 def published_pdf_url(repository_url: str) -> str:
-    """Where the Pages workflow publishes the PDF, for the repository at ``repository_url``."""
-    match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", repository_url)
+    """Where the Pages workflow publishes the PDF, for the repository at
+    ``repository_url``."""
+    match = re.fullmatch(
+        r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", repository_url
+    )
     if not match:
-        raise ValueError(f"not a GitHub repository address: {repository_url!r}")
+        raise ValueError(
+            f"not a GitHub repository address: {repository_url!r}"
+        )
     owner, repo = match.groups()
     return f"https://{owner.lower()}.github.io/{repo}/{PDF_NAME}"
 
 
 def _link_the_pdf(app, config) -> None:
-    url = published_pdf_url(config.html_theme_options.get("repository_url", ""))
-    config.myst_substitutions = {**config.myst_substitutions,
-                                 "pdf_link": f"[the whole book as one PDF]({url})"}
+    url = published_pdf_url(
+        config.html_theme_options.get("repository_url", "")
+    )
+    config.myst_substitutions = {
+        **config.myst_substitutions,
+        "pdf_link": f"[the whole book as one PDF]({url})",
+    }
 
 
 def _ancestors(node: nodes.Node):
@@ -99,7 +134,8 @@ def _is_solution(node: nodes.Node) -> bool:
 
 
 class PrintFixes(SphinxPostTransform):
-    """Runs before sphinx-jupyterbook-latex (priority 400), which drops hidden cell sources."""
+    """Runs before sphinx-jupyterbook-latex (priority 400), which drops hidden
+    cell sources."""
 
     default_priority = 350
     builders = ("latex",)
@@ -114,23 +150,34 @@ class PrintFixes(SphinxPostTransform):
             if not any(_is_solution(child) for child in section.children):
                 continue
             for child in section.children:
-                if isinstance(child, nodes.container) and "tag_hide-input" in child["classes"]:
+                if (
+                    isinstance(child, nodes.container)
+                    and "tag_hide-input" in child["classes"]
+                ):
                     child["classes"].remove("tag_hide-input")
 
     def plain_proofs(self) -> None:
         for box in list(self.document.findall(nodes.admonition)):
-            if "proof" not in box["classes"] or any(isinstance(c, nodes.title) for c in box.children):
+            if "proof" not in box["classes"] or any(
+                isinstance(c, nodes.title) for c in box.children
+            ):
                 continue
             body = list(box.children)
             first = body[0] if body else None
-            if isinstance(first, nodes.paragraph) and first.children \
-                    and isinstance(first[0], nodes.Text) and first[0].astext().startswith("Proof. "):
+            if (
+                isinstance(first, nodes.paragraph)
+                and first.children
+                and isinstance(first[0], nodes.Text)
+                and first[0].astext().startswith("Proof. ")
+            ):
                 # sphinx-proof puts "Proof. " before the proof's first line
-                rest = first[0].astext()[len("Proof. "):]
+                rest = first[0].astext()[len("Proof. ") :]
                 first.replace(first[0], nodes.Text(rest))
                 first.insert(0, nodes.emphasis(text="Proof."))
                 first.insert(1, nodes.Text(" "))
-            qed = nodes.raw("", r"\nobreak\hfill\ensuremath{\square}", format="latex")
+            qed = nodes.raw(
+                "", r"\nobreak\hfill\ensuremath{\square}", format="latex"
+            )
             if body and isinstance(body[-1], nodes.paragraph):
                 body[-1] += qed
             else:
@@ -139,14 +186,24 @@ class PrintFixes(SphinxPostTransform):
 
     def fit_verbatim(self) -> None:
         for block in list(self.document.findall(nodes.literal_block)):
-            boxed = any(isinstance(a, nodes.Admonition) for a in _ancestors(block))
+            boxed = any(
+                isinstance(a, nodes.Admonition) for a in _ancestors(block)
+            )
             size = font_size_for(block.astext(), boxed)
             if size is None or block.parent is None:
                 continue
             parent, index = block.parent, block.parent.index(block)
-            parent.insert(index + 1, nodes.raw("", "\\endgroup\n", format="latex"))
-            parent.insert(index, nodes.raw("", f"\\begingroup\\fvset{{fontsize={size}}}\n",
-                                           format="latex"))
+            parent.insert(
+                index + 1, nodes.raw("", "\\endgroup\n", format="latex")
+            )
+            parent.insert(
+                index,
+                nodes.raw(
+                    "",
+                    f"\\begingroup\\fvset{{fontsize={size}}}\n",
+                    format="latex",
+                ),
+            )
 
 
 def setup(app):
