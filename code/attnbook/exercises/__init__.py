@@ -79,3 +79,39 @@ def __getattr__(name):
             importlib.import_module(f".{_LAZY[name]}", __name__), name
         )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: For each checker, the package functions whose source would answer its
+#: exercise as it stands (copied, with at most names changed). A chapter does
+#: not show them (``attnbook.show_source``) before the exercise that asks for
+#: them; its solution may (tests/test_exercise_order.py). An empty entry: no
+#: single function of the package answers the exercise.
+ANSWERS: dict[str, tuple[str, ...]] = {
+    "check_alibi_bias": ("attnbook.positional.alibi_bias",),
+    "check_attention": ("attnbook.attention.scaled_dot_product_attention",),
+    "check_attention_scores": (),
+    "check_benchmark_flops": ("attnbook.cost.benchmark_flops",),
+    "check_causal_mask": ("attnbook.masks.causal_mask",),
+    "check_cosine_similarity": ("attnbook.embeddings.cosine_similarity",),
+    "check_cross_attention": (),
+    "check_dot_variance": ("attnbook.scaling.dot_product_variance",),
+    "check_key_blocks": (),
+    "check_kv_cache_step": (),
+    "check_linear_attention": (
+        "attnbook.linear_attention.attention_from_features",
+    ),
+    "check_merge_softmax_states": (
+        "attnbook.online_softmax.merge_softmax_states",
+    ),
+    "check_multihead_attention": (),
+    "check_nadaraya_watson": ("attnbook.kernel_smoothing.nadaraya_watson",),
+    "check_online_softmax": ("attnbook.online_softmax.online_softmax_state",),
+    "check_padding_mask": ("attnbook.padding.key_padding_mask",),
+    "check_pool_kv_heads": ("attnbook.gqa.pool_kv_heads",),
+    "check_ppmi": ("attnbook.embeddings.ppmi",),
+    "check_rope_attention": (),
+    "check_scaled_scores": (),
+    "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),
+    "check_softmax": ("attnbook.softmax.softmax",),
+    "check_split_qkv": (),
+}

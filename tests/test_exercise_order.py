@@ -1,0 +1,82 @@
+"""No chapter shows the answer to an exercise before the exercise.
+
+``attnbook.exercises.ANSWERS`` names, for each checker, the package functions
+whose source would answer its exercise. A chapter that shows one of them with
+``attnbook.show_source`` before the exercise that asks for it gives the answer
+away; the solutions, after the exercise, may show it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import attnbook.exercises as exercises
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "book").glob("[0-9][0-9]-*.ipynb"))
+
+
+def resolve(dotted: str):
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_every_checker_names_the_functions_that_answer_it():
+    checkers = {n for n in exercises.__all__ if n.startswith("check_")}
+    assert set(exercises.ANSWERS) == checkers
+    for checker, answers in exercises.ANSWERS.items():
+        for dotted in answers:
+            assert callable(resolve(dotted)), (checker, dotted)
+
+
+def shown_names(source: str) -> list[str]:
+    """The last name of each expression passed to show_source in a cell."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics
+        return re.findall(r"show_source\((?:[\w.]*\.)?(\w+)\)", source)
+    names = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None))
+            == "show_source"
+            and node.args
+        ):
+            arg = node.args[0]
+            names.append(
+                arg.attr if isinstance(arg, ast.Attribute) else arg.id
+            )
+    return names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_no_answer_is_shown_before_its_exercise(path):
+    cells = [
+        "".join(c["source"]) if c["cell_type"] == "code" else ""
+        for c in json.loads(path.read_text())["cells"]
+    ]
+    shown = [
+        (index, name)
+        for index, source in enumerate(cells)
+        for name in shown_names(source)
+    ]
+    given_away = []
+    for checker, answers in exercises.ANSWERS.items():
+        asked = [i for i, s in enumerate(cells) if f"{checker}(" in s]
+        if not asked:
+            continue
+        names = {resolve(dotted).__name__ for dotted in answers}
+        given_away += [
+            f"cell {index} shows {name}, the answer to {checker} "
+            f"(cell {asked[0]})"
+            for index, name in shown
+            if name in names and index < asked[0]
+        ]
+    assert not given_away, "\n".join(given_away)
