@@ -418,10 +418,10 @@ def test_toy_corpus_is_deterministic_and_balanced():
 
 def test_ambiguous_words_occur_in_two_senses():
     corpus = toy_corpus()
+
     def topics_of(w):
-        return {
-            topic for topic, text in corpus if w in tokenize(text)
-        }
+        return {topic for topic, text in corpus if w in tokenize(text)}
+
     assert topics_of("bank") == {"river", "money"}
     assert topics_of("java") == {"island", "programming"}
     assert topics_of("coffee") == {"coffee"}

@@ -253,12 +253,12 @@ def test_the_online_softmax_exercise_names_an_unshifted_exponential():
 # student who half-understood the section writes, independently of the
 # checkers' own Mistake functions.
 
-import contextlib
-import importlib.util
-import io
-import pathlib
+import contextlib  # noqa: E402
+import importlib.util  # noqa: E402
+import io  # noqa: E402
+import pathlib  # noqa: E402
 
-import attnbook.exercises as exercises
+import attnbook.exercises as exercises  # noqa: E402
 
 TESTS = pathlib.Path(__file__).parent
 MIN_WRONG, MIN_RIGHT = 5, 2

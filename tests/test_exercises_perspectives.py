@@ -93,6 +93,7 @@ def test_the_quadratic_form_is_rejected_by_its_memory(capsys):
         # elu(x) + 1
         def f(x):
             return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
         w = f(np.asarray(q)) @ np.swapaxes(f(np.asarray(k)), -1, -2)
         return (w / w.sum(-1, keepdims=True)) @ np.asarray(v)
 
@@ -242,10 +243,12 @@ def test_nw_unknown_error_is_rejected():
 def linear_numpy_float32(q, k, v):
     """Right: numpy, float32 features, the normaliser as a sum over keys
     first."""
+
     def f(x):
         return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0))).astype(
             np.float32
         )
+
     fq, fk = f(np.asarray(q)), f(np.asarray(k))
     s = np.swapaxes(fk, -1, -2) @ np.asarray(v, np.float32)
     return (fq @ s) / (fq * fk.sum(-2, keepdims=True)).sum(-1, keepdims=True)
@@ -255,7 +258,10 @@ def linear_key_recurrence(q, k, v):
     """Right, and linear in n: the state S and z accumulated key by key (the
     recurrent form), in place."""
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
+    def f(x):
+        return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
     fk = f(k)
     s = np.zeros(k.shape[:-2] + (k.shape[-1], v.shape[-1]))
     z = np.zeros(k.shape[:-2] + (k.shape[-1],))
@@ -269,7 +275,10 @@ def linear_key_recurrence(q, k, v):
 def linear_loop_over_queries(q, k, v):
     """Right values, never stores n x n, but visits every (query, key) pair:
     quadratic time."""
-    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
+    def f(x):
+        return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
     fq, fk = f(np.asarray(q)), f(np.asarray(k))
     out = np.empty(fq.shape[:-1] + (np.shape(v)[-1],))
     for i in range(fq.shape[-2]):
@@ -282,7 +291,10 @@ def linear_loop_over_queries(q, k, v):
 def linear_three_operand_einsum(q, k, v):
     """Right values, never stores n x n, but numpy's einsum loops over every
     (i, j) pair."""
-    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
+    def f(x):
+        return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
     fq, fk = f(np.asarray(q)), f(np.asarray(k))
     num = np.einsum("...id,...jd,...je->...ie", fq, fk, np.asarray(v))
     return num / np.einsum("...id,...jd->...i", fq, fk)[..., None]
@@ -387,7 +399,10 @@ def linear_torch_float32(q, k, v):
 def linear_quadratic_in_row_blocks(q, k, v, block=256):
     """Right values, never holds n x n (blocks of 256 rows), but does the
     quadratic form's work."""
-    f = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
+    def f(x):
+        return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0)))
+
     fq, fk = f(np.asarray(q)), f(np.asarray(k))
     out = np.empty(fq.shape[:-1] + (np.shape(v)[-1],))
     for s in range(0, fq.shape[-2], block):

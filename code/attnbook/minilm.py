@@ -324,10 +324,10 @@ def missing_requirements(extra: str = "minilm") -> list[str]:
     ]
     if not wanted:
         raise ValueError(f"attnbook has no extra named {extra!r}")
+
     def module(spec):
-        return re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0].replace(
-            "-", "_"
-        )
+        return re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0].replace("-", "_")
+
     return [
         spec
         for spec in wanted

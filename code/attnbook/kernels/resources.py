@@ -162,13 +162,15 @@ def _compile(row: Row) -> Resources:
         raise RuntimeError(
             f"ptxas printed no resource report for {row}:\n{report[-2000:]}"
         )
+
     def number(pattern):
-        return (
-            int(m.group(1)) if (m := re.search(pattern, report)) else 0
-        )
+        return int(m.group(1)) if (m := re.search(pattern, report)) else 0
+
     opcodes = re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)", ptx, re.M)
+
     def count(prefix):
         return sum(op.startswith(prefix) for op in opcodes)
+
     return Resources(
         row,
         registers=number(r"Used (\d+) registers"),
