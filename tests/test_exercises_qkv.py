@@ -264,6 +264,31 @@ CROSS_WRONG.update(
 )
 
 
+# the fourth reading of chapter 2: the weights returned instead of the output,
+# alone or as the first of a pair
+
+
+def _cross_weights_only(x, context, w_q, w_k, w_v):
+    q = torch.from_numpy(x @ w_q)
+    k = torch.from_numpy(context @ w_k)
+    return torch.softmax(q @ k.T / math.sqrt(q.shape[1]), dim=-1).numpy()
+
+
+def _cross_weights_first(x, context, w_q, w_k, w_v):
+    weights = _cross_weights_only(x, context, w_q, w_k, w_v)
+    return weights, weights @ (context @ w_v)
+
+
+CROSS_WRONG["returned_weights"] = _cross_weights_only
+
+
+def test_cross_checker_names_the_weights_returned_first_in_a_pair():
+    with pytest.raises(ExerciseError) as info:
+        check_cross_attention(_cross_weights_first)
+    assert info.value.mistake == "returned_weights"
+    assert "A @ v" in str(info.value)
+
+
 def test_cross_checker_names_sqrt_d_context_written_with_w_k():
     with pytest.raises(ExerciseError) as info:
         check_cross_attention(

@@ -435,6 +435,17 @@ CROSS_MISTAKES = [
         ),
     ),
     Mistake(
+        "returned_weights",
+        "you returned the attention weights A = softmax(q @ k.T / "
+        "sqrt(d_k)), shape (n_q, n_k), not the output",
+        "the output mixes the values with those weights: return A @ v, with "
+        "v = context @ w_v, shape (n_q, d_v); a pair must put the output "
+        "first, (A @ v, A)",
+        lambda x, c, w_q, w_k, w_v: softmax(
+            (x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1])
+        ),
+    ),
+    Mistake(
         "mean_of_values",
         "every output row is the plain mean of the values: the scores play no "
         "part",
