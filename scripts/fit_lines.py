@@ -430,9 +430,7 @@ def main(args: list[str]) -> None:
             else [p]
         )
     files = [
-        f
-        for f in files
-        if not {".ipynb_checkpoints", "_build"} & set(f.parts)
+        f for f in files if not {".ipynb_checkpoints", "_build"} & set(f.parts)
     ]
     for f in files:
         fit_file(f, width, [move_inline_comments])
