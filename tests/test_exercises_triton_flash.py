@@ -632,3 +632,52 @@ def test_a_case_hangs_past_the_end_with_n_k_a_multiple_of_block_k():
         -(-n_q // block_q) * block_q > n_q and n_k % block_k == 0
         for n_q, n_k, block_q, block_k in (c.args for c in block_count_cases())
     )
+
+
+# --- from the expert reading of chapter 10, session 4 ------------------------
+# A count rounded to the nearest block instead of up was rejected with the
+# diagnosis "first_row_plus_width", which coincides with it on the failing case
+# (65/192/32/64) and on case 5, though not on cases 4 and 7, where the reader
+# is wrong too: now it has a mistake of its own.
+
+
+def blocks_rounded(n_q, n_k, block_q, block_k):
+    """The reader's wrong answer: the keys to cover rounded to the nearest
+    block (Python's round)."""
+    return [
+        round(min((b + 1) * block_q + n_k - n_q, n_k) / block_k)
+        for b in range(math.ceil(n_q / block_q))
+    ]
+
+
+def blocks_rounded_half_up(n_q, n_k, block_q, block_k):
+    """The same, rounding half up: floor(x + 0.5)."""
+    return [
+        math.floor(min((b + 1) * block_q + n_k - n_q, n_k) / block_k + 0.5)
+        for b in range(math.ceil(n_q / block_q))
+    ]
+
+
+CATALOGUE["check_key_blocks"]["wrong"] += [
+    (blocks_rounded, "round_not_ceil"),
+    (blocks_rounded_half_up, "round_not_ceil"),
+]
+
+
+@pytest.mark.parametrize("wrong", [blocks_rounded, blocks_rounded_half_up])
+def test_rounding_to_the_nearest_block_is_named(wrong):
+    with pytest.raises(ExerciseError) as err:
+        check_key_blocks(wrong)
+    assert err.value.mistake == "round_not_ceil"
+    assert "nearest block" in str(err.value)
+
+
+def test_no_case_puts_the_keys_to_cover_at_half_a_block():
+    """Where it did, Python's round (half to even) and rounding half up would
+    differ, and one of them would lose its diagnosis."""
+    from attnbook.exercises.triton_flash import block_count_cases
+
+    for n_q, n_k, block_q, block_k in (c.args for c in block_count_cases()):
+        for b in range(math.ceil(n_q / block_q)):
+            keys = min((b + 1) * block_q + n_k - n_q, n_k)
+            assert 2 * keys % (2 * block_k) != block_k

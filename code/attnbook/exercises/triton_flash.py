@@ -159,6 +159,18 @@ BLOCK_COUNT_MISTAKES = [
         _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq, n_k) // bk),
     ),
     Mistake(
+        "round_not_ceil",
+        "the keys to cover were divided by block_k rounding to the nearest "
+        "block: a last block less than half covered is dropped",
+        "a block that holds even one visible key is visited, however few: "
+        "round up, cdiv(min(a0 + block_q, n_k), block_k)",
+        # Python's round (half to even); no case puts the keys to cover at
+        # exactly half a block, so rounding half up is diagnosed the same
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: round(min(a0 + bq, n_k) / bk)
+        ),
+    ),
+    Mistake(
         "offset_reversed",
         "the cache offset has the wrong sign: n_q - n_k instead of n_k - n_q",
         "the queries are the LAST n_q of the n_k positions, so query i sits "
