@@ -284,3 +284,29 @@ def test_grows_with_length_flags_a_pass_time_that_falls():
     assert grows_with_length({5: 1.0})
     with pytest.raises(ValueError, match="tolerance must be in"):
         grows_with_length({1: 1.0}, tolerance=0)
+
+
+def test_cpu_time_leaves_out_the_time_the_thread_waits():
+    """With cpu=True a call is timed by its thread's CPU time: a call that
+    sleeps 20 ms (as if the operating system ran another program meanwhile)
+    takes 20 ms of wall time and almost no CPU time."""
+    import time
+
+    from attnbook.experiments.cache_speed import time_passes
+
+    class Sleeper:
+        def __call__(self, x, *args, **kwargs):
+            time.sleep(0.02)
+
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    wall = time_passes(Sleeper(), ids, [2, 3], repeats=2)
+    cpu = time_passes(Sleeper(), ids, [2, 3], repeats=2, cpu=True)
+    assert all(timing.low >= 0.02 for timing in wall.values())
+    assert all(timing.high < 0.01 for timing in cpu.values())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(ValueError, match="it runs on 2"):
+            time_passes(Sleeper(), ids, [2], repeats=1, cpu=True)
+    finally:
+        torch.set_num_threads(threads)

@@ -7,13 +7,15 @@ Chapter 8 (the KV cache) times greedy generation of several lengths both ways
 lengths (:func:`time_decode_steps`) and single uncached passes at several
 lengths (:func:`time_passes`), from which :func:`generation_estimate` sums what
 a whole generation would take if none of its calls were slowed by the machine's
-other work; :func:`grows_with_length` flags a run in which they still were.
+other work (on a busy machine, timed by each call's CPU time, ``cpu=True``);
+:func:`grows_with_length` flags a run in which they still were.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+import time
 import timeit
 from dataclasses import dataclass
 
@@ -46,7 +48,12 @@ def time_generation(
 
 
 def time_decode_steps(
-    model, ids, positions, repeats: int = 20, seed: int = 0
+    model,
+    ids,
+    positions,
+    repeats: int = 20,
+    seed: int = 0,
+    cpu: bool = False,
 ) -> dict[int, Timing]:
     """Seconds of one cached decode step with ``p`` tokens already in the
     cache, for each ``p`` in ``positions``.
@@ -59,10 +66,10 @@ def time_decode_steps(
     repeat does the same work. The positions take turns, in an order shuffled
     anew in every round (from ``seed``), so that neither a busy spell of a
     shared machine nor the call that ran just before favours one of them. A
-    single step is short enough to run
-    undisturbed, so its fastest repeat (``Timing.low``) is comparable with the
-    fastest single prefill. Returns ``{p: Timing}`` in the order of
-    ``positions``.
+    single step is short enough to run undisturbed, so its fastest repeat
+    (``Timing.low``) is comparable with the fastest single prefill. With
+    ``cpu=True`` each call is timed by its thread's CPU time (see
+    :func:`_in_turns`). Returns ``{p: Timing}`` in the order of ``positions``.
     """
     positions = [_validate.positive_int("position", p) for p in positions]
     repeats = _validate.positive_int("repeats", repeats)
@@ -73,12 +80,20 @@ def time_decode_steps(
             f"got {tuple(ids.shape)}"
         )
     return _in_turns(
-        {p: _decode_step(model, ids, p) for p in positions}, repeats, seed
+        {p: _decode_step(model, ids, p) for p in positions},
+        repeats,
+        seed,
+        cpu,
     )
 
 
 def time_passes(
-    model, ids, lengths, repeats: int = 20, seed: int = 0
+    model,
+    ids,
+    lengths,
+    repeats: int = 20,
+    seed: int = 0,
+    cpu: bool = False,
 ) -> dict[int, Timing]:
     """Seconds of one uncached forward pass over the first ``n`` tokens of
     ``ids``, for each ``n`` in ``lengths``.
@@ -100,12 +115,21 @@ def time_passes(
             f"got {tuple(ids.shape)}"
         )
     return _in_turns(
-        {n: _uncached_pass(model, ids, n) for n in lengths}, repeats, seed
+        {n: _uncached_pass(model, ids, n) for n in lengths},
+        repeats,
+        seed,
+        cpu,
     )
 
 
 def time_generation_calls(
-    model, ids, lengths, positions, repeats: int = 20, seed: int = 0
+    model,
+    ids,
+    lengths,
+    positions,
+    repeats: int = 20,
+    seed: int = 0,
+    cpu: bool = False,
 ) -> tuple[dict[int, Timing], dict[int, Timing]]:
     """The passes of :func:`time_passes` and the steps of
     :func:`time_decode_steps`, all taking turns.
@@ -117,7 +141,8 @@ def time_generation_calls(
     (the estimate of :func:`generation_estimate`) are not skewed by when each
     was timed. The order of the calls is shuffled anew in every round (from
     ``seed``): in a fixed order the same step would always run right after the
-    longest pass, which slows it.
+    longest pass, which slows it. With ``cpu=True`` each call is timed by its
+    thread's CPU time (see :func:`_in_turns`).
     """
     lengths = [_validate.positive_int("length", n) for n in lengths]
     positions = [_validate.positive_int("position", p) for p in positions]
@@ -125,7 +150,7 @@ def time_generation_calls(
     _check_ids(ids, max(max(lengths), max(positions) + 1))
     calls = {("pass", n): _uncached_pass(model, ids, n) for n in lengths}
     calls |= {("step", p): _decode_step(model, ids, p) for p in positions}
-    timings = _in_turns(calls, repeats, seed)
+    timings = _in_turns(calls, repeats, seed, cpu)
     return (
         {n: timings["pass", n] for n in lengths},
         {p: timings["step", p] for p in positions},
@@ -174,7 +199,9 @@ def _decode_step(model, ids, p):
     return step
 
 
-def _in_turns(calls: dict, repeats: int, seed: int = 0) -> dict:
+def _in_turns(
+    calls: dict, repeats: int, seed: int = 0, cpu: bool = False
+) -> dict:
     """Run each call once untimed (warm-up), then ``repeats`` rounds in which
     every call runs once, timed, in an order shuffled anew in every round.
 
@@ -183,7 +210,23 @@ def _in_turns(calls: dict, repeats: int, seed: int = 0) -> dict:
     follow the same one, and its fastest time would carry that bias. The
     shuffle (``random.Random(seed)``, so that a run can be repeated) gives
     every call rounds after different neighbours.
+
+    ``cpu=False`` times each call by the wall clock (``time.perf_counter``);
+    ``cpu=True`` by the CPU time of the calling thread (``time.thread_time``),
+    which leaves out the moments in which the operating system ran another
+    program on the core (on a busy machine a call of a few milliseconds can be
+    interrupted in every one of its repeats, so that even the fastest repeat
+    includes other programs' work). That is the whole call's time only
+    when torch runs its operations on the calling thread, so ``cpu=True``
+    requires ``torch.get_num_threads() == 1``.
     """
+    if cpu and torch.get_num_threads() != 1:
+        raise ValueError(
+            "cpu=True times the calling thread only, so torch must run on "
+            f"one thread; it runs on {torch.get_num_threads()} "
+            "(torch.set_num_threads(1))"
+        )
+    clock = time.thread_time if cpu else time.perf_counter
     for call in calls.values():
         call()  # warm-up
     seconds = {key: [] for key in calls}
@@ -193,7 +236,9 @@ def _in_turns(calls: dict, repeats: int, seed: int = 0) -> dict:
         shuffler.shuffle(order)
         for key in order:
             seconds[key].extend(
-                timeit.Timer(calls[key]).repeat(repeat=1, number=1)
+                timeit.Timer(calls[key], timer=clock).repeat(
+                    repeat=1, number=1
+                )
             )
     return {
         key: Timing(statistics.median(t), min(t), max(t), repeats, 1)
