@@ -50,6 +50,18 @@ def record_calls(model):
     return calls
 
 
+def assert_rounds(calls, each, repeats):
+    """``calls`` are ``repeats`` rounds, each of which runs every call of
+    ``each`` once, in some order; returns the rounds."""
+    assert len(calls) == len(each) * repeats
+    rounds = [
+        calls[i : i + len(each)] for i in range(0, len(calls), len(each))
+    ]
+    for one_round in rounds:
+        assert sorted(one_round, key=repr) == sorted(each, key=repr)
+    return rounds
+
+
 def test_decode_benchmark_reports_both_modes():
     model = small_gpt(seed=3)
     prompt = torch.zeros(1, 1, dtype=torch.long)
@@ -105,7 +117,8 @@ def test_time_decode_steps_repeats_the_same_steps_in_turn():
     # a prefill of p tokens for each position, then a warm-up and 4 timed steps
     # of each, taking turns: every step is one token at position p with p
     # cached (the cache's length restored after each)
-    assert calls == [(7, 0, 0), (3, 0, 0)] + [(1, 7, 7), (1, 3, 3)] * 5
+    assert calls[:4] == [(7, 0, 0), (3, 0, 0), (1, 7, 7), (1, 3, 3)]
+    assert_rounds(calls[4:], [(1, 7, 7), (1, 3, 3)], 4)
     with pytest.raises(ValueError, match="largest position 12"):
         time_decode_steps(model, ids, [3, 12])
 
@@ -127,7 +140,9 @@ def test_time_passes_times_uncached_prefixes_in_turn():
         )
     # a warm-up and 3 timed passes of each length, taking turns, each over a
     # prefix without a cache
-    assert calls == [(10, 0, None), (1, 0, None), (4, 0, None)] * 4
+    each = [(10, 0, None), (1, 0, None), (4, 0, None)]
+    assert calls[:3] == each
+    assert_rounds(calls[3:], each, 3)
     with pytest.raises(ValueError, match="longest length 11"):
         time_passes(model, ids, [3, 11])
 
@@ -207,14 +222,91 @@ def test_time_generation_calls_interleaves_passes_and_steps():
         )
     # the steps' prefills (untimed) first, then a warm-up and 3 timed rounds in
     # which every call takes its turn
-    assert (
-        calls
-        == [(5, 0, 0), (1, 0, 0)]
-        + [(9, 0, None), (2, 0, None), (1, 5, 5), (1, 1, 1)] * 4
-    )
+    each = [(9, 0, None), (2, 0, None), (1, 5, 5), (1, 1, 1)]
+    assert calls[:6] == [(5, 0, 0), (1, 0, 0)] + each
+    assert_rounds(calls[6:], each, 3)
     # a step at position 8 reads 9 ids: enough
     time_generation_calls(model, ids, [3], [8], repeats=1)
     with pytest.raises(ValueError, match="m >= 10"):
         time_generation_calls(model, ids, [3], [9], repeats=1)
     with pytest.raises(ValueError, match="m >= 10"):
         time_generation_calls(model, ids, [10], [1], repeats=1)
+
+
+def test_time_generation_calls_shuffles_the_order_of_every_round():
+    """In a fixed order the first step of every round ran right after the
+    longest pass (which slows it): each call must follow different calls in
+    different rounds, in an order that a seed repeats."""
+    from attnbook.experiments.cache_speed import time_generation_calls
+
+    model = small_gpt(seed=6)
+    ids = torch.randint(
+        0, 13, (1, 9), generator=torch.Generator().manual_seed(3)
+    )
+    each = [(9, 0, None), (2, 0, None), (1, 5, 5), (1, 1, 1)]
+
+    def rounds(seed):
+        calls = record_calls(model)
+        time_generation_calls(model, ids, [9, 2], [5, 1], 12, seed=seed)
+        model.forward = type(model).forward.__get__(model)
+        # after the steps' prefills and the warm-up, in the given order
+        assert calls[:6] == [(5, 0, 0), (1, 0, 0)] + each
+        return assert_rounds(calls[6:], each, 12)
+
+    first = rounds(seed=0)
+    timed = [call for one_round in first for call in one_round]
+    before = {call: set() for call in each}
+    for previous, call in zip(timed, timed[1:]):
+        before[call].add(previous)
+    # every call runs after at least two different calls, and no step
+    # always after the longest pass
+    assert all(len(calls) >= 2 for calls in before.values())
+    assert before[1, 5, 5] != {(9, 0, None)}
+    assert before[1, 1, 1] != {(9, 0, None)}
+    # the rounds are not all in one order; a seed repeats its orders, another
+    # seed gives others
+    assert len({tuple(one_round) for one_round in first}) > 1
+    assert rounds(seed=0) == first
+    assert rounds(seed=1) != first
+
+
+def test_grows_with_length_flags_a_pass_time_that_falls():
+    from attnbook.experiments.cache_speed import grows_with_length
+
+    # in order of length, whatever the order of the dict
+    assert grows_with_length({256: 7.0, 1: 1.0, 128: 4.0})
+    # a fall within the tolerance passes, a larger one fails (the disturbed
+    # run of chapter 8: 11.94 ms at 128 tokens, 6.94 ms at 224)
+    assert grows_with_length({1: 1.0, 2: 0.95, 3: 2.0})
+    assert not grows_with_length({128: 11.94, 224: 6.94, 256: 17.99})
+    assert not grows_with_length({1: 1.0, 2: 0.8}, tolerance=0.9)
+    assert grows_with_length({1: 1.0, 2: 0.8}, tolerance=0.8)
+    assert grows_with_length({5: 1.0})
+    with pytest.raises(ValueError, match="tolerance must be in"):
+        grows_with_length({1: 1.0}, tolerance=0)
+
+
+def test_cpu_time_leaves_out_the_time_the_thread_waits():
+    """With cpu=True a call is timed by its thread's CPU time: a call that
+    sleeps 20 ms (as if the operating system ran another program meanwhile)
+    takes 20 ms of wall time and almost no CPU time."""
+    import time
+
+    from attnbook.experiments.cache_speed import time_passes
+
+    class Sleeper:
+        def __call__(self, x, *args, **kwargs):
+            time.sleep(0.02)
+
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    wall = time_passes(Sleeper(), ids, [2, 3], repeats=2)
+    cpu = time_passes(Sleeper(), ids, [2, 3], repeats=2, cpu=True)
+    assert all(timing.low >= 0.02 for timing in wall.values())
+    assert all(timing.high < 0.01 for timing in cpu.values())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(ValueError, match="it runs on 2"):
+            time_passes(Sleeper(), ids, [2], repeats=1, cpu=True)
+    finally:
+        torch.set_num_threads(threads)

@@ -7,12 +7,15 @@ Chapter 8 (the KV cache) times greedy generation of several lengths both ways
 lengths (:func:`time_decode_steps`) and single uncached passes at several
 lengths (:func:`time_passes`), from which :func:`generation_estimate` sums what
 a whole generation would take if none of its calls were slowed by the machine's
-other work.
+other work (on a busy machine, timed by each call's CPU time, ``cpu=True``);
+:func:`grows_with_length` flags a run in which they still were.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
+import time
 import timeit
 from dataclasses import dataclass
 
@@ -45,7 +48,12 @@ def time_generation(
 
 
 def time_decode_steps(
-    model, ids, positions, repeats: int = 20
+    model,
+    ids,
+    positions,
+    repeats: int = 20,
+    seed: int = 0,
+    cpu: bool = False,
 ) -> dict[int, Timing]:
     """Seconds of one cached decode step with ``p`` tokens already in the
     cache, for each ``p`` in ``positions``.
@@ -55,11 +63,13 @@ def time_decode_steps(
     the step ``model(ids[:, p:p + 1], cache, start_pos=p)`` is timed
     ``repeats`` times, one call per repeat, under ``torch.inference_mode()``,
     each cache's ``length`` set back to ``p`` after every call, so that every
-    repeat does the same work. The positions take turns, so that a busy spell
-    of a shared machine hits them alike. A single step is short enough to run
-    undisturbed, so its fastest repeat (``Timing.low``) is comparable with the
-    fastest single prefill. Returns ``{p: Timing}`` in the order of
-    ``positions``.
+    repeat does the same work. The positions take turns, in an order shuffled
+    anew in every round (from ``seed``), so that neither a busy spell of a
+    shared machine nor the call that ran just before favours one of them. A
+    single step is short enough to run undisturbed, so its fastest repeat
+    (``Timing.low``) is comparable with the fastest single prefill. With
+    ``cpu=True`` each call is timed by its thread's CPU time (see
+    :func:`_in_turns`). Returns ``{p: Timing}`` in the order of ``positions``.
     """
     positions = [_validate.positive_int("position", p) for p in positions]
     repeats = _validate.positive_int("repeats", repeats)
@@ -70,11 +80,21 @@ def time_decode_steps(
             f"got {tuple(ids.shape)}"
         )
     return _in_turns(
-        {p: _decode_step(model, ids, p) for p in positions}, repeats
+        {p: _decode_step(model, ids, p) for p in positions},
+        repeats,
+        seed,
+        cpu,
     )
 
 
-def time_passes(model, ids, lengths, repeats: int = 20) -> dict[int, Timing]:
+def time_passes(
+    model,
+    ids,
+    lengths,
+    repeats: int = 20,
+    seed: int = 0,
+    cpu: bool = False,
+) -> dict[int, Timing]:
     """Seconds of one uncached forward pass over the first ``n`` tokens of
     ``ids``, for each ``n`` in ``lengths``.
 
@@ -95,12 +115,21 @@ def time_passes(model, ids, lengths, repeats: int = 20) -> dict[int, Timing]:
             f"got {tuple(ids.shape)}"
         )
     return _in_turns(
-        {n: _uncached_pass(model, ids, n) for n in lengths}, repeats
+        {n: _uncached_pass(model, ids, n) for n in lengths},
+        repeats,
+        seed,
+        cpu,
     )
 
 
 def time_generation_calls(
-    model, ids, lengths, positions, repeats: int = 20
+    model,
+    ids,
+    lengths,
+    positions,
+    repeats: int = 20,
+    seed: int = 0,
+    cpu: bool = False,
 ) -> tuple[dict[int, Timing], dict[int, Timing]]:
     """The passes of :func:`time_passes` and the steps of
     :func:`time_decode_steps`, all taking turns.
@@ -110,7 +139,10 @@ def time_generation_calls(
     cached. Because every call takes its turn in the same loop, a busy spell of
     a shared machine hits the passes and the steps alike, so that their ratios
     (the estimate of :func:`generation_estimate`) are not skewed by when each
-    was timed.
+    was timed. The order of the calls is shuffled anew in every round (from
+    ``seed``): in a fixed order the same step would always run right after the
+    longest pass, which slows it. With ``cpu=True`` each call is timed by its
+    thread's CPU time (see :func:`_in_turns`).
     """
     lengths = [_validate.positive_int("length", n) for n in lengths]
     positions = [_validate.positive_int("position", p) for p in positions]
@@ -118,7 +150,7 @@ def time_generation_calls(
     _check_ids(ids, max(max(lengths), max(positions) + 1))
     calls = {("pass", n): _uncached_pass(model, ids, n) for n in lengths}
     calls |= {("step", p): _decode_step(model, ids, p) for p in positions}
-    timings = _in_turns(calls, repeats)
+    timings = _in_turns(calls, repeats, seed, cpu)
     return (
         {n: timings["pass", n] for n in lengths},
         {p: timings["step", p] for p in positions},
@@ -167,19 +199,73 @@ def _decode_step(model, ids, p):
     return step
 
 
-def _in_turns(calls: dict, repeats: int) -> dict:
+def _in_turns(
+    calls: dict, repeats: int, seed: int = 0, cpu: bool = False
+) -> dict:
     """Run each call once untimed (warm-up), then ``repeats`` rounds in which
-    every call runs once, timed."""
+    every call runs once, timed, in an order shuffled anew in every round.
+
+    A call can run slower right after another one (a long pass leaves other
+    data in the CPU's caches); in a fixed order the same call would always
+    follow the same one, and its fastest time would carry that bias. The
+    shuffle (``random.Random(seed)``, so that a run can be repeated) gives
+    every call rounds after different neighbours.
+
+    ``cpu=False`` times each call by the wall clock (``time.perf_counter``);
+    ``cpu=True`` by the CPU time of the calling thread (``time.thread_time``),
+    which leaves out the moments in which the operating system ran another
+    program on the core (on a busy machine a call of a few milliseconds can be
+    interrupted in every one of its repeats, so that even the fastest repeat
+    includes other programs' work). That is the whole call's time only
+    when torch runs its operations on the calling thread, so ``cpu=True``
+    requires ``torch.get_num_threads() == 1``.
+    """
+    if cpu and torch.get_num_threads() != 1:
+        raise ValueError(
+            "cpu=True times the calling thread only, so torch must run on "
+            f"one thread; it runs on {torch.get_num_threads()} "
+            "(torch.set_num_threads(1))"
+        )
+    clock = time.thread_time if cpu else time.perf_counter
     for call in calls.values():
         call()  # warm-up
     seconds = {key: [] for key in calls}
+    order = list(calls)
+    shuffler = random.Random(seed)
     for _ in range(repeats):
-        for key, call in calls.items():
-            seconds[key].extend(timeit.Timer(call).repeat(repeat=1, number=1))
+        shuffler.shuffle(order)
+        for key in order:
+            seconds[key].extend(
+                timeit.Timer(calls[key], timer=clock).repeat(
+                    repeat=1, number=1
+                )
+            )
     return {
         key: Timing(statistics.median(t), min(t), max(t), repeats, 1)
         for key, t in seconds.items()
     }
+
+
+def grows_with_length(
+    seconds: dict[int, float], tolerance: float = 0.9
+) -> bool:
+    """True when the times in ``seconds`` (``{length: seconds}``, e.g. the
+    fastest passes of :func:`time_generation_calls`) do not fall as the
+    length grows: each, in order of length, is at least ``tolerance`` times
+    the one before it.
+
+    A longer pass does more of the same work, so on an undisturbed machine
+    its fastest time is never much shorter; a time that falls marks a
+    fastest time that the machine's other work still slowed, and a run whose
+    estimate should not be trusted.
+    """
+    if not 0 < tolerance <= 1:
+        raise ValueError(f"tolerance must be in (0, 1]; got {tolerance}")
+    times = [seconds[n] for n in sorted(seconds)]
+    return all(
+        later >= tolerance * earlier
+        for earlier, later in zip(times, times[1:])
+    )
 
 
 def generation_estimate(
