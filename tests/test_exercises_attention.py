@@ -647,7 +647,7 @@ CATALOGUE["check_attention"]["right"] += [
 @pytest.mark.parametrize(
     "wrong", [softmax_median_shift, softmax_runner_up_shift]
 )
-def test_a_shift_by_anything_but_the_maximum_is_caught_when_the_top_score_stands_alone(
+def test_a_shift_by_anything_but_the_max_is_caught_when_the_top_stands_alone(
     wrong,
 ):
     with pytest.raises(ExerciseError) as err:
@@ -730,3 +730,50 @@ def test_a_clipped_softmax_is_named_without_a_bound_the_reader_did_not_write(
         check_softmax(clipped)
     assert err.value.mistake == "clipped_scores"
     assert "here to" not in str(err.value) and "+-" not in str(err.value)
+
+
+# --- from the fourth expert reading of chapter 4 (s4 reader-j-ch04) ----------
+# Rejected before with the generic hint only ("compare your steps"): its
+# output is 0 (not NaN) where the naive formula overflows, so "unstable" did
+# not match.
+
+
+def softmax_unshifted_logsumexp(x):
+    # "log-sum-exp is the stable way", but without the maximum
+    lse = np.log(np.sum(np.exp(x), axis=-1, keepdims=True))
+    return np.exp(x - lse)
+
+
+def softmax_unshifted_logsumexp_float64(x):
+    x = np.asarray(x, dtype=np.float64)
+    return np.exp(x - np.log(np.exp(x).sum(axis=-1, keepdims=True)))
+
+
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_unshifted_logsumexp, "unshifted_logsumexp"),
+    (softmax_unshifted_logsumexp_float64, "unshifted_logsumexp"),
+]
+
+
+def softmax_shifted_logsumexp_float32(x):
+    """Right: the log-sum-exp with its shift, always in float32, subtracted
+    from the shifted scores (exp(y - lse) would round lse, a number as large
+    as the maximum, first: 1e-4 off at 2000 in float32)."""
+    y = np.asarray(x, dtype=np.float32)
+    m = y.max(axis=-1, keepdims=True)
+    shifted = y - np.where(np.isfinite(m), m, 0)
+    return np.exp(
+        shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    )
+
+
+CATALOGUE["check_softmax"]["right"] += [softmax_shifted_logsumexp_float32]
+
+
+def test_log_sum_exp_without_the_maximum_is_named_as_the_unstable_formula():
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(softmax_unshifted_logsumexp)
+    assert err.value.mistake == "unshifted_logsumexp"
+    assert "in disguise" in str(err.value) and "m + log(sum(exp(x - m)))" in (
+        str(err.value)
+    )

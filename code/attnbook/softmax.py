@@ -59,10 +59,23 @@ def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
 
 
 def log_softmax(x, axis: int = -1) -> np.ndarray:
-    """``log(softmax(x))`` computed as ``x - logsumexp(x)``, exact where
-    softmax underflows."""
-    x = np.asarray(x)
-    return x - logsumexp(x, axis=axis, keepdims=True)
+    """``log(softmax(x))`` as ``(x - m) - log(sum(exp(x - m)))``, ``m`` the
+    maximum along ``axis``: accurate where softmax underflows.
+
+    The order matters: the differences ``x - m`` come first, so no rounding
+    of a number as large as ``m`` enters the result (``x - logsumexp(x)``
+    would round ``m + log(sum)`` first, an error of up to half a unit in the
+    last place of ``max |x|``; torch subtracts in this order too). A slice
+    that is entirely ``-inf`` (a fully masked row) gives NaN, as in torch.
+    """
+    x = as_float(x)
+    shifted = x - stable_shift(
+        np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+    )
+    # log(0) = -inf for a masked row, and -inf - (-inf) is NaN there
+    with np.errstate(divide="ignore"):
+        log_sum = np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    return shifted - log_sum
 
 
 def softmax_jacobian(p) -> np.ndarray:

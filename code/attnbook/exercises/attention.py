@@ -123,6 +123,27 @@ SOFTMAX_MISTAKES = [
         "unchanged by the shift",
         lambda x: naive_softmax(np.asarray(x, dtype=np.float64)),
     ),
+    # The same formula in disguise: log-sum-exp with no shift. exp(1000) =
+    # inf makes the log-sum-exp inf and every weight of that row exp(-inf) =
+    # 0 (a row far below 0 sums to 0 and gets inf), not NaN, so the outputs
+    # above do not match it. In the input's dtype and in float64.
+    *[
+        Mistake(
+            "unshifted_logsumexp",
+            "your log-sum-exp is log(sum(exp(x))) with no shift, the unstable "
+            "formula in disguise: exp of a large score is inf, so the "
+            "log-sum-exp is inf and every weight exp(x - inf) is 0 (on a row "
+            "far below 0 the sum underflows to 0, log 0 = -inf, and the "
+            "weights are inf)",
+            "shift inside the log-sum-exp: lse = m + log(sum(exp(x - m))) "
+            "with m = x.max(axis=-1, keepdims=True); then exp(x - lse) is "
+            "the softmax",
+            lambda x, dtype=dtype: (
+                lambda y: np.exp(y - np.log(np.exp(y).sum(-1, keepdims=True)))
+            )(np.asarray(x, dtype=dtype)),
+        )
+        for dtype in (None, np.float64)
+    ],
     Mistake(
         "wrong_axis",
         "the softmax normalises over the wrong axis (columns instead of rows)",
