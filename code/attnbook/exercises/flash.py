@@ -621,8 +621,7 @@ def _check_one_pass_memory(fn, n: int = 100_000) -> None:
             f"your function's peak memory was {format_bytes(peak)} on a "
             f"stream of {n:,} scores, where a state of two numbers does not "
             "grow with the stream: it stored the scores, so that it could "
-            "read them "
-            "twice",
+            "read them twice",
             hint="keep only m and l: the loop that reads each score must "
             "update both at once",
         )
