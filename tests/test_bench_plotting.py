@@ -135,6 +135,29 @@ def test_one_blas_thread_limits_the_blas_and_restores_it():
     assert after == before
 
 
+def test_machine_names_the_blas_thread_count():
+    """From an expert reading of chapter 9: the machine line said how many
+    threads torch used but not numpy's BLAS, so a reader could not tell that
+    naive attention's products ran on one thread."""
+    import pytest
+
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    for limit, words in ((1, "(BLAS: 1 thread)"), (2, "(BLAS: 2 threads)")):
+        with threadpoolctl.threadpool_limits(limits=limit, user_api="blas"):
+            assert bench.blas_threads() == limit
+            line = bench.machine()
+        assert f"numpy {np.__version__} {words}" in line, line
+
+
+def test_machine_without_threadpoolctl_leaves_the_blas_out(monkeypatch):
+    import sys
+
+    # an import of a module set to None raises ImportError
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    assert bench.blas_threads() is None
+    assert "BLAS" not in bench.machine()
+
+
 def test_heatmap_draws_labels_and_values():
     fig, ax = plotting.figure()
     plotting.heatmap(

@@ -450,6 +450,30 @@ def test_float32_accumulators_are_accepted_and_a_float32_stored_row_is_not():
         check_online_softmax(stored_float32)
 
 
+def test_a_row_stored_in_float32_is_rejected_with_its_own_size():
+    """From an expert reading of chapter 9 (session 4): the memory check
+    rightly rejects a row stored in float32, but its message said the scores
+    took "8 bytes or more each" (a float32 score takes 4); it now names
+    the peak and the length of the stream, and no size per score."""
+    import re
+
+    def stored_float32(scores):
+        # the reader's solution: the row kept in float32, then two passes
+        row = np.fromiter(scores, dtype=np.float32)
+        m = row.max()
+        return m, np.exp(row - m).sum() if np.isfinite(m) else 0.0
+
+    with pytest.raises(ExerciseError, match="stored the scores") as err:
+        check_online_softmax(stored_float32)
+    message = str(err.value)
+    assert "8 bytes or more" not in message
+    assert re.search(
+        r"peak memory was [\d.]+ [KM]iB on a stream of 100,000 scores",
+        message,
+    ), message
+    assert "keep only m and l" in message
+
+
 # --- from the expert reading of chapter 9, session 3 -------------------------
 
 

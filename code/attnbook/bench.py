@@ -122,6 +122,9 @@ def machine() -> str:
         f"Python {platform.python_version()}",
         f"numpy {numpy.__version__}",
     ]
+    blas = blas_threads()
+    if blas is not None:
+        parts[-1] += f" (BLAS: {blas} thread{'s' if blas != 1 else ''})"
     try:
         import torch
 
@@ -134,6 +137,29 @@ def machine() -> str:
     except ImportError:
         pass
     return "; ".join(parts)
+
+
+def blas_threads() -> int | None:
+    """How many threads numpy's BLAS (the library behind its matrix products)
+    may use, as threadpoolctl reports it; None without threadpoolctl or when
+    it finds no BLAS.
+
+    Where several BLAS libraries are loaded (numpy's and another package's),
+    the largest count. NumPy's elementwise operations always run on one
+    thread, whatever this says.
+    """
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    import numpy  # noqa: F401  (loads numpy's BLAS, so that it is listed)
+
+    counts = [
+        pool["num_threads"]
+        for pool in threadpool_info()
+        if pool.get("user_api") == "blas"
+    ]
+    return max(counts) if counts else None
 
 
 def cpu_caches(
