@@ -66,9 +66,9 @@ test: system $(READY)
 
 MIN_VENV := .venv-minimum
 # Tests that need what only the full environment has (jupyter-book, myst-nb, a browser, sentence-transformers,
-# TeX for the PDF, the JupyterLite build).
+# TeX for the PDF, the JupyterLite build, ruff).
 FULL_ONLY := tests/test_book.py tests/test_notebooks.py tests/test_colab_setup.py tests/test_glue.py tests/test_minilm.py \
-             tests/test_pdf.py tests/test_lite.py
+             tests/test_pdf.py tests/test_lite.py tests/test_style.py
 # Chapters whose outputs are compared there (numpy and matplotlib only, no training); every other
 # chapter runs there too, checked for errors only (--nbval-lax): its printed reprs may differ by version.
 MIN_CHAPTERS := book/02-queries-keys-values.ipynb book/04-softmax.ipynb book/09-flash-attention.ipynb
