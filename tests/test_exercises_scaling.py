@@ -383,3 +383,72 @@ CATALOGUE["check_scaled_scores"]["wrong"] += [
     (scores_isqrt, "integer_sqrt"),
     (scores_rounded_sqrt, "integer_sqrt"),
 ]
+
+
+# --- from the fourth expert reading of chapter 3: np.dot / np.inner on a -----
+# batch. On matrices they are the matrix product; on a batch np.dot and
+# np.inner pair every query with the keys of every batch entry (shape
+# (..., n_q, ..., n_k)), and np.dot(q, k.T) raises. The old checker rejected
+# them with no diagnosis.
+
+
+def scores_np_dot_swapped(q, k):
+    return np.dot(q, np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
+
+
+def scores_np_inner(q, k):
+    return np.inner(q, k) / math.sqrt(q.shape[-1])
+
+
+def scores_np_dot_k_dot_T(q, k):
+    # raises on a batch: k.T reverses every axis, and np.dot does not batch
+    return np.dot(q, k.T) / math.sqrt(q.shape[-1])
+
+
+def scores_np_dot_per_matrix(q, k):
+    # right: one np.dot per matrix of the batch
+    d_k = q.shape[-1]
+    qs = q.reshape(-1, *q.shape[-2:])
+    ks = k.reshape(-1, *k.shape[-2:])
+    out = np.stack([np.dot(a, b.T) for a, b in zip(qs, ks)])
+    return out.reshape(*q.shape[:-1], k.shape[-2]) / np.sqrt(d_k)
+
+
+@pytest.mark.parametrize(
+    "fn", [scores_np_dot_swapped, scores_np_inner, scores_np_dot_k_dot_T]
+)
+def test_np_dot_or_inner_on_a_batch_is_named(fn):
+    with pytest.raises(ExerciseError) as err:
+        check_scaled_scores(fn)
+    assert err.value.mistake == "batched_dot", str(err.value)
+    assert "a batch of 2" in str(err.value)
+    assert "Hint:" in str(err.value) and "np.swapaxes(k, -1, -2)" in str(
+        err.value
+    )
+
+
+def test_np_dot_without_transpose_on_matrices_is_not_batched_dot():
+    # np.dot's shape error on two matrices is a missing transpose, not this
+    with pytest.raises(ExerciseError) as err:
+        check_scaled_scores(lambda q, k: np.dot(q, k) / np.sqrt(q.shape[-1]))
+    assert err.value.mistake is None and "not aligned" in str(err.value)
+
+
+def test_np_dot_and_np_inner_where_right_still_pass(capsys):
+    for fn in (
+        scores_np_dot_per_matrix,
+        scores_reference,
+        scores_in_torch,
+    ):
+        check_scaled_scores(fn)
+        assert "passes all 7 cases" in capsys.readouterr().out
+
+
+# test_every_scores_mistake_is_covered
+WRONG_SCORES["batched_dot"] = scores_np_inner
+CATALOGUE["check_scaled_scores"]["wrong"] += [
+    (scores_np_dot_swapped, "batched_dot"),
+    (scores_np_inner, "batched_dot"),
+    (scores_np_dot_k_dot_T, "batched_dot"),
+]
+CATALOGUE["check_scaled_scores"]["right"] += [scores_np_dot_per_matrix]

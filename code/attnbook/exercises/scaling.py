@@ -4,6 +4,7 @@ variance of ``q . k``."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -18,6 +19,25 @@ def _t(k):
 
 
 # --- scaled scores -----------------------------------------------------------
+
+# np.dot's shape error: "shapes (2,4,64) and (64,6,2) not aligned: ..."
+_DOT_SHAPES = re.compile(
+    r"shapes \(([\d,\s]*)\) and \(([\d,\s]*)\) not aligned"
+)
+
+
+def _is_batched_dot_error(err: Exception) -> bool:
+    """Whether ``err`` is np.dot's shape error on an operand with more than two
+    axes (np.dot(q, k.T) on a batch); np.dot's error on two matrices is another
+    mistake (a missing transpose)."""
+    found = (
+        _DOT_SHAPES.search(str(err)) if isinstance(err, ValueError) else None
+    )
+    return found is not None and any(
+        len([n for n in shape.split(",") if n.strip()]) > 2
+        for shape in found.groups()
+    )
+
 
 SCALED_SCORES_MISTAKES = [
     Mistake(
@@ -111,6 +131,21 @@ SCALED_SCORES_MISTAKES = [
         "divide by the real square root, np.sqrt(d_k) or d_k ** 0.5, with no "
         "int(), round() or isqrt",
         lambda q, k: q @ _t(k) / math.isqrt(q.shape[-1]),
+    ),
+    Mistake(
+        "batched_dot",
+        "np.dot (or np.inner) on a batch: on arrays with more than two axes "
+        "it is not one matrix product per batch entry but pairs every query "
+        "with the keys of EVERY batch entry, so np.dot(q, "
+        "np.swapaxes(k, -1, -2)) and np.inner(q, k) have shape "
+        "(..., n_q, ..., n_k), and np.dot(q, k.T) raises (k.T also reverses "
+        "every axis)",
+        "np.dot and np.inner are the matrix product only on matrices; the "
+        "matrix product that batches over the leading axes is q @ "
+        "np.swapaxes(k, -1, -2) (np.matmul), or np.einsum('...qd,...kd->"
+        "...qk', q, k)",
+        lambda q, k: np.inner(q, k) / np.sqrt(q.shape[-1]),
+        raises=_is_batched_dot_error,
     ),
 ]
 
