@@ -34,8 +34,8 @@ system:
 # rewraps what the formatter leaves long: docstrings, comments, string literals. tests/test_style.py
 # checks the result.
 format: $(READY)
-	$(BIN)/python scripts/fit_lines.py code tests scripts book
-	$(BIN)/ruff check --fix --quiet code tests scripts book
+	$(BIN)/python scripts/fit_lines.py conftest.py code tests scripts book
+	$(BIN)/ruff check --fix --quiet conftest.py code tests scripts book
 
 book: $(READY)
 	$(BIN)/jupyter-book build --warningiserror --nitpick --keep-going .

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUFF = Path(sys.executable).with_name("ruff")
-CHECKED = ["code", "tests", "scripts", "book"]
+CHECKED = ["conftest.py", "code", "tests", "scripts", "book"]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:
