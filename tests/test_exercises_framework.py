@@ -566,3 +566,93 @@ def test_equal_infinities_count_as_agreeing_in_the_largest_difference():
 
     message = difference(np.array([-np.inf, 1.0]), np.array([-np.inf, 0.0]))
     assert "largest difference 1" in message and "nan" not in message
+
+
+# --- error_hint: shape errors on matrices and on batches ---------------------
+
+
+def _hint(message: str) -> str:
+    return message.split("Hint: ", 1)[1]
+
+
+def test_a_numpy_matmul_error_on_matrices_does_not_speak_of_batches():
+    """Chapter 2's reader: a missing transpose on 2-d inputs (x @ w_q @ w_k.T
+    @ x) was answered with advice about batches of 3 or more axes, which sends
+    the reader the wrong way. The hint now says to check which axis holds the
+    features."""
+    from attnbook.exercises.qkv import check_attention_scores
+
+    with pytest.raises(ExerciseError) as err:
+        check_attention_scores(lambda x, w_q, w_k: x @ w_q @ w_k.T @ x)
+    hint = _hint(str(err.value))
+    assert "raised ValueError: matmul" in str(err.value)
+    assert "which axis" in hint and "features" in hint
+    assert "batch" not in hint and "swapaxes" not in hint
+
+
+def test_a_numpy_matmul_error_on_a_batch_names_the_transpose():
+    q = np.random.default_rng(0).normal(size=(2, 5, 8))
+    with pytest.raises(ExerciseError) as err:
+        run_checks(
+            "scores",
+            lambda q, k: q @ k.T,
+            [Case("a batch of 2", (q, q))],
+            lambda q, k: q @ np.swapaxes(k, -1, -2),
+        )
+    hint = _hint(str(err.value))
+    assert ".T reverses every axis" in hint
+    assert "np.swapaxes(k, -1, -2)" in hint
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_size_mismatch_on_a_batch_gives_the_transpose_hint_first(library):
+    """On inputs of 3 or more axes, k.T reverses every axis and the batched
+    matmul fails to broadcast, with the message a reduction without keepdims
+    gives (chapter 6's reader: the RoPE checker answered `.T` with the
+    keepdims hint alone). The transpose hint now comes first, then keepdims."""
+    import torch
+
+    # n = d, so the matrix axes fit and only the batch axes (3 against 4)
+    # clash
+    x = np.random.default_rng(1).normal(size=(3, 4, 4))
+    if library == "torch":
+        x = torch.from_numpy(x)
+
+    def reference(q, k):
+        return q @ (
+            k.transpose(-1, -2)
+            if library == "torch"
+            else np.swapaxes(k, -1, -2)
+        )
+
+    with pytest.raises(ExerciseError) as err:
+        run_checks(
+            "scores",
+            lambda q, k: q @ k.T,
+            [Case("a batch of 3", (x, x))],
+            reference,
+        )
+    message = str(err.value)
+    assert (
+        "could not be broadcast" in message
+        or "must match the size of tensor" in message
+    )
+    hint = _hint(message)
+    assert "transpose the last two axes only" in hint
+    assert "keepdim" in hint
+    assert hint.index(".T reverses every axis") < hint.index("keepdim")
+
+
+def test_a_size_mismatch_on_matrices_still_gets_the_keepdims_hint_alone():
+    import torch
+
+    with pytest.raises(ExerciseError) as err:
+        run_checks(
+            "rows",
+            lambda x: (lambda t: t / t.sum(-1))(torch.from_numpy(x)),
+            [Case("4 x 6", (np.ones((4, 6)),))],
+            lambda x: x / x.sum(-1, keepdims=True),
+        )
+    hint = _hint(str(err.value))
+    assert hint.startswith("a reduction along an axis") and ".T" not in hint

@@ -413,3 +413,48 @@ CATALOGUE = {
         ],
     },
 }
+
+
+def test_rope_dot_T_on_the_batch_gets_the_transpose_hint():
+    """`.T` on the batched keys (3 axes) reverses every axis; the batched
+    matmul then fails to broadcast with torch's size-mismatch message. The
+    verdict must point at the transpose, not only at keepdims (no reduction
+    is involved)."""
+    import warnings
+
+    def dot_T(q, k, v):
+        scores = my_rope(q) @ my_rope(k).T / q.shape[-1] ** 0.5
+        return torch.softmax(scores, dim=-1) @ v
+
+    with warnings.catch_warnings():
+        # torch warns that .T on more than 2 dimensions is deprecated
+        warnings.simplefilter("ignore", UserWarning)
+        with pytest.raises(ExerciseError) as err:
+            check_rope_attention(dot_T)
+    message = str(err.value)
+    assert "a batch of 2" in message and "RuntimeError" in message
+    hint = message.split("Hint: ", 1)[1]
+    assert ".T reverses every axis" in hint
+    assert "k.transpose(-1, -2)" in hint
+    assert hint.index("transpose the last two axes only") < hint.index(
+        "keepdim"
+    )
+
+
+def test_alibi_paper_formula_for_twelve_heads_is_named_for_what_it_is():
+    """The paper states 2^(-8 r / h) for any h (Press et al., section 3); it
+    is the authors' code that uses another rule when h is not a power of
+    two. The diagnosis must not call the paper's formula a power-of-two
+    formula, nor credit the code's rule to the paper."""
+    with pytest.raises(ExerciseError) as err:
+        check_alibi_bias(
+            lambda h, n: loop_bias(
+                h, n, slopes=[2 ** (-8 * (r + 1) / h) for r in range(h)]
+            )
+        )
+    message = str(err.value)
+    assert err.value.mistake == "geometric_for_any_h"
+    assert "the paper's general formula" in message
+    assert "the authors' code" in message and "get_slopes" in message
+    assert "power-of-two formula" not in message
+    assert "Press et al. take" not in message

@@ -320,9 +320,10 @@ def test_alibi_slopes_power_of_two_are_geometric(h):
     np.testing.assert_allclose(s[1:] / s[:-1], 2 ** (-8 / h))
 
 
-def test_alibi_slopes_twelve_heads_follow_the_paper():
-    """8 heads' slopes, then the odd-indexed powers of 16 heads': 2^-0.5,
-    2^-1.5, 2^-2.5, 2^-3.5."""
+def test_alibi_slopes_twelve_heads_follow_the_authors_code():
+    """The rule of the authors' get_slopes, not the paper's general formula
+    2^(-8i/12): 8 heads' slopes, then the odd-indexed powers of 16 heads':
+    2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5."""
     expected = [2.0**-e for e in (1, 2, 3, 4, 5, 6, 7, 8, 0.5, 1.5, 2.5, 3.5)]
     np.testing.assert_allclose(P.alibi_slopes(12), expected)
 

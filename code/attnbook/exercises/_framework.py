@@ -492,26 +492,69 @@ def is_broadcast_error(err: Exception) -> bool:
     )
 
 
-def error_hint(err: Exception) -> str | None:
-    """A hint for an error that readers' code commonly raises, or None."""
+_TRANSPOSE_HINT = (
+    "on a batch of matrices (3 or more axes), .T reverses every axis; "
+    "transpose the last two axes only: k.transpose(-1, -2) in torch, "
+    "np.swapaxes(k, -1, -2) in numpy"
+)
+
+
+def most_axes(inputs) -> int:
+    """The largest number of axes among the arrays and tensors in ``inputs``
+    (tuples, lists and dict values of them searched too); 0 when there are
+    none."""
+    if isinstance(inputs, dict):
+        inputs = list(inputs.values())
+    if isinstance(inputs, (tuple, list)):
+        return max((most_axes(x) for x in inputs), default=0)
+    if isinstance(inputs, np.ndarray) or hasattr(inputs, "detach"):
+        return inputs.ndim
+    return 0
+
+
+def error_hint(err: Exception, inputs=()) -> str | None:
+    """A hint for an error that readers' code commonly raises, or None.
+
+    ``inputs`` are the arguments the reader's function was called with: when
+    one of them has 3 or more axes, a shape error is most often ``.T`` on a
+    batch (it reverses every axis), so the hint says so first; on matrices it
+    does not speak of batches.
+    """
     text = str(err)
+    batched = most_axes(inputs) >= 3
     if isinstance(err, ValueError) and "matmul" in text:
+        if batched:
+            return "the shapes do not fit a matrix product: " + _TRANSPOSE_HINT
         return (
-            "the shapes do not fit a matrix product. On a batch of matrices "
-            "(3 or more axes), "
-            "k.T reverses every axis, not the last two: use np.swapaxes(k, "
-            "-1, -2)"
+            "the shapes do not fit a matrix product: check which axis of "
+            "each operand holds the features (q @ k.T multiplies each "
+            "query's features by each key's); an (n, d) array times another "
+            "(n, d) needs one of them transposed"
         )
     if isinstance(err, RuntimeError) and (
         "cannot be multiplied" in text or "Expected size for first two" in text
     ):
+        if batched:
+            return (
+                "the shapes do not fit a matrix product: "
+                + _TRANSPOSE_HINT
+                + "; and check which axis each operand's features are on"
+            )
         return (
-            "the shapes do not fit a matrix product: on a batch, transpose "
-            "the last two axes only "
-            "(k.transpose(-1, -2)), and check which axis each operand's "
-            "features are on"
+            "the shapes do not fit a matrix product: check which axis each "
+            "operand's features are on (an (n, d) tensor times another "
+            "(n, d) needs one of them transposed)"
         )
     if is_broadcast_error(err):
+        if batched:
+            # a batched matmul after k.T fails on its batch axes, with the
+            # same message as a reduction that lost its axis
+            return (
+                "two shapes do not match. If you used .T: "
+                + _TRANSPOSE_HINT
+                + ". Otherwise: "
+                + _KEEPDIMS_HINT
+            )
         return _KEEPDIMS_HINT
     if "cannot reshape" in text or (
         "shape '" in text and "is invalid for input of size" in text
@@ -583,7 +626,9 @@ def run_checks(
                 case.name,
                 f"your function raised {type(err).__name__}: {err}",
                 mistake=named,
-                hint=None if named else error_hint(err),
+                hint=None
+                if named
+                else error_hint(err, (case.args, case.kwargs)),
             ) from err
         if not noted:
             changed = changed_inputs(fn, case, given)

@@ -274,10 +274,11 @@ ALIBI_MISTAKES = [
     ),
     Mistake(
         "geometric_for_any_h",
-        "the power-of-two formula 2**(-8 i / h) was used for a head count "
-        "that is not a power of two",
-        "for such h, Press et al. take the slopes of the largest power of two "
-        "p < h, then every "
+        "the paper's general formula 2**(-8 i / h) was used for a head count "
+        "that is not a power of two, where the authors' code (followed by "
+        "BLOOM and transformers) uses a different rule",
+        "for such h, the authors' code (get_slopes) takes the slopes of the "
+        "largest power of two p < h, then every "
         "other slope of 2p: alibi_slopes(12) = slopes(8) + "
         "slopes(16)[0::2][:4]",
         lambda h, n: -_geometric(h)[:, None, None] * _distance(n),

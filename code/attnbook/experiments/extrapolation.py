@@ -196,9 +196,9 @@ def clipped_offset_bias(q, k, max_offset: int, frequencies=None):
     for a farther key the difference between its score at offset ``max_offset``
     and its real score. A RoPE score depends only on the offset, so the first
     is the query rotated by ``max_offset`` against the unrotated key (position
-    0). The keys all stay visible: the probe separates "offsets never seen in
-    training" from "more keys than in training" (a sliding window removes
-    both). Chapter 6 uses it on trained models.
+    0). The keys all stay visible: the probe removes the offsets never seen in
+    training and keeps the number of keys (a sliding window removes both).
+    Chapter 6 uses it on trained models.
     """
     if max_offset < 0:
         raise ValueError(f"max_offset must be >= 0; got {max_offset}")
