@@ -521,3 +521,292 @@ CATALOGUE = {
         ],
     },
 }
+
+
+# --- packed sequences (the exercises of chapter 2 since the second student
+# reading: the chapter's own code answered the plain scores and
+# cross-attention) -----------------------------------------------------------
+
+from attnbook.exercises.qkv import (  # noqa: E402
+    check_packed_cross_attention,
+    check_packed_scores,
+)
+from attnbook.projections import single_head_attention  # noqa: E402
+
+
+def _starts(lengths):
+    starts, at = [], 0
+    for length in lengths:
+        starts.append(at)
+        at += length
+    return starts
+
+
+def packed_scores_loop(x, lengths, w_q, w_k):
+    q, k = x @ w_q, x @ w_k
+    out = np.full((len(x), len(x)), -np.inf)
+    for start, length in zip(_starts(lengths), lengths):
+        block = slice(start, start + length)
+        out[block, block] = q[block] @ k[block].T
+    return out
+
+
+def packed_scores_by_ids(x, lengths, w_q, w_k):
+    ids = np.concatenate([[b] * n for b, n in enumerate(lengths)])
+    scores = np.einsum("ia,ac,jb,bc->ij", x, w_q, x, w_k)
+    scores[ids[:, None] != ids[None, :]] = -np.inf
+    return scores
+
+
+def packed_scores_torch(x, lengths, w_q, w_k):
+    t = torch.from_numpy
+    q, k = t(x) @ t(w_q), t(x) @ t(w_k)
+    blocks = [
+        qb @ kb.T
+        for qb, kb in zip(q.split(list(lengths)), k.split(list(lengths)))
+    ]
+    out = torch.full((len(x), len(x)), -torch.inf, dtype=q.dtype)
+    for start, (length, block) in zip(_starts(lengths), zip(lengths, blocks)):
+        out[start : start + length, start : start + length] = block
+    return out
+
+
+def _packed_scores_wrong(kind):
+    def wrong(x, lengths, w_q, w_k):
+        q, k = x @ w_q, x @ w_k
+        full = q @ k.T
+        if kind == "no_blocks":  # the chapter's code
+            return full
+        fill = 0.0 if kind == "zeros_outside" else -np.inf
+        out = np.full(full.shape, fill)
+        for start, length in zip(_starts(lengths), lengths):
+            end = start + length
+            if kind == "blocks_one_too_long":
+                end += 1  # the end included
+            rows = range(start, min(end, len(x)))
+            for i in rows:
+                for j in rows:
+                    if kind == "causal" and j > i:
+                        continue
+                    if kind == "swapped_qk":
+                        out[i, j] = k[i] @ q[j]
+                    elif kind == "w_q_for_both":
+                        out[i, j] = q[i] @ q[j]
+                    elif kind == "scaled":
+                        out[i, j] = q[i] @ k[j] / math.sqrt(q.shape[1])
+                    else:
+                        out[i, j] = q[i] @ k[j]
+        if kind == "softmax_applied":
+            return _softmax_rows(out)
+        return out
+
+    return wrong
+
+
+PACKED_SCORES_KINDS = [
+    "no_blocks",
+    "zeros_outside",
+    "blocks_one_too_long",
+    "causal",
+    "swapped_qk",
+    "w_q_for_both",
+    "scaled",
+    "softmax_applied",
+]
+
+
+@pytest.mark.parametrize(
+    "fn", [packed_scores_loop, packed_scores_by_ids, packed_scores_torch]
+)
+def test_packed_scores_checker_passes_correct_solutions(fn, capsys):
+    check_packed_scores(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", PACKED_SCORES_KINDS)
+def test_packed_scores_checker_names_each_mistake(key):
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(_packed_scores_wrong(key))
+    assert info.value.mistake == key
+    assert "Diagnosis" in str(info.value) and "Hint" in str(info.value)
+
+
+def test_the_chapters_scores_do_not_answer_the_packed_exercise():
+    # what chapter 2 shows, (x @ w_q) @ (x @ w_k).T, passed the old exercise
+    def chapter_scores(x, w_q, w_k):
+        return (x @ w_q) @ (x @ w_k).T
+
+    check_attention_scores(chapter_scores)
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(
+            lambda x, lengths, w_q, w_k: chapter_scores(x, w_q, w_k)
+        )
+    assert info.value.mistake == "no_blocks"
+
+
+def test_packed_scores_checker_reports_a_finite_fill_without_a_diagnosis():
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(
+            lambda x, lengths, w_q, w_k: np.nan_to_num(
+                packed_scores_loop(x, lengths, w_q, w_k), neginf=-1e9
+            )
+        )
+    assert info.value.mistake is None
+
+
+def packed_cross_loop(x, context, x_lengths, context_lengths, w_q, w_k, w_v):
+    out = []
+    for qs, ql, cs, cl in zip(
+        _starts(x_lengths),
+        x_lengths,
+        _starts(context_lengths),
+        context_lengths,
+    ):
+        xb, cb = x[qs : qs + ql], context[cs : cs + cl]
+        q, k, v = xb @ w_q, cb @ w_k, cb @ w_v
+        out.append(_softmax_rows(q @ k.T / math.sqrt(q.shape[1])) @ v)
+    return np.concatenate(out)
+
+
+def packed_cross_masked(x, context, x_lengths, context_lengths, w_q, w_k, w_v):
+    # the chapter's function, with a mask of the blocks
+    ids_q = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    ids_k = np.repeat(np.arange(len(context_lengths)), context_lengths)
+    return single_head_attention(
+        x, w_q, w_k, w_v, context=context, mask=ids_q[:, None] == ids_k
+    )
+
+
+def packed_cross_torch(x, context, x_lengths, context_lengths, w_q, w_k, w_v):
+    t = lambda a: torch.from_numpy(np.asarray(a, np.float32))  # noqa: E731
+    blocks = []
+    for xb, cb in zip(
+        t(x).split(list(x_lengths)), t(context).split(list(context_lengths))
+    ):
+        blocks.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                xb @ t(w_q), cb @ t(w_k), cb @ t(w_v)
+            )
+        )
+    return torch.cat(blocks)
+
+
+def _packed_cross_wrong(kind):
+    def wrong(x, context, x_lengths, context_lengths, w_q, w_k, w_v):
+        q_all, k_all, v_all = x @ w_q, context @ w_k, context @ w_v
+        if kind == "no_blocks":  # the chapter's single_head_attention
+            return single_head_attention(x, w_q, w_k, w_v, context=context)[0]
+        if kind == "zeros_outside":
+            scores = q_all @ k_all.T / math.sqrt(q_all.shape[1])
+            ids_q = np.repeat(np.arange(len(x_lengths)), x_lengths)
+            ids_k = np.repeat(np.arange(len(context_lengths)), context_lengths)
+            scores[ids_q[:, None] != ids_k] = 0.0
+            return _softmax_rows(scores) @ v_all
+        if kind == "wrong_axis":
+            scores = q_all @ k_all.T / math.sqrt(q_all.shape[1])
+            ids_q = np.repeat(np.arange(len(x_lengths)), x_lengths)
+            ids_k = np.repeat(np.arange(len(context_lengths)), context_lengths)
+            scores[ids_q[:, None] != ids_k] = -np.inf
+            return _softmax_rows(scores.T).T @ v_all
+        out, weights = [], np.zeros((len(x), len(context)))
+        for qs, ql, cs, cl in zip(
+            _starts(x_lengths),
+            x_lengths,
+            _starts(context_lengths),
+            context_lengths,
+        ):
+            xb, cb = x[qs : qs + ql], context[cs : cs + cl]
+            if kind == "swapped_sources":
+                xb, cb = cb, xb
+            if kind == "self_attention":
+                cb = xb
+            q, k, v = xb @ w_q, cb @ w_k, cb @ w_v
+            scale = 1.0 if kind == "no_scale" else math.sqrt(q.shape[1])
+            a = _softmax_rows(q @ k.T / scale)
+            if kind == "returned_weights":
+                weights[qs : qs + ql, cs : cs + cl] = a
+            out.append(a @ v)
+        return weights if kind == "returned_weights" else np.concatenate(out)
+
+    return wrong
+
+
+PACKED_CROSS_KINDS = [
+    "no_blocks",
+    "zeros_outside",
+    "swapped_sources",
+    "self_attention",
+    "no_scale",
+    "wrong_axis",
+    "returned_weights",
+]
+
+
+@pytest.mark.parametrize(
+    "fn", [packed_cross_loop, packed_cross_masked, packed_cross_torch]
+)
+def test_packed_cross_checker_passes_correct_solutions(fn, capsys):
+    check_packed_cross_attention(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", PACKED_CROSS_KINDS)
+def test_packed_cross_checker_names_each_mistake(key):
+    with pytest.raises(ExerciseError) as info:
+        check_packed_cross_attention(_packed_cross_wrong(key))
+    assert info.value.mistake == key
+    assert "Diagnosis" in str(info.value) and "Hint" in str(info.value)
+
+
+def test_the_chapters_function_does_not_answer_the_packed_exercise():
+    # single_head_attention, whose source chapter 2 shows, passed the old
+    # cross-attention exercise as it stands
+    def chapter_cross(x, context, w_q, w_k, w_v):
+        return single_head_attention(x, w_q, w_k, w_v, context=context)[0]
+
+    check_cross_attention(chapter_cross)
+    with pytest.raises(ExerciseError) as info:
+        check_packed_cross_attention(
+            lambda x, c, lx, lc, w_q, w_k, w_v: chapter_cross(
+                x, c, w_q, w_k, w_v
+            )
+        )
+    assert info.value.mistake == "no_blocks"
+
+
+def test_packed_cross_checker_reports_the_stub():
+    def stub(x, context, x_lengths, context_lengths, w_q, w_k, w_v):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_packed_cross_attention(stub)
+
+
+def test_chapter_2_asks_for_the_packed_layout():
+    import json
+    from pathlib import Path
+
+    path = (
+        Path(__file__).resolve().parents[1]
+        / "book"
+        / "02-queries-keys-values.ipynb"
+    )
+    code = "".join(
+        "".join(c["source"])
+        for c in json.loads(path.read_text())["cells"]
+        if c["cell_type"] == "code"
+    )
+    assert "check_packed_scores(" in code
+    assert "check_packed_cross_attention(" in code
+    assert "check_attention_scores(" not in code
+    assert "check_cross_attention(" not in code
+
+
+CATALOGUE["check_packed_scores"] = {
+    "right": [packed_scores_loop, packed_scores_by_ids, packed_scores_torch],
+    "wrong": [(_packed_scores_wrong(k), k) for k in PACKED_SCORES_KINDS],
+}
+CATALOGUE["check_packed_cross_attention"] = {
+    "right": [packed_cross_loop, packed_cross_masked, packed_cross_torch],
+    "wrong": [(_packed_cross_wrong(k), k) for k in PACKED_CROSS_KINDS],
+}

@@ -22,7 +22,12 @@ from .flash import check_merge_softmax_states, check_online_softmax
 from .kv_cache import check_kv_cache_step
 from .masking import check_padding_mask
 from .perspectives import check_linear_attention, check_nadaraya_watson
-from .qkv import check_attention_scores, check_cross_attention
+from .qkv import (
+    check_attention_scores,
+    check_cross_attention,
+    check_packed_cross_attention,
+    check_packed_scores,
+)
 
 __all__ = [
     "Case",
@@ -45,6 +50,8 @@ __all__ = [
     "check_multihead_attention",
     "check_nadaraya_watson",
     "check_online_softmax",
+    "check_packed_cross_attention",
+    "check_packed_scores",
     "check_padding_mask",
     "check_pool_kv_heads",
     "check_ppmi",
@@ -93,7 +100,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_benchmark_flops": ("attnbook.cost.benchmark_flops",),
     "check_causal_mask": ("attnbook.masks.causal_mask",),
     "check_cosine_similarity": ("attnbook.embeddings.cosine_similarity",),
-    "check_cross_attention": (),
+    # chapter 2 shows single_head_attention, which computes it (the chapter's
+    # exercise now asks for the packed layout: check_packed_cross_attention)
+    "check_cross_attention": ("attnbook.projections.single_head_attention",),
     "check_dot_variance": ("attnbook.scaling.dot_product_variance",),
     "check_key_blocks": (),
     "check_kv_cache_step": (),
@@ -106,6 +115,10 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_multihead_attention": (),
     "check_nadaraya_watson": ("attnbook.kernel_smoothing.nadaraya_watson",),
     "check_online_softmax": ("attnbook.online_softmax.online_softmax_state",),
+    # chapter 2 shows single_head_attention, which takes a mask; the exercise
+    # is to build the mask of the packed layout, which no function shows
+    "check_packed_cross_attention": (),
+    "check_packed_scores": (),
     "check_padding_mask": ("attnbook.padding.key_padding_mask",),
     "check_pool_kv_heads": ("attnbook.gqa.pool_kv_heads",),
     "check_ppmi": ("attnbook.embeddings.ppmi",),

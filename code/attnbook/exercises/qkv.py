@@ -502,3 +502,315 @@ def check_cross_attention(fn) -> None:
         CROSS_MISTAKES,
         postprocess=_first,
     )
+
+
+# --- packed sequences: scores and cross-attention without padding -----------
+#
+# A batch of sequences of different lengths can be stored without padding:
+# one after another in a single (T, d) array, with their lengths (the layout
+# of variable-length attention kernels). The exercises of chapter 2 ask for the
+# scores and the cross-attention output in that layout, which the chapter does
+# not show.
+
+
+def _segments(lengths):
+    """The sequence each position belongs to: (T,) ints, from the lengths."""
+    return np.repeat(np.arange(len(lengths)), np.asarray(lengths, dtype=int))
+
+
+def _same_sequence(lengths_q, lengths_k=None):
+    """(T_q, T_k) bool: True where query i and key j share a sequence."""
+    seg_q = _segments(lengths_q)
+    seg_k = seg_q if lengths_k is None else _segments(lengths_k)
+    return seg_q[:, None] == seg_k[None, :]
+
+
+def _one_too_long(lengths):
+    """The pattern of blocks sliced with an inclusive end: block b covers
+    offsets[b] to offsets[b + 1] included, and a later block overwrites the
+    positions it shares with an earlier one."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    total = int(offsets[-1])
+    owner = np.full((total, total), -1)
+    for b in range(len(lengths)):
+        block = slice(int(offsets[b]), int(offsets[b + 1]) + 1)
+        owner[block, block] = b
+    return owner >= 0
+
+
+def _packed_scores(x, lengths, w_q, w_k):
+    return np.where(_same_sequence(lengths), _scores(x, w_q, w_k), -np.inf)
+
+
+PACKED_SCORES_MISTAKES = [
+    Mistake(
+        "no_blocks",
+        "every token is scored against every token of the pack, across "
+        "sequences: the lengths play no part",
+        "tokens of different sequences must not meet: set S[i, j] = -inf "
+        "when tokens i and j belong to different sequences",
+        lambda x, lengths, w_q, w_k: _scores(x, w_q, w_k),
+    ),
+    Mistake(
+        "zeros_outside",
+        "the scores between different sequences are 0, not -inf",
+        "a score of 0 still gets a weight exp(0) > 0 in the softmax; -inf "
+        "gets exactly 0 (np.full((T, T), -np.inf), then fill the blocks)",
+        lambda x, lengths, w_q, w_k: np.where(
+            _same_sequence(lengths), _scores(x, w_q, w_k), 0.0
+        ),
+    ),
+    Mistake(
+        "blocks_one_too_long",
+        "each sequence's block takes one token too many: the first token of "
+        "the next sequence is scored against it (an end included in the "
+        "slice)",
+        "sequence b is x[offsets[b]:offsets[b + 1]], the end excluded, with "
+        "offsets = [0, l_0, l_0 + l_1, ...]",
+        lambda x, lengths, w_q, w_k: np.where(
+            _one_too_long(lengths), _scores(x, w_q, w_k), -np.inf
+        ),
+    ),
+    Mistake(
+        "causal",
+        "within a sequence, a token is not scored against the tokens after "
+        "it (a causal mask)",
+        "the exercise asks for every pair of tokens of the same sequence; "
+        "hiding the later ones is the causal mask, a later chapter's subject",
+        lambda x, lengths, w_q, w_k: np.where(
+            _same_sequence(lengths) & np.tri(len(x), dtype=bool),
+            _scores(x, w_q, w_k),
+            -np.inf,
+        ),
+    ),
+    Mistake(
+        "swapped_qk",
+        "queries and keys are swapped: your matrix is S transposed",
+        "row i must hold query i against the keys: (q @ k.T)[i, j] = q_i . "
+        "k_j with q = x @ w_q, not k @ q.T",
+        lambda x, lengths, w_q, w_k: np.where(
+            _same_sequence(lengths), _t(_scores(x, w_q, w_k)), -np.inf
+        ),
+    ),
+    Mistake(
+        "w_q_for_both",
+        "w_q is used for the keys too, so your scores are symmetric",
+        "the keys are x @ w_k; tying the two matrices makes S = S^T (see the "
+        "chapter's theorem)",
+        lambda x, lengths, w_q, w_k: np.where(
+            _same_sequence(lengths), _scores(x, w_q, w_q), -np.inf
+        ),
+    ),
+    Mistake(
+        "scaled",
+        "your scores are already divided by sqrt(d_k)",
+        "this exercise asks for the raw dot products q_i . k_j; the "
+        "1/sqrt(d_k) comes later (chapter 3)",
+        lambda x, lengths, w_q, w_k: (
+            _packed_scores(x, lengths, w_q, w_k) / np.sqrt(w_q.shape[-1])
+        ),
+    ),
+    Mistake(
+        "softmax_applied",
+        "you returned attention weights (softmax of the scores, 0 between "
+        "sequences), not the scores",
+        "stop before the softmax: the exercise asks for S itself, with -inf "
+        "between sequences",
+        lambda x, lengths, w_q, w_k: softmax(
+            _packed_scores(x, lengths, w_q, w_k), axis=-1
+        ),
+    ),
+]
+
+
+def packed_scores_cases() -> list[Case]:
+    rng = np.random.default_rng(4)
+    r = lambda *shape: rng.normal(size=shape)  # noqa: E731
+    # The first case has square weights, so that every mistake runs.
+    return [
+        Case(
+            "two sequences of lengths 3 and 2, d_model = d_k = 4",
+            (r(5, 4), [3, 2], r(4, 4), r(4, 4)),
+        ),
+        Case(
+            "three sequences of lengths 2, 4 and 1, d_model = 6, d_k = 3",
+            (r(7, 6), [2, 4, 1], r(6, 3), r(6, 3)),
+        ),
+        Case(
+            "four sequences of lengths 1, 3, 1 and 2, d_model = 5, d_k = 2",
+            (r(7, 5), [1, 3, 1, 2], r(5, 2), r(5, 2)),
+        ),
+        Case(
+            "a single sequence of length 4 (nothing packed), d_model = 3, "
+            "d_k = 5",
+            (r(4, 3), [4], r(3, 5), r(3, 5)),
+        ),
+    ]
+
+
+def check_packed_scores(fn) -> None:
+    """Check ``fn(x, lengths, w_q, w_k)`` returns the raw scores of a packed
+    batch, shape ``(T, T)``.
+
+    x: (T, d_model), the sequences one after another without padding;
+    lengths: their lengths, summing to T; w_q, w_k: (d_model, d_k).
+    ``S[i, j] = q_i . k_j`` when tokens i and j belong to the same
+    sequence, ``-inf`` otherwise. No scaling, no softmax.
+    """
+    run_checks(
+        "packed scores",
+        fn,
+        packed_scores_cases(),
+        _packed_scores,
+        PACKED_SCORES_MISTAKES,
+    )
+
+
+def _masked_attend(q, k, v, allowed, scale=True, axis=-1, fill=-np.inf):
+    s = q @ _t(k)
+    if scale:
+        s = s / np.sqrt(q.shape[-1])
+    return softmax(np.where(allowed, s, fill), axis=axis) @ v
+
+
+def _packed_cross(x, context, x_lengths, context_lengths, w_q, w_k, w_v):
+    return _masked_attend(
+        x @ w_q,
+        context @ w_k,
+        context @ w_v,
+        _same_sequence(x_lengths, context_lengths),
+    )
+
+
+PACKED_CROSS_MISTAKES = [
+    Mistake(
+        "no_blocks",
+        "every query attends to the whole packed context, the other "
+        "sequences' context tokens included",
+        "query sequence b may attend only to context sequence b: mask the "
+        "other scores with -inf before the softmax (or attend block by "
+        "block)",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            x @ w_q, c @ w_k, c @ w_v, True
+        ),
+    ),
+    Mistake(
+        "zeros_outside",
+        "the scores between different sequences are set to 0, not -inf, "
+        "before the softmax",
+        "a score of 0 still gets a weight exp(0) > 0; -inf gets exactly 0",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            x @ w_q, c @ w_k, c @ w_v, _same_sequence(lx, lc), fill=0.0
+        ),
+    ),
+    Mistake(
+        "swapped_sources",
+        "the queries come from the context and the keys and values from x",
+        "queries ask, so they come from x (the sequences being updated); "
+        "keys and values come from the context",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            c @ w_q, x @ w_k, x @ w_v, _same_sequence(lc, lx)
+        ),
+    ),
+    Mistake(
+        "self_attention",
+        "the keys and values come from x: that is self-attention within each "
+        "sequence, not cross-attention",
+        "project the context with w_k and w_v: k = context @ w_k, v = context "
+        "@ w_v, and pair query sequence b with context sequence b",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            x @ w_q, x @ w_k, x @ w_v, _same_sequence(lx)
+        ),
+    ),
+    Mistake(
+        "no_scale",
+        "the scores are not divided by sqrt(d_k)",
+        "use softmax(q @ k.T / np.sqrt(d_k)) @ v; chapter 3 explains the "
+        "factor",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            x @ w_q, c @ w_k, c @ w_v, _same_sequence(lx, lc), scale=False
+        ),
+    ),
+    Mistake(
+        "wrong_axis",
+        "the softmax normalises over the queries (axis 0) instead of the keys",
+        "each query's weights over its context tokens must sum to 1: softmax "
+        "along the last axis",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            x @ w_q, c @ w_k, c @ w_v, _same_sequence(lx, lc), axis=-2
+        ),
+    ),
+    Mistake(
+        "returned_weights",
+        "you returned the attention weights, shape (T_q, T_k), not the output",
+        "the output mixes the values with those weights: return A @ v, shape "
+        "(T_q, d_v); a pair must put the output first, (A @ v, A)",
+        lambda x, c, lx, lc, w_q, w_k, w_v: softmax(
+            np.where(
+                _same_sequence(lx, lc),
+                (x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]),
+                -np.inf,
+            ),
+            axis=-1,
+        ),
+    ),
+]
+
+
+def packed_cross_cases() -> list[Case]:
+    rng = np.random.default_rng(5)
+    r = lambda *shape: rng.normal(size=shape)  # noqa: E731
+    # The first case has the same lengths and widths on both sides, so that
+    # every mistake runs.
+    return [
+        Case(
+            "queries of lengths 3 and 1 over contexts of lengths 3 and 1, "
+            "d_model = d_context = 6, d_k = 3, d_v = 2",
+            (r(4, 6), r(4, 6), [3, 1], [3, 1], r(6, 3), r(6, 3), r(6, 2)),
+        ),
+        Case(
+            "queries of lengths 2 and 3 over contexts of lengths 4 and 3, "
+            "d_model = d_context = 6, d_k = 4, d_v = 3",
+            (r(5, 6), r(7, 6), [2, 3], [4, 3], r(6, 4), r(6, 4), r(6, 3)),
+        ),
+        Case(
+            "one query in each of three sequences, over contexts of lengths "
+            "1, 2 and 3, d_model = 6, d_context = 8, d_k = 4, d_v = 5",
+            (
+                r(3, 6),
+                r(6, 8),
+                [1, 1, 1],
+                [1, 2, 3],
+                r(6, 4),
+                r(8, 4),
+                r(8, 5),
+            ),
+        ),
+        Case(
+            "a single pair (nothing packed): 2 queries over 3 context "
+            "tokens, d_k = 2, d_v = 4",
+            (r(2, 5), r(3, 5), [2], [3], r(5, 2), r(5, 2), r(5, 4)),
+        ),
+    ]
+
+
+def check_packed_cross_attention(fn) -> None:
+    """Check ``fn(x, context, x_lengths, context_lengths, w_q, w_k, w_v)``
+    returns the cross-attention output of a packed batch, shape
+    ``(T_q, d_v)``.
+
+    x: (T_q, d_model) and context: (T_k, d_context), sequences one after
+    another without padding; x_lengths and context_lengths: their lengths
+    (as many of each; query sequence b reads context sequence b);
+    w_q: (d_model, d_k), w_k: (d_context, d_k), w_v: (d_context, d_v).
+    Within each pair, ``softmax(q k^T / sqrt(d_k)) v``; an ``(output,
+    weights)`` pair is accepted too.
+    """
+    run_checks(
+        "packed cross-attention",
+        fn,
+        packed_cross_cases(),
+        _packed_cross,
+        PACKED_CROSS_MISTAKES,
+        postprocess=_first,
+    )
