@@ -271,7 +271,8 @@ def test_page_renders_in_a_browser(browser, server, page):
 SHOWN_CODE = """() => [
     ...document.querySelectorAll('article div.highlight pre')]
     .filter(p => !p.closest(
-        '.output.stream, .output.text_plain, .output.stderr'))
+        '.output.stream, .output.text_plain, .output.stderr, '
+        + '.output.traceback, .output.error'))
     .filter(p => p.scrollWidth > p.clientWidth + 1)
     .map(p => p.textContent.split('\\n')
         .reduce((a, b) => (a.length >= b.length ? a : b)))"""

@@ -386,3 +386,20 @@ def test_bad_workers_is_a_value_error(workers):
             np.zeros((3, 2)),
             workers=workers,
         )
+
+
+def test_in_the_browser_the_blocks_run_without_threads(monkeypatch):
+    """Pyodide cannot start a thread: the query blocks run one after another
+    there, with the same result, whatever `workers` asks for."""
+    import attnbook.flash as flash_module
+
+    def no_threads(*args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 40, 8)) for _ in range(3))
+    expected = flash_module.flash_attention_numpy(q, k, v, block_q=8)
+    monkeypatch.setattr(flash_module, "ThreadPoolExecutor", no_threads)
+    monkeypatch.setattr(flash_module.sys, "platform", "emscripten")
+    got = flash_module.flash_attention_numpy(q, k, v, block_q=8, workers=4)
+    np.testing.assert_array_equal(got, expected)

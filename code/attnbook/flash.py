@@ -22,6 +22,7 @@ Chapter 9 (FlashAttention) shows :func:`attend_query_block`,
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -176,14 +177,15 @@ def _run_in_threads(
 
     numpy releases Python's global interpreter lock inside its array
     operations, so threads that work on different blocks run on different
-    cores.
+    cores. In the browser (Pyodide) no thread can start: the items run one
+    after another there, whatever ``workers`` says.
     """
     workers = (
         (os.cpu_count() or 1)
         if workers is None
         else _validate.positive_int("workers", workers)
     )
-    if min(workers, len(items)) <= 1:
+    if min(workers, len(items)) <= 1 or sys.platform == "emscripten":
         for item in items:
             fn(item)
         return
