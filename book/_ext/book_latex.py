@@ -33,6 +33,9 @@ by them. Item 5 is the HTML book's link to the PDF.
    is absolute, so that ``make book`` and the link check, which run without the
    PDF (``make pdf`` needs TeX), see an external link instead of a missing
    file.
+6. A theorem starts where it has room: ``\\needspace`` before each
+   theorem, lemma, proposition and corollary moves it to the next page when
+   fewer than 12 lines are left (``tests/test_pdf.py`` checks the footers).
 """
 
 from __future__ import annotations
@@ -133,6 +136,13 @@ def _is_solution(node: nodes.Node) -> bool:
     return type(node).__name__ in ("solution_node", "solution_start_node")
 
 
+# sphinx-proof's boxes that state a result; each needs this much room left on
+# its page, or it starts on the next one (a theorem whose display ran over the
+# page's foot printed 16 pt into the footer)
+THEOREM_KINDS = {"theorem", "lemma", "proposition", "corollary"}
+THEOREM_ROOM = "\\needspace{12\\baselineskip}\n"
+
+
 class PrintFixes(SphinxPostTransform):
     """Runs before sphinx-jupyterbook-latex (priority 400), which drops hidden
     cell sources."""
@@ -142,8 +152,19 @@ class PrintFixes(SphinxPostTransform):
 
     def run(self, **kwargs) -> None:
         self.show_solution_sources()
+        self.theorems_start_with_room()
         self.plain_proofs()
         self.fit_verbatim()
+
+    def theorems_start_with_room(self) -> None:
+        # sphinx-proof's boxes are nodes of their own, Admonition subclasses
+        for box in list(self.document.findall(nodes.Admonition)):
+            kinds = {*box["classes"], type(box).__name__.removesuffix("_node")}
+            if THEOREM_KINDS & kinds and box.parent is not None:
+                box.parent.insert(
+                    box.parent.index(box),
+                    nodes.raw("", THEOREM_ROOM, format="latex"),
+                )
 
     def show_solution_sources(self) -> None:
         for section in list(self.document.findall(nodes.section)):
