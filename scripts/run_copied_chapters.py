@@ -4,9 +4,11 @@ it prints that a reader should not see.
 Each chapter is copied alone into an empty folder and executed in a fresh
 virtual environment that has the book's dependencies but neither attnbook
 (the chapter's setup cell installs it, from a wheel of this checkout) nor
-triton (as on Colab's CPU runtime). The report lists, per chapter, every
-output on stderr and every output that names a path of this machine (the
-repository, the temporary folders, a site-packages folder).
+triton (as on Colab's CPU runtime; chapter 10 installs it from the package
+index, as it does there, so that chapter needs the network). The report
+lists, per chapter, every output on stderr and every output that names a path
+of this machine (the repository, the temporary folders, a site-packages
+folder).
 
     python scripts/run_copied_chapters.py [NN ...]   # default: every chapter
 
@@ -28,19 +30,8 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# triton cannot be imported: a finder that refuses it, loaded at start-up
-NO_TRITON = textwrap.dedent("""
-    import sys
-
-    class _NoTriton:
-        def find_spec(self, name, path=None, target=None):
-            if name == "triton" or name.startswith("triton."):
-                raise ModuleNotFoundError(f"No module named {name!r}")
-            return None
-
-    sys.meta_path.insert(0, _NoTriton())
-""")
+# what the fresh venv does not see of this environment's packages
+HIDDEN = ("triton", "attnbook", "__editable__")
 
 
 def fresh_python(tmp: Path) -> Path:
@@ -64,12 +55,16 @@ def fresh_python(tmp: Path) -> Path:
             check=True,
         ).stdout.strip()
     )
-    # .pth files inside a folder added this way are not read, so attnbook's
-    # editable install stays invisible
-    (purelib / "book_dependencies.pth").write_text(
-        sysconfig.get_paths()["purelib"] + "\n"
-    )
-    (purelib / "sitecustomize.py").write_text(NO_TRITON)
+    # The book's dependencies, seen through a folder of links to this
+    # environment's packages without triton and attnbook, their metadata
+    # included, so that pip installs them when a chapter asks.
+    deps = tmp / "dependencies"
+    deps.mkdir()
+    here = Path(sysconfig.get_paths()["purelib"])
+    for entry in here.iterdir():
+        if not entry.name.lower().startswith(HIDDEN):
+            (deps / entry.name).symlink_to(entry)
+    (purelib / "book_dependencies.pth").write_text(f"{deps}\n")
     return python
 
 
@@ -136,8 +131,10 @@ def run_chapter(
         "ATTNBOOK_SOURCE": str(whl),
         "PYTHONNOUSERSITE": "1",
         "MPLBACKEND": "Agg",
-        "PIP_NO_INDEX": "1",
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        # this machine's pip configuration files add local indexes that a
+        # reader's runtime does not have (pip warns of the missing ones)
+        "PIP_CONFIG_FILE": os.devnull,
     }
     env.pop("PYTHONPATH", None)
     subprocess.run(
