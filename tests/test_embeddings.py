@@ -19,6 +19,7 @@ from attnbook.embeddings import (
     cooccurrence_counts,
     cosine_similarity,
     embed,
+    embedding_grad,
     nearest_neighbours,
     one_hot,
     pca_project,
@@ -167,6 +168,55 @@ def test_embed_rejects_a_table_that_is_not_2d():
         ValueError, match=r"2-D \(V, d_model\); got shape \(5,\)"
     ):
         embed([0], np.zeros(5))
+
+
+@pytest.mark.parametrize(
+    "shape", [(7,), (3, 5), (2, 2, 4), (1,), (0,), (2, 0)]
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_embedding_grad_matches_torch_autograd(shape, seed):
+    """Against autograd through torch.nn.functional.embedding, float64, with
+    ids drawn from a small vocabulary so that tokens repeat."""
+    rng = np.random.default_rng(seed)
+    v, d = 5, 3
+    ids = rng.integers(0, v, size=shape)
+    g = rng.normal(size=(*shape, d))
+    table = torch.zeros(v, d, dtype=torch.float64, requires_grad=True)
+    out = torch.nn.functional.embedding(torch.from_numpy(ids), table)
+    (out * torch.from_numpy(g)).sum().backward()
+    expected = table.grad.numpy()
+    got = embedding_grad(ids, g, v)
+    assert got.shape == (v, d) and got.dtype == np.float64
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    # and the product H^T G of the chapter's equation
+    h = one_hot(ids, v).reshape(-1, v)
+    np.testing.assert_allclose(
+        got, h.T @ g.reshape(-1, d), rtol=1e-12, atol=1e-12
+    )
+
+
+def test_embedding_grad_sums_repeated_tokens():
+    """A token that occurs twice collects both rows (grad[ids] += g keeps
+    one); float32 rows are summed in float64; an unused row is 0."""
+    ids = np.array([[1, 1], [0, 1]])
+    g = np.array(
+        [[[1.0, 2.0], [10.0, 20.0]], [[3.0, 4.0], [100.0, 200.0]]],
+        dtype=np.float32,
+    )
+    got = embedding_grad(ids, g, 3)
+    np.testing.assert_array_equal(
+        got, [[3.0, 4.0], [111.0, 222.0], [0.0, 0.0]]
+    )
+    assert got.dtype == np.float64
+
+
+def test_embedding_grad_errors_name_the_problem():
+    with pytest.raises(ValueError, match=r"ids.shape \+ \(d_model,\)"):
+        embedding_grad([0, 1], np.zeros((3, 2)), 4)
+    with pytest.raises(ValueError, match=r"token id 4 at position \(1,\)"):
+        embedding_grad([0, 4], np.zeros((2, 2)), 4)
+    with pytest.raises(ValueError, match="vocab_size"):
+        embedding_grad([0], np.zeros((1, 2)), 0)
 
 
 @pytest.mark.parametrize("v", [0, -3, 2.0, True])

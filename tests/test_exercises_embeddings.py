@@ -732,3 +732,217 @@ def test_a_shift_that_zeroes_everything_names_the_shift_among_the_causes():
 CATALOGUE["check_ppmi"]["wrong"] += [
     (lambda counts: sppmi(counts, 2), "shifted")
 ]
+
+
+# --- the backward pass of the lookup (the hard exercise): wrong solutions as a
+# student who half-understood equation ch1-embedding-grad writes them ---------
+
+from attnbook.exercises.embeddings import (  # noqa: E402
+    EMBEDDING_GRAD_MISTAKES,
+    check_embedding_grad,
+)
+
+
+def grad_fancy_index(ids, grad_out, vocab_size):
+    """grad[ids] += g: the repeats overwrite each other."""
+    d = grad_out.shape[-1]
+    grad = np.zeros((vocab_size, d))
+    grad[ids.reshape(-1)] += grad_out.reshape(-1, d)
+    return grad
+
+
+def grad_first_occurrence(ids, grad_out, vocab_size):
+    """One contribution per distinct token, from its first position."""
+    flat = ids.reshape(-1).tolist()
+    g = grad_out.reshape(len(flat), -1)
+    grad = np.zeros((vocab_size, g.shape[1]))
+    for v in set(flat):
+        grad[v] = g[flat.index(v)]
+    return grad
+
+
+def grad_averaged(ids, grad_out, vocab_size):
+    flat = ids.ravel()
+    g = grad_out.reshape(flat.size, -1)
+    grad = np.zeros((vocab_size, g.shape[1]))
+    for v in np.unique(flat):
+        grad[v] = g[flat == v].mean(axis=0)
+    return grad
+
+
+def grad_transposed(ids, grad_out, vocab_size):
+    flat = ids.ravel()
+    g = grad_out.reshape(flat.size, -1)
+    return g.T @ np.eye(vocab_size)[flat]
+
+
+def grad_per_sentence(ids, grad_out, vocab_size):
+    """The chapter's H^T G with einsum, batch axes kept."""
+    h = np.eye(vocab_size)[ids]
+    return np.einsum("...nv,...nd->...vd", h, grad_out)
+
+
+def grad_loop_over_sentences(ids, grad_out, vocab_size):
+    grad = np.zeros((vocab_size, grad_out.shape[-1]))
+    for i, v in enumerate(ids):
+        grad[v] += grad_out[i]
+    return grad
+
+
+def grad_rows_from_ids(ids, grad_out, vocab_size):
+    """Sizes the table from the ids it was given."""
+    grad = np.zeros((int(ids.max()) + 1, grad_out.shape[-1]))
+    np.add.at(grad, ids, grad_out)
+    return grad
+
+
+def grad_bincount_unflattened(ids, grad_out, vocab_size):
+    return np.stack(
+        [
+            np.bincount(ids, weights=grad_out[..., k], minlength=vocab_size)
+            for k in range(grad_out.shape[-1])
+        ],
+        axis=1,
+    )
+
+
+def grad_descent_step(ids, grad_out, vocab_size):
+    """The update -dL/dE instead of the gradient."""
+    grad = np.zeros((vocab_size, grad_out.shape[-1]))
+    np.subtract.at(grad, ids, grad_out)
+    return grad
+
+
+def grad_product_reshaped_by_count(ids, grad_out, vocab_size):
+    """Right but on no tokens: reshape(0, -1) cannot infer the width."""
+    flat = ids.reshape(-1)
+    return np.eye(vocab_size)[flat].T @ grad_out.reshape(flat.size, -1)
+
+
+def grad_torch_reshaped_by_count(ids, grad_out, vocab_size):
+    """torch's index_add_, right but on no tokens (reshape(0, -1))."""
+    import torch
+
+    flat = torch.as_tensor(np.asarray(ids).reshape(-1), dtype=torch.long)
+    g = torch.as_tensor(np.asarray(grad_out)).reshape(flat.numel(), -1)
+    return torch.zeros(vocab_size, g.shape[1], dtype=g.dtype).index_add_(
+        0, flat, g
+    )
+
+
+# right solutions, none of them the book's np.add.at
+
+
+def grad_one_hot_product(ids, grad_out, vocab_size):
+    flat = ids.reshape(-1)
+    return np.eye(vocab_size)[flat].T @ grad_out.reshape(
+        -1, grad_out.shape[-1]
+    )
+
+
+def grad_bincount(ids, grad_out, vocab_size):
+    flat = ids.reshape(-1)
+    g = grad_out.reshape(-1, grad_out.shape[-1])
+    return np.stack(
+        [
+            np.bincount(flat, weights=g[:, k], minlength=vocab_size)
+            for k in range(g.shape[1])
+        ],
+        axis=1,
+    )
+
+
+def grad_torch_index_add_float32(ids, grad_out, vocab_size):
+    import torch
+
+    flat = torch.as_tensor(np.asarray(ids).reshape(-1), dtype=torch.long)
+    g = torch.as_tensor(np.asarray(grad_out), dtype=torch.float32)
+    g = g.reshape(-1, g.shape[-1])
+    return torch.zeros(vocab_size, g.shape[1]).index_add_(0, flat, g)
+
+
+def grad_python_lists(ids, grad_out, vocab_size):
+    """A loop over the positions, returning a list of lists."""
+    d = grad_out.shape[-1]
+    rows = [[0.0] * d for _ in range(vocab_size)]
+    for v, g in zip(ids.reshape(-1), grad_out.reshape(-1, d)):
+        for k in range(d):
+            rows[int(v)][k] += float(g[k])
+    return rows
+
+
+def grad_sorted_segments(ids, grad_out, vocab_size):
+    """Sort the positions by token and add up each run (np.add.reduceat)."""
+    flat = ids.reshape(-1)
+    g = grad_out.reshape(-1, grad_out.shape[-1])
+    grad = np.zeros((vocab_size, g.shape[1]))
+    if flat.size == 0:
+        return grad
+    order = np.argsort(flat, kind="stable")
+    tokens, starts = np.unique(flat[order], return_index=True)
+    grad[tokens] = np.add.reduceat(g[order], starts, axis=0)
+    return grad
+
+
+EMBEDDING_GRAD_WRONG = [
+    (grad_fancy_index, "fancy_index_add"),
+    (grad_first_occurrence, "distinct_once"),
+    (grad_averaged, "mean_of_repeats"),
+    (grad_transposed, "transposed"),
+    (grad_per_sentence, "per_sentence"),
+    (grad_loop_over_sentences, "loop_over_first_axis"),
+    (grad_rows_from_ids, "rows_up_to_largest_id"),
+    (grad_bincount_unflattened, "not_flattened"),
+    (grad_descent_step, "negated"),
+    (grad_product_reshaped_by_count, "empty_reshape"),
+    (grad_torch_reshaped_by_count, "empty_reshape"),
+]
+CATALOGUE["check_embedding_grad"] = {
+    "right": [
+        grad_one_hot_product,
+        grad_bincount,
+        grad_torch_index_add_float32,
+        grad_python_lists,
+        grad_sorted_segments,
+    ],
+    "wrong": EMBEDDING_GRAD_WRONG,
+}
+
+
+def test_every_embedding_grad_mistake_is_in_the_catalogue():
+    """Each of the checker's mistakes has a wrong solution of its own."""
+    assert {m.key for m in EMBEDDING_GRAD_MISTAKES} == {
+        key for _, key in EMBEDDING_GRAD_WRONG
+    }
+
+
+@pytest.mark.parametrize(
+    "wrong, key",
+    EMBEDDING_GRAD_WRONG,
+    ids=[k for _, k in EMBEDDING_GRAD_WRONG],
+)
+def test_embedding_grad_checker_names_each_mistake(wrong, key):
+    with pytest.raises(ExerciseError) as info:
+        check_embedding_grad(wrong)
+    assert info.value.mistake == key, str(info.value)
+    assert "Hint:" in str(info.value)
+
+
+def test_embedding_grad_checker_passes_right_solutions(capsys):
+    for solution in CATALOGUE["check_embedding_grad"]["right"]:
+        check_embedding_grad(solution)
+    out = capsys.readouterr().out
+    assert out.count("Correct: embedding gradient") == 5
+
+
+def test_embedding_grad_checker_stub_and_unknown_errors():
+    def stub(ids, grad_out, vocab_size):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_embedding_grad(stub)
+    with pytest.raises(ExerciseError) as info:
+        check_embedding_grad(
+            lambda ids, g, v: grad_one_hot_product(ids, g, v) * 2
+        )
+    assert info.value.mistake is None

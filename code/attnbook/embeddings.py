@@ -179,6 +179,35 @@ def embed(ids, table) -> np.ndarray:
     return table[_checked_ids(ids, table.shape[0])]
 
 
+def embedding_grad(ids, grad_out, vocab_size: int) -> np.ndarray:
+    """The gradient of a loss with respect to the embedding table, through the
+    lookup :func:`embed`.
+
+    ids: (...,) integers in ``0..V-1``, any shape (a sentence, a batch, none);
+    grad_out: (..., d_model), the gradient with respect to the lookup's output
+    ``X``. Returns (V, d_model) float64: row ``v`` is the sum of the rows of
+    ``grad_out`` at the positions that hold ``v``, ``H^T G`` with ``H`` the
+    one-hot rows, without building ``H``. A token that occurs twice collects
+    both contributions (``np.add.at`` accumulates; ``grad[ids] += g`` would
+    keep only one of them).
+    """
+    vocab_size = _validate.positive_int("vocab_size", vocab_size)
+    ids = _checked_ids(ids, vocab_size)
+    grad_out = np.asarray(grad_out)
+    if grad_out.ndim != ids.ndim + 1 or grad_out.shape[:-1] != ids.shape:
+        raise ValueError(
+            f"grad_out must have shape ids.shape + (d_model,) = "
+            f"{ids.shape} + (d_model,); got {grad_out.shape}"
+        )
+    grad = np.zeros((vocab_size, grad_out.shape[-1]))
+    np.add.at(
+        grad,
+        ids.ravel(),
+        grad_out.reshape(-1, grad_out.shape[-1]).astype(np.float64),
+    )
+    return grad
+
+
 def cosine_similarity(a, b=None) -> np.ndarray:
     """Cosine of the angle between every row of ``a`` and every row of ``b``.
 

@@ -18,6 +18,7 @@ from ._framework import (
 )
 from .attention import check_attention, check_causal_mask, check_softmax
 from .embeddings import check_cosine_similarity, check_ppmi
+from .embeddings import check_embedding_grad
 from .flash import check_merge_softmax_states, check_online_softmax
 from .kv_cache import check_kv_cache_step
 from .masking import check_padding_mask
@@ -43,6 +44,7 @@ __all__ = [
     "check_cosine_similarity",
     "check_cross_attention",
     "check_dot_variance",
+    "check_embedding_grad",
     "check_key_blocks",
     "check_kv_cache_step",
     "check_linear_attention",
@@ -104,6 +106,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # exercise now asks for the packed layout: check_packed_cross_attention)
     "check_cross_attention": ("attnbook.projections.single_head_attention",),
     "check_dot_variance": ("attnbook.scaling.dot_product_variance",),
+    "check_embedding_grad": ("attnbook.embeddings.embedding_grad",),
     "check_key_blocks": (),
     "check_kv_cache_step": (),
     "check_linear_attention": (

@@ -1,4 +1,5 @@
-"""Checkers for chapter 1 (token embeddings): cosine similarity and PPMI."""
+"""Checkers for chapter 1 (token embeddings): cosine similarity, PPMI and the
+backward pass of the lookup."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from functools import partial
 
 import numpy as np
 
-from ..embeddings import cosine_similarity, ppmi
+from ..embeddings import cosine_similarity, embedding_grad, one_hot, ppmi
 from ._framework import Case, Mistake, run_checks
 
 # --- cosine similarity -------------------------------------------------------
@@ -504,3 +505,248 @@ def check_ppmi(fn) -> None:
     Pairs with count 0 get 0.
     """
     run_checks("PPMI", fn, ppmi_cases(), ppmi, PPMI_MISTAKES)
+
+
+# --- the backward pass of the lookup ----------------------------------------
+
+
+def _flat(ids, grad_out):
+    """ids as (N,) and grad_out as (N, d): the positions of every sentence in
+    one list."""
+    ids, grad_out = np.asarray(ids), np.asarray(grad_out, dtype=float)
+    return ids.reshape(-1), grad_out.reshape(-1, grad_out.shape[-1])
+
+
+def _last_write_wins(ids, grad_out, vocab_size):
+    """Each row set to the gradient of the last position that holds its
+    token, as ``grad[ids] += g`` does (numpy's fancy-index assignment writes
+    each repeated index once, the last value winning)."""
+    flat_ids, g = _flat(ids, grad_out)
+    grad = np.zeros((vocab_size, g.shape[1]))
+    for v, row in zip(flat_ids, g):
+        grad[v] = row
+    return grad
+
+
+def _first_only(ids, grad_out, vocab_size):
+    """Each row set to the gradient of the first position that holds its
+    token."""
+    flat_ids, g = _flat(ids, grad_out)
+    grad = np.zeros((vocab_size, g.shape[1]))
+    tokens, first = np.unique(flat_ids, return_index=True)
+    grad[tokens] = g[first]
+    return grad
+
+
+def _mean_of_repeats(ids, grad_out, vocab_size):
+    flat_ids, g = _flat(ids, grad_out)
+    total = embedding_grad(flat_ids, g, vocab_size)
+    count = np.bincount(flat_ids, minlength=vocab_size)[:, None]
+    return total / np.maximum(count, 1)
+
+
+def _per_sentence(ids, grad_out, vocab_size):
+    """H^T G for each sentence of the batch, not summed over the batch: shape
+    ``ids.shape[:-1] + (V, d)`` (for one sentence, the right answer)."""
+    h = one_hot(ids, vocab_size)  # (..., n, V)
+    return np.swapaxes(h, -1, -2) @ np.asarray(grad_out, dtype=float)
+
+
+def _loop_over_first_axis(ids, grad_out, vocab_size):
+    """``for i, v in enumerate(ids): grad[v] += g[i]`` on a batch: ``v`` is a
+    whole sentence, so each step is a fancy-index ``+=`` (repeats within a
+    sentence keep the last), summed over the sentences."""
+    ids, grad_out = np.asarray(ids), np.asarray(grad_out, dtype=float)
+    grad = np.zeros((vocab_size, grad_out.shape[-1]))
+    for v, g in zip(ids, grad_out):
+        grad[v] += g
+    return grad
+
+
+def _rows_up_to_largest_id(ids, grad_out, vocab_size):
+    flat_ids, g = _flat(ids, grad_out)
+    return embedding_grad(flat_ids, g, vocab_size)[: flat_ids.max() + 1]
+
+
+def _raises(ids, grad_out, vocab_size):
+    """A mistake recognised by the error it raises, not by an output."""
+    raise RuntimeError("recognised by its exception")
+
+
+def _too_deep(err: Exception) -> bool:
+    return isinstance(err, ValueError) and "object too deep" in str(err)
+
+
+def _empty_reshape(err: Exception) -> bool:
+    """numpy's and torch's refusal to infer a -1 axis from 0 entries."""
+    text = str(err)
+    return (
+        "cannot reshape array of size 0" in text and "newaxis" in text
+    ) or ("cannot reshape tensor of 0 elements" in text)
+
+
+EMBEDDING_GRAD_MISTAKES = [
+    Mistake(
+        "fancy_index_add",
+        "a token that occurs more than once gets the gradient of only one of "
+        "its positions (the last): `grad[ids] += g` is a fancy-index "
+        "assignment, which reads grad[ids], adds g, and writes each repeated "
+        "row once, so the repeats overwrite each other instead of adding up",
+        "accumulate with np.add.at(grad, ids, g) (unbuffered: every "
+        "occurrence adds), or take the product H^T G with the one-hot rows, "
+        "or np.bincount(ids, weights=g[:, k], minlength=V) for each column k",
+        _last_write_wins,
+    ),
+    Mistake(
+        "distinct_once",
+        "each distinct token gets the gradient of its first position only: "
+        "the positions that repeat a token are dropped",
+        "row v of the gradient is the SUM over every position i with "
+        "t_i = v of G[i] (equation ch1-embedding-grad): a token that occurs "
+        "twice collects two contributions",
+        _first_only,
+    ),
+    Mistake(
+        "mean_of_repeats",
+        "the gradients of a repeated token are averaged, not summed",
+        "the loss depends on the row once per occurrence, so the "
+        "contributions add: sum them, do not divide by the count",
+        _mean_of_repeats,
+    ),
+    Mistake(
+        "negated",
+        "the sign is flipped: this is the step of gradient descent, -dL/dE, "
+        "not the gradient",
+        "return H^T G itself; the optimiser subtracts it (times the learning "
+        "rate)",
+        lambda ids, grad_out, vocab_size: (
+            -embedding_grad(ids, grad_out, vocab_size)
+        ),
+    ),
+    Mistake(
+        "transposed",
+        "the result is (d, V), G^T H, the transpose of the gradient",
+        "the gradient has the shape of the table E, (V, d): H^T G, with H "
+        "the (N, V) one-hot rows and G the (N, d) output gradients",
+        lambda ids, grad_out, vocab_size: (
+            embedding_grad(ids, grad_out, vocab_size).T
+        ),
+    ),
+    Mistake(
+        "per_sentence",
+        "the gradient is computed for each sentence of the batch separately "
+        "and never summed over the batch: the result has a (V, d) block per "
+        "sentence",
+        "the table is shared by every sentence, so its gradient sums over "
+        "every position of every sentence: flatten ids to (N,) and grad_out "
+        "to (N, d) first (ids.reshape(-1), grad_out.reshape(-1, d)), or sum "
+        "the blocks over the batch axes",
+        _per_sentence,
+    ),
+    Mistake(
+        "loop_over_first_axis",
+        "on a batch, the loop `for i, v in enumerate(ids)` runs over the "
+        "sentences, not the tokens: each `v` is a whole sentence of ids, so "
+        "`grad[v] += g[i]` is a fancy-index assignment that keeps only the "
+        "last of the repeats within a sentence",
+        "flatten the batch axes first, ids.reshape(-1) and grad_out.reshape("
+        "-1, d), so that the loop runs over single tokens (or use "
+        "np.add.at, which takes ids of any shape)",
+        _loop_over_first_axis,
+    ),
+    Mistake(
+        "rows_up_to_largest_id",
+        "the result has ids.max() + 1 rows, not vocab_size: the rows of "
+        "tokens beyond the largest id in the batch are missing",
+        "the gradient has one row per entry of the vocabulary, (vocab_size, "
+        "d), and a row whose token is absent from the batch is 0",
+        _rows_up_to_largest_id,
+    ),
+    Mistake(
+        "not_flattened",
+        "np.bincount (like a one-dimensional loop) takes a 1-D array of ids; "
+        "on a batch of ids of shape (B, n) it fails",
+        "flatten the batch axes first: ids.reshape(-1) and grad_out.reshape("
+        "-1, d); the table is shared, so every position of every sentence "
+        "adds into it",
+        _raises,
+        raises=_too_deep,
+    ),
+    Mistake(
+        "empty_reshape",
+        "with no tokens, grad_out.reshape(N, -1) (N = ids.size = 0) cannot "
+        "infer its -1 axis: any width times 0 rows holds 0 entries",
+        "let the -1 stand for the axis whose size is unknown, and give the "
+        "width, which never is: grad_out.reshape(-1, grad_out.shape[-1]); "
+        "with no tokens the gradient is all zeros",
+        _raises,
+        raises=_empty_reshape,
+    ),
+]
+
+
+def embedding_grad_cases() -> list[Case]:
+    rng = np.random.default_rng(12)
+
+    def grads(shape, d, dtype=np.float64):
+        return rng.normal(size=(*shape, d)).astype(dtype)
+
+    # the largest id of the vocabulary is absent from each of the first
+    # cases, and every case but the single token repeats tokens
+    return [
+        Case(
+            "one sentence: ids (7,) = [2, 0, 2, 4, 2, 1, 0] (token 2 three "
+            "times, 0 twice; 3 and 5 absent), V = 6, d = 3",
+            (np.array([2, 0, 2, 4, 2, 1, 0]), grads((7,), 3), 6),
+        ),
+        Case(
+            "a batch: ids (2, 5), V = 9, d = 4, tokens repeated within and "
+            "across the sentences",
+            (
+                np.array([[3, 1, 3, 0, 7], [1, 1, 5, 3, 2]]),
+                grads((2, 5), 4),
+                9,
+            ),
+        ),
+        Case(
+            "a batch of int32 ids (3, 4) with float32 grad_out, V = 5, d = 2",
+            (
+                np.array(
+                    [[0, 2, 2, 1], [4, 0, 2, 4], [1, 1, 1, 0]], dtype=np.int32
+                ),
+                grads((3, 4), 2, np.float32),
+                5,
+            ),
+        ),
+        Case(
+            "a batch of batches: ids (2, 2, 3), V = 4, d = 3",
+            (
+                np.array([[[0, 1, 0], [2, 0, 1]], [[1, 1, 2], [0, 2, 2]]]),
+                grads((2, 2, 3), 3),
+                4,
+            ),
+        ),
+        Case(
+            "a single token: ids (1,) = [3], V = 4, d = 2",
+            (np.array([3]), grads((1,), 2), 4),
+        ),
+        Case(
+            "no tokens at all: ids (0,), grad_out (0, 3), V = 4 (the "
+            "gradient is all zeros)",
+            (np.zeros(0, dtype=np.int64), grads((0,), 3), 4),
+        ),
+    ]
+
+
+def check_embedding_grad(fn) -> None:
+    """Check ``fn(ids, grad_out, vocab_size)`` returns the gradient of the loss
+    with respect to the embedding table, ``(vocab_size, d)``, for ``ids`` of
+    any shape ``S`` and ``grad_out`` of shape ``S + (d,)``: row ``v`` is the
+    sum of ``grad_out`` over the positions that hold ``v``."""
+    run_checks(
+        "embedding gradient",
+        fn,
+        embedding_grad_cases(),
+        embedding_grad,
+        EMBEDDING_GRAD_MISTAKES,
+    )
