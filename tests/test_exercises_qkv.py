@@ -644,14 +644,201 @@ def test_the_chapters_scores_do_not_answer_the_packed_exercise():
     assert info.value.mistake == "no_blocks"
 
 
-def test_packed_scores_checker_reports_a_finite_fill_without_a_diagnosis():
-    with pytest.raises(ExerciseError) as info:
-        check_packed_scores(
-            lambda x, lengths, w_q, w_k: np.nan_to_num(
-                packed_scores_loop(x, lengths, w_q, w_k), neginf=-1e9
+# --- the fifth reading of chapter 2 (snap-k): wrong answers it rejected
+# without a diagnosis. Each is named now; the old checker named none of them.
+
+
+def packed_scores_minus_1e9(x, lengths, w_q, w_k):
+    return np.nan_to_num(
+        packed_scores_loop(x, lengths, w_q, w_k), neginf=-1e9
+    )
+
+
+def packed_scores_finfo_min(x, lengths, w_q, w_k):
+    # what PyTorch and Hugging Face fill masked scores with
+    t = torch.from_numpy
+    q, k = t(x) @ t(w_q), t(x) @ t(w_k)
+    ids = torch.repeat_interleave(
+        torch.arange(len(lengths)), torch.tensor(list(lengths))
+    )
+    scores = q @ k.T
+    return scores.masked_fill(
+        ids[:, None] != ids[None, :], torch.finfo(scores.dtype).min
+    )
+
+
+def packed_scores_np_split(x, lengths, w_q, w_k):
+    # np.split reads the lengths as split indices
+    q, k = x @ w_q, x @ w_k
+    out = np.full((len(x), len(x)), -np.inf)
+    for rows in np.split(np.arange(len(x)), lengths):
+        out[np.ix_(rows, rows)] = q[rows] @ k[rows].T
+    return out
+
+
+def packed_scores_cumsum_offsets(x, lengths, w_q, w_k):
+    offsets = np.cumsum(lengths)  # no leading 0
+    q, k = x @ w_q, x @ w_k
+    out = np.full((len(x), len(x)), -np.inf)
+    for start, end in zip(offsets[:-1], offsets[1:]):
+        out[start:end, start:end] = q[start:end] @ k[start:end].T
+    return out
+
+
+def packed_scores_over_sqrt_d_model(x, lengths, w_q, w_k):
+    return packed_scores_loop(x, lengths, w_q, w_k) / math.sqrt(x.shape[1])
+
+
+def packed_cross_mask_after_softmax(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    q, k, v = x @ w_q, context @ w_k, context @ w_v
+    weights = _softmax_rows(q @ k.T / math.sqrt(q.shape[1]))
+    for qs, ql, cs, cl in zip(
+        _starts(x_lengths),
+        x_lengths,
+        _starts(context_lengths),
+        context_lengths,
+    ):
+        weights[qs : qs + ql, :cs] = 0.0
+        weights[qs : qs + ql, cs + cl :] = 0.0
+    return weights @ v
+
+
+def packed_cross_np_split(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    out = []
+    for xb, cb in zip(
+        np.split(x, x_lengths), np.split(context, context_lengths)
+    ):
+        if len(xb) == 0:
+            continue
+        if len(cb) == 0:
+            out.append(np.full((len(xb), w_v.shape[1]), np.nan))
+            continue
+        out.append(_sdpa(xb @ w_q, cb @ w_k, cb @ w_v))
+    return np.concatenate(out)
+
+
+def packed_cross_over_sqrt_d_v(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    out = []
+    for qs, ql, cs, cl in zip(
+        _starts(x_lengths),
+        x_lengths,
+        _starts(context_lengths),
+        context_lengths,
+    ):
+        xb, cb = x[qs : qs + ql], context[cs : cs + cl]
+        out.append(
+            _sdpa(
+                xb @ w_q, cb @ w_k, cb @ w_v, scale=w_v.shape[1] ** -0.5
             )
         )
+    return np.concatenate(out)
+
+
+PACKED_SCORES_NEW = [
+    (packed_scores_minus_1e9, "finite_fill"),
+    (packed_scores_finfo_min, "finite_fill"),
+    (packed_scores_np_split, "split_with_sizes"),
+    (packed_scores_cumsum_offsets, "offsets_without_zero"),
+    (packed_scores_over_sqrt_d_model, "scaled_by_d_model"),
+]
+PACKED_CROSS_NEW = [
+    (packed_cross_mask_after_softmax, "mask_after_softmax"),
+    (packed_cross_np_split, "split_with_sizes"),
+    (packed_cross_over_sqrt_d_v, "scale_by_sqrt_d_v"),
+]
+
+
+@pytest.mark.parametrize(
+    "fn, key", PACKED_SCORES_NEW, ids=[k for _, k in PACKED_SCORES_NEW]
+)
+def test_packed_scores_checker_names_the_fifth_readings_mistakes(fn, key):
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(fn)
+    assert info.value.mistake == key, str(info.value)
+
+
+def test_packed_scores_checker_says_where_a_finite_fill_is():
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(packed_scores_minus_1e9)
+    assert "where the answer is -inf" in str(info.value)
+    assert "largest difference inf" not in str(info.value)
+
+
+def test_packed_scores_checker_says_nan_where_the_answer_is_minus_inf():
+    def nan_between(x, lengths, w_q, w_k):
+        return np.nan_to_num(
+            packed_scores_loop(x, lengths, w_q, w_k), neginf=np.nan
+        )
+
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(nan_between)
+    assert "NaN where the answer is -inf" in str(info.value)
+
+
+def test_the_packed_checkers_give_their_own_default_hint():
+    # an error no mistake names: the exercise-specific hint, not the
+    # chapter's "derivation", which the chapter does not hold
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(
+            lambda x, lengths, w_q, w_k: packed_scores_loop(
+                x, lengths, w_q, w_k
+            )
+            + 0.01
+        )
     assert info.value.mistake is None
+    assert "block-diagonal" in str(info.value)
+    assert "derivation" not in str(info.value)
+    with pytest.raises(ExerciseError) as info:
+        check_packed_cross_attention(
+            lambda *args: packed_cross_loop(*args) + 0.01
+        )
+    assert info.value.mistake is None
+    assert "its own context sequence" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fn, key", PACKED_CROSS_NEW, ids=[k for _, k in PACKED_CROSS_NEW]
+)
+def test_packed_cross_checker_names_the_fifth_readings_mistakes(fn, key):
+    with pytest.raises(ExerciseError) as info:
+        check_packed_cross_attention(fn)
+    assert info.value.mistake == key, str(info.value)
+
+
+def packed_scores_block_diag(x, lengths, w_q, w_k):
+    # a right answer of the fifth reading: scipy's block_diag and einsum
+    from scipy.linalg import block_diag
+
+    same = block_diag(*[np.ones((n, n), dtype=bool) for n in lengths])
+    s = np.einsum("id,jd->ij", x @ w_q, x @ w_k)
+    s[~same] = -np.inf
+    return s
+
+
+def packed_cross_split_at_offsets(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    # np.split the right way: at the starts, cumsum[:-1]
+    return np.concatenate(
+        [
+            single_head_attention(xb, w_q, w_k, w_v, context=cb)[0]
+            for xb, cb in zip(
+                np.split(x, np.cumsum(x_lengths)[:-1]),
+                np.split(context, np.cumsum(context_lengths)[:-1]),
+            )
+        ]
+    )
+
+
+def test_the_fifth_readings_right_answers_stay_accepted():
+    check_packed_scores(packed_scores_block_diag)
+    check_packed_cross_attention(packed_cross_split_at_offsets)
 
 
 def packed_cross_loop(x, context, x_lengths, context_lengths, w_q, w_k, w_v):
@@ -803,10 +990,22 @@ def test_chapter_2_asks_for_the_packed_layout():
 
 
 CATALOGUE["check_packed_scores"] = {
-    "right": [packed_scores_loop, packed_scores_by_ids, packed_scores_torch],
-    "wrong": [(_packed_scores_wrong(k), k) for k in PACKED_SCORES_KINDS],
+    "right": [
+        packed_scores_loop,
+        packed_scores_by_ids,
+        packed_scores_torch,
+        packed_scores_block_diag,
+    ],
+    "wrong": [(_packed_scores_wrong(k), k) for k in PACKED_SCORES_KINDS]
+    + PACKED_SCORES_NEW,
 }
 CATALOGUE["check_packed_cross_attention"] = {
-    "right": [packed_cross_loop, packed_cross_masked, packed_cross_torch],
-    "wrong": [(_packed_cross_wrong(k), k) for k in PACKED_CROSS_KINDS],
+    "right": [
+        packed_cross_loop,
+        packed_cross_masked,
+        packed_cross_torch,
+        packed_cross_split_at_offsets,
+    ],
+    "wrong": [(_packed_cross_wrong(k), k) for k in PACKED_CROSS_KINDS]
+    + PACKED_CROSS_NEW,
 }

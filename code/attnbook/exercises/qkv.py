@@ -7,7 +7,19 @@ import numpy as np
 
 from ..projections import single_head_attention
 from ..softmax import softmax
-from ._framework import Case, Mistake, run_checks
+from ._framework import (
+    Case,
+    ExerciseError,
+    Mistake,
+    NotAttemptedError,
+    as_array,
+    changed_inputs,
+    difference,
+    fresh,
+    in_place_note,
+    run_checks,
+    same,
+)
 
 
 def _first(out):
@@ -538,6 +550,98 @@ def _one_too_long(lengths):
     return owner >= 0
 
 
+def _split_at_lengths(lengths):
+    """The positions of each piece that ``np.split`` makes when given the
+    lengths, which it reads as split *indices*: for lengths [3, 2] the pieces
+    are positions [0, 1, 2], [] and [2, 3, 4]."""
+    total = int(np.sum(lengths))
+    return np.split(np.arange(total), np.asarray(lengths, dtype=int))
+
+
+def _split_blocks(lengths):
+    """(T, T) bool: the union of the diagonal blocks of those pieces."""
+    total = int(np.sum(lengths))
+    inside = np.zeros((total, total), dtype=bool)
+    for rows in _split_at_lengths(lengths):
+        inside[np.ix_(rows, rows)] = True
+    return inside
+
+
+def _without_first(lengths):
+    """(T, T) bool: the blocks of offsets taken as ``np.cumsum(lengths)``,
+    without the leading 0: the blocks run from one cumulative sum to the next,
+    so the first sequence gets none."""
+    return _same_sequence(lengths) & (_segments(lengths) != 0)[:, None]
+
+
+class _FiniteFill:
+    """What a mistake returns to say: the scores, with *any* finite number at
+    or below -1e4 (-1e9, ``np.finfo(float).min``) where ``blocked`` is True.
+    :func:`_packed_compare` reads it."""
+
+    def __init__(self, scores, blocked):
+        self.scores, self.blocked = scores, blocked
+
+
+def _packed_compare(got, expected) -> bool:
+    """:func:`same`, except against a :class:`_FiniteFill`: then the blocked
+    entries must be finite and at most -1e4, the others equal the scores."""
+    if not isinstance(expected, _FiniteFill):
+        return same(got, expected)
+    a = as_array(got)
+    if a.shape != expected.scores.shape or a.dtype.kind != "f":
+        return False
+    a = a.astype(np.float64)
+    stand_in = a[expected.blocked]
+    return bool(
+        np.all(np.isfinite(stand_in))
+        and np.all(stand_in <= -1e4)
+        and same(a[~expected.blocked], expected.scores[~expected.blocked])
+    )
+
+
+def _describe_packed(got, expected, case=None) -> str:
+    """:func:`difference`, which also says what the output holds where the
+    answer is -inf: NaN, or a finite stand-in."""
+    a, e = as_array(got), as_array(expected)
+    if a.shape == e.shape and a.dtype.kind == "f" and e.dtype.kind == "f":
+        a, e = a.astype(np.float64), e.astype(np.float64)
+        minus_inf = np.isneginf(e)
+        rest_right = same(a[~minus_inf], e[~minus_inf])
+        if minus_inf.any() and rest_right:
+            if np.isnan(a[minus_inf]).any():
+                return (
+                    "your output holds NaN where the answer is -inf (between "
+                    "tokens of different sequences); the scores within each "
+                    "sequence are right"
+                )
+            if np.isfinite(a[minus_inf]).all():
+                largest = float(a[minus_inf].max())
+                return (
+                    "your output holds finite numbers (the largest "
+                    f"{largest:.3g}) where the answer is -inf (between tokens "
+                    "of different sequences); the scores within each "
+                    "sequence are right"
+                )
+    return difference(got, expected, case)
+
+
+PACKED_HINT = (
+    "print your output for lengths [3, 2] and compare it with the "
+    "block-diagonal pattern: a 3 x 3 block of scores, then a 2 x 2 one, "
+    "-inf everywhere else. Sequence b is x[offsets[b]:offsets[b + 1]] with "
+    "offsets = [0, l_0, l_0 + l_1, ...] (note the leading 0)"
+)
+PACKED_CROSS_HINT = (
+    "print your attention weights for the first case (query lengths [3, 1], "
+    "context lengths [3, 1]): each query's row must be 0 outside its own "
+    "context sequence and sum to 1. Query sequence b is "
+    "x[q_offsets[b]:q_offsets[b + 1]] and its context "
+    "context[k_offsets[b]:k_offsets[b + 1]], with offsets = [0, l_0, "
+    "l_0 + l_1, ...] (note the leading 0)"
+)
+
+
 def _packed_scores(x, lengths, w_q, w_k):
     return np.where(_same_sequence(lengths), _scores(x, w_q, w_k), -np.inf)
 
@@ -620,6 +724,52 @@ PACKED_SCORES_MISTAKES = [
             _packed_scores(x, lengths, w_q, w_k), axis=-1
         ),
     ),
+    Mistake(
+        "finite_fill",
+        "between sequences your scores hold a large negative number (such as "
+        "-1e9 or np.finfo(float).min), a finite stand-in for -inf",
+        "in float64 a softmax gives -1e9 a weight of exactly 0 too, but the "
+        "exercise asks for -inf: it is exact in every dtype (-1e9 overflows "
+        "float16, and a row of stand-ins only still gets weights), it is "
+        "what np.where(same_sequence, S, -np.inf) gives, and a mask that "
+        "hides a whole row stays visible as -inf",
+        lambda x, lengths, w_q, w_k: _FiniteFill(
+            _packed_scores(x, lengths, w_q, w_k), ~_same_sequence(lengths)
+        ),
+    ),
+    Mistake(
+        "split_with_sizes",
+        "the sequences are cut with np.split(x, lengths), which reads the "
+        "lengths as split *indices*: for lengths [3, 2] it cuts at 3 and "
+        "at 2, giving x[:3], an empty piece and x[2:]",
+        "np.split wants the positions where a piece starts: "
+        "np.split(x, np.cumsum(lengths)[:-1]); torch.split, by contrast, "
+        "takes the sizes",
+        lambda x, lengths, w_q, w_k: np.where(
+            _split_blocks(lengths), _scores(x, w_q, w_k), -np.inf
+        ),
+    ),
+    Mistake(
+        "offsets_without_zero",
+        "the offsets are np.cumsum(lengths) without the leading 0: the "
+        "blocks run from one end to the next, so the first sequence has no "
+        "scores (all -inf)",
+        "sequence b runs from offsets[b] to offsets[b + 1] with offsets = "
+        "[0, l_0, l_0 + l_1, ...]: np.concatenate([[0], np.cumsum(lengths)])",
+        lambda x, lengths, w_q, w_k: np.where(
+            _without_first(lengths), _scores(x, w_q, w_k), -np.inf
+        ),
+    ),
+    Mistake(
+        "scaled_by_d_model",
+        "your scores are divided by sqrt(d_model), the width of the tokens",
+        "this exercise asks for the raw dot products; and when chapter 3 "
+        "scales them, the factor is sqrt(d_k), the width of the queries and "
+        "keys (w_q.shape[-1]), not of the tokens",
+        lambda x, lengths, w_q, w_k: (
+            _packed_scores(x, lengths, w_q, w_k) / np.sqrt(x.shape[-1])
+        ),
+    ),
 ]
 
 
@@ -663,6 +813,9 @@ def check_packed_scores(fn) -> None:
         packed_scores_cases(),
         _packed_scores,
         PACKED_SCORES_MISTAKES,
+        compare=_packed_compare,
+        describe=_describe_packed,
+        hint=PACKED_HINT,
     )
 
 
@@ -754,7 +907,63 @@ PACKED_CROSS_MISTAKES = [
             axis=-1,
         ),
     ),
+    Mistake(
+        "mask_after_softmax",
+        "the softmax runs over the whole packed context and the other "
+        "sequences' weights are zeroed afterwards, so each row of weights "
+        "sums to less than 1",
+        "mask the scores with -inf before the softmax (or renormalise each "
+        "row after zeroing): a query's weights over its own context "
+        "sequence must sum to 1",
+        lambda x, c, lx, lc, w_q, w_k, w_v: (
+            softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]))
+            * _same_sequence(lx, lc)
+        )
+        @ (c @ w_v),
+    ),
+    Mistake(
+        "split_with_sizes",
+        "the sequences are cut with np.split(..., lengths), which reads the "
+        "lengths as split *indices*: for lengths [3, 1] it cuts at 3 and at "
+        "1, giving x[:3], an empty piece and x[1:]",
+        "np.split wants the positions where a piece starts: "
+        "np.split(x, np.cumsum(x_lengths)[:-1]), and the same for the "
+        "context; torch.split, by contrast, takes the sizes",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _split_cross(
+            x, c, lx, lc, w_q, w_k, w_v
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_d_v",
+        "the scores are divided by sqrt(d_v), the width of the values, not "
+        "sqrt(d_k)",
+        "the scale belongs to the dot products q . k, which have d_k terms: "
+        "w_q.shape[-1] or q.shape[-1]",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            (x @ w_q) * np.sqrt(w_q.shape[-1] / w_v.shape[-1]),
+            c @ w_k,
+            c @ w_v,
+            _same_sequence(lx, lc),
+        ),
+    ),
 ]
+
+
+def _split_cross(x, c, lx, lc, w_q, w_k, w_v):
+    """Cross-attention pair by pair over the pieces np.split makes when given
+    the lengths (read as split indices); empty query pieces give no rows."""
+    rows = []
+    for xb, cb in zip(
+        np.split(x, np.asarray(lx, dtype=int)),
+        np.split(c, np.asarray(lc, dtype=int)),
+    ):
+        if len(xb) == 0:
+            continue
+        if len(cb) == 0:
+            rows.append(np.full((len(xb), w_v.shape[-1]), np.nan))
+            continue
+        rows.append(_attend(xb @ w_q, cb @ w_k, cb @ w_v))
+    return np.concatenate(rows)
 
 
 def packed_cross_cases() -> list[Case]:
@@ -813,4 +1022,5 @@ def check_packed_cross_attention(fn) -> None:
         _packed_cross,
         PACKED_CROSS_MISTAKES,
         postprocess=_first,
+        hint=PACKED_CROSS_HINT,
     )
