@@ -649,9 +649,7 @@ def test_the_chapters_scores_do_not_answer_the_packed_exercise():
 
 
 def packed_scores_minus_1e9(x, lengths, w_q, w_k):
-    return np.nan_to_num(
-        packed_scores_loop(x, lengths, w_q, w_k), neginf=-1e9
-    )
+    return np.nan_to_num(packed_scores_loop(x, lengths, w_q, w_k), neginf=-1e9)
 
 
 def packed_scores_finfo_min(x, lengths, w_q, w_k):
@@ -733,9 +731,7 @@ def packed_cross_over_sqrt_d_v(
     ):
         xb, cb = x[qs : qs + ql], context[cs : cs + cl]
         out.append(
-            _sdpa(
-                xb @ w_q, cb @ w_k, cb @ w_v, scale=w_v.shape[1] ** -0.5
-            )
+            _sdpa(xb @ w_q, cb @ w_k, cb @ w_v, scale=w_v.shape[1] ** -0.5)
         )
     return np.concatenate(out)
 
@@ -786,10 +782,9 @@ def test_the_packed_checkers_give_their_own_default_hint():
     # chapter's "derivation", which the chapter does not hold
     with pytest.raises(ExerciseError) as info:
         check_packed_scores(
-            lambda x, lengths, w_q, w_k: packed_scores_loop(
-                x, lengths, w_q, w_k
+            lambda x, lengths, w_q, w_k: (
+                packed_scores_loop(x, lengths, w_q, w_k) + 0.01
             )
-            + 0.01
         )
     assert info.value.mistake is None
     assert "block-diagonal" in str(info.value)
@@ -1008,4 +1003,191 @@ CATALOGUE["check_packed_cross_attention"] = {
     ],
     "wrong": [(_packed_cross_wrong(k), k) for k in PACKED_CROSS_KINDS]
     + PACKED_CROSS_NEW,
+}
+
+
+# --- realise a given attention pattern (the chapter's hard exercise) ---------
+
+from attnbook.exercises.qkv import (  # noqa: E402
+    REALISE_MISTAKES,
+    check_realise_pattern,
+    realise_pattern_cases,
+)
+
+
+def _one_hot_rows(pi):
+    """(n, n): row i one-hot at pi[i], written as a loop."""
+    target = np.zeros((len(pi), len(pi)))
+    for i, j in enumerate(pi):
+        target[i, j] = 1.0
+    return target
+
+
+def _gap(n, d_k):
+    # e^g / (e^g + n - 1) >= 0.9 needs g >= ln(9 (n - 1)); one more for room
+    return math.sqrt(d_k) * (math.log(9 * max(n - 1, 1)) + 1)
+
+
+def realise_lstsq(x, pi):
+    n = len(pi)
+    queries = _gap(n, n) * np.eye(n)
+    keys = _one_hot_rows(pi).T
+    w_q = np.linalg.lstsq(x, queries, rcond=None)[0]
+    w_k = np.linalg.lstsq(x, keys, rcond=None)[0]
+    return w_q, w_k
+
+
+def realise_torch_float32(x, pi):
+    # the pattern on the query side: Q = c P, K = I
+    x = torch.from_numpy(np.asarray(x, np.float32))
+    n = len(pi)
+    x_pinv = torch.linalg.pinv(x)
+    target = torch.eye(n)[torch.tensor(list(pi))]
+    return _gap(n, n) * x_pinv @ target, x_pinv
+
+
+def realise_d_k_is_d_model(x, pi):
+    # W_K = I, so K = X, and W_Q = c X^+ P (X^+)^T: S = c P X^+^T X^T = c P
+    n, d_model = x.shape
+    x_pinv = np.linalg.pinv(x)
+    w_q = _gap(n, d_model) * x_pinv @ _one_hot_rows(pi) @ x_pinv.T
+    return w_q, np.eye(d_model)
+
+
+def realise_tied_pinv(x, pi):
+    # "both from the pseudo-inverse": the pattern lands on the diagonal
+    w = _gap(len(pi), len(pi)) * np.linalg.pinv(x)
+    return w, w.copy()
+
+
+def realise_tied_to_the_pattern(x, pi):
+    n = len(pi)
+    w = np.linalg.pinv(x) @ _one_hot_rows(pi).T * math.sqrt(_gap(n, n))
+    return w, w
+
+
+def realise_with_x_transposed(x, pi):
+    n = len(pi)
+    w_q = _gap(n, n) * x.T
+    w_k = np.stack([x[j] for j in pi], axis=1)  # column i is x_{pi[i]}
+    return w_q, w_k
+
+
+def realise_transposed_pattern(x, pi):
+    n = len(pi)
+    target = np.eye(n)[:, pi]  # column indexing: the transpose of P
+    x_pinv = np.linalg.pinv(x)
+    return _gap(n, n) * x_pinv, x_pinv @ target.T
+
+
+def realise_without_sqrt_d_k(x, pi):
+    n = len(pi)
+    x_pinv = np.linalg.pinv(x)
+    gap = math.log(9 * max(n - 1, 1)) + 1  # right for the raw scores
+    return gap * x_pinv, x_pinv @ _one_hot_rows(pi).T
+
+
+def realise_fixed_gap(x, pi):
+    x_pinv = np.linalg.pinv(x)
+    return 2.0 * x_pinv, x_pinv @ _one_hot_rows(pi).T  # "2 is plenty"
+
+
+def realise_torch_linear_layout(x, pi):
+    # nn.Linear(d_model, d_k).weight has shape (d_k, d_model)
+    w_q, w_k = realise_lstsq(x, pi)
+    return torch.from_numpy(w_q.T.copy()), torch.from_numpy(w_k.T.copy())
+
+
+def realise_queries_and_keys(x, pi):
+    n = len(pi)
+    return _gap(n, n) * np.eye(n), _one_hot_rows(pi).T
+
+
+REALISE_WRONG = [
+    (realise_tied_pinv, "tied_weights"),
+    (realise_tied_to_the_pattern, "tied_weights"),
+    (realise_with_x_transposed, "transpose_for_pseudo_inverse"),
+    (realise_transposed_pattern, "transposed_pattern"),
+    (realise_without_sqrt_d_k, "too_weak_after_scale"),
+    (realise_fixed_gap, "margin_too_small"),
+    (realise_torch_linear_layout, "transposed_weights"),
+    (realise_queries_and_keys, "returned_q_and_k"),
+]
+REALISE_RIGHT = [
+    realise_lstsq,
+    realise_torch_float32,
+    realise_d_k_is_d_model,
+]
+
+
+@pytest.mark.parametrize("fn", REALISE_RIGHT)
+def test_realise_pattern_accepts_right_answers(fn, capsys):
+    check_realise_pattern(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fn, key", REALISE_WRONG, ids=[f.__name__ for f, _ in REALISE_WRONG]
+)
+def test_realise_pattern_names_each_wrong_answer(fn, key):
+    with pytest.raises(ExerciseError) as info:
+        check_realise_pattern(fn)
+    assert info.value.mistake == key, str(info.value)
+    assert "Diagnosis" in str(info.value) and "Hint" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "mistake", REALISE_MISTAKES, ids=[m.key for m in REALISE_MISTAKES]
+)
+def test_realise_pattern_names_its_own_mistakes(mistake):
+    with pytest.raises(ExerciseError) as info:
+        check_realise_pattern(mistake.commit)
+    assert info.value.mistake == mistake.key
+
+
+def test_no_tied_weights_realise_the_swap():
+    # the theorem behind the tied_weights diagnosis, on the checker's first
+    # case: whatever the tied W, one of tokens 0 and 1 scores itself at
+    # least as high as the other
+    x, pi = realise_pattern_cases()[0].args
+    assert pi[:2] == [1, 0]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        w = rng.normal(size=(x.shape[1], 4)) * rng.uniform(0.1, 100)
+        s = (x @ w) @ (x @ w).T
+        assert s[0, 1] <= max(s[0, 0], s[1, 1]) + 1e-9
+
+
+def test_the_cases_are_far_from_orthonormal_and_independent():
+    for case in realise_pattern_cases():
+        x, pi = case.args
+        x = np.asarray(x, np.float64)
+        assert np.linalg.matrix_rank(x) == len(x) <= x.shape[1]
+        if len(x) > 1:
+            assert np.abs(x @ x.T - np.eye(len(x))).max() > 1
+        assert sorted(set(pi)) <= list(range(len(x)))
+
+
+def test_realise_pattern_reports_the_stub():
+    def stub(x, pi):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_realise_pattern(stub)
+
+
+def test_realise_pattern_notes_an_input_changed_in_place(capsys):
+    def in_place(x, pi):
+        w_q, w_k = realise_lstsq(x, pi)
+        x *= 0  # after use
+        return w_q, w_k
+
+    check_realise_pattern(in_place)
+    out = capsys.readouterr().out
+    assert "changed its input `x`" in out and "Correct" in out
+
+
+CATALOGUE["check_realise_pattern"] = {
+    "right": REALISE_RIGHT,
+    "wrong": REALISE_WRONG,
 }
