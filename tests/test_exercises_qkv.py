@@ -644,14 +644,196 @@ def test_the_chapters_scores_do_not_answer_the_packed_exercise():
     assert info.value.mistake == "no_blocks"
 
 
-def test_packed_scores_checker_reports_a_finite_fill_without_a_diagnosis():
+# --- the fifth reading of chapter 2 (snap-k): wrong answers it rejected
+# without a diagnosis. Each is named now; the old checker named none of them.
+
+
+def packed_scores_minus_1e9(x, lengths, w_q, w_k):
+    return np.nan_to_num(packed_scores_loop(x, lengths, w_q, w_k), neginf=-1e9)
+
+
+def packed_scores_finfo_min(x, lengths, w_q, w_k):
+    # what PyTorch and Hugging Face fill masked scores with
+    t = torch.from_numpy
+    q, k = t(x) @ t(w_q), t(x) @ t(w_k)
+    ids = torch.repeat_interleave(
+        torch.arange(len(lengths)), torch.tensor(list(lengths))
+    )
+    scores = q @ k.T
+    return scores.masked_fill(
+        ids[:, None] != ids[None, :], torch.finfo(scores.dtype).min
+    )
+
+
+def packed_scores_np_split(x, lengths, w_q, w_k):
+    # np.split reads the lengths as split indices
+    q, k = x @ w_q, x @ w_k
+    out = np.full((len(x), len(x)), -np.inf)
+    for rows in np.split(np.arange(len(x)), lengths):
+        out[np.ix_(rows, rows)] = q[rows] @ k[rows].T
+    return out
+
+
+def packed_scores_cumsum_offsets(x, lengths, w_q, w_k):
+    offsets = np.cumsum(lengths)  # no leading 0
+    q, k = x @ w_q, x @ w_k
+    out = np.full((len(x), len(x)), -np.inf)
+    for start, end in zip(offsets[:-1], offsets[1:]):
+        out[start:end, start:end] = q[start:end] @ k[start:end].T
+    return out
+
+
+def packed_scores_over_sqrt_d_model(x, lengths, w_q, w_k):
+    return packed_scores_loop(x, lengths, w_q, w_k) / math.sqrt(x.shape[1])
+
+
+def packed_cross_mask_after_softmax(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    q, k, v = x @ w_q, context @ w_k, context @ w_v
+    weights = _softmax_rows(q @ k.T / math.sqrt(q.shape[1]))
+    for qs, ql, cs, cl in zip(
+        _starts(x_lengths),
+        x_lengths,
+        _starts(context_lengths),
+        context_lengths,
+    ):
+        weights[qs : qs + ql, :cs] = 0.0
+        weights[qs : qs + ql, cs + cl :] = 0.0
+    return weights @ v
+
+
+def packed_cross_np_split(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    out = []
+    for xb, cb in zip(
+        np.split(x, x_lengths), np.split(context, context_lengths)
+    ):
+        if len(xb) == 0:
+            continue
+        if len(cb) == 0:
+            out.append(np.full((len(xb), w_v.shape[1]), np.nan))
+            continue
+        out.append(_sdpa(xb @ w_q, cb @ w_k, cb @ w_v))
+    return np.concatenate(out)
+
+
+def packed_cross_over_sqrt_d_v(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    out = []
+    for qs, ql, cs, cl in zip(
+        _starts(x_lengths),
+        x_lengths,
+        _starts(context_lengths),
+        context_lengths,
+    ):
+        xb, cb = x[qs : qs + ql], context[cs : cs + cl]
+        out.append(
+            _sdpa(xb @ w_q, cb @ w_k, cb @ w_v, scale=w_v.shape[1] ** -0.5)
+        )
+    return np.concatenate(out)
+
+
+PACKED_SCORES_NEW = [
+    (packed_scores_minus_1e9, "finite_fill"),
+    (packed_scores_finfo_min, "finite_fill"),
+    (packed_scores_np_split, "split_with_sizes"),
+    (packed_scores_cumsum_offsets, "offsets_without_zero"),
+    (packed_scores_over_sqrt_d_model, "scaled_by_d_model"),
+]
+PACKED_CROSS_NEW = [
+    (packed_cross_mask_after_softmax, "mask_after_softmax"),
+    (packed_cross_np_split, "split_with_sizes"),
+    (packed_cross_over_sqrt_d_v, "scale_by_sqrt_d_v"),
+]
+
+
+@pytest.mark.parametrize(
+    "fn, key", PACKED_SCORES_NEW, ids=[k for _, k in PACKED_SCORES_NEW]
+)
+def test_packed_scores_checker_names_the_fifth_readings_mistakes(fn, key):
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(fn)
+    assert info.value.mistake == key, str(info.value)
+
+
+def test_packed_scores_checker_says_where_a_finite_fill_is():
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(packed_scores_minus_1e9)
+    assert "where the answer is -inf" in str(info.value)
+    assert "largest difference inf" not in str(info.value)
+
+
+def test_packed_scores_checker_says_nan_where_the_answer_is_minus_inf():
+    def nan_between(x, lengths, w_q, w_k):
+        return np.nan_to_num(
+            packed_scores_loop(x, lengths, w_q, w_k), neginf=np.nan
+        )
+
+    with pytest.raises(ExerciseError) as info:
+        check_packed_scores(nan_between)
+    assert "NaN where the answer is -inf" in str(info.value)
+
+
+def test_the_packed_checkers_give_their_own_default_hint():
+    # an error no mistake names: the exercise-specific hint, not the
+    # chapter's "derivation", which the chapter does not hold
     with pytest.raises(ExerciseError) as info:
         check_packed_scores(
-            lambda x, lengths, w_q, w_k: np.nan_to_num(
-                packed_scores_loop(x, lengths, w_q, w_k), neginf=-1e9
+            lambda x, lengths, w_q, w_k: (
+                packed_scores_loop(x, lengths, w_q, w_k) + 0.01
             )
         )
     assert info.value.mistake is None
+    assert "block-diagonal" in str(info.value)
+    assert "derivation" not in str(info.value)
+    with pytest.raises(ExerciseError) as info:
+        check_packed_cross_attention(
+            lambda *args: packed_cross_loop(*args) + 0.01
+        )
+    assert info.value.mistake is None
+    assert "its own context sequence" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fn, key", PACKED_CROSS_NEW, ids=[k for _, k in PACKED_CROSS_NEW]
+)
+def test_packed_cross_checker_names_the_fifth_readings_mistakes(fn, key):
+    with pytest.raises(ExerciseError) as info:
+        check_packed_cross_attention(fn)
+    assert info.value.mistake == key, str(info.value)
+
+
+def packed_scores_block_diag(x, lengths, w_q, w_k):
+    # a right answer of the fifth reading: scipy's block_diag and einsum
+    from scipy.linalg import block_diag
+
+    same = block_diag(*[np.ones((n, n), dtype=bool) for n in lengths])
+    s = np.einsum("id,jd->ij", x @ w_q, x @ w_k)
+    s[~same] = -np.inf
+    return s
+
+
+def packed_cross_split_at_offsets(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    # np.split the right way: at the starts, cumsum[:-1]
+    return np.concatenate(
+        [
+            single_head_attention(xb, w_q, w_k, w_v, context=cb)[0]
+            for xb, cb in zip(
+                np.split(x, np.cumsum(x_lengths)[:-1]),
+                np.split(context, np.cumsum(context_lengths)[:-1]),
+            )
+        ]
+    )
+
+
+def test_the_fifth_readings_right_answers_stay_accepted():
+    check_packed_scores(packed_scores_block_diag)
+    check_packed_cross_attention(packed_cross_split_at_offsets)
 
 
 def packed_cross_loop(x, context, x_lengths, context_lengths, w_q, w_k, w_v):
@@ -803,10 +985,209 @@ def test_chapter_2_asks_for_the_packed_layout():
 
 
 CATALOGUE["check_packed_scores"] = {
-    "right": [packed_scores_loop, packed_scores_by_ids, packed_scores_torch],
-    "wrong": [(_packed_scores_wrong(k), k) for k in PACKED_SCORES_KINDS],
+    "right": [
+        packed_scores_loop,
+        packed_scores_by_ids,
+        packed_scores_torch,
+        packed_scores_block_diag,
+    ],
+    "wrong": [(_packed_scores_wrong(k), k) for k in PACKED_SCORES_KINDS]
+    + PACKED_SCORES_NEW,
 }
 CATALOGUE["check_packed_cross_attention"] = {
-    "right": [packed_cross_loop, packed_cross_masked, packed_cross_torch],
-    "wrong": [(_packed_cross_wrong(k), k) for k in PACKED_CROSS_KINDS],
+    "right": [
+        packed_cross_loop,
+        packed_cross_masked,
+        packed_cross_torch,
+        packed_cross_split_at_offsets,
+    ],
+    "wrong": [(_packed_cross_wrong(k), k) for k in PACKED_CROSS_KINDS]
+    + PACKED_CROSS_NEW,
+}
+
+
+# --- realise a given attention pattern (the chapter's hard exercise) ---------
+
+from attnbook.exercises.qkv import (  # noqa: E402
+    REALISE_MISTAKES,
+    check_realise_pattern,
+    realise_pattern_cases,
+)
+
+
+def _one_hot_rows(pi):
+    """(n, n): row i one-hot at pi[i], written as a loop."""
+    target = np.zeros((len(pi), len(pi)))
+    for i, j in enumerate(pi):
+        target[i, j] = 1.0
+    return target
+
+
+def _gap(n, d_k):
+    # e^g / (e^g + n - 1) >= 0.9 needs g >= ln(9 (n - 1)); one more for room
+    return math.sqrt(d_k) * (math.log(9 * max(n - 1, 1)) + 1)
+
+
+def realise_lstsq(x, pi):
+    n = len(pi)
+    queries = _gap(n, n) * np.eye(n)
+    keys = _one_hot_rows(pi).T
+    w_q = np.linalg.lstsq(x, queries, rcond=None)[0]
+    w_k = np.linalg.lstsq(x, keys, rcond=None)[0]
+    return w_q, w_k
+
+
+def realise_torch_float32(x, pi):
+    # the pattern on the query side: Q = c P, K = I
+    x = torch.from_numpy(np.asarray(x, np.float32))
+    n = len(pi)
+    x_pinv = torch.linalg.pinv(x)
+    target = torch.eye(n)[torch.tensor(list(pi))]
+    return _gap(n, n) * x_pinv @ target, x_pinv
+
+
+def realise_d_k_is_d_model(x, pi):
+    # W_K = I, so K = X, and W_Q = c X^+ P (X^+)^T: S = c P X^+^T X^T = c P
+    n, d_model = x.shape
+    x_pinv = np.linalg.pinv(x)
+    w_q = _gap(n, d_model) * x_pinv @ _one_hot_rows(pi) @ x_pinv.T
+    return w_q, np.eye(d_model)
+
+
+def realise_tied_pinv(x, pi):
+    # "both from the pseudo-inverse": the pattern lands on the diagonal
+    w = _gap(len(pi), len(pi)) * np.linalg.pinv(x)
+    return w, w.copy()
+
+
+def realise_tied_to_the_pattern(x, pi):
+    n = len(pi)
+    w = np.linalg.pinv(x) @ _one_hot_rows(pi).T * math.sqrt(_gap(n, n))
+    return w, w
+
+
+def realise_with_x_transposed(x, pi):
+    n = len(pi)
+    w_q = _gap(n, n) * x.T
+    w_k = np.stack([x[j] for j in pi], axis=1)  # column i is x_{pi[i]}
+    return w_q, w_k
+
+
+def realise_transposed_pattern(x, pi):
+    n = len(pi)
+    target = np.eye(n)[:, pi]  # column indexing: the transpose of P
+    x_pinv = np.linalg.pinv(x)
+    return _gap(n, n) * x_pinv, x_pinv @ target.T
+
+
+def realise_without_sqrt_d_k(x, pi):
+    n = len(pi)
+    x_pinv = np.linalg.pinv(x)
+    gap = math.log(9 * max(n - 1, 1)) + 1  # right for the raw scores
+    return gap * x_pinv, x_pinv @ _one_hot_rows(pi).T
+
+
+def realise_fixed_gap(x, pi):
+    x_pinv = np.linalg.pinv(x)
+    return 2.0 * x_pinv, x_pinv @ _one_hot_rows(pi).T  # "2 is plenty"
+
+
+def realise_torch_linear_layout(x, pi):
+    # nn.Linear(d_model, d_k).weight has shape (d_k, d_model)
+    w_q, w_k = realise_lstsq(x, pi)
+    return torch.from_numpy(w_q.T.copy()), torch.from_numpy(w_k.T.copy())
+
+
+def realise_queries_and_keys(x, pi):
+    n = len(pi)
+    return _gap(n, n) * np.eye(n), _one_hot_rows(pi).T
+
+
+REALISE_WRONG = [
+    (realise_tied_pinv, "tied_weights"),
+    (realise_tied_to_the_pattern, "tied_weights"),
+    (realise_with_x_transposed, "transpose_for_pseudo_inverse"),
+    (realise_transposed_pattern, "transposed_pattern"),
+    (realise_without_sqrt_d_k, "too_weak_after_scale"),
+    (realise_fixed_gap, "margin_too_small"),
+    (realise_torch_linear_layout, "transposed_weights"),
+    (realise_queries_and_keys, "returned_q_and_k"),
+]
+REALISE_RIGHT = [
+    realise_lstsq,
+    realise_torch_float32,
+    realise_d_k_is_d_model,
+]
+
+
+@pytest.mark.parametrize("fn", REALISE_RIGHT)
+def test_realise_pattern_accepts_right_answers(fn, capsys):
+    check_realise_pattern(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fn, key", REALISE_WRONG, ids=[f.__name__ for f, _ in REALISE_WRONG]
+)
+def test_realise_pattern_names_each_wrong_answer(fn, key):
+    with pytest.raises(ExerciseError) as info:
+        check_realise_pattern(fn)
+    assert info.value.mistake == key, str(info.value)
+    assert "Diagnosis" in str(info.value) and "Hint" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "mistake", REALISE_MISTAKES, ids=[m.key for m in REALISE_MISTAKES]
+)
+def test_realise_pattern_names_its_own_mistakes(mistake):
+    with pytest.raises(ExerciseError) as info:
+        check_realise_pattern(mistake.commit)
+    assert info.value.mistake == mistake.key
+
+
+def test_no_tied_weights_realise_the_swap():
+    # the theorem behind the tied_weights diagnosis, on the checker's first
+    # case: whatever the tied W, one of tokens 0 and 1 scores itself at
+    # least as high as the other
+    x, pi = realise_pattern_cases()[0].args
+    assert pi[:2] == [1, 0]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        w = rng.normal(size=(x.shape[1], 4)) * rng.uniform(0.1, 100)
+        s = (x @ w) @ (x @ w).T
+        assert s[0, 1] <= max(s[0, 0], s[1, 1]) + 1e-9
+
+
+def test_the_cases_are_far_from_orthonormal_and_independent():
+    for case in realise_pattern_cases():
+        x, pi = case.args
+        x = np.asarray(x, np.float64)
+        assert np.linalg.matrix_rank(x) == len(x) <= x.shape[1]
+        if len(x) > 1:
+            assert np.abs(x @ x.T - np.eye(len(x))).max() > 1
+        assert sorted(set(pi)) <= list(range(len(x)))
+
+
+def test_realise_pattern_reports_the_stub():
+    def stub(x, pi):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_realise_pattern(stub)
+
+
+def test_realise_pattern_notes_an_input_changed_in_place(capsys):
+    def in_place(x, pi):
+        w_q, w_k = realise_lstsq(x, pi)
+        x *= 0  # after use
+        return w_q, w_k
+
+    check_realise_pattern(in_place)
+    out = capsys.readouterr().out
+    assert "changed its input `x`" in out and "Correct" in out
+
+
+CATALOGUE["check_realise_pattern"] = {
+    "right": REALISE_RIGHT,
+    "wrong": REALISE_WRONG,
 }

@@ -29,6 +29,7 @@ from .qkv import (
     check_packed_cross_attention,
     check_packed_scores,
 )
+from .qkv import check_realise_pattern
 
 __all__ = [
     "Case",
@@ -57,6 +58,7 @@ __all__ = [
     "check_padding_mask",
     "check_pool_kv_heads",
     "check_ppmi",
+    "check_realise_pattern",
     "check_rope_attention",
     "check_scaled_scores",
     "check_share_kv_heads",
@@ -125,6 +127,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_padding_mask": ("attnbook.padding.key_padding_mask",),
     "check_pool_kv_heads": ("attnbook.gqa.pool_kv_heads",),
     "check_ppmi": ("attnbook.embeddings.ppmi",),
+    "check_realise_pattern": (),
     "check_rope_attention": (),
     "check_scaled_scores": (),
     "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),

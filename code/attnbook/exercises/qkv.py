@@ -7,7 +7,19 @@ import numpy as np
 
 from ..projections import single_head_attention
 from ..softmax import softmax
-from ._framework import Case, Mistake, run_checks
+from ._framework import (
+    Case,
+    ExerciseError,
+    Mistake,
+    NotAttemptedError,
+    as_array,
+    changed_inputs,
+    difference,
+    fresh,
+    in_place_note,
+    run_checks,
+    same,
+)
 
 
 def _first(out):
@@ -538,6 +550,98 @@ def _one_too_long(lengths):
     return owner >= 0
 
 
+def _split_at_lengths(lengths):
+    """The positions of each piece that ``np.split`` makes when given the
+    lengths, which it reads as split *indices*: for lengths [3, 2] the pieces
+    are positions [0, 1, 2], [] and [2, 3, 4]."""
+    total = int(np.sum(lengths))
+    return np.split(np.arange(total), np.asarray(lengths, dtype=int))
+
+
+def _split_blocks(lengths):
+    """(T, T) bool: the union of the diagonal blocks of those pieces."""
+    total = int(np.sum(lengths))
+    inside = np.zeros((total, total), dtype=bool)
+    for rows in _split_at_lengths(lengths):
+        inside[np.ix_(rows, rows)] = True
+    return inside
+
+
+def _without_first(lengths):
+    """(T, T) bool: the blocks of offsets taken as ``np.cumsum(lengths)``,
+    without the leading 0: the blocks run from one cumulative sum to the next,
+    so the first sequence gets none."""
+    return _same_sequence(lengths) & (_segments(lengths) != 0)[:, None]
+
+
+class _FiniteFill:
+    """What a mistake returns to say: the scores, with *any* finite number at
+    or below -1e4 (-1e9, ``np.finfo(float).min``) where ``blocked`` is True.
+    :func:`_packed_compare` reads it."""
+
+    def __init__(self, scores, blocked):
+        self.scores, self.blocked = scores, blocked
+
+
+def _packed_compare(got, expected) -> bool:
+    """:func:`same`, except against a :class:`_FiniteFill`: then the blocked
+    entries must be finite and at most -1e4, the others equal the scores."""
+    if not isinstance(expected, _FiniteFill):
+        return same(got, expected)
+    a = as_array(got)
+    if a.shape != expected.scores.shape or a.dtype.kind != "f":
+        return False
+    a = a.astype(np.float64)
+    stand_in = a[expected.blocked]
+    return bool(
+        np.all(np.isfinite(stand_in))
+        and np.all(stand_in <= -1e4)
+        and same(a[~expected.blocked], expected.scores[~expected.blocked])
+    )
+
+
+def _describe_packed(got, expected, case=None) -> str:
+    """:func:`difference`, which also says what the output holds where the
+    answer is -inf: NaN, or a finite stand-in."""
+    a, e = as_array(got), as_array(expected)
+    if a.shape == e.shape and a.dtype.kind == "f" and e.dtype.kind == "f":
+        a, e = a.astype(np.float64), e.astype(np.float64)
+        minus_inf = np.isneginf(e)
+        rest_right = same(a[~minus_inf], e[~minus_inf])
+        if minus_inf.any() and rest_right:
+            if np.isnan(a[minus_inf]).any():
+                return (
+                    "your output holds NaN where the answer is -inf (between "
+                    "tokens of different sequences); the scores within each "
+                    "sequence are right"
+                )
+            if np.isfinite(a[minus_inf]).all():
+                largest = float(a[minus_inf].max())
+                return (
+                    "your output holds finite numbers (the largest "
+                    f"{largest:.3g}) where the answer is -inf (between tokens "
+                    "of different sequences); the scores within each "
+                    "sequence are right"
+                )
+    return difference(got, expected, case)
+
+
+PACKED_HINT = (
+    "print your output for lengths [3, 2] and compare it with the "
+    "block-diagonal pattern: a 3 x 3 block of scores, then a 2 x 2 one, "
+    "-inf everywhere else. Sequence b is x[offsets[b]:offsets[b + 1]] with "
+    "offsets = [0, l_0, l_0 + l_1, ...] (note the leading 0)"
+)
+PACKED_CROSS_HINT = (
+    "print your attention weights for the first case (query lengths [3, 1], "
+    "context lengths [3, 1]): each query's row must be 0 outside its own "
+    "context sequence and sum to 1. Query sequence b is "
+    "x[q_offsets[b]:q_offsets[b + 1]] and its context "
+    "context[k_offsets[b]:k_offsets[b + 1]], with offsets = [0, l_0, "
+    "l_0 + l_1, ...] (note the leading 0)"
+)
+
+
 def _packed_scores(x, lengths, w_q, w_k):
     return np.where(_same_sequence(lengths), _scores(x, w_q, w_k), -np.inf)
 
@@ -620,6 +724,52 @@ PACKED_SCORES_MISTAKES = [
             _packed_scores(x, lengths, w_q, w_k), axis=-1
         ),
     ),
+    Mistake(
+        "finite_fill",
+        "between sequences your scores hold a large negative number (such as "
+        "-1e9 or np.finfo(float).min), a finite stand-in for -inf",
+        "in float64 a softmax gives -1e9 a weight of exactly 0 too, but the "
+        "exercise asks for -inf: it is exact in every dtype (-1e9 overflows "
+        "float16, and a row of stand-ins only still gets weights), it is "
+        "what np.where(same_sequence, S, -np.inf) gives, and a mask that "
+        "hides a whole row stays visible as -inf",
+        lambda x, lengths, w_q, w_k: _FiniteFill(
+            _packed_scores(x, lengths, w_q, w_k), ~_same_sequence(lengths)
+        ),
+    ),
+    Mistake(
+        "split_with_sizes",
+        "the sequences are cut with np.split(x, lengths), which reads the "
+        "lengths as split *indices*: for lengths [3, 2] it cuts at 3 and "
+        "at 2, giving x[:3], an empty piece and x[2:]",
+        "np.split wants the positions where a piece starts: "
+        "np.split(x, np.cumsum(lengths)[:-1]); torch.split, by contrast, "
+        "takes the sizes",
+        lambda x, lengths, w_q, w_k: np.where(
+            _split_blocks(lengths), _scores(x, w_q, w_k), -np.inf
+        ),
+    ),
+    Mistake(
+        "offsets_without_zero",
+        "the offsets are np.cumsum(lengths) without the leading 0: the "
+        "blocks run from one end to the next, so the first sequence has no "
+        "scores (all -inf)",
+        "sequence b runs from offsets[b] to offsets[b + 1] with offsets = "
+        "[0, l_0, l_0 + l_1, ...]: np.concatenate([[0], np.cumsum(lengths)])",
+        lambda x, lengths, w_q, w_k: np.where(
+            _without_first(lengths), _scores(x, w_q, w_k), -np.inf
+        ),
+    ),
+    Mistake(
+        "scaled_by_d_model",
+        "your scores are divided by sqrt(d_model), the width of the tokens",
+        "this exercise asks for the raw dot products; and when chapter 3 "
+        "scales them, the factor is sqrt(d_k), the width of the queries and "
+        "keys (w_q.shape[-1]), not of the tokens",
+        lambda x, lengths, w_q, w_k: (
+            _packed_scores(x, lengths, w_q, w_k) / np.sqrt(x.shape[-1])
+        ),
+    ),
 ]
 
 
@@ -663,6 +813,9 @@ def check_packed_scores(fn) -> None:
         packed_scores_cases(),
         _packed_scores,
         PACKED_SCORES_MISTAKES,
+        compare=_packed_compare,
+        describe=_describe_packed,
+        hint=PACKED_HINT,
     )
 
 
@@ -754,7 +907,65 @@ PACKED_CROSS_MISTAKES = [
             axis=-1,
         ),
     ),
+    Mistake(
+        "mask_after_softmax",
+        "the softmax runs over the whole packed context and the other "
+        "sequences' weights are zeroed afterwards, so each row of weights "
+        "sums to less than 1",
+        "mask the scores with -inf before the softmax (or renormalise each "
+        "row after zeroing): a query's weights over its own context "
+        "sequence must sum to 1",
+        lambda x, c, lx, lc, w_q, w_k, w_v: (
+            (
+                softmax((x @ w_q) @ _t(c @ w_k) / np.sqrt(w_q.shape[-1]))
+                * _same_sequence(lx, lc)
+            )
+            @ (c @ w_v)
+        ),
+    ),
+    Mistake(
+        "split_with_sizes",
+        "the sequences are cut with np.split(..., lengths), which reads the "
+        "lengths as split *indices*: for lengths [3, 1] it cuts at 3 and at "
+        "1, giving x[:3], an empty piece and x[1:]",
+        "np.split wants the positions where a piece starts: "
+        "np.split(x, np.cumsum(x_lengths)[:-1]), and the same for the "
+        "context; torch.split, by contrast, takes the sizes",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _split_cross(
+            x, c, lx, lc, w_q, w_k, w_v
+        ),
+    ),
+    Mistake(
+        "scale_by_sqrt_d_v",
+        "the scores are divided by sqrt(d_v), the width of the values, not "
+        "sqrt(d_k)",
+        "the scale belongs to the dot products q . k, which have d_k terms: "
+        "w_q.shape[-1] or q.shape[-1]",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            (x @ w_q) * np.sqrt(w_q.shape[-1] / w_v.shape[-1]),
+            c @ w_k,
+            c @ w_v,
+            _same_sequence(lx, lc),
+        ),
+    ),
 ]
+
+
+def _split_cross(x, c, lx, lc, w_q, w_k, w_v):
+    """Cross-attention pair by pair over the pieces np.split makes when given
+    the lengths (read as split indices); empty query pieces give no rows."""
+    rows = []
+    for xb, cb in zip(
+        np.split(x, np.asarray(lx, dtype=int)),
+        np.split(c, np.asarray(lc, dtype=int)),
+    ):
+        if len(xb) == 0:
+            continue
+        if len(cb) == 0:
+            rows.append(np.full((len(xb), w_v.shape[-1]), np.nan))
+            continue
+        rows.append(_attend(xb @ w_q, cb @ w_k, cb @ w_v))
+    return np.concatenate(rows)
 
 
 def packed_cross_cases() -> list[Case]:
@@ -813,4 +1024,358 @@ def check_packed_cross_attention(fn) -> None:
         _packed_cross,
         PACKED_CROSS_MISTAKES,
         postprocess=_first,
+        hint=PACKED_CROSS_HINT,
     )
+
+
+# --- realise a given attention pattern (hard) --------------------------------
+#
+# Given token vectors x (n, d_model) with linearly independent rows and a
+# target map pi (query i should attend to key pi[i]), the reader returns
+# w_q, w_k (d_model, d_k), d_k of their choice, such that
+# softmax((x w_q)(x w_k)^T / sqrt(d_k)) puts weight >= 0.9 on (i, pi[i]) for
+# every i. Many answers are right, so the checker tests the property, and
+# names a mistake by what the reader's weights do.
+
+PATTERN_WEIGHT = 0.9
+
+
+def _pattern_tokens(rng, n, d_model, shared=3.0):
+    """(n, d_model) token vectors with linearly independent rows that share a
+    common direction, as trained embeddings do: far from orthonormal, so that
+    x.T is no stand-in for a pseudo-inverse."""
+    return shared * rng.normal(size=d_model) + rng.normal(size=(n, d_model))
+
+
+def _orthonormal_like(x):
+    """(n, d_model) rows that are orthonormal and span the rows of ``x``."""
+    q, _ = np.linalg.qr(np.asarray(x, dtype=np.float64).T)
+    return q.T.astype(np.asarray(x).dtype)
+
+
+def _pattern_weights(x, w_q, w_k, scale=True):
+    """softmax((x w_q)(x w_k)^T / sqrt(d_k)) in float64, (n, n)."""
+    x, w_q, w_k = (as_array(a).astype(np.float64) for a in (x, w_q, w_k))
+    s = (x @ w_q) @ (x @ w_k).T
+    if scale:
+        s = s / np.sqrt(w_q.shape[-1])
+    return softmax(s, axis=-1)
+
+
+def _realises(weights, pi) -> bool:
+    rows = np.arange(len(pi))
+    return bool(np.all(weights[rows, np.asarray(pi)] >= PATTERN_WEIGHT))
+
+
+def _argmax_right(weights, pi) -> bool:
+    """Whether each row's largest weight is on pi[i] alone."""
+    rows, pi = np.arange(len(pi)), np.asarray(pi)
+    target = weights[rows, pi]
+    others = weights.copy()
+    others[rows, pi] = -np.inf
+    return bool(np.all(target > others.max(axis=-1)))
+
+
+def _pattern_pinv(x, pi, gap_scale=True, transposed=False):
+    """The construction through the pseudo-inverse: Q = gap * I, K = P^T."""
+    n = len(pi)
+    target = np.eye(n)[np.asarray(pi)]  # (n, n): row i one-hot at pi[i]
+    if transposed:
+        target = target.T
+    x_pinv = np.linalg.pinv(np.asarray(x, dtype=np.float64))
+    gap = np.log(PATTERN_WEIGHT / (1 - PATTERN_WEIGHT) * max(n - 1, 1)) + 1
+    if gap_scale:
+        gap *= np.sqrt(n)  # d_k = n
+    return gap * x_pinv, x_pinv @ target.T
+
+
+def _pattern_tied(x, pi):
+    # the closest tied answer: W = X^+ V sqrt(max(lambda, 0)) from the
+    # symmetric part of the target scores
+    n = len(pi)
+    target = 10.0 * np.sqrt(n) * np.eye(n)[np.asarray(pi)]
+    lam, vec = np.linalg.eigh((target + target.T) / 2)
+    w = np.linalg.pinv(x) @ vec * np.sqrt(np.clip(lam, 0, None))
+    return w, w
+
+
+def _pattern_transpose_for_pinv(x, pi):
+    n = len(pi)
+    target = np.eye(n)[np.asarray(pi)]
+    gap = np.sqrt(n) * (np.log(9 * max(n - 1, 1)) + 1)
+    return gap * x.T, x.T @ target.T
+
+
+REALISE_MISTAKES = [
+    Mistake(
+        "tied_weights",
+        "your W_Q equals your W_K (tied weights), and tied weights cannot "
+        "realise this pattern: with u_i = x_i W the scores u_i . u_j are a "
+        "Gram matrix, and by Cauchy-Schwarz u_i . u_j <= max(|u_i|^2, "
+        "|u_j|^2), so of two tokens that should attend to each other one "
+        "scores itself at least as high as the other (the chapter's "
+        "tied-weights theorem)",
+        "untie them: the scores X W_Q W_K^T X^T can be any matrix (rank <= "
+        "d_k) only when W_Q and W_K differ. Choose the queries and keys you "
+        "want first (e.g. Q = c I, K = P^T, with P the one-hot target "
+        "pattern), then solve X W = Q and X W = K for the weights",
+        _pattern_tied,
+    ),
+    Mistake(
+        "transposed_pattern",
+        "your weights realise the transposed pattern: query pi[i] attends "
+        "to key i (swapping your W_Q and W_K would pass)",
+        "row i of the scores is query i against every key: S = Q K^T must "
+        "have its large entry at (i, pi[i]); np.eye(n)[pi] has row i "
+        "one-hot at pi[i], np.eye(n)[:, pi] is its transpose",
+        lambda x, pi: _pattern_pinv(x, pi, transposed=True),
+    ),
+    Mistake(
+        "transpose_for_pseudo_inverse",
+        "you used x.T where x's pseudo-inverse belongs: your weights "
+        "realise the pattern for tokens with orthonormal rows (x @ x.T = "
+        "I), not for these, whose rows are far from orthonormal",
+        "to make X W equal a chosen Q, take W = X^+ Q with X^+ = "
+        "np.linalg.pinv(x) (shape (d_model, n)): X X^+ = I_n because the "
+        "rows of X are linearly independent; X X^T is not I",
+        _pattern_transpose_for_pinv,
+    ),
+    Mistake(
+        "too_weak_after_scale",
+        "your scores pick key pi[i] in every row, and would give it weight "
+        ">= 0.9 before the 1/sqrt(d_k) scale, but not after it",
+        "the weights are softmax(S / sqrt(d_k)), with d_k = w_q.shape[1]: "
+        "row i needs S[i, pi[i]] above each other score of the row by "
+        "sqrt(d_k) ln(9 (n - 1)) (then e^g / (e^g + n - 1) >= 0.9); a gap "
+        "fixed in advance fails once n or d_k grows",
+        lambda x, pi: _pattern_pinv(x, pi, gap_scale=False),
+    ),
+    Mistake(
+        "margin_too_small",
+        "your scores pick key pi[i] in every row, but by too small a "
+        "margin: its weight stays below 0.9 even without the 1/sqrt(d_k) "
+        "scale",
+        "with n keys, the target needs a scaled score gap g with e^g / "
+        "(e^g + n - 1) >= 0.9, that is g >= ln(9 (n - 1)): the gap must "
+        "grow with n, and be multiplied by sqrt(d_k) to survive the scale",
+        lambda x, pi: (
+            lambda w: (w[0] / (np.log(9 * max(len(pi) - 1, 1)) + 1) * 2, w[1])
+        )(_pattern_pinv(x, pi, gap_scale=False)),
+    ),
+    Mistake(
+        "transposed_weights",
+        "your weights have shape (d_k, d_model), the transpose of what the "
+        "exercise asks for (the layout of torch.nn.Linear's weight)",
+        "the book's weights project as x @ w: return arrays of shape "
+        "(d_model, d_k), e.g. w.T",
+        lambda x, pi: tuple(w.T for w in _pattern_pinv(x, pi)),
+    ),
+    Mistake(
+        "returned_q_and_k",
+        "you returned queries and keys (n rows, one per token), not the "
+        "weight matrices (d_model rows) that make them",
+        "the exercise asks for W_Q, W_K with X W_Q = Q and X W_K = K: "
+        "W = np.linalg.pinv(x) @ Q, shape (d_model, d_k)",
+        lambda x, pi: tuple(
+            np.asarray(x, dtype=np.float64) @ w for w in _pattern_pinv(x, pi)
+        ),
+    ),
+    Mistake(
+        "wrong_shapes",
+        "your W_Q and W_K do not both have shape (d_model, d_k) with one d_k",
+        "return two arrays of shape (x.shape[1], d_k): the queries and keys "
+        "must share their width d_k to have dot products",
+        lambda x, pi: (
+            _pattern_pinv(x, pi)[0],
+            _pattern_pinv(x, pi)[1][:, 1:],
+        ),
+    ),
+]
+
+_PATTERN_MISTAKE = {m.key: m for m in REALISE_MISTAKES}
+
+
+def realise_pattern_cases() -> list[Case]:
+    rng = np.random.default_rng(24)
+    return [
+        Case(
+            "n = 3 tokens, d_model = 5; tokens 0 and 1 swap (pi = [1, 0, 2])",
+            (_pattern_tokens(rng, 3, 5), [1, 0, 2]),
+        ),
+        Case(
+            "n = 4 tokens, d_model = 6; not a permutation (pi = [2, 2, 0, "
+            "1]): two queries read one key",
+            (_pattern_tokens(rng, 4, 6), [2, 2, 0, 1]),
+        ),
+        Case(
+            "a single token (n = 1), d_model = 3 (pi = [0])",
+            (_pattern_tokens(rng, 1, 3), [0]),
+        ),
+        Case(
+            "n = d_model = 5, float32 tokens; a cycle (pi = [1, 2, 3, 4, 0])",
+            (_pattern_tokens(rng, 5, 5).astype(np.float32), [1, 2, 3, 4, 0]),
+        ),
+        Case(
+            "n = 40 tokens, d_model = 48; a random permutation",
+            (
+                _pattern_tokens(rng, 40, 48),
+                [int(j) for j in rng.permutation(40)],
+            ),
+        ),
+    ]
+
+
+def _pattern_pair(out):
+    """The reader's (w_q, w_k) as float64 arrays; raise ValueError if it is
+    not a pair of 2-D arrays."""
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise ValueError(
+            "return a pair (w_q, w_k), got "
+            f"{type(out).__name__}"
+            + (f" of length {len(out)}" if hasattr(out, "__len__") else "")
+        )
+    w_q, w_k = (as_array(w).astype(np.float64) for w in out)
+    if w_q.ndim != 2 or w_k.ndim != 2:
+        raise ValueError(
+            f"w_q and w_k must be matrices, got shapes {w_q.shape} and "
+            f"{w_k.shape}"
+        )
+    return w_q, w_k
+
+
+def _diagnose_pattern(fn, case, w_q, w_k, weights):
+    """The mistake the reader's weights show on ``case``, or None."""
+    x, pi = case.args
+    n, d_model = np.shape(x)
+    if np.allclose(w_q, w_k, rtol=1e-6, atol=1e-9):
+        return _PATTERN_MISTAKE["tied_weights"]
+    if _realises(_pattern_weights(x, w_k, w_q), pi):
+        return _PATTERN_MISTAKE["transposed_pattern"]
+    # run the reader's function on tokens with orthonormal rows spanning the
+    # same space: an answer right there and wrong here treats x.T as x^+
+    probe = Case(case.name, (_orthonormal_like(x), list(pi)))
+    try:
+        with np.errstate(all="ignore"):
+            pair = _pattern_pair(fn(*fresh(probe).args))
+        orthonormal_right = pair[0].shape[0] == d_model and _realises(
+            _pattern_weights(probe.args[0], *pair), pi
+        )
+    except Exception:
+        orthonormal_right = False
+    if orthonormal_right:
+        return _PATTERN_MISTAKE["transpose_for_pseudo_inverse"]
+    if _argmax_right(weights, pi):
+        if _realises(_pattern_weights(x, w_q, w_k, scale=False), pi):
+            return _PATTERN_MISTAKE["too_weak_after_scale"]
+        return _PATTERN_MISTAKE["margin_too_small"]
+    return None
+
+
+def _shape_mistake(x, pi, w_q, w_k):
+    """The mistake a pair of the wrong shapes shows, and what is wrong."""
+    n, d_model = np.shape(x)
+    problem = (
+        f"expected w_q and w_k of shape (d_model, d_k) = ({d_model}, d_k), "
+        f"one d_k for both; got {w_q.shape} and {w_k.shape}"
+    )
+    if (
+        w_q.shape == w_k.shape
+        and w_q.shape[1] == d_model
+        and w_q.shape[0] != d_model
+        and _realises(_pattern_weights(x, w_q.T, w_k.T), pi)
+    ):
+        return _PATTERN_MISTAKE["transposed_weights"], problem
+    if (
+        w_q.shape[0] == n != d_model
+        and w_q.shape[1] == w_k.shape[1]
+        and w_k.shape[0] == n
+    ):
+        return _PATTERN_MISTAKE["returned_q_and_k"], problem
+    return _PATTERN_MISTAKE["wrong_shapes"], problem
+
+
+def check_realise_pattern(fn) -> None:
+    """Check ``fn(x, pi)`` returns ``(w_q, w_k)``, each ``(d_model, d_k)``
+    with one ``d_k`` of the reader's choice, such that ``softmax((x w_q)(x
+    w_k)^T / sqrt(d_k))`` puts weight >= 0.9 on ``(i, pi[i])`` for every
+    query i.
+
+    x: (n, d_model), n <= d_model, rows linearly independent (not
+    orthonormal); pi: n ints in [0, n). Many answers are right, so the
+    checker tests that property, computed in float64 from the returned
+    weights, and names a mistake by what those weights do.
+    """
+    __tracebackhide__ = True
+    exercise = "realise a pattern"
+    cases = realise_pattern_cases()
+    noted = False
+    for case in cases:
+        x, pi = case.args
+        given = fresh(case)
+        try:
+            with np.errstate(all="ignore"):
+                out = fn(*given.args)
+            w_q, w_k = _pattern_pair(out)
+        except NotImplementedError:
+            raise NotAttemptedError(
+                exercise,
+                case.name,
+                "the function is still the stub",
+                hint="replace `raise NotImplementedError` with your code",
+            ) from None
+        except Exception as err:
+            raise ExerciseError(
+                exercise,
+                case.name,
+                f"your function raised {type(err).__name__}: {err}",
+                hint="return a pair (w_q, w_k) of arrays of shape "
+                "(d_model, d_k)",
+            ) from err
+        if not noted:
+            changed = changed_inputs(fn, case, given)
+            if changed:
+                print(in_place_note(exercise, case, changed))
+                noted = True
+        n, d_model = np.shape(x)
+        if (
+            w_q.shape[0] != d_model
+            or w_k.shape[0] != d_model
+            or w_q.shape[1] != w_k.shape[1]
+        ):
+            mistake, problem = _shape_mistake(x, pi, w_q, w_k)
+            raise ExerciseError(exercise, case.name, problem, mistake=mistake)
+        if not (np.all(np.isfinite(w_q)) and np.all(np.isfinite(w_k))):
+            raise ExerciseError(
+                exercise,
+                case.name,
+                "your weights hold NaN or inf",
+                hint="build them from finite numbers: np.linalg.pinv(x) "
+                "times a finite gap",
+            )
+        with np.errstate(all="ignore"):
+            weights = _pattern_weights(x, w_q, w_k)
+        if _realises(weights, pi):
+            continue
+        rows = np.arange(n)
+        on_target = weights[rows, np.asarray(pi)]
+        worst = int(np.argmin(on_target))
+        problem = (
+            f"query {worst} puts weight {on_target[worst]:.3f} on key "
+            f"{pi[worst]} (at least {PATTERN_WEIGHT} asked); "
+            f"{int(np.sum(on_target < PATTERN_WEIGHT))} of {n} queries fall "
+            "short"
+        )
+        mistake = _diagnose_pattern(fn, case, w_q, w_k, weights)
+        raise ExerciseError(
+            exercise,
+            case.name,
+            problem,
+            mistake=mistake,
+            hint=None
+            if mistake
+            else "choose the queries and keys first (Q = c I and K = P^T "
+            "give S = c P), then solve X W = Q, X W = K for the weights; "
+            "print softmax(S / sqrt(d_k)) for the first case and look at "
+            "row i, column pi[i]",
+        )
+    print(f"Correct: {exercise} passes all {len(cases)} cases.")
