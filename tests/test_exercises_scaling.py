@@ -16,9 +16,12 @@ from attnbook.exercises import ExerciseError, NotAttemptedError
 from attnbook.exercises.scaling import (
     DOT_VARIANCE_MISTAKES,
     SCALED_SCORES_MISTAKES,
+    SCORE_STD_MISTAKES,
     check_dot_variance,
     check_scaled_scores,
+    check_score_std,
 )
+from attnbook.scaling import score_std
 
 
 # --- check_scaled_scores -----------------------------------------------------
@@ -452,3 +455,223 @@ CATALOGUE["check_scaled_scores"]["wrong"] += [
     (scores_np_dot_k_dot_T, "batched_dot"),
 ]
 CATALOGUE["check_scaled_scores"]["right"] += [scores_np_dot_per_matrix]
+
+
+# --- from the third expert reading of chapter 3 ------------------------------
+
+
+def scores_d_k_from_k_shape_1(q, k):
+    # d_k on a 2-d k; n_k (or the heads) on a batch
+    d_k = k.shape[1]
+    return q @ np.swapaxes(k, -1, -2) / d_k**0.5
+
+
+def scores_softmax_by_hand(q, k):
+    # went one step too far: the attention weights
+    s = np.einsum("...qd,...kd->...qk", q, k) / np.sqrt(q.shape[-1])
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+WRONG_SCORES["k_second_axis"] = scores_d_k_from_k_shape_1
+WRONG_SCORES["softmax_weights"] = scores_softmax_by_hand
+CATALOGUE["check_scaled_scores"]["wrong"] += [
+    (scores_d_k_from_k_shape_1, "k_second_axis"),
+    (scores_softmax_by_hand, "softmax_weights"),
+]
+
+
+def test_k_shape_1_and_softmax_weights_are_named():
+    for fn, key, words in (
+        (scores_d_k_from_k_shape_1, "k_second_axis", "k.shape[1]"),
+        (scores_softmax_by_hand, "softmax_weights", "softmax weights"),
+    ):
+        with pytest.raises(ExerciseError) as err:
+            check_scaled_scores(fn)
+        assert err.value.mistake == key and words in str(err.value)
+
+
+# --- check_score_std (hard): queries and keys with means ---------------------
+
+
+def std_by_loops(mu_q, cov_q, mu_k, cov_k):
+    """Per head, with explicit loops over the components: right."""
+    mu_q, cov_q, mu_k, cov_k = (
+        np.asarray(x, dtype=np.float64) for x in (mu_q, cov_q, mu_k, cov_k)
+    )
+    lead = mu_q.shape[:-1]
+    d = mu_q.shape[-1]
+    out = np.empty(lead)
+    for idx in np.ndindex(*lead):
+        mq, cq, mk, ck = mu_q[idx], cov_q[idx], mu_k[idx], cov_k[idx]
+        var = 0.0
+        for i in range(d):
+            for j in range(d):
+                var += cq[i, j] * ck[j, i]
+                var += mq[i] * ck[i, j] * mq[j] + mk[i] * cq[i, j] * mk[j]
+        out[idx] = math.sqrt(var)
+    return out
+
+
+def std_in_torch(mu_q, cov_q, mu_k, cov_k):
+    """float32 torch, a tensor returned: right."""
+    mq, cq, mk, ck = (
+        torch.from_numpy(np.asarray(x, dtype=np.float32))
+        for x in (mu_q, cov_q, mu_k, cov_k)
+    )
+    trace = (cq * ck.mT).sum((-2, -1))
+    var = (
+        trace
+        + (mq[..., None, :] @ ck @ mq[..., :, None])[..., 0, 0]
+        + (mk[..., None, :] @ cq @ mk[..., :, None])[..., 0, 0]
+    )
+    return var.sqrt()
+
+
+def std_in_place(mu_q, cov_q, mu_k, cov_k):
+    """Right, and overwrites cov_q (noted, not failed)."""
+    mean_terms = np.einsum("...i,...ij,...j->...", mu_q, cov_k, mu_q)
+    mean_terms += np.einsum("...i,...ij,...j->...", mu_k, cov_q, mu_k)
+    cov_q *= np.swapaxes(cov_k, -1, -2)
+    return np.sqrt(cov_q.sum((-2, -1)) + mean_terms)
+
+
+def std_zero_mean_only(mu_q, cov_q, mu_k, cov_k):
+    # the chapter's trace(Cq Ck), the means forgotten
+    return np.sqrt(np.einsum("...ij,...ji->...", cov_q, cov_k))
+
+
+def std_root_mean_square(mu_q, cov_q, mu_k, cov_k):
+    # E[(q . k)^2]: the mean of the score kept in
+    second = (
+        np.einsum("...ij,...ji->...", cov_q, cov_k)
+        + np.einsum("...i,...ij,...j->...", mu_q, cov_k, mu_q)
+        + np.einsum("...i,...ij,...j->...", mu_k, cov_q, mu_k)
+        + np.sum(mu_q * mu_k, axis=-1) ** 2
+    )
+    return np.sqrt(second)
+
+
+def std_means_own_covariance(mu_q, cov_q, mu_k, cov_k):
+    # "the spread of q's mean is measured by q's covariance"
+    var = (cov_q * np.swapaxes(cov_k, -1, -2)).sum((-2, -1))
+    var = var + (mu_q * (cov_q @ mu_q[..., None])[..., 0]).sum(-1)
+    var = var + (mu_k * (cov_k @ mu_k[..., None])[..., 0]).sum(-1)
+    return np.sqrt(var)
+
+
+def std_query_mean_only(mu_q, cov_q, mu_k, cov_k):
+    # thought only the query's mean moves the score against varying keys
+    var = np.einsum("...ij,...ji->...", cov_q, cov_k)
+    var = var + np.einsum("...i,...ij,...j->...", mu_q, cov_k, mu_q)
+    return np.sqrt(var)
+
+
+def std_traces_multiplied(mu_q, cov_q, mu_k, cov_k):
+    tq = np.diagonal(cov_q, axis1=-2, axis2=-1).sum(-1)
+    tk = np.diagonal(cov_k, axis1=-2, axis2=-1).sum(-1)
+    var = (
+        tq * tk
+        + np.einsum("...i,...ij,...j->...", mu_q, cov_k, mu_q)
+        + np.einsum("...i,...ij,...j->...", mu_k, cov_q, mu_k)
+    )
+    return np.sqrt(var)
+
+
+def std_with_d_k(mu_q, cov_q, mu_k, cov_k):
+    # remembered "Var = d_k" for the zero-mean part
+    d_k = mu_q.shape[-1]
+    return np.sqrt(
+        d_k
+        + np.einsum("...i,...ij,...j->...", mu_q, cov_k, mu_q)
+        + np.einsum("...i,...ij,...j->...", mu_k, cov_q, mu_k)
+    )
+
+
+def std_no_square_root(mu_q, cov_q, mu_k, cov_k):
+    return (
+        np.einsum("...ij,...ji->...", cov_q, cov_k)
+        + np.einsum("...i,...ij,...j->...", mu_q, cov_k, mu_q)
+        + np.einsum("...i,...ij,...j->...", mu_k, cov_q, mu_k)
+    )
+
+
+def std_with_np_trace(mu_q, cov_q, mu_k, cov_k):
+    # np.trace on a stack: sums over axes 0 and 1
+    mean_terms = np.sum(mu_q * (mu_q[..., None, :] @ cov_k)[..., 0, :], -1)
+    mean_terms += np.sum(mu_k * (mu_k[..., None, :] @ cov_q)[..., 0, :], -1)
+    return np.sqrt(np.trace(cov_q @ cov_k) + mean_terms)
+
+
+def test_score_std_reference_against_monte_carlo():
+    """The package's formula against a float64 Monte Carlo estimate, with a
+    margin of 5 standard errors of the sample variance."""
+    rng = np.random.default_rng(0)
+    d = 6
+    a, b = rng.normal(size=(d, d)), rng.normal(size=(d, d))
+    cq, ck = a @ a.T / d, b @ b.T / d
+    mq, mk = rng.normal(size=d), rng.normal(size=d)
+    m = 400_000
+    q = rng.multivariate_normal(mq, cq, size=m)
+    k = rng.multivariate_normal(mk, ck, size=m)
+    s = np.einsum("nd,nd->n", q, k)
+    centred = s - s.mean()
+    se = np.std(centred**2) / math.sqrt(m)
+    predicted = score_std(mq, cq, mk, ck) ** 2
+    assert abs(s.var() - predicted) < 5 * se
+    # the means matter here: the zero-mean formula is far off
+    assert abs(s.var() - np.trace(cq @ ck)) > 20 * se
+
+
+def test_score_std_shapes_and_errors():
+    rng = np.random.default_rng(1)
+    mu = rng.normal(size=(2, 3, 4))
+    cov = np.broadcast_to(np.eye(4), (2, 3, 4, 4))
+    assert score_std(mu, cov, mu, cov).shape == (2, 3)
+    assert score_std(np.zeros(9), np.eye(9), np.zeros(9), np.eye(9)) == 3.0
+    with pytest.raises(ValueError, match=r"mu_q \(4,\), cov_q \(3, 3\)"):
+        score_std(np.zeros(4), np.eye(3), np.zeros(4), np.eye(3))
+
+
+@pytest.mark.parametrize("fn", [std_by_loops, std_in_torch, std_in_place])
+def test_right_score_stds_pass(fn, capsys):
+    check_score_std(fn)
+    assert "passes all 6 cases" in capsys.readouterr().out
+
+
+WRONG_STDS = {
+    "means_ignored": std_zero_mean_only,
+    "second_moment": std_root_mean_square,
+    "means_with_own_covariance": std_means_own_covariance,
+    "one_mean_term": std_query_mean_only,
+    "trace_product": std_traces_multiplied,
+    "d_k_for_trace": std_with_d_k,
+    "variance": std_no_square_root,
+    "trace_over_batch": std_with_np_trace,
+}
+
+
+@pytest.mark.parametrize("key", sorted(WRONG_STDS))
+def test_each_score_std_mistake_is_rejected_and_named(key):
+    with pytest.raises(ExerciseError) as err:
+        check_score_std(WRONG_STDS[key])
+    assert err.value.mistake == key, str(err.value)
+    assert "Hint:" in str(err.value)
+
+
+def test_every_score_std_mistake_is_covered():
+    assert {m.key for m in SCORE_STD_MISTAKES} == set(WRONG_STDS)
+
+
+def test_score_std_stub():
+    def stub(mu_q, cov_q, mu_k, cov_k):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError, match="still the stub"):
+        check_score_std(stub)
+
+
+CATALOGUE["check_score_std"] = {
+    "right": [std_by_loops, std_in_torch, std_in_place],
+    "wrong": [(WRONG_STDS[key], key) for key in sorted(WRONG_STDS)],
+}

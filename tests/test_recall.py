@@ -364,3 +364,47 @@ def test_runs_trained_together_keep_their_options():
         recall.train_recall_seeds(
             16, True, seeds=[0], lrs=[1e-3], steps=3, early_steps=4
         )
+
+
+def test_scaled_and_raw_runs_trained_in_one_stack_are_those_of_separate_stacks():
+    """train_recall_grid stacks both kinds of scores (their divisors are
+    buffers): each run is bit for bit the run of a stack of its own kind,
+    chaotic raw runs at large d_k included."""
+    grid = recall.train_recall_grid(
+        256, (True, False), seeds=[0, 2], lrs=(1e-3, 5e-3), steps=40
+    )
+    assert set(grid) == {
+        (lr, scaled, seed)
+        for lr in (1e-3, 5e-3)
+        for scaled in (True, False)
+        for seed in (0, 2)
+    }
+    for scaled in (True, False):
+        alone = recall.train_recall_seeds(
+            256, scaled, seeds=[0, 2], lrs=(1e-3, 5e-3), steps=40
+        )
+        for (lr, seed), run in alone.items():
+            together = grid[lr, scaled, seed]
+            assert together.scaled is scaled
+            np.testing.assert_array_equal(together.losses, run.losses)
+            assert together.accuracy == run.accuracy
+            assert together.entropy == run.entropy
+            assert together.early_score_change == run.early_score_change
+    with pytest.raises(ValueError, match="without repeats"):
+        recall.train_recall_grid(16, (True, True), seeds=[0], steps=5)
+    with pytest.raises(ValueError, match="no 1/sqrt"):
+        recall.train_recall_grid(
+            16, (True, False), seeds=[0], steps=5, additive=True
+        )
+
+
+def test_the_score_divisor_is_a_buffer_outside_the_state_dict():
+    model = recall.RecallAttention(16, 16, 32, 64, scaled=True)
+    assert float(model.score_divisor) == 8.0
+    assert "score_divisor" not in model.state_dict()
+    raw = recall.RecallAttention(16, 16, 32, 64, scaled=False)
+    raw.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.score_table() * 8.0, raw.score_table(), rtol=0, atol=0
+        )

@@ -171,6 +171,38 @@ def dot_product_variance(cov_q, cov_k) -> float:
     return float(np.sum(cov_q * cov_k.T))
 
 
+def score_std(mu_q, cov_q, mu_k, cov_k) -> np.ndarray:
+    """The standard deviation of ``q . k`` for independent ``q`` and ``k``
+    with means ``mu_q``, ``mu_k`` and covariances ``cov_q``, ``cov_k``: the
+    number to divide the scores by to give them variance 1.
+
+    mu_q, mu_k: ``(..., d_k)``; cov_q, cov_k: ``(..., d_k, d_k)``, with one
+    set of leading (e.g. head) dimensions; returns ``(...)``. Writing ``q =
+    mu_q + a`` and ``k = mu_k + b``, the four terms of ``q . k`` are
+    uncorrelated, and ``Var[q . k] = trace(cov_q cov_k) + mu_q^T cov_k mu_q +
+    mu_k^T cov_q mu_k``; the constant ``mu_q . mu_k`` moves the mean only.
+    """
+    mu_q, mu_k = (np.asarray(m, dtype=np.float64) for m in (mu_q, mu_k))
+    cov_q, cov_k = (np.asarray(c, dtype=np.float64) for c in (cov_q, cov_k))
+    if (
+        mu_q.ndim < 1
+        or mu_q.shape != mu_k.shape
+        or cov_q.shape != cov_k.shape
+        or cov_q.shape != mu_q.shape + mu_q.shape[-1:]
+    ):
+        raise ValueError(
+            "means must have one shape (..., d_k) and covariances (..., d_k, "
+            f"d_k); got mu_q {mu_q.shape}, cov_q {cov_q.shape}, mu_k "
+            f"{mu_k.shape}, cov_k {cov_k.shape}"
+        )
+    # trace(cov_q cov_k) = sum_ij (cov_q)_ij (cov_k)_ji, per leading index
+    trace = np.einsum("...ij,...ji->...", cov_q, cov_k)
+    # mu^T C mu, per leading index
+    q_through_k = np.einsum("...i,...ij,...j->...", mu_q, cov_k, mu_q)
+    k_through_q = np.einsum("...i,...ij,...j->...", mu_k, cov_q, mu_k)
+    return np.sqrt(trace + q_through_k + k_through_q)
+
+
 # --- softmax saturation ------------------------------------------------------
 
 

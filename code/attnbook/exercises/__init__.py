@@ -61,6 +61,7 @@ __all__ = [
     "check_realise_pattern",
     "check_rope_attention",
     "check_scaled_scores",
+    "check_score_std",
     "check_share_kv_heads",
     "check_softmax",
     "check_split_qkv",
@@ -71,6 +72,7 @@ __all__ = [
 _LAZY = {
     "check_dot_variance": "scaling",
     "check_scaled_scores": "scaling",
+    "check_score_std": "scaling",
     "check_key_blocks": "triton_flash",
     "check_benchmark_flops": "triton_flash",
     "check_split_qkv": "multihead",
@@ -130,6 +132,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_realise_pattern": (),
     "check_rope_attention": (),
     "check_scaled_scores": (),
+    "check_score_std": ("attnbook.scaling.score_std",),
     "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),
     "check_softmax": ("attnbook.softmax.softmax",),
     "check_split_qkv": (),

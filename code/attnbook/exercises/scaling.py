@@ -1,5 +1,6 @@
-"""Checkers for chapter 3: the scaled scores ``q k^T / sqrt(d_k)`` and the
-variance of ``q . k``."""
+"""Checkers for chapter 3: the scaled scores ``q k^T / sqrt(d_k)``, the
+variance of ``q . k``, and (hard) the standard deviation of ``q . k`` for
+queries and keys with means and covariances, per head."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import re
 import numpy as np
 
 from ..attention import attention_scores
-from ..scaling import dot_product_variance, equicorrelated_cov
+from ..softmax import softmax
+from ..scaling import dot_product_variance, equicorrelated_cov, score_std
 from ._framework import Case, Mistake, run_checks
 
 
@@ -102,6 +104,22 @@ SCALED_SCORES_MISTAKES = [
         "d_k is the last dimension, whatever the number of leading ones: "
         "q.shape[-1]",
         lambda q, k: q @ _t(k) / np.sqrt(q.shape[1]),
+    ),
+    Mistake(
+        "k_second_axis",
+        "d_k was read as k.shape[1], which is d_k only for a 2-d k: with "
+        "leading batch dimensions it is n_k (or the number of heads), so the "
+        "batched scores are divided by the wrong number",
+        "d_k is the last dimension of q and k, whatever the number of leading "
+        "ones: q.shape[-1]",
+        lambda q, k: q @ _t(k) / np.sqrt(k.shape[1]),
+    ),
+    Mistake(
+        "softmax_weights",
+        "you returned the softmax weights, not the scores: each row sums to 1",
+        "the exercise stops before the softmax: return q @ k^T / sqrt(d_k) "
+        "itself",
+        lambda q, k: softmax(q @ _t(k) / np.sqrt(q.shape[-1]), axis=-1),
     ),
     Mistake(
         "transposed",
@@ -314,4 +332,179 @@ def check_dot_variance(fn) -> None:
         dot_product_variance,
         DOT_VARIANCE_MISTAKES,
         postprocess=_scalar,
+    )
+
+
+# --- (hard) the scale for queries and keys with means ------------------------
+
+
+def _quad(mu, cov):
+    """``mu^T cov mu`` per leading index (a reader's slip may pass either
+    covariance)."""
+    return np.einsum("...i,...ij,...j->...", mu, cov, mu)
+
+
+def _trace(cq, ck):
+    return np.einsum("...ij,...ji->...", cq, ck)
+
+
+SCORE_STD_MISTAKES = [
+    Mistake(
+        "means_ignored",
+        "the means were ignored: you returned sqrt(trace(Cq Ck)), the answer "
+        "for zero-mean q and k",
+        "write q = mu_q + a, k = mu_k + b and expand q . k: the cross terms "
+        "mu_q . b and a . mu_k have variances mu_q^T Ck mu_q and mu_k^T Cq "
+        "mu_k",
+        lambda mq, cq, mk, ck: np.sqrt(_trace(cq, ck)),
+    ),
+    Mistake(
+        "second_moment",
+        "you returned sqrt(E[(q . k)^2]), which includes the squared mean "
+        "(mu_q . mu_k)^2: a root mean square, not a standard deviation",
+        "the constant mu_q . mu_k shifts every score and has no variance: "
+        "leave (mu_q . mu_k)^2 out",
+        lambda mq, cq, mk, ck: np.sqrt(
+            _trace(cq, ck)
+            + _quad(mq, ck)
+            + _quad(mk, cq)
+            + np.einsum("...i,...i->...", mq, mk) ** 2
+        ),
+    ),
+    Mistake(
+        "means_with_own_covariance",
+        "each mean was paired with its own covariance (mu_q^T Cq mu_q + "
+        "mu_k^T Ck mu_k)",
+        "the term mu_q . b varies through the KEY's noise b: its variance is "
+        "mu_q^T Ck mu_q (and a . mu_k gives mu_k^T Cq mu_k)",
+        lambda mq, cq, mk, ck: np.sqrt(
+            _trace(cq, ck) + _quad(mq, cq) + _quad(mk, ck)
+        ),
+    ),
+    Mistake(
+        "one_mean_term",
+        "only one of the two mean terms is there (mu_q^T Ck mu_q or mu_k^T Cq "
+        "mu_k)",
+        "both q and k have means: q . k has the cross terms mu_q . b AND a . "
+        "mu_k",
+        lambda mq, cq, mk, ck: np.sqrt(_trace(cq, ck) + _quad(mq, ck)),
+    ),
+    Mistake(
+        "trace_product",
+        "you multiplied the traces, trace(Cq) trace(Ck), instead of taking "
+        "the trace of the product",
+        "E[(a . b)^2] = sum_ij E[a_i a_j] E[b_i b_j] = trace(Cq Ck)",
+        lambda mq, cq, mk, ck: np.sqrt(
+            np.trace(cq, axis1=-2, axis2=-1) * np.trace(ck, axis1=-2, axis2=-1)
+            + _quad(mq, ck)
+            + _quad(mk, cq)
+        ),
+    ),
+    Mistake(
+        "d_k_for_trace",
+        "the trace term was replaced by d_k, its value for identity "
+        "covariances only",
+        "with general covariances the zero-mean part is trace(Cq Ck)",
+        lambda mq, cq, mk, ck: np.sqrt(
+            mq.shape[-1] + _quad(mq, ck) + _quad(mk, cq)
+        ),
+    ),
+    Mistake(
+        "variance",
+        "you returned the variance of q . k, not its standard deviation",
+        "the scores are divided by the standard deviation: take the square "
+        "root",
+        lambda mq, cq, mk, ck: _trace(cq, ck) + _quad(mq, ck) + _quad(mk, cq),
+    ),
+    Mistake(
+        "trace_over_batch",
+        "np.trace on a stack of matrices sums over the FIRST two axes (the "
+        "heads and the rows), not over each head's matrix",
+        "take each head's trace over the last two axes: np.trace(a, "
+        "axis1=-2, axis2=-1), or np.einsum('...ij,...ji->...', Cq, Ck)",
+        lambda mq, cq, mk, ck: np.sqrt(
+            np.trace(cq @ ck) + _quad(mq, ck) + _quad(mk, cq)
+        ),
+    ),
+]
+
+
+def _spd(rng, *shape):
+    """Random covariances ``A A^T / d`` (well away from identity), shape
+    ``shape + (d, d)``, d = shape[-1]."""
+    a = rng.normal(size=shape + (shape[-1],))
+    return a @ np.swapaxes(a, -1, -2) / shape[-1] + 0.2 * np.eye(shape[-1])
+
+
+def score_std_cases() -> list[Case]:
+    rng = np.random.default_rng(31)
+    return [
+        Case(
+            "one head, d_k = 5: general covariances, both means nonzero",
+            (
+                rng.normal(size=5),
+                _spd(rng, 5),
+                rng.normal(size=5),
+                _spd(rng, 5),
+            ),
+        ),
+        # 4 heads of d_k = 4: np.trace over the first two axes still has the
+        # shape (4,)
+        Case(
+            "4 heads, d_k = 4: mu (4, 4), cov (4, 4, 4)",
+            (
+                rng.normal(size=(4, 4)),
+                _spd(rng, 4, 4),
+                rng.normal(size=(4, 4)),
+                _spd(rng, 4, 4),
+            ),
+        ),
+        Case(
+            "3 heads, d_k = 6, float32 inputs",
+            tuple(
+                x.astype(np.float32)
+                for x in (
+                    rng.normal(size=(3, 6)),
+                    _spd(rng, 3, 6),
+                    rng.normal(size=(3, 6)),
+                    _spd(rng, 3, 6),
+                )
+            ),
+        ),
+        Case(
+            "2 x 3 heads (batch, heads), d_k = 8",
+            (
+                rng.normal(size=(2, 3, 8)),
+                _spd(rng, 2, 3, 8),
+                rng.normal(size=(2, 3, 8)),
+                _spd(rng, 2, 3, 8),
+            ),
+        ),
+        Case(
+            "zero means, identity covariances, d_k = 16 (sqrt(d_k) = 4)",
+            (np.zeros(16), np.eye(16), np.zeros(16), np.eye(16)),
+        ),
+        Case(
+            "d_k = 1",
+            (
+                np.array([2.0]),
+                np.array([[0.5]]),
+                np.array([-1.0]),
+                np.array([[3.0]]),
+            ),
+        ),
+    ]
+
+
+def check_score_std(fn) -> None:
+    """Check ``fn(mu_q, cov_q, mu_k, cov_k)`` returns the standard deviation
+    of ``q . k`` per leading index, shape ``(...)``."""
+    run_checks(
+        "the scale for queries and keys with means",
+        fn,
+        score_std_cases(),
+        score_std,
+        SCORE_STD_MISTAKES,
+        hint="expand q . k with q = mu_q + a, k = mu_k + b, and add the "
+        "variances of the terms that vary",
     )

@@ -2,8 +2,8 @@
 ``1/sqrt(d_k)`` scale.
 
 Chapter 3 (the scale) trains :class:`RecallAttention` over a grid of ``d_k``,
-learning rates and seeds (the runs of one setting together,
-:func:`train_recall_seeds`), and shows that the unscaled training runs are
+learning rates and seeds (the runs of one ``d_k`` together, scaled and raw,
+:func:`train_recall_grid`), and shows that the unscaled training runs are
 chaotic: moving every initial weight by one float32 ulp
 (:func:`nudge_parameters`) changes where they end, while the scaled runs end
 where they did. :func:`query_blind_accuracy` is the best accuracy a model that
@@ -14,6 +14,7 @@ against.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -84,6 +85,14 @@ class RecallAttention(nn.Module):
         if init_std is not None:
             nn.init.normal_(self.q_proj.weight, std=init_std)
             nn.init.normal_(self.k_proj.weight, std=init_std)
+        # what the scores are divided by: sqrt(d_k), or 1 for raw scores. A
+        # buffer, not a flag, so that scaled and raw runs can train in one
+        # stack (train_recall_grid); not saved in the state_dict
+        self.register_buffer(
+            "score_divisor",
+            torch.tensor(d_k**0.5 if scaled else 1.0),
+            persistent=False,
+        )
 
     def score_table(self) -> torch.Tensor:
         """The score of every query symbol against every key symbol,
@@ -92,8 +101,7 @@ class RecallAttention(nn.Module):
         symbols = self.key_embedding.weight
         # (n_symbols, d_k) each
         q, k = self.q_proj(symbols), self.k_proj(symbols)
-        s = q @ k.T
-        return s / self.d_k**0.5 if self.scaled else s
+        return (q @ k.T) / self.score_divisor
 
     def scores(self, query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Attention scores (the softmax's inputs) ``(batch, 1, n_pairs)``,
@@ -309,56 +317,40 @@ def train_recall_seeds(
     additive: bool = False,
 ) -> dict[tuple[float, int], RecallRun]:
     """:func:`train_recall` for every learning rate in ``lrs`` and every seed
-    in ``seeds``, all trained at once.
+    in ``seeds``, all trained at once: :func:`train_recall_grid` for one kind
+    of scores. Returns ``{(lr, seed): RecallRun}``."""
+    runs = train_recall_grid(
+        d_k,
+        [scaled],
+        seeds,
+        lrs,
+        steps=steps,
+        batch=batch,
+        n_pairs=n_pairs,
+        n_symbols=n_symbols,
+        n_values=n_values,
+        d_model=d_model,
+        init_std=init_std,
+        early_steps=early_steps,
+        perturb_ulps=perturb_ulps,
+        additive=additive,
+    )
+    return {(lr, seed): run for (lr, _, seed), run in runs.items()}
 
-    Returns ``{(lr, seed): RecallRun}``. Each run is the one
-    :func:`train_recall` describes, with the same arguments: its model is built
-    and nudged from its own seed as there, and it trains on the same batches
-    and is probed on the same held-out batch. Only the arithmetic is arranged
-    differently: the runs' weights are stacked along a leading axis and one
-    call of the model (``torch.vmap`` over :class:`RecallAttention`'s own
-    ``forward``) computes every run's step, since a step of these tiny models
-    costs mostly the overhead of launching its operations. The runs stay
-    independent (the loss minimised is the sum of the runs' losses, whose
-    gradient for each run's weights is that run's own; Adam works element by
-    element), but the batched kernels round differently from the unbatched
-    ones, as another CPU's kernels do, so a chaotic (unscaled, large ``d_k``)
-    run can end elsewhere than its :func:`train_recall` twin; the scaled runs
-    agree with it to rounding (``tests/test_recall.py``). A run's numbers do
-    not depend on which other runs share the stack. Chapter 3 trains its grids
-    so.
-    """
-    if not 1 <= early_steps <= steps:
-        raise ValueError(
-            f"early_steps must lie in [1, steps={steps}]; got {early_steps}"
-        )
-    seeds, lrs = [int(s) for s in seeds], [float(lr) for lr in lrs]
-    if (
-        not seeds
-        or not lrs
-        or len(set(seeds)) != len(seeds)
-        or len(set(lrs)) != len(lrs)
-    ):
-        raise ValueError(
-            "seeds and lrs must be non-empty and without repeats; got "
-            f"seeds={seeds}, lrs={lrs}"
-        )
-    model_class = AdditiveRecallAttention if additive else RecallAttention
-    # run i of the stack, lr-major
-    keys_of_runs = [(lr, seed) for lr in lrs for seed in seeds]
-    models = []
-    # each built exactly as train_recall builds it
-    for lr, seed in keys_of_runs:
-        torch.manual_seed(seed)
-        model = model_class(
-            n_symbols, n_values, d_model, d_k, scaled, init_std
-        )
-        if perturb_ulps:
-            nudge_parameters(model, perturb_ulps)
-        models.append(model)
-    n_runs, n_seeds = len(models), len(seeds)
-    # the batches of every step for every seed, drawn in train_recall's order:
-    # (steps, n_runs, batch) each
+
+@functools.lru_cache(maxsize=4)
+def _batch_stream(
+    seeds: tuple[int, ...],
+    steps: int,
+    batch: int,
+    n_pairs: int,
+    n_symbols: int,
+    n_values: int,
+) -> tuple[torch.Tensor, ...]:
+    """The training batches of every step for every seed, drawn in
+    :func:`train_recall`'s order: query, keys, values, target, ``(steps,
+    n_seeds, batch[, n_pairs])`` each. Cached: a chapter trains many grids on
+    the same seeds' batches (callers only read them)."""
     draws = []
     for seed in seeds:
         data = torch.Generator().manual_seed(seed + 1)
@@ -368,16 +360,103 @@ def train_recall_seeds(
                 for _ in range(steps)
             ]
         )
-    run_seed = [seeds.index(seed) for _, seed in keys_of_runs]
-    stream = [
+    return tuple(
         torch.stack(
             [
                 torch.stack([draws[j][step][part] for step in range(steps)])
-                for j in run_seed
+                for j in range(len(seeds))
             ],
             dim=1,
         )
         for part in range(4)
+    )
+
+
+def train_recall_grid(
+    d_k: int,
+    scalings,
+    seeds,
+    lrs=(3e-3,),
+    steps: int = 300,
+    batch: int = 32,
+    n_pairs: int = 8,
+    n_symbols: int = 16,
+    n_values: int = 16,
+    d_model: int = 32,
+    init_std: float | None = None,
+    early_steps: int = 5,
+    perturb_ulps: int = 0,
+    additive: bool = False,
+) -> dict[tuple[float, bool, int], RecallRun]:
+    """:func:`train_recall` for every learning rate in ``lrs``, every kind of
+    scores in ``scalings`` (``True`` scaled, ``False`` raw) and every seed in
+    ``seeds``, all trained at once.
+
+    Returns ``{(lr, scaled, seed): RecallRun}``. Each run is the one
+    :func:`train_recall` describes, with the same arguments: its model is built
+    and nudged from its own seed as there, and it trains on the same batches
+    and is probed on the same held-out batch. Only the arithmetic is arranged
+    differently: the runs' weights (and their score divisors, ``sqrt(d_k)`` or
+    1) are stacked along a leading axis and one call of the model
+    (``torch.vmap`` over :class:`RecallAttention`'s own ``forward``) computes
+    every run's step, since a step of these tiny models costs mostly the
+    overhead of launching its operations. The runs stay independent (the loss
+    minimised is the sum of the runs' losses, whose gradient for each run's
+    weights is that run's own; Adam works element by element), but the batched
+    kernels round differently from the unbatched ones, as another CPU's kernels
+    do, so a chaotic (unscaled, large ``d_k``) run can end elsewhere than its
+    :func:`train_recall` twin; the scaled runs agree with it to rounding
+    (``tests/test_recall.py``). A run's numbers do not depend on which other
+    runs share the stack. Chapter 3 trains its grids so.
+    """
+    if not 1 <= early_steps <= steps:
+        raise ValueError(
+            f"early_steps must lie in [1, steps={steps}]; got {early_steps}"
+        )
+    seeds, lrs = [int(s) for s in seeds], [float(lr) for lr in lrs]
+    scalings = [bool(s) for s in scalings]
+    if (
+        not seeds
+        or not lrs
+        or not scalings
+        or len(set(seeds)) != len(seeds)
+        or len(set(lrs)) != len(lrs)
+        or len(set(scalings)) != len(scalings)
+    ):
+        raise ValueError(
+            "seeds, lrs and scalings must be non-empty and without repeats; "
+            f"got seeds={seeds}, lrs={lrs}, scalings={scalings}"
+        )
+    if additive and any(scalings):
+        raise ValueError(
+            "additive scores have no 1/sqrt(d_k) scale; pass scalings=[False]"
+        )
+    model_class = AdditiveRecallAttention if additive else RecallAttention
+    # run i of the stack: lr-major, then the kind of scores, then the seed
+    keys_of_runs = [
+        (lr, scaled, seed)
+        for lr in lrs
+        for scaled in scalings
+        for seed in seeds
+    ]
+    models = []
+    # each built exactly as train_recall builds it
+    for lr, scaled, seed in keys_of_runs:
+        torch.manual_seed(seed)
+        model = model_class(
+            n_symbols, n_values, d_model, d_k, scaled, init_std
+        )
+        if perturb_ulps:
+            nudge_parameters(model, perturb_ulps)
+        models.append(model)
+    n_runs, per_lr = len(models), len(scalings) * len(seeds)
+    # (steps, n_runs, batch[, n_pairs]) each
+    run_seed = [seeds.index(seed) for _, _, seed in keys_of_runs]
+    stream = [
+        part[:, run_seed]
+        for part in _batch_stream(
+            tuple(seeds), steps, batch, n_pairs, n_symbols, n_values
+        )
     ]
     held_out = {
         seed: recall_batch(
@@ -391,29 +470,28 @@ def train_recall_seeds(
     }
     start = [
         _recall_probe(model, held_out[seed])
-        for model, (_, seed) in zip(models, keys_of_runs)
+        for model, (_, _, seed) in zip(models, keys_of_runs)
     ]
     with torch.no_grad():
         start_scores = [
             model.scores(*held_out[seed][:2])
-            for model, (_, seed) in zip(models, keys_of_runs)
+            for model, (_, _, seed) in zip(models, keys_of_runs)
         ]
 
     # one stack of weights per learning rate (an Adam parameter group each),
-    # joined for the model call
+    # joined for the model call; the buffers (score divisors) of every run
     groups = [
-        torch.func.stack_module_state(models[i * n_seeds : (i + 1) * n_seeds])[
-            0
-        ]
+        torch.func.stack_module_state(models[i * per_lr : (i + 1) * per_lr])[0]
         for i in range(len(lrs))
     ]
+    buffers = torch.func.stack_module_state(models)[1]
     opt = torch.optim.Adam(
         [{"params": list(g.values()), "lr": lr} for g, lr in zip(groups, lrs)]
     )
     template = copy.deepcopy(models[0]).to("meta")
     step_all = torch.vmap(
-        lambda params, q, k, v: torch.func.functional_call(
-            template, params, (q, k, v)
+        lambda params, buffers, q, k, v: torch.func.functional_call(
+            template, (params, buffers), (q, k, v)
         )
     )
 
@@ -441,7 +519,7 @@ def train_recall_seeds(
         # (n_runs, batch) each
         query, keys, values, target = (part[step] for part in stream)
         # (n_runs, batch, n_values)
-        logits, _ = step_all(stacked(), query, keys, values)
+        logits, _ = step_all(stacked(), buffers, query, keys, values)
         loss = nn.functional.cross_entropy(
             logits.flatten(0, 1), target.flatten(), reduction="none"
         )
@@ -459,15 +537,15 @@ def train_recall_seeds(
                     .abs()
                     .mean()
                     .item()
-                    for model, (_, seed), s0 in zip(
+                    for model, (_, _, seed), s0 in zip(
                         models, keys_of_runs, start_scores
                     )
                 ]
     unstack()
     runs = {}
-    for i, (model, (lr, seed)) in enumerate(zip(models, keys_of_runs)):
+    for i, (model, (lr, scaled, seed)) in enumerate(zip(models, keys_of_runs)):
         end = _recall_probe(model, held_out[seed])
-        runs[lr, seed] = RecallRun(
+        runs[lr, scaled, seed] = RecallRun(
             d_k,
             scaled,
             losses[:, i].double().numpy(),
