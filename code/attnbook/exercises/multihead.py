@@ -913,7 +913,7 @@ def _strided_problem(got, expected, case) -> str:
     if isinstance(got, Unusable):
         return got.message
     return (
-        "the blocked layer with your weights computes something else than "
+        "the blocked layer with your weights computes something other than "
         "the strided layer on the same tokens: "
         + difference(got, expected, case)
     )
