@@ -17,6 +17,7 @@ from attnbook.exercises._framework import ExerciseError, NotAttemptedError
 from attnbook.exercises.multihead import (
     check_multihead_attention,
     check_split_qkv,
+    check_strided_to_blocked,
 )
 
 
@@ -520,6 +521,290 @@ def test_the_checkers_load_without_torch():
     )
 
 
+def split_two(qkv, n_heads):
+    """Wrong: forgets v (returns q and k only)."""
+    b, n, three_d = qkv.shape
+    d = three_d // 3
+    return tuple(
+        qkv[..., i * d : (i + 1) * d]
+        .reshape(b, n, n_heads, d // n_heads)
+        .transpose(0, 2, 1, 3)
+        for i in range(2)
+    )
+
+
+def test_split_checker_names_two_returned_tensors_without_blaming_the_reader():
+    """The old checker said "your function raised ValueError: ... got tuple"
+    about an error its own stacking raised."""
+    with pytest.raises(ExerciseError) as info:
+        check_split_qkv(split_two)
+    message = str(info.value)
+    assert info.value.mistake == "two_returned", message
+    assert "raised" not in message
+    assert "returned a tuple of 2; return the three tensors (q, k, v)" in (
+        message
+    )
+
+
+def mha_with_weights(x, w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: returns (output, weights), as the book's
+    scaled_dot_product_attention does."""
+    b, n, d = x.shape
+    d_head = d // n_heads
+    q, k, v = (
+        np.moveaxis((x @ w).reshape(b, n, n_heads, d_head), 2, 1)
+        for w in (w_q, w_k, w_v)
+    )
+    s = np.einsum("bhid,bhjd->bhij", q, k) / np.sqrt(d_head)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = np.moveaxis(p @ v, 1, 2).reshape(b, n, d) @ w_o
+    return out, p
+
+
+def test_mha_checker_names_a_returned_pair_instead_of_crashing():
+    """The old checker crashed inside its own comparison with numpy's
+    'inhomogeneous shape' ValueError."""
+    with pytest.raises(ExerciseError) as info:
+        check_multihead_attention(mha_with_weights)
+    message = str(info.value)
+    assert info.value.mistake == "returns_weights", message
+    assert "raised" not in message and "inhomogeneous" not in message
+    assert "return only the output, shape (batch, n, d_model)" in message
+    assert "a tuple of 2 (shapes (2, 5, 12) and (2, 3, 5, 5))" in message
+
+
+def test_mha_checker_still_accepts_a_list_of_per_sequence_outputs(capsys):
+    check_multihead_attention(
+        lambda x, *w: [mha_loop(x[i : i + 1], *w)[0] for i in range(len(x))]
+    )
+    assert "Correct" in capsys.readouterr().out
+
+
+# --- (hard) the weights of a strided layer in the blocked layout ------------
+# Written independently of the checker's Mistake functions: permutation
+# matrices built in loops, index arrays from reshapes, einsum, torch.
+
+
+def _perm_matrix(d, n_heads):
+    """P with (W P)[:, r d_head + a] = W[:, a h + r], built entry by entry."""
+    d_head = d // n_heads
+    P = np.zeros((d, d))
+    for r in range(n_heads):
+        for a in range(d_head):
+            P[a * n_heads + r, r * d_head + a] = 1.0
+    return P
+
+
+def strided_by_reshape(w_q, w_k, w_v, w_o, n_heads):
+    """Right: the columns read as (d_head, h), swapped to (h, d_head); W_O's
+    rows likewise."""
+    d = w_q.shape[0]
+    d_head = d // n_heads
+    cols = [
+        w.reshape(d, d_head, n_heads).swapaxes(1, 2).reshape(d, d)
+        for w in (w_q, w_k, w_v)
+    ]
+    rows = w_o.reshape(d_head, n_heads, d).swapaxes(0, 1).reshape(d, d)
+    return (*cols, rows)
+
+
+def strided_by_matrix_float32(w_q, w_k, w_v, w_o, n_heads):
+    """Right, in float32: W P for the projections, P^T W_O for the output."""
+    P = _perm_matrix(len(w_q), n_heads)
+    out = [w_q @ P, w_k @ P, w_v @ P, P.T @ w_o]
+    return [w.astype(np.float32) for w in out]
+
+
+def strided_in_place(w_q, w_k, w_v, w_o, n_heads):
+    """Right, overwriting its inputs (the checker notes it)."""
+    d = len(w_q)
+    pi = np.arange(d).reshape(d // n_heads, n_heads).T.ravel()
+    for w in (w_q, w_k, w_v):
+        w[:] = w[:, pi]
+    w_o[:] = w_o[pi]
+    return w_q, w_k, w_v, w_o
+
+
+def strided_heads_reversed(w_q, w_k, w_v, w_o, n_heads):
+    """Right, though not the permutation of the chapter: the heads land in
+    reverse order (head r in block h - 1 - r); the layer's function is the
+    same."""
+    d = len(w_q)
+    d_head = d // n_heads
+    pi = np.array(
+        [
+            a * n_heads + (n_heads - 1 - r)
+            for r in range(n_heads)
+            for a in range(d_head)
+        ]
+    )
+    return w_q[:, pi], w_k[:, pi], w_v[:, pi], w_o[pi]
+
+
+def strided_rotated(w_q, w_k, w_v, w_o, n_heads):
+    """Right, and no permutation at all: after the permutation, each head's
+    queries are multiplied by an invertible A and its keys by A^-T (scores
+    unchanged), its values by B and its W_O rows by B^-1."""
+    q, k, v, o = strided_by_reshape(w_q, w_k, w_v, w_o, n_heads)
+    q, k, v, o = q.copy(), k.copy(), v.copy(), o.copy()
+    d_head = len(w_q) // n_heads
+    rng = np.random.default_rng(0)
+    for r in range(n_heads):
+        block = slice(r * d_head, (r + 1) * d_head)
+        a = rng.normal(size=(d_head, d_head)) + 3 * np.eye(d_head)
+        b = rng.normal(size=(d_head, d_head)) + 3 * np.eye(d_head)
+        q[:, block] = q[:, block] @ a
+        k[:, block] = k[:, block] @ np.linalg.inv(a).T
+        v[:, block] = v[:, block] @ b
+        o[block] = np.linalg.inv(b) @ o[block]
+    return q, k, v, o
+
+
+def strided_torch(w_q, w_k, w_v, w_o, n_heads):
+    """Right, in torch: index_select with the permutation."""
+    d = w_q.shape[0]
+    pi = torch.arange(d).view(d // n_heads, n_heads).T.flatten()
+    t = [torch.from_numpy(w) for w in (w_q, w_k, w_v, w_o)]
+    return (
+        *(w.index_select(1, pi) for w in t[:3]),
+        t[3].index_select(0, pi),
+    )
+
+
+def strided_wrong_reshape_order(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: the index array read as (h, d_head) and transposed, which is
+    the inverse permutation."""
+    d = len(w_q)
+    idx = np.arange(d).reshape(n_heads, d // n_heads).T.ravel()
+    return w_q[:, idx], w_k[:, idx], w_v[:, idx], w_o[idx]
+
+
+def strided_forgets_w_o(w_q, w_k, w_v, w_o, n_heads):
+    P = _perm_matrix(len(w_q), n_heads)
+    return w_q @ P, w_k @ P, w_v @ P, w_o
+
+
+def strided_all_columns(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: every matrix's columns moved, W_O's too, in a loop."""
+    d = len(w_q)
+    d_head = d // n_heads
+    out = [np.empty_like(w) for w in (w_q, w_k, w_v, w_o)]
+    for new, old in zip(out, (w_q, w_k, w_v, w_o)):
+        for r in range(n_heads):
+            for a in range(d_head):
+                new[:, r * d_head + a] = old[:, a * n_heads + r]
+    return tuple(out)
+
+
+def strided_p_times_w_o(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: P W_O where P^T W_O is needed."""
+    P = _perm_matrix(len(w_q), n_heads)
+    return w_q @ P, w_k @ P, w_v @ P, P @ w_o
+
+
+def strided_scores_only(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: only the matrices of the scores are reordered."""
+    d = len(w_q)
+    q, k = (
+        np.einsum("iah->iha", w.reshape(d, d // n_heads, n_heads)).reshape(
+            d, d
+        )
+        for w in (w_q, w_k)
+    )
+    return q, k, w_v, w_o
+
+
+def strided_left_multiply(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: P on the wrong side of every matrix."""
+    P = _perm_matrix(len(w_q), n_heads)
+    return P.T @ w_q, P.T @ w_k, P.T @ w_v, w_o @ P
+
+
+def strided_split_and_unsplit(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: a reshape into heads and straight back, which moves nothing."""
+    d = len(w_q)
+    return tuple(
+        w.reshape(d, n_heads, d // n_heads).reshape(d, d)
+        for w in (w_q, w_k, w_v, w_o)
+    )
+
+
+STRIDED_WRONG = [
+    (strided_wrong_reshape_order, "inverse_permutation"),
+    (strided_forgets_w_o, "w_o_unchanged"),
+    (strided_all_columns, "w_o_columns"),
+    (strided_p_times_w_o, "w_o_inverse"),
+    (strided_scores_only, "qk_only"),
+    (strided_left_multiply, "wrong_side"),
+    (strided_split_and_unsplit, "unchanged"),
+]
+STRIDED_RIGHT = [
+    strided_by_reshape,
+    strided_by_matrix_float32,
+    strided_in_place,
+    strided_heads_reversed,
+    strided_rotated,
+    strided_torch,
+]
+
+
+@pytest.mark.parametrize(
+    "fn, key", STRIDED_WRONG, ids=[k for _, k in STRIDED_WRONG]
+)
+def test_strided_checker_names_each_mistake(fn, key):
+    with pytest.raises(ExerciseError) as info:
+        check_strided_to_blocked(fn)
+    assert info.value.mistake == key, str(info.value)
+
+
+@pytest.mark.parametrize("fn", STRIDED_RIGHT)
+def test_strided_checker_accepts_every_conversion_that_computes_the_same(
+    fn, capsys
+):
+    check_strided_to_blocked(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_strided_checker_notes_a_conversion_in_place(capsys):
+    check_strided_to_blocked(strided_in_place)
+    out = capsys.readouterr().out
+    assert "changed its inputs `w_q`, `w_k`, `w_v`, `w_o` in place" in out
+
+
+def test_strided_checker_says_what_was_returned_when_it_is_not_four():
+    with pytest.raises(ExerciseError) as info:
+        check_strided_to_blocked(lambda *args: strided_by_reshape(*args)[:3])
+    message = str(info.value)
+    assert "returned a tuple of 3" in message and "raised" not in message
+
+
+def test_strided_checker_against_the_package_layer():
+    """The checker's strided reference and its conversion, checked against
+    the package's torch MultiHeadAttention loaded with the converted
+    weights."""
+    from attnbook.exercises import multihead as reference
+    from attnbook.multihead import MultiHeadAttention
+
+    rng = np.random.default_rng(4)
+    d, h = 12, 3
+    w = [rng.normal(size=(d, d)) / np.sqrt(d) for _ in range(4)]
+    x = rng.normal(size=(2, 6, d))
+    layer = MultiHeadAttention(d, h).double()
+    with torch.no_grad():
+        for proj, m in zip(
+            (layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj),
+            strided_by_reshape(*w, h),
+        ):
+            proj.weight.copy_(torch.from_numpy(m.T))
+        got = layer(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(
+        got, reference._strided_layer(x, *w, h), atol=1e-12
+    )
+    # and the strided layer is not the blocked one with the same weights
+    assert not np.allclose(reference._mha(x, *w, h), got)
+
+
 # --- the catalogue (run by tests/test_exercises_framework.py) ----------------
 
 
@@ -565,10 +850,16 @@ CATALOGUE = {
         + [
             (SPLIT_WRONG_TORCH_NATIVE[key], key)
             for key in sorted(SPLIT_WRONG_TORCH_NATIVE)
-        ],
+        ]
+        + [(split_two, "two_returned")],
     },
     "check_multihead_attention": {
         "right": [mha_torch, mha_loop, mha_nn_module, mha_einsum],
-        "wrong": [(MHA_WRONG[key], key) for key in sorted(MHA_WRONG)],
+        "wrong": [(MHA_WRONG[key], key) for key in sorted(MHA_WRONG)]
+        + [(mha_with_weights, "returns_weights")],
+    },
+    "check_strided_to_blocked": {
+        "right": STRIDED_RIGHT,
+        "wrong": STRIDED_WRONG,
     },
 }

@@ -22,6 +22,7 @@ from .embeddings import check_embedding_grad
 from .flash import check_merge_softmax_states, check_online_softmax
 from .kv_cache import check_kv_cache_step
 from .masking import check_padding_mask
+from .multihead import check_strided_to_blocked
 from .perspectives import check_linear_attention, check_nadaraya_watson
 from .qkv import (
     check_attention_scores,
@@ -65,6 +66,7 @@ __all__ = [
     "check_share_kv_heads",
     "check_softmax",
     "check_split_qkv",
+    "check_strided_to_blocked",
 ]
 
 # Checkers whose modules import torch load on first use, so that `import
@@ -136,4 +138,6 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),
     "check_softmax": ("attnbook.softmax.softmax",),
     "check_split_qkv": (),
+    # no function of the package converts a strided layer's weights
+    "check_strided_to_blocked": (),
 }

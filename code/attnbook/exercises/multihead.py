@@ -17,11 +17,49 @@ import numpy as np
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
 from ..softmax import softmax
-from ._framework import Case, Mistake, as_array, difference, run_checks
+from ._framework import (
+    Case,
+    Mistake,
+    as_array,
+    difference,
+    run_checks,
+    same,
+)
 
 
 def _t(a):
     return np.swapaxes(a, -1, -2)
+
+
+class Unusable:
+    """A reader's return value of the wrong kind (a pair where one array was
+    asked for, two tensors where three were), in place of the value the
+    checker compares: :func:`compare` finds it equal only to an
+    :class:`Unusable` of the same ``kind`` (so that a Mistake that returns the
+    same wrong kind is named), and the verdict states ``message``, instead of
+    a traceback from inside the checker or "your function raised" about an
+    error the checker raised."""
+
+    def __init__(self, kind: str, message: str):
+        self.kind, self.message = kind, message
+
+
+def compare(got, expected) -> bool:
+    """:func:`same`, except that an :class:`Unusable` equals only an
+    :class:`Unusable` of its kind."""
+    if isinstance(got, Unusable) or isinstance(expected, Unusable):
+        return (
+            isinstance(got, Unusable)
+            and isinstance(expected, Unusable)
+            and got.kind == expected.kind
+        )
+    return same(got, expected)
+
+
+def _shapes(parts) -> str:
+    """'(2, 5, 12) and (2, 3, 5, 5)': the shapes of a tuple's parts."""
+    shapes = [str(tuple(np.shape(as_array(p)))) for p in parts]
+    return ", ".join(shapes[:-1]) + " and " + shapes[-1]
 
 
 # The references cut and join heads with their own reshapes rather than
@@ -66,16 +104,29 @@ def _thirds(qkv):
 
 
 def _stack(out):
-    """The reader returns (q, k, v); the checker compares them stacked."""
-    if not isinstance(out, (tuple, list)) or len(out) != 3:
-        raise ValueError(
-            f"return the three tensors (q, k, v); got {type(out).__name__}"
+    """The reader returns (q, k, v); the checker compares them stacked. A
+    return value that is not three tensors of one shape becomes an
+    :class:`Unusable` that says what it is."""
+    if not isinstance(out, (tuple, list)):
+        return Unusable(
+            "not a tuple",
+            f"your function returned one {type(out).__name__} of shape "
+            f"{tuple(np.shape(as_array(out)))}, not the three tensors "
+            "(q, k, v)",
+        )
+    if len(out) != 3:
+        return Unusable(
+            f"{len(out)} tensors",
+            f"your function returned a {type(out).__name__} of {len(out)}; "
+            "return the three tensors (q, k, v)",
         )
     parts = [as_array(t) for t in out]
     shapes = {p.shape for p in parts}
     if len(shapes) != 1:
-        raise ValueError(
-            f"q, k and v should have one shape; got {[p.shape for p in parts]}"
+        return Unusable(
+            "shapes differ",
+            "q, k and v should have one shape; got "
+            f"{[p.shape for p in parts]}",
         )
     return np.stack(parts)
 
@@ -207,6 +258,13 @@ SPLIT_QKV_MISTAKES = [
         "(q, k, v) in that order",
         _order(0, 2, 1),
     ),
+    Mistake(
+        "two_returned",
+        "the function returned two tensors, not three: one of q, k, v (most "
+        "often v) is missing",
+        "return all three, each split into heads: return q, k, v",
+        lambda qkv, h: _stack(tuple(_split_qkv(qkv, h)[:2])),
+    ),
 ]
 
 
@@ -239,6 +297,8 @@ def split_qkv_cases() -> list[Case]:
 def _split_problem(got, expected, case) -> str:
     """What is wrong with the reader's (q, k, v), in the shapes the exercise
     asks for."""
+    if isinstance(got, Unusable):
+        return got.message
     if got.shape != expected.shape:
         b, n, _ = case.args[0].shape
         return (
@@ -323,6 +383,7 @@ def check_split_qkv(fn) -> None:
         SPLIT_QKV_MISTAKES,
         postprocess=_stack,
         describe=_split_problem,
+        compare=compare,
     )
 
 
@@ -584,6 +645,50 @@ def mha_cases() -> list[Case]:
     ]
 
 
+def _only_output(out):
+    """The reader's output; a tuple or list of arrays of different shapes (an
+    ``(output, weights)`` pair, as ``scaled_dot_product_attention`` returns)
+    becomes an :class:`Unusable`. A list of same-shape arrays (one output per
+    sequence of the batch) is stacked."""
+    if not isinstance(out, (tuple, list)):
+        return out
+    parts = [as_array(p) for p in out]
+    if parts and len({p.shape for p in parts}) == 1:
+        return np.stack(parts)
+    return Unusable(
+        f"a {type(out).__name__} of {len(parts)}",
+        f"your function returned a {type(out).__name__} of {len(parts)} "
+        + (f"(shapes {_shapes(parts)}) " if len(parts) > 1 else "")
+        + "where one array was expected: return only the output, shape "
+        "(batch, n, d_model)",
+    )
+
+
+def _mha_with_weights(x, w_q, w_k, w_v, w_o, n_heads):
+    q, k, v = (split_heads(x @ w, n_heads) for w in (w_q, w_k, w_v))
+    heads, weights = scaled_dot_product_attention(q, k, v)
+    return merge_heads(heads) @ w_o, weights
+
+
+MHA_MISTAKES.append(
+    Mistake(
+        "returns_weights",
+        "the function returns a pair, (output, weights), as "
+        "attnbook.scaled_dot_product_attention and attend(..., "
+        "return_weights=True) do",
+        "return only the output, shape (batch, n, d_model): keep the first "
+        "of the attention step's pair (out, _ = ...)",
+        lambda *args: _only_output(_mha_with_weights(*args)),
+    )
+)
+
+
+def _mha_problem(got, expected, case) -> str:
+    if isinstance(got, Unusable):
+        return got.message
+    return difference(got, expected, case)
+
+
 def check_multihead_attention(fn) -> None:
     """Check ``fn(x, w_q, w_k, w_v, w_o, n_heads)`` computes multi-head
     self-attention, no loop needed.
@@ -593,4 +698,247 @@ def check_multihead_attention(fn) -> None:
     ``concat(head_1, ..., head_h) @ w_o`` with ``head_r = softmax(q_r k_r^T /
     sqrt(d_head)) v_r``.
     """
-    run_checks("multi-head attention", fn, mha_cases(), _mha, MHA_MISTAKES)
+    run_checks(
+        "multi-head attention",
+        fn,
+        mha_cases(),
+        _mha,
+        MHA_MISTAKES,
+        compare=compare,
+        postprocess=_only_output,
+        describe=_mha_problem,
+    )
+
+
+# --- loading a strided layer's weights into the blocked layer ----------------
+
+
+def _strided_layer(x, w_q, w_k, w_v, w_o, n_heads):
+    """The strided layer: head r owns features r, r + h, r + 2h, ... of each
+    projection, and its output goes back to those features before w_o."""
+    q, k, v = (_strided_split(x @ w, n_heads) for w in (w_q, w_k, w_v))
+    heads, _ = scaled_dot_product_attention(q, k, v)
+    return _strided_merge(heads) @ w_o
+
+
+def _probe(d_model, n_heads):
+    """The tokens on which both layers are compared: (2, 6, d_model), fixed
+    per case."""
+    rng = np.random.default_rng(1000 + 31 * d_model + n_heads)
+    return rng.normal(size=(2, 6, d_model))
+
+
+def _blocked_output(weights, d_model, n_heads):
+    """The blocked layer (the book's, contiguous heads) with the reader's four
+    weights, on the probe tokens; an :class:`Unusable` when they are not four
+    (d_model, d_model) matrices."""
+    if not isinstance(weights, (tuple, list)) or len(weights) != 4:
+        what = (
+            f"a {type(weights).__name__} of {len(weights)}"
+            if isinstance(weights, (tuple, list))
+            else f"one {type(weights).__name__}"
+        )
+        return Unusable(
+            "not four",
+            f"your function returned {what}; return the four matrices "
+            "(w_q, w_k, w_v, w_o) of the blocked layer",
+        )
+    parts = [as_array(w).astype(np.float64) for w in weights]
+    if any(p.shape != (d_model, d_model) for p in parts):
+        return Unusable(
+            "shapes",
+            "each of the four matrices should have shape (d_model, d_model) "
+            f"= {(d_model, d_model)}; yours have "
+            f"{[p.shape for p in parts]}",
+        )
+    return _mha(_probe(d_model, n_heads), *parts, n_heads)
+
+
+class AsBlockedLayer:
+    """``fn(w_q, w_k, w_v, w_o, n_heads)``, which returns four weights, as the
+    output of the blocked layer with those weights on the probe tokens: the
+    checker compares what the layers compute, not the weights, so that every
+    set of weights that computes the strided layer's function passes (there
+    are many: heads in another order, the slots of a head permuted)."""
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+
+    def __call__(self, w_q, w_k, w_v, w_o, n_heads):
+        d_model = np.shape(w_q)[0]
+        out = self.fn(w_q, w_k, w_v, w_o, n_heads)
+        return _blocked_output(out, d_model, n_heads)
+
+
+def _strided_reference(w_q, w_k, w_v, w_o, n_heads):
+    d_model = w_q.shape[0]
+    return _strided_layer(
+        _probe(d_model, n_heads), w_q, w_k, w_v, w_o, n_heads
+    )
+
+
+def _to_blocked(qkv_cols, o_rows, qkv=(True, True, True)):
+    """A conversion that takes column s of each of W_Q, W_K, W_V (those
+    flagged in ``qkv``) from column ``qkv_cols[s]`` and row s of W_O from row
+    ``o_rows[s]`` (``None``: left as it is). The right one takes both from
+    ``pi(s)``, ``pi(r d_head + a) = a h + r``."""
+
+    def convert(w_q, w_k, w_v, w_o, h):
+        cols, rows = qkv_cols(w_q.shape[0], h), o_rows
+        out = [
+            w[:, cols] if flag else w for w, flag in zip((w_q, w_k, w_v), qkv)
+        ]
+        out.append(w_o if rows is None else w_o[rows(w_o.shape[0], h)])
+        return tuple(out)
+
+    return AsBlockedLayer(convert)
+
+
+def _pi(d, h):
+    """pi[r * d_head + a] = a * h + r: the strided feature that slot a of
+    head r holds."""
+    return np.arange(d).reshape(d // h, h).T.ravel()
+
+
+def _pi_inverse(d, h):
+    return np.argsort(_pi(d, h))
+
+
+STRIDED_MISTAKES = [
+    Mistake(
+        "unchanged",
+        "the weights were returned as they are: the blocked layer gives head "
+        "r the contiguous features r d_head ... (r + 1) d_head - 1, which in "
+        "the strided layer belong to several heads",
+        "head r of the strided layer owns features r, r + h, r + 2h, ...: "
+        "move them into the block r d_head ... (r + 1) d_head - 1 of each "
+        "of W_Q, W_K, W_V, and move W_O's rows the same way",
+        AsBlockedLayer(lambda w_q, w_k, w_v, w_o, h: (w_q, w_k, w_v, w_o)),
+    ),
+    Mistake(
+        "inverse_permutation",
+        "the permutation is the inverse of the right one: column a h + r "
+        "was filled from column r d_head + a, where column r d_head + a "
+        "must be filled from column a h + r",
+        "write the rule as 'new column s comes from old column pi(s)', with s "
+        "= r d_head + a the slot in the blocked layer and pi(s) = a h + r; "
+        "then W[:, pi] is the blocked W (with n_heads = d_head the two "
+        "readings coincide, so try d_model = 12, n_heads = 3)",
+        _to_blocked(_pi_inverse, _pi_inverse),
+    ),
+    Mistake(
+        "w_o_unchanged",
+        "W_Q, W_K and W_V are right, but W_O was left as it is: each head's "
+        "output now reaches W_O through the rows of other features",
+        "the merge puts slot a of head r at position r d_head + a, where the "
+        "strided layer's W_O read it from row a h + r: permute W_O's rows "
+        "with the same pi, W_O[pi]",
+        _to_blocked(_pi, None),
+    ),
+    Mistake(
+        "w_o_columns",
+        "W_O's columns were permuted instead of its rows: W_O maps the "
+        "concatenated heads (its rows) to the model's features (its "
+        "columns), and only the heads were relabelled",
+        "permute the rows, W_O[pi, :]; its columns, the layer's output "
+        "features, stay where they are",
+        AsBlockedLayer(
+            lambda w_q, w_k, w_v, w_o, h: (
+                w_q[:, _pi(len(w_q), h)],
+                w_k[:, _pi(len(w_q), h)],
+                w_v[:, _pi(len(w_q), h)],
+                w_o[:, _pi(len(w_q), h)],
+            )
+        ),
+    ),
+    Mistake(
+        "w_o_inverse",
+        "W_Q, W_K, W_V are right, but W_O's rows were permuted with the "
+        "inverse permutation (P W_O where P^T W_O is needed)",
+        "row s of the blocked W_O must be row pi(s) of the strided one, the "
+        "same rule as for the columns of W_Q: W_O[pi]",
+        _to_blocked(_pi, _pi_inverse),
+    ),
+    Mistake(
+        "qk_only",
+        "only W_Q and W_K were permuted: the scores of every head are right, "
+        "but each head averages the values of other features, and W_O reads "
+        "them from the wrong rows",
+        "a head is its queries, keys *and* values: permute the columns of "
+        "W_V as well, and the rows of W_O",
+        _to_blocked(_pi, None, qkv=(True, True, False)),
+    ),
+    Mistake(
+        "wrong_side",
+        "the permutation was applied on the wrong side: the rows of W_Q, "
+        "W_K, W_V (the input features) and the columns of W_O (the output "
+        "features) were permuted, where the heads live in the columns of "
+        "W_Q, W_K, W_V and the rows of W_O",
+        "the input and output features of the layer are not relabelled; "
+        "permute W_Q, W_K, W_V's columns and W_O's rows",
+        AsBlockedLayer(
+            lambda w_q, w_k, w_v, w_o, h: (
+                w_q[_pi(len(w_q), h)],
+                w_k[_pi(len(w_q), h)],
+                w_v[_pi(len(w_q), h)],
+                w_o[:, _pi(len(w_q), h)],
+            )
+        ),
+    ),
+]
+
+
+def strided_cases() -> list[Case]:
+    rng = np.random.default_rng(7)
+
+    def case(name, d, h):
+        weights = tuple(rng.normal(size=(d, d)) / np.sqrt(d) for _ in range(4))
+        return Case(name, (*weights, h))
+
+    # The first case has d_head != n_heads, both above 1, so that the
+    # permutation is not its own inverse and every mistake gives its own
+    # answer.
+    return [
+        case("d_model = 12, n_heads = 3 (d_head = 4)", 12, 3),
+        case("d_model = 12, n_heads = 4 (d_head = 3)", 12, 4),
+        case("d_model = 10, n_heads = 2 (d_head = 5)", 10, 2),
+        case("d_model = 16, n_heads = 4 (d_head = 4)", 16, 4),
+        case("one head: d_model = 6, n_heads = 1", 6, 1),
+        case("one feature per head: d_model = 5, n_heads = 5", 5, 5),
+    ]
+
+
+def _strided_problem(got, expected, case) -> str:
+    if isinstance(got, Unusable):
+        return got.message
+    return (
+        "the blocked layer with your weights computes something other than "
+        "the strided layer on the same tokens: "
+        + difference(got, expected, case)
+    )
+
+
+def check_strided_to_blocked(fn) -> None:
+    """Check ``fn(w_q, w_k, w_v, w_o, n_heads)`` converts the weights of a
+    strided multi-head layer into those of the blocked one.
+
+    The strided layer's head ``r`` owns features ``r, r + h, r + 2h, ...`` of
+    each projection (its split reshapes the features as ``(d_head, h)``) and
+    merges with the matching inverse; the blocked layer is the book's (head
+    ``r`` owns ``r * d_head .. (r + 1) * d_head - 1``). All weights are
+    ``(d_model, d_model)`` float64 numpy arrays in the book's ``(d_in,
+    d_out)`` layout. ``fn`` returns the four weights ``(w_q, w_k, w_v, w_o)``
+    for which the blocked layer computes the strided layer's function; the
+    checker compares the two layers' outputs on fixed random tokens (2
+    sequences of 6), so any such weights pass.
+    """
+    run_checks(
+        "strided weights to the blocked layout",
+        AsBlockedLayer(fn),
+        strided_cases(),
+        _strided_reference,
+        STRIDED_MISTAKES,
+        compare=compare,
+        describe=_strided_problem,
+    )
