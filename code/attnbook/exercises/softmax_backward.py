@@ -383,12 +383,32 @@ def check_attention_backward(fn) -> None:
 _MEMORY_N_Q, _MEMORY_N_K, _MEMORY_D = 4, 1024, 8
 
 
+def _largest_torch_allocation(fn, *args):
+    """``(fn(*args), the largest single allocation torch made during the
+    call)``: tracemalloc does not see torch's CPU allocator, its profiler
+    does."""
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with warnings.catch_warnings():
+        # the profiler's own notices, not the reader's
+        warnings.simplefilter("ignore")
+        with profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True
+        ) as prof:
+            out = fn(*args)
+    sizes = [
+        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
+    ]
+    return out, max(sizes, default=0)
+
+
 def _check_memory(fn) -> None:
     """Reject an answer whose peak memory on a long row is that of an n_k x
     n_k matrix (a quarter of one in float64: 2 MiB, where the right answer
     needs a few (n_q, n_k) arrays, 32 KiB each)."""
     from ..bench import format_bytes, peak_memory
-    from .perspectives import _largest_torch_allocation
 
     __tracebackhide__ = True
     rng = _rng(41)
