@@ -777,3 +777,108 @@ def test_log_sum_exp_without_the_maximum_is_named_as_the_unstable_formula():
     assert "in disguise" in str(err.value) and "m + log(sum(exp(x - m)))" in (
         str(err.value)
     )
+
+
+# --- from the fourth expert reading of chapter 4 (s5 reader-k-ch04) ----------
+# The first three wrong solutions passed all eight cases of the checker before
+# this reading (C1, C2): its only partly masked rows had finite scores of order
+# 3, and its tolerance (atol 1e-6) let a leak of 8e-7 through.
+
+
+def softmax_masked_filled_with_minus_30(x):
+    """C1: -inf replaced by -30, fully masked rows zeroed by hand."""
+    y = np.where(np.isneginf(x), -30.0, x)
+    e = np.exp(y - y.max(axis=-1, keepdims=True))
+    out = e / e.sum(axis=-1, keepdims=True)
+    out[np.isneginf(x).all(axis=-1)] = 0.0
+    return out
+
+
+def softmax_masked_filled_with_minus_1e9_loop(x):
+    """C1 with the "safe" -1e9 of many codebases, row by row; fully masked
+    rows get zeros."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.zeros_like(x)
+    for idx in np.ndindex(x.shape[:-1]):
+        row = x[idx]
+        if np.all(np.isneginf(row)):
+            continue
+        row = np.where(np.isneginf(row), -1e9, row)
+        e = np.exp(row - row.max())
+        out[idx] = e / e.sum()
+    return out
+
+
+def softmax_exponent_clipped_at_minus_14(x):
+    """C2: "exp of a large negative number is useless, clip it"."""
+    z = np.maximum(x - x.max(axis=-1, keepdims=True), -14.0)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_exponent_clipped_both_sides(x):
+    z = np.clip(x - np.max(x, axis=-1, keepdims=True), -30, 0)
+    return np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+
+
+def softmax_always_float32(x):
+    """Right: float32 throughout, on float64 input too (rtol 1e-5 admits
+    it)."""
+    y = np.asarray(x, dtype=np.float32)
+    e = np.exp(y - y.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_divide_where(x):
+    """Right: fully masked rows set to zeros with np.divide(where=)."""
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+    s = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+
+
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_masked_filled_with_minus_30, "finite_mask_fill"),
+    (softmax_masked_filled_with_minus_1e9_loop, "finite_mask_fill"),
+    (softmax_exponent_clipped_at_minus_14, "floored_exponent"),
+    (softmax_exponent_clipped_both_sides, "floored_exponent"),
+]
+CATALOGUE["check_softmax"]["right"] += [
+    softmax_always_float32,
+    softmax_divide_where,
+]
+
+
+def test_a_finite_fill_puts_the_weight_on_the_masked_key_of_a_low_row():
+    """The case added for C1: on [-1000, -inf, -1001] the -1e9 fill gives
+    [0, 1, 0], and the checker says why."""
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(softmax_masked_filled_with_minus_1e9_loop)
+    assert err.value.mistake == "finite_mask_fill"
+    assert "masked keys in rows far below 0" in str(err.value)
+
+
+def test_a_leak_of_8e_7_onto_masked_keys_is_not_within_tolerance():
+    """C2: the clipped exponent's error is below the old atol of 1e-6; the
+    rule that a zero weight must be zero catches it."""
+    x = np.array([[0.0, -np.inf, -np.inf, -np.inf]])
+    leak = softmax_exponent_clipped_at_minus_14(x)[0, 1]
+    assert 0 < leak < 1e-6
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(softmax_exponent_clipped_at_minus_14)
+    assert err.value.mistake == "floored_exponent"
+
+
+def test_the_smallest_float64_as_a_fill_is_right_and_accepted(capsys):
+    """np.finfo(float64).min as the fill, fully masked rows zeroed: exact
+    zeros at -inf wherever a row has a finite score (any above -1.7e308), so
+    it is not the finite-fill mistake."""
+
+    def finfo_min_fill(x):
+        y = np.where(np.isneginf(x), np.finfo(np.float64).min, x)
+        e = np.exp(y - y.max(axis=-1, keepdims=True))
+        out = e / e.sum(axis=-1, keepdims=True)
+        return np.where(np.isneginf(x).all(-1, keepdims=True), 0.0, out)
+
+    check_softmax(finfo_min_fill)
+    assert "Correct" in capsys.readouterr().out

@@ -31,6 +31,7 @@ from .qkv import (
     check_packed_scores,
 )
 from .qkv import check_realise_pattern
+from .softmax_backward import check_attention_backward
 
 __all__ = [
     "Case",
@@ -40,6 +41,7 @@ __all__ = [
     "run_checks",
     "check_alibi_bias",
     "check_attention",
+    "check_attention_backward",
     "check_attention_scores",
     "check_benchmark_flops",
     "check_causal_mask",
@@ -104,6 +106,9 @@ def __getattr__(name):
 ANSWERS: dict[str, tuple[str, ...]] = {
     "check_alibi_bias": ("attnbook.positional.alibi_bias",),
     "check_attention": ("attnbook.attention.scaled_dot_product_attention",),
+    # the package's backward pass is chapter 9's, blocked and from the saved
+    # log-sum-exp: not this exercise's dense one
+    "check_attention_backward": (),
     "check_attention_scores": (),
     "check_benchmark_flops": ("attnbook.cost.benchmark_flops",),
     "check_causal_mask": ("attnbook.masks.causal_mask",),

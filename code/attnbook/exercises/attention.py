@@ -92,6 +92,25 @@ def _clipped(x, bound):
     return e / e.sum(-1, keepdims=True)
 
 
+def _finite_fill(x, fill, zero_masked_rows=True):
+    """-inf replaced by ``fill`` and a stable softmax taken, with the rows
+    that were entirely -inf set to zeros (the book's convention) where
+    ``zero_masked_rows``."""
+    x = np.asarray(x)
+    fully_masked = np.all(np.isneginf(x), axis=-1, keepdims=True)
+    e = _exp_rows(np.where(np.isneginf(x), fill, x))
+    p = e / e.sum(-1, keepdims=True)
+    return np.where(fully_masked, 0.0, p) if zero_masked_rows else p
+
+
+def _floored_exponent(x, floor):
+    """The shifted exponent clipped from below at ``-floor``: every weight at
+    least exp(-floor) / n, a masked one included."""
+    z = np.maximum(x - x.max(-1, keepdims=True), -floor)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
 def _eps_denominator(x, eps):
     e = _exp_rows(x)
     return e / (e.sum(-1, keepdims=True) + eps)
@@ -372,6 +391,46 @@ SOFTMAX_MISTAKES = [
 ]
 
 
+# A finite stand-in for -inf, with fully masked rows zeroed: the fills readers
+# use (and the float16 and float32 limits)
+_FILLS = (-20.0, -30.0, -50.0, -100.0, -1e3, -1e4, -65504.0, -1e9, -3.4e38)
+SOFTMAX_MISTAKES += [
+    *[
+        Mistake(
+            "finite_mask_fill",
+            "the masked scores (-inf) were replaced by a finite number: in a "
+            "row whose other scores lie far below that number the masked key "
+            "gets the weight (all of it when they lie below it by more than "
+            "exp's range), and elsewhere it keeps a small weight where the "
+            "answer is exactly 0 (and a fully masked row, unless set to "
+            "zeros, gets the uniform weights 1/n)",
+            "keep -inf as it is: exp(-inf - m) = 0 exactly, whatever the "
+            "other scores; only a fully masked row (m = -inf) needs its own "
+            "case, e.g. np.where(np.isfinite(m), x - m, -np.inf) before exp",
+            lambda x, fill=fill, zero=zero: _finite_fill(x, fill, zero),
+        )
+        for zero in (True, False)
+        for fill in _FILLS
+    ],
+    # the message names no floor: readers pick many
+    *[
+        Mistake(
+            "floored_exponent",
+            "the shifted exponent x - max is clipped from below (np.maximum "
+            "or np.clip with a floor such as -14): every weight is then at "
+            "least exp(floor) / n, so a masked key (-inf) or a score far "
+            "below the maximum keeps a weight where the answer is 0 or far "
+            "smaller",
+            "do not clip: after the shift every exponent is <= 0, so exp "
+            "cannot overflow, and an exponent that underflows to 0 is the "
+            "right answer (exp(-inf) = 0 masks a key exactly)",
+            lambda x, floor=floor: _floored_exponent(x, floor),
+        )
+        for floor in (*range(5, 41), 50, 60, 70, 80, 87, 100, 700, 745)
+    ],
+]
+
+
 def softmax_cases() -> list[Case]:
     rng = _rng(0)
     spread = np.array(
@@ -425,29 +484,65 @@ def softmax_cases() -> list[Case]:
             "one float32 row [0, 100, -5], its top score far above the rest",
             (np.array([0.0, 100.0, -5.0], dtype=np.float32),),
         ),
+        # Last too. Masked keys in rows whose scores lie far below any
+        # finite stand-in for -inf (-30, -100, -1e9): a fill puts the
+        # weight on the masked key there. (The batch above has finite scores
+        # of order 3, where a fill below about -17 leaks less than 1e-6.)
+        Case(
+            "masked keys in rows far below 0, [[-1000, -inf, -1001], "
+            "[5, -inf, 4], [-2e9, -inf, -2e9 - 256]]",
+            # -2e9 and -2e9 - 256 are float32 numbers too: a softmax
+            # computed in float32 gets this case right
+            (
+                np.array(
+                    [
+                        [-1000.0, -np.inf, -1001.0],
+                        [5.0, -np.inf, 4.0],
+                        [-2e9, -np.inf, -2e9 - 256],
+                    ]
+                ),
+            ),
+        ),
     ]
 
 
 def _same_softmax(got, expected) -> bool:
     """Agreement, except that a fully masked row (the reference's all-zero row:
     softmax rows otherwise sum to 1) may be all zeros or all NaN, what torch
-    gives."""
+    gives.
+
+    Two rules are stricter than :func:`same`. Where the reference's weight is
+    exactly 0 in any other row (a masked key, -inf, or a score whose weight
+    underflows), the answer must be 0 too, up to the smallest normal number
+    of the reference's dtype: ``exp(-inf) = 0`` exactly, so a leak there (a
+    finite fill for -inf, an exponent clipped from below) is a wrong answer
+    however small. And a float64 reference is compared with ``atol =
+    1e-12``, not 1e-6 (``rtol = 1e-5`` still admits a softmax computed in
+    float32)."""
     try:
         g, e = (
-            np.asarray(got, dtype=np.float64),
-            np.asarray(expected, dtype=np.float64),
+            np.asarray(as_array(got), dtype=np.float64),
+            np.asarray(as_array(expected), dtype=np.float64),
         )
     except (TypeError, ValueError):
         return same(got, expected)
     if g.shape != e.shape or e.ndim == 0:
         return False
+    expected_dtype = as_array(expected).dtype
     masked = np.all(e == 0, axis=-1)
     if masked.any():
         undefined = np.all(np.isnan(g), axis=-1) | np.all(g == 0, axis=-1)
         if not undefined[masked].all():
             return False
         g, e = g[~masked], e[~masked]
-    return same(g, e)
+    if expected_dtype.kind == "f":
+        tiny = float(np.finfo(expected_dtype).tiny)
+        with np.errstate(invalid="ignore"):
+            leak = (e == 0) & ~(np.abs(g) <= tiny)
+        if leak.any():
+            return False
+    atol = 1e-12 if expected_dtype == np.float64 else 1e-6
+    return same(g, e, atol=atol)
 
 
 def check_softmax(fn) -> None:

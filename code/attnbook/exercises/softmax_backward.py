@@ -1,0 +1,448 @@
+"""Checker for the backward pass of attention through its softmax (chapter 4,
+hard exercise).
+
+The reader writes ``attention_backward(q, k, v, d_out, mask=None)``, which
+returns ``(d_q, d_k, d_v)``, the gradients of a loss ``L`` with respect to the
+inputs of ``softmax(q k^T / sqrt(d_k)) v`` given ``d_out = dL/d(output)``,
+without forming the Jacobian of any row's softmax. The reference goes the
+long way round: it forms every row's Jacobian ``diag(p) - p p^T``
+(:func:`attnbook.softmax.softmax_jacobian`) and multiplies by it, so that it
+shares no shortcut with the answer it checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..attention import scaled_dot_product_attention
+from ..softmax import softmax, softmax_jacobian
+from ._framework import (
+    Case,
+    ExerciseError,
+    Mistake,
+    as_array,
+    pristine,
+    run_checks,
+    same,
+)
+
+_rng = np.random.default_rng
+_EXERCISE = "attention backward"
+
+
+def _t(x):
+    """The last two axes swapped."""
+    return np.swapaxes(x, -1, -2)
+
+
+def attention_backward_reference(q, k, v, d_out, mask=None):
+    """``(d_q, d_k, d_v)`` in float64 through each row's full Jacobian, cast
+    to the inputs' dtype (float64 unless they are all float32)."""
+    dtype = np.result_type(q, k, v, d_out, np.float32)
+    q, k, v, d_out = (np.asarray(a, np.float64) for a in (q, k, v, d_out))
+    scale = 1 / np.sqrt(q.shape[-1])
+    _, p = scaled_dot_product_attention(q, k, v, mask=mask)
+    d_v = _t(p) @ d_out
+    d_p = d_out @ _t(v)
+    # (..., n_q, n_k, n_k): J_i = diag(p_i) - p_i p_i^T, symmetric
+    jac = softmax_jacobian(p)
+    d_s = np.einsum("...ij,...ijk->...ik", d_p, jac)
+    d_q = d_s @ k * scale
+    d_k = _t(d_s) @ q * scale
+    return tuple(g.astype(dtype, copy=False) for g in (d_q, d_k, d_v))
+
+
+def _grads(
+    q,
+    k,
+    v,
+    d_out,
+    mask=None,
+    *,
+    rule="right",
+    scale_q=True,
+    scale_k=True,
+    dv_untransposed=False,
+    dk_untransposed=False,
+    nan_rows=False,
+    use_mask=True,
+    scale_power=0.5,
+):
+    """A backward pass with one of the classic slips (``rule`` for the
+    softmax's VJP, the flags for the rest); with the defaults, the right
+    one."""
+    q, k, v, d_out = (np.asarray(a, np.float64) for a in (q, k, v, d_out))
+    scale = q.shape[-1] ** -scale_power
+    s = q @ _t(k) / np.sqrt(q.shape[-1])
+    if mask is not None and use_mask:
+        s = np.where(mask, s, -np.inf)
+    if nan_rows:
+        # the max trick with no care for a row whose maximum is -inf
+        e = np.exp(s - s.max(-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
+    else:
+        p = softmax(s, axis=-1)
+    d_v = (p if dv_untransposed else _t(p)) @ d_out
+    d_p = d_out @ _t(v)
+    rows = -1 if rule != "row_term_over_queries" else -2
+    if rule == "diagonal_only":
+        d_s = p * (1 - p) * d_p
+    elif rule == "no_row_term":
+        d_s = p * d_p
+    elif rule == "sign":
+        d_s = p * ((p * d_p).sum(-1, keepdims=True) - d_p)
+    elif rule == "unweighted_row_term":
+        d_s = p * (d_p - d_p.sum(-1, keepdims=True))
+    elif rule == "scores_for_weights":
+        s_safe = np.where(np.isfinite(s), s, 0.0)
+        d_s = s_safe * (d_p - (s_safe * d_p).sum(-1, keepdims=True))
+    else:
+        d_s = p * (d_p - (p * d_p).sum(rows, keepdims=True))
+    d_q = d_s @ k * (scale if scale_q else 1.0)
+    d_k = (d_s if dk_untransposed else _t(d_s)) @ q
+    d_k = d_k * (scale if scale_k else 1.0)
+    return d_q, d_k, d_v
+
+
+def _commit(**slip):
+    return lambda q, k, v, d_out, mask=None: _grads(
+        q, k, v, d_out, mask, **slip
+    )
+
+
+ATTENTION_BACKWARD_MISTAKES = [
+    Mistake(
+        "dv_untransposed",
+        "d_v is P @ d_out, not P^T @ d_out: the weights must be transposed, "
+        "since value j is used by every query i with weight P_ij (on a "
+        "square P the shapes fit and the error is silent)",
+        "output_i = sum_j P_ij v_j, so dL/dv_j = sum_i P_ij d_out_i: "
+        "d_v = swapaxes(P, -1, -2) @ d_out, shape (..., n_k, d_v)",
+        _commit(dv_untransposed=True),
+    ),
+    Mistake(
+        "dk_untransposed",
+        "d_k is dS @ q, not dS^T @ q: key j collects the gradient of column "
+        "j of the scores, not of row j (on a square matrix the shapes fit "
+        "and the error is silent)",
+        "S_ij = q_i . k_j / sqrt(d_k), so dL/dk_j = sum_i dS_ij q_i / "
+        "sqrt(d_k): d_k = swapaxes(dS, -1, -2) @ q / sqrt(d_k)",
+        _commit(dk_untransposed=True),
+    ),
+    Mistake(
+        "diagonal_only",
+        "the softmax's backward keeps only the diagonal of its Jacobian, "
+        "dS = P * (1 - P) * dP: every weight depends on every score of its "
+        "row (J_ij = -p_i p_j off the diagonal)",
+        "J^T g = p * (g - sum(p * g)) for each row (eq. ch4-vjp): subtract "
+        "each row's weighted sum (p * g).sum(-1, keepdims=True) from g "
+        "before multiplying by p",
+        _commit(rule="diagonal_only"),
+    ),
+    Mistake(
+        "no_row_term",
+        "dS = P * dP: the row term of the softmax's backward is missing (the "
+        "weights sum to 1, so raising one lowers the others: "
+        "J = diag(p) - p p^T, not diag(p))",
+        "dS = P * (dP - (P * dP).sum(-1, keepdims=True)); the row term is "
+        "also (d_out * output).sum(-1, keepdims=True)",
+        _commit(rule="no_row_term"),
+    ),
+    Mistake(
+        "sign",
+        "dS has the wrong sign: p * (sum(p * g) - g) is -J^T g",
+        "J^T g = p * (g - sum(p * g)): g minus the row term, not the row term "
+        "minus g",
+        _commit(rule="sign"),
+    ),
+    Mistake(
+        "unweighted_row_term",
+        "the row term subtracted from dP is its plain sum, sum_j dP_ij, not "
+        "its weighted sum sum_j P_ij dP_ij",
+        "(J^T g)_j = p_j (g_j - sum_i p_i g_i): the sum is weighted by the "
+        "softmax's output, (P * dP).sum(-1, keepdims=True)",
+        _commit(rule="unweighted_row_term"),
+    ),
+    Mistake(
+        "row_term_over_queries",
+        "the row term sum(P * dP) is summed over the queries (axis -2), not "
+        "over each query's keys: each row's softmax couples only that row's "
+        "scores",
+        "sum along the last axis, the keys: (P * dP).sum(axis=-1, "
+        "keepdims=True), shape (..., n_q, 1)",
+        _commit(rule="row_term_over_queries"),
+    ),
+    Mistake(
+        "scores_for_weights",
+        "the softmax's backward uses the scores S where it needs the weights "
+        "P = softmax(S): the Jacobian diag(p) - p p^T is written in terms of "
+        "the output of the softmax",
+        "keep P from the forward pass and use it: dS = P * (dP - (P * "
+        "dP).sum(-1, keepdims=True))",
+        _commit(rule="scores_for_weights"),
+    ),
+    Mistake(
+        "no_scale_in_backward",
+        "d_q and d_k lack the factor 1/sqrt(d_k): the scores are q k^T / "
+        "sqrt(d_k), so the chain rule multiplies by 1/sqrt(d_k) on the way "
+        "back too",
+        "d_q = dS @ k / sqrt(d_k) and d_k = swapaxes(dS, -1, -2) @ q / "
+        "sqrt(d_k)",
+        _commit(scale_q=False, scale_k=False),
+    ),
+    Mistake(
+        "no_scale_in_dk",
+        "d_k lacks the factor 1/sqrt(d_k) (d_q has it): the scale multiplies "
+        "the product q . k, so both factors' gradients carry it",
+        "d_k = swapaxes(dS, -1, -2) @ q / sqrt(d_k), like d_q = dS @ k / "
+        "sqrt(d_k)",
+        _commit(scale_k=False),
+    ),
+    Mistake(
+        "no_scale_in_dq",
+        "d_q lacks the factor 1/sqrt(d_k) (d_k has it): the scale multiplies "
+        "the product q . k, so both factors' gradients carry it",
+        "d_q = dS @ k / sqrt(d_k), like d_k = swapaxes(dS, -1, -2) @ q / "
+        "sqrt(d_k)",
+        _commit(scale_q=False),
+    ),
+    Mistake(
+        "scale_by_dk",
+        "d_q and d_k are divided by d_k instead of sqrt(d_k): the scale "
+        "enters the chain rule once, as it entered the scores",
+        "S = q k^T / sqrt(d_k) is linear in q and in k, so dS/dq carries "
+        "1/sqrt(d_k) once: d_q = dS @ k / sqrt(d_k)",
+        _commit(scale_power=1.0),
+    ),
+    Mistake(
+        "masked_row_nan",
+        "a fully masked query (every key masked) gets NaN weights (its "
+        "maximum is -inf, and -inf - (-inf) is NaN), and the NaN spreads: "
+        "d_k = dS^T q and d_v = P^T d_out sum over all the queries, so every "
+        "key's gradient is NaN",
+        "give a fully masked row zero weights (subtract its maximum only "
+        "where it is finite, as attnbook's stable_shift does): then its dS "
+        "is 0 and it contributes nothing to any gradient",
+        _commit(nan_rows=True),
+    ),
+    Mistake(
+        "mask_ignored",
+        "the mask is not applied: the masked keys receive weight in the "
+        "forward pass that the backward pass differentiates",
+        "set the masked scores to -inf before the softmax, "
+        "np.where(mask, s, -np.inf) (True = may attend)",
+        _commit(use_mask=False),
+    ),
+]
+
+# what the memory check names: not a function of the values (they are right)
+ATTENTION_BACKWARD_COST_MISTAKES = [
+    Mistake(
+        "full_jacobian",
+        "the values are right, but the backward pass formed the Jacobian of "
+        "the softmax (an n_k x n_k matrix per query): O(n_q n_k^2) memory "
+        "where O(n_q n_k) suffices",
+        "J^T g never needs J: for each row, p * (g - sum(p * g)) (eq. "
+        "ch4-vjp), one elementwise pass over the (..., n_q, n_k) arrays",
+        lambda *args, **kwargs: None,
+    ),
+]
+
+
+def attention_backward_cases() -> list[Case]:
+    rng = _rng(4)
+
+    def n(*shape, scale=1.0):
+        return rng.normal(scale=scale, size=shape)
+
+    batch_mask = np.ones((2, 3, 4), dtype=bool)
+    # a fully masked query in the first batch, masked keys in the second
+    batch_mask[0, 1, :] = False
+    batch_mask[1, :, [0, 2]] = False
+    batch_mask[1, 2, 1] = False
+    square_mask = np.tril(np.ones((4, 4), dtype=bool))
+    return [
+        # square first: transposes forgotten fit its shapes and are named
+        # by their values, not by a shape error
+        Case(
+            "self-attention, n_q = n_k = 4, d_k = d_v = 3",
+            (n(4, 3), n(4, 3), n(4, 3), n(4, 3)),
+        ),
+        Case(
+            "n_q = 3 queries, n_k = 5 keys, d_k = 4, d_v = 2",
+            (n(3, 4), n(5, 4), n(5, 2), n(3, 2)),
+        ),
+        Case(
+            "one key (n_k = 1: every weight is 1, so d_q = d_k = 0)",
+            (n(3, 4), n(1, 4), n(1, 2), n(3, 2)),
+        ),
+        Case(
+            "a causal mask, n = 4, d_k = d_v = 3",
+            (n(4, 3), n(4, 3), n(4, 3), n(4, 3)),
+            {"mask": square_mask},
+        ),
+        Case(
+            "a batch (2, 3 queries, 4 keys) with masked keys and one query "
+            "whose every key is masked (its gradients are 0)",
+            (n(2, 3, 5), n(2, 4, 5), n(2, 4, 3), n(2, 3, 3)),
+            {"mask": batch_mask},
+        ),
+        Case(
+            "scores in the hundreds (|q . k| / sqrt(d_k) up to ~500)",
+            (n(3, 4, scale=15), n(4, 4, scale=15), n(4, 2), n(3, 2)),
+        ),
+        Case(
+            "float32 inputs, n_q = 2, n_k = 6, d_k = 8, d_v = 4",
+            tuple(
+                a.astype(np.float32)
+                for a in (n(2, 8), n(6, 8), n(6, 4), n(2, 4))
+            ),
+        ),
+    ]
+
+
+def _as_three(out):
+    """The reader's value as three numpy arrays, or None."""
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        return None
+    try:
+        return [as_array(g) for g in out]
+    except Exception:
+        return None
+
+
+def _same_grads(got, expected) -> bool:
+    """Three gradients, each of the reference's shape, agreeing to rtol 1e-6,
+    atol 1e-9 (float64; 1e-4 and 1e-5 where the reference is float32)."""
+    g, e = _as_three(got), _as_three(expected)
+    if g is None or e is None:
+        return False
+    loose = any(x.dtype == np.float32 for x in e)
+    rtol, atol = (1e-4, 1e-5) if loose else (1e-6, 1e-9)
+    return all(same(a, b, rtol=rtol, atol=atol) for a, b in zip(g, e))
+
+
+def _describe(got, expected, case) -> str:
+    """Which of d_q, d_k, d_v is wrong, and how."""
+    g, e = _as_three(got), _as_three(expected)
+    if g is None:
+        return (
+            "your function should return a tuple (d_q, d_k, d_v) of three "
+            f"arrays; it returned {type(got).__name__}"
+        )
+    loose = any(x.dtype == np.float32 for x in e)
+    rtol, atol = (1e-4, 1e-5) if loose else (1e-6, 1e-9)
+    parts = []
+    for name, a, b in zip(("d_q", "d_k", "d_v"), g, e):
+        if a.shape != b.shape:
+            parts.append(f"{name} has shape {a.shape}, expected {b.shape}")
+        elif not same(a, b, rtol=rtol, atol=atol):
+            with np.errstate(invalid="ignore"):
+                gap = np.nanmax(np.abs(a.astype(float) - b.astype(float)))
+            if not np.all(np.isfinite(a.astype(float))):
+                parts.append(f"{name} holds NaN or inf")
+            else:
+                parts.append(f"{name} differs (largest difference {gap:.3g})")
+        else:
+            parts.append(f"{name} is right")
+    return "; ".join(parts)
+
+
+def check_attention_backward(fn) -> None:
+    """Check ``fn(q, k, v, d_out, mask=None)`` returns ``(d_q, d_k, d_v)``,
+    the gradients of attention without the softmax's Jacobian.
+
+    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v), d_out:
+    (..., n_q, d_v); mask: bool, broadcastable to (..., n_q, n_k), True = may
+    attend; a query whose every key is masked has zero weights (the book's
+    convention), and so zero gradients. After the values, one long case
+    (n_q = 4, n_k = 1024) measures the peak memory (:mod:`tracemalloc`, and
+    torch's profiler for a torch answer): an answer that forms a row's n_k x
+    n_k Jacobian is rejected.
+    """
+    __tracebackhide__ = True
+    cases = attention_backward_cases()
+    run_checks(
+        _EXERCISE,
+        fn,
+        cases,
+        attention_backward_reference,
+        ATTENTION_BACKWARD_MISTAKES,
+        compare=_same_grads,
+        describe=_describe,
+        quiet=True,
+    )
+    _check_memory(fn)
+    print(
+        f"Correct: {_EXERCISE} passes all {len(cases)} cases, and on n_k = "
+        f"{_MEMORY_N_K} keys it never needed the memory of a row's n_k x n_k "
+        "Jacobian."
+    )
+
+
+_MEMORY_N_Q, _MEMORY_N_K, _MEMORY_D = 4, 1024, 8
+
+
+def _largest_torch_allocation(fn, *args):
+    """``(fn(*args), the largest single allocation torch made during the
+    call)``: tracemalloc does not see torch's CPU allocator, its profiler
+    does."""
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with warnings.catch_warnings():
+        # the profiler's own notices, not the reader's
+        warnings.simplefilter("ignore")
+        with profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True
+        ) as prof:
+            out = fn(*args)
+    sizes = [
+        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
+    ]
+    return out, max(sizes, default=0)
+
+
+def _check_memory(fn) -> None:
+    """Reject an answer whose peak memory on a long row is that of an n_k x
+    n_k matrix (a quarter of one in float64: 2 MiB, where the right answer
+    needs a few (n_q, n_k) arrays, 32 KiB each)."""
+    from ..bench import format_bytes, peak_memory
+
+    __tracebackhide__ = True
+    rng = _rng(41)
+    q = rng.normal(size=(_MEMORY_N_Q, _MEMORY_D))
+    k, v = (rng.normal(size=(_MEMORY_N_K, _MEMORY_D)) for _ in range(2))
+    d_out = rng.normal(size=(_MEMORY_N_Q, _MEMORY_D))
+    args = (q, k, v, d_out)
+    # before the reader's function, which gets copies (it may change them)
+    expected = attention_backward_reference(*args)
+    out, peak = peak_memory(fn, *pristine(args))
+    got = _as_three(out)
+    if got is not None and any(hasattr(g, "detach") for g in out):
+        _, torch_largest = _largest_torch_allocation(fn, *pristine(args))
+        peak = max(peak, torch_largest)
+    case = (
+        f"n_q = {_MEMORY_N_Q}, n_k = {_MEMORY_N_K}, d_k = d_v = {_MEMORY_D} "
+        "(memory)"
+    )
+    jacobian_row = _MEMORY_N_K * _MEMORY_N_K * 8
+    if peak >= jacobian_row // 4:
+        (mistake,) = ATTENTION_BACKWARD_COST_MISTAKES
+        raise ExerciseError(
+            _EXERCISE,
+            case,
+            f"your function's peak memory was {format_bytes(peak)}; one row's "
+            f"Jacobian is {format_bytes(jacobian_row)} in float64, the "
+            f"weights of all {_MEMORY_N_Q} queries "
+            f"{format_bytes(_MEMORY_N_Q * _MEMORY_N_K * 8)}",
+            mistake=mistake,
+        )
+    if not _same_grads(out, expected):
+        raise ExerciseError(
+            _EXERCISE,
+            case,
+            "values differ from the reference on a long row: "
+            + _describe(out, expected, None),
+        )

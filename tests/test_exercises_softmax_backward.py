@@ -1,0 +1,294 @@
+"""The attention-backward checker (chapter 4's hard exercise) rejects each
+classic mistake with its diagnosis and accepts right answers written in other
+ways; its reference agrees with torch's autograd.
+
+The wrong solutions here are written independently of the checker's Mistake
+functions, the way a student who half-understood eq. ch4-vjp would write them.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import ExerciseError, check_attention_backward
+from attnbook.exercises.softmax_backward import (
+    attention_backward_cases,
+    attention_backward_reference,
+)
+
+
+def _weights(q, k, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+# --- right ------------------------------------------------------------------
+
+
+def backward_with_output_trick(q, k, v, d_out, mask=None):
+    """The FlashAttention form: the row term sum_j P_ij dP_ij is d_out_i .
+    o_i."""
+    p = _weights(q, k, mask)
+    o = p @ v
+    d_v = np.swapaxes(p, -1, -2) @ d_out
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - (d_out * o).sum(axis=-1, keepdims=True))
+    scale = 1 / np.sqrt(q.shape[-1])
+    return d_s @ k * scale, np.swapaxes(d_s, -1, -2) @ q * scale, d_v
+
+
+def backward_einsum(q, k, v, d_out, mask=None):
+    """einsum throughout, in the inputs' dtype (float32 stays float32)."""
+    scale = q.dtype.type(1 / np.sqrt(q.shape[-1]))
+    s = np.einsum("...id,...jd->...ij", q, k) * scale
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m[~np.isfinite(m)] = 0
+    e = np.exp(s - m)
+    z = e.sum(-1, keepdims=True)
+    p = e / np.where(z == 0, 1, z)
+    d_p = np.einsum("...ie,...je->...ij", d_out, v)
+    row = np.einsum("...ij,...ij->...i", p, d_p)[..., None]
+    d_s = p * (d_p - row)
+    return (
+        np.einsum("...ij,...jd->...id", d_s, k) * scale,
+        np.einsum("...ij,...id->...jd", d_s, q) * scale,
+        np.einsum("...ij,...ie->...je", p, d_out),
+    )
+
+
+def backward_torch_autograd(q, k, v, d_out, mask=None):
+    """torch's autograd in float64, with fully masked rows kept finite (a
+    plain torch.softmax would give NaN there, and NaN gradients)."""
+    q_t, k_t, v_t = (
+        torch.tensor(np.asarray(a, np.float64), requires_grad=True)
+        for a in (q, k, v)
+    )
+    s = q_t @ k_t.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if mask is not None:
+        allowed = torch.as_tensor(np.broadcast_to(mask, s.shape).copy())
+        none = ~allowed.any(-1, keepdim=True)
+        s = s.masked_fill(~allowed, float("-inf")).masked_fill(none, 0.0)
+        p = torch.softmax(s, dim=-1).masked_fill(none, 0.0)
+    else:
+        p = torch.softmax(s, dim=-1)
+    (p @ v_t).backward(torch.from_numpy(np.asarray(d_out, np.float64)))
+    return q_t.grad, k_t.grad, v_t.grad
+
+
+def backward_row_loop(q, k, v, d_out, mask=None):
+    """One query at a time, the 1-D formula of eq. ch4-vjp; in place on the
+    caller's q (scaled first), which the checker notes."""
+    q /= np.sqrt(q.shape[-1])
+    batch = q.shape[:-2]
+    d_q = np.zeros(q.shape)
+    d_k = np.zeros(k.shape)
+    d_v = np.zeros(v.shape)
+    full = (
+        None
+        if mask is None
+        else np.broadcast_to(mask, batch + (q.shape[-2], k.shape[-2]))
+    )
+    for b in np.ndindex(batch):
+        for i in range(q.shape[-2]):
+            s = k[b] @ q[b][i]
+            if full is not None:
+                s = np.where(full[b][i], s, -np.inf)
+            if np.all(np.isneginf(s)):
+                continue
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            g = v[b] @ d_out[b][i]
+            d_s = p * (g - p @ g)
+            d_q[b][i] = d_s @ k[b]
+            d_k[b] += np.outer(d_s, q[b][i])
+            d_v[b] += np.outer(p, d_out[b][i])
+    return d_q / np.sqrt(q.shape[-1]), d_k, d_v
+
+
+# --- wrong ------------------------------------------------------------------
+
+
+def backward_full_jacobian(q, k, v, d_out, mask=None):
+    """Right values, through the (n_q, n_k, n_k) Jacobian."""
+    p = _weights(q, k, mask)
+    jac = p[..., :, None] * np.eye(p.shape[-1]) - (
+        p[..., :, None] * p[..., None, :]
+    )
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = np.einsum("...ijk,...ij->...ik", jac, d_p)
+    scale = 1 / np.sqrt(q.shape[-1])
+    return (
+        d_s @ k * scale,
+        np.swapaxes(d_s, -1, -2) @ q * scale,
+        np.swapaxes(p, -1, -2) @ d_out,
+    )
+
+
+def backward_sigmoid_style(q, k, v, d_out, mask=None):
+    """ "The derivative of the softmax is p (1 - p)", as for a sigmoid."""
+    p = _weights(q, k, mask)
+    d_s = p * (1 - p) * (d_out @ np.swapaxes(v, -1, -2))
+    c = np.sqrt(q.shape[-1])
+    return (
+        d_s @ k / c,
+        np.swapaxes(d_s, -1, -2) @ q / c,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+def backward_forgets_scale(q, k, v, d_out, mask=None):
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))
+    return (
+        d_s @ k,
+        np.swapaxes(d_s, -1, -2) @ q,
+        np.swapaxes(p, -1, -2) @ d_out,
+    )
+
+
+def backward_dk_unscaled(q, k, v, d_out, mask=None):
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))
+    d_q = d_s @ k / np.sqrt(q.shape[-1])
+    return d_q, np.swapaxes(d_s, -1, -2) @ q, np.swapaxes(p, -1, -2) @ d_out
+
+
+def backward_dv_without_transpose(q, k, v, d_out, mask=None):
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))
+    c = np.sqrt(q.shape[-1])
+    return d_s @ k / c, np.swapaxes(d_s, -1, -2) @ q / c, p @ d_out
+
+
+def backward_dk_without_transpose(q, k, v, d_out, mask=None):
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))
+    c = np.sqrt(q.shape[-1])
+    return d_s @ k / c, d_s @ q / c, np.swapaxes(p, -1, -2) @ d_out
+
+
+def backward_plain_sum(q, k, v, d_out, mask=None):
+    """g - sum(g): the row term without the weights."""
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - d_p.sum(-1, keepdims=True))
+    c = np.sqrt(q.shape[-1])
+    return (
+        d_s @ k / c,
+        np.swapaxes(d_s, -1, -2) @ q / c,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+def backward_unsafe_masked_rows(q, k, v, d_out, mask=None):
+    """The max trick with nothing for a row that is entirely masked."""
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - (p * d_p).sum(-1, keepdims=True))
+    c = np.sqrt(q.shape[-1])
+    return (
+        d_s @ k / c,
+        np.swapaxes(d_s, -1, -2) @ q / c,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+def backward_negated(q, k, v, d_out, mask=None):
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (np.sum(p * d_p, axis=-1, keepdims=True) - d_p)
+    c = np.sqrt(q.shape[-1])
+    return (
+        d_s @ k / c,
+        np.swapaxes(d_s, -1, -2) @ q / c,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+def backward_ignores_mask(q, k, v, d_out, mask=None):
+    return backward_with_output_trick(q, k, v, d_out)
+
+
+def backward_scaled_by_d(q, k, v, d_out, mask=None):
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))
+    d = q.shape[-1]
+    return (
+        d_s @ k / d,
+        np.swapaxes(d_s, -1, -2) @ q / d,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+CATALOGUE = {
+    "check_attention_backward": {
+        "right": [
+            backward_with_output_trick,
+            backward_einsum,
+            backward_torch_autograd,
+            backward_row_loop,
+        ],
+        "wrong": [
+            (backward_full_jacobian, "full_jacobian"),
+            (backward_sigmoid_style, "diagonal_only"),
+            (backward_forgets_scale, "no_scale_in_backward"),
+            (backward_dk_unscaled, "no_scale_in_dk"),
+            (backward_dv_without_transpose, "dv_untransposed"),
+            (backward_dk_without_transpose, "dk_untransposed"),
+            (backward_plain_sum, "unweighted_row_term"),
+            (backward_unsafe_masked_rows, "masked_row_nan"),
+            (backward_negated, "sign"),
+            (backward_ignores_mask, "mask_ignored"),
+            (backward_scaled_by_d, "scale_by_dk"),
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "case", attention_backward_cases(), ids=lambda c: c.name[:40]
+)
+def test_the_reference_agrees_with_torch_autograd(case):
+    """The checker's reference (each row's full Jacobian) against torch's
+    autograd in float64, on every case."""
+    expected = attention_backward_reference(*case.args, **case.kwargs)
+    args = [np.asarray(a, np.float64) for a in case.args]
+    got = backward_torch_autograd(*args, **case.kwargs)
+    for e, g in zip(expected, got):
+        tol = 1e-5 if e.dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(e, g.numpy(), rtol=tol, atol=tol)
+
+
+def test_a_fully_masked_query_has_zero_gradients_in_the_reference():
+    case = attention_backward_cases()[4]
+    d_q, d_k, d_v = attention_backward_reference(*case.args, **case.kwargs)
+    assert np.all(d_q[0, 1] == 0) and np.all(np.isfinite(d_k))
+
+
+def test_the_full_jacobian_diagnosis_names_the_memory():
+    with pytest.raises(ExerciseError) as err:
+        check_attention_backward(backward_full_jacobian)
+    assert err.value.mistake == "full_jacobian"
+    assert "(memory)" in str(err.value) and "peak memory" in str(err.value)
+
+
+def test_the_row_loop_changes_q_and_is_still_accepted(capsys):
+    check_attention_backward(backward_row_loop)
+    out = capsys.readouterr().out
+    assert "changed its input `q`" in out and "Correct" in out
