@@ -20,6 +20,7 @@ from .attention import check_attention, check_causal_mask, check_softmax
 from .embeddings import check_cosine_similarity, check_ppmi
 from .flash import check_merge_softmax_states, check_online_softmax
 from .kv_cache import check_kv_cache_step
+from .kv_cache import check_ring_decode_step
 from .masking import check_padding_mask
 from .perspectives import check_linear_attention, check_nadaraya_watson
 from .qkv import (
@@ -55,6 +56,7 @@ __all__ = [
     "check_padding_mask",
     "check_pool_kv_heads",
     "check_ppmi",
+    "check_ring_decode_step",
     "check_rope_attention",
     "check_scaled_scores",
     "check_share_kv_heads",
@@ -122,6 +124,10 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_padding_mask": ("attnbook.padding.key_padding_mask",),
     "check_pool_kv_heads": ("attnbook.gqa.pool_kv_heads",),
     "check_ppmi": ("attnbook.embeddings.ppmi",),
+    # chapter 8 shows RollingKVCache.update before the exercise: torch, a
+    # cache object that returns keys in time order and attends to nothing; the
+    # exercise asks for the attention over a ring passed in, in numpy
+    "check_ring_decode_step": (),
     "check_rope_attention": (),
     "check_scaled_scores": (),
     "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),
