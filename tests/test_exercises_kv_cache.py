@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+import attnbook
+
 from attnbook.exercises import ExerciseError, NotAttemptedError
 from attnbook.exercises.kv_cache import check_kv_cache_step
 
@@ -336,7 +338,336 @@ def good_in_place_float32(q, k_new, v_new, k_cache, v_cache):
     )
 
 
+# --- the hard exercise: a decoding step on a ring buffer ---------------------
+# Written here independently of the checker's Mistake functions: loops over
+# queries, slot arithmetic, np.roll, torch.
+
+from attnbook.exercises.kv_cache import check_ring_decode_step  # noqa: E402
+
+
+def softmax_attend(q, keys, values):
+    """One query (..., d_k) over keys (..., m, d_k): (..., d_v); no keys gives
+    zeros."""
+    if keys.shape[-2] == 0:
+        return np.zeros(q.shape[:-1] + values.shape[-1:])
+    s = np.einsum("...d,...jd->...j", q, keys) / np.sqrt(q.shape[-1])
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("...j,...jd->...d", w / w.sum(-1, keepdims=True), values)
+
+
+def key_of(j, pos, k_new, ring):
+    """The key of position j: from the chunk when j >= pos, else its slot."""
+    if j >= pos:
+        return k_new[..., j - pos, :]
+    return ring[..., j % ring.shape[-2], :]
+
+
+def window_loop(back, hi=0):
+    """A per-query loop: the query at p reads positions p - back(W) .. p + hi
+    (from the ring as it was before the step, or from the chunk), then the
+    chunk is written slot by slot."""
+
+    def step(q, k_new, v_new, k_ring, v_ring, pos):
+        n, out = q.shape[-2], []
+        for i in range(n):
+            p = pos + i
+            js = range(max(0, p - back(k_ring.shape[-2])), p + hi + 1)
+            keys = (
+                np.stack([key_of(j, pos, k_new, k_ring) for j in js], -2)
+                if js
+                else k_new[..., :0, :]
+            )
+            values = (
+                np.stack([key_of(j, pos, v_new, v_ring) for j in js], -2)
+                if js
+                else v_new[..., :0, :]
+            )
+            out.append(softmax_attend(q[..., i, :], keys, values))
+        for i in range(n):
+            k_ring[..., (pos + i) % k_ring.shape[-2], :] = k_new[..., i, :]
+            v_ring[..., (pos + i) % v_ring.shape[-2], :] = v_new[..., i, :]
+        return np.stack(out, -2), k_ring, v_ring
+
+    return step
+
+
+def ring_good_gather_float32(q, k_new, v_new, k_ring, v_ring, pos):
+    # RollingKVCache's way in numpy float32: gather the held positions oldest
+    # first, append the chunk, one window mask for all queries, then write
+    w, n = k_ring.shape[-2], q.shape[-2]
+    held = np.arange(max(0, pos - w + 1), pos)
+    keys = np.concatenate([k_ring[..., held % w, :], k_new], -2)
+    values = np.concatenate([v_ring[..., held % w, :], v_new], -2)
+    k_pos = np.concatenate([held, pos + np.arange(n)])
+    q_pos = pos + np.arange(n)[:, None]
+    mask = (k_pos <= q_pos) & (k_pos > q_pos - w)
+    s = np.einsum("...id,...jd->...ij", q, keys).astype(np.float32)
+    s = np.where(mask, s / np.float32(np.sqrt(q.shape[-1])), -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    out = np.einsum("...ij,...jd->...id", e / e.sum(-1, keepdims=True), values)
+    for i in range(max(0, n - w), n):
+        k_ring[..., (pos + i) % w, :] = k_new[..., i, :]
+        v_ring[..., (pos + i) % w, :] = v_new[..., i, :]
+    return out.astype(np.float32), k_ring, v_ring
+
+
+def ring_good_slot_order(q, k_new, v_new, k_ring, v_ring, pos):
+    # no gathering: attend over the ring in slot order, each slot's position
+    # worked out from pos; slots never written are zeroed before use
+    w, n = k_ring.shape[-2], q.shape[-2]
+    slots = np.arange(w)
+    # the latest position before pos that lives in each slot (negative: none)
+    slot_pos = pos - 1 - (pos - 1 - slots) % w
+    valid = slot_pos >= 0
+    keys = np.concatenate([np.where(valid[:, None], k_ring, 0.0), k_new], -2)
+    values = np.concatenate([np.where(valid[:, None], v_ring, 0.0), v_new], -2)
+    k_pos = np.concatenate(
+        [np.where(valid, slot_pos, -(10**9)), pos + np.arange(n)]
+    )
+    q_pos = (pos + np.arange(n))[:, None]
+    mask = (k_pos <= q_pos) & (k_pos > q_pos - w)
+    s = np.where(
+        mask, q @ np.swapaxes(keys, -1, -2) / np.sqrt(q.shape[-1]), -np.inf
+    )
+    e = np.exp(s - s.max(-1, keepdims=True))
+    out = (e / e.sum(-1, keepdims=True)) @ values
+    last = pos + np.arange(max(0, n - w), n)
+    k_ring[..., last % w, :] = k_new[..., last - pos, :]
+    v_ring[..., last % w, :] = v_new[..., last - pos, :]
+    return out, k_ring, v_ring
+
+
+def ring_good_torch_token_by_token(q, k_new, v_new, k_ring, v_ring, pos):
+    # one token at a time, writing each before its query reads: the slot it
+    # takes held position p - W, which no query from p on can see
+    q, k_new, v_new = (torch.as_tensor(x) for x in (q, k_new, v_new))
+    k_ring, v_ring = (
+        torch.as_tensor(k_ring).clone(),
+        torch.as_tensor(v_ring).clone(),
+    )
+    w, outs = k_ring.shape[-2], []
+    for i in range(q.shape[-2]):
+        p = pos + i
+        k_ring[..., p % w, :], v_ring[..., p % w, :] = (
+            k_new[..., i, :],
+            v_new[..., i, :],
+        )
+        slots = torch.arange(max(0, p - w + 1), p + 1) % w
+        outs.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                q[..., i : i + 1, :],
+                k_ring[..., slots, :],
+                v_ring[..., slots, :],
+            )
+        )
+    return torch.cat(outs, -2), k_ring, v_ring
+
+
+def ring_nan_through_zero_weights(q, k_new, v_new, k_ring, v_ring, pos):
+    # masks the scores of unwritten slots, but multiplies the weights by the
+    # whole ring: 0 x NaN
+    w, n = k_ring.shape[-2], q.shape[-2]
+    slot_pos = pos - 1 - (pos - 1 - np.arange(w)) % w
+    keys = np.concatenate([k_ring, k_new], -2)
+    values = np.concatenate([v_ring, v_new], -2)
+    k_pos = np.concatenate([slot_pos, pos + np.arange(n)])
+    q_pos = (pos + np.arange(n))[:, None]
+    mask = (k_pos >= 0) & (k_pos <= q_pos) & (k_pos > q_pos - w)
+    s = np.where(
+        mask, q @ np.swapaxes(keys, -1, -2) / np.sqrt(q.shape[-1]), -np.inf
+    )
+    e = np.exp(s - s.max(-1, keepdims=True))
+    out = (e / e.sum(-1, keepdims=True)) @ values
+    for i in range(n):
+        k_ring[..., (pos + i) % w, :] = k_new[..., i, :]
+        v_ring[..., (pos + i) % w, :] = v_new[..., i, :]
+    return out, k_ring, v_ring
+
+
+def ring_write_then_gather(q, k_new, v_new, k_ring, v_ring, pos):
+    # right for one token per step; a chunk overwrites what its first queries
+    # need
+    w, n = k_ring.shape[-2], q.shape[-2]
+    for i in range(n):
+        k_ring[..., (pos + i) % w, :] = k_new[..., i, :]
+        v_ring[..., (pos + i) % w, :] = v_new[..., i, :]
+    out = []
+    for i in range(n):
+        p = pos + i
+        slots = [j % w for j in range(max(0, p - w + 1), p + 1)]
+        out.append(
+            softmax_attend(
+                q[..., i, :], k_ring[..., slots, :], v_ring[..., slots, :]
+            )
+        )
+    return np.stack(out, -2), k_ring, v_ring
+
+
+def ring_rolled(q, k_new, v_new, k_ring, v_ring, pos):
+    # a deque: the newest position in the last slot, np.roll to make room
+    w, n = k_ring.shape[-2], q.shape[-2]
+    m = min(pos, w)
+    keys = np.concatenate([k_ring[..., w - m :, :], k_new], -2)
+    values = np.concatenate([v_ring[..., w - m :, :], v_new], -2)
+    out = []
+    for i in range(n):
+        # query i is keys[m + i]; it sees the w keys up to it
+        first = max(0, m + i - w + 1)
+        out.append(
+            softmax_attend(
+                q[..., i, :],
+                keys[..., first : m + i + 1, :],
+                values[..., first : m + i + 1, :],
+            )
+        )
+    kept = min(n, w)
+    k_ring = np.roll(k_ring, -kept, axis=-2)
+    v_ring = np.roll(v_ring, -kept, axis=-2)
+    k_ring[..., w - kept :, :] = k_new[..., n - kept :, :]
+    v_ring[..., w - kept :, :] = v_new[..., n - kept :, :]
+    return np.stack(out, -2), k_ring, v_ring
+
+
+def ring_one_slice(q, k_new, v_new, k_ring, v_ring, pos):
+    out, _, _ = ring_good_gather_float32(
+        q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+    )
+    s = pos % k_ring.shape[-2]
+    k_ring[..., s : s + q.shape[-2], :] = k_new
+    v_ring[..., s : s + q.shape[-2], :] = v_new
+    return out, k_ring, v_ring
+
+
+def ring_chunk_unmasked(q, k_new, v_new, k_ring, v_ring, pos):
+    # the one-token recipe applied to a chunk: the last W - 1 cached positions
+    # and every new token, the same keys for every query
+    w = k_ring.shape[-2]
+    held = [j % w for j in range(max(0, pos - w + 1), pos)]
+    keys = np.concatenate([k_ring[..., held, :], k_new], -2)
+    values = np.concatenate([v_ring[..., held, :], v_new], -2)
+    out = np.stack(
+        [
+            softmax_attend(q[..., i, :], keys, values)
+            for i in range(q.shape[-2])
+        ],
+        -2,
+    )
+    for i in range(q.shape[-2]):
+        k_ring[..., (pos + i) % w, :] = k_new[..., i, :]
+        v_ring[..., (pos + i) % w, :] = v_new[..., i, :]
+    return out, k_ring, v_ring
+
+
+def ring_scaled_by_value_width(q, k_new, v_new, k_ring, v_ring, pos):
+    return ring_good_gather_float32(
+        q * np.sqrt(q.shape[-1] / v_new.shape[-1]),
+        k_new,
+        v_new,
+        k_ring,
+        v_ring,
+        pos,
+    )
+
+
+def ring_not_written(q, k_new, v_new, k_ring, v_ring, pos):
+    out, _, _ = ring_good_gather_float32(
+        q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+    )
+    return out, k_ring, v_ring
+
+
+RING_WRONG = [
+    (ring_nan_through_zero_weights, "reads_unwritten_slots"),
+    (ring_write_then_gather, "overwrites_before_reading"),
+    # the W held positions and the new token: the W + 1 of Mistral's paper
+    (window_loop(lambda w: w), "window_one_too_wide"),
+    (window_loop(lambda w: w - 2), "window_one_too_narrow"),
+    # the ring as it was, without the new token
+    (window_loop(lambda w: w, hi=-1), "forgets_own_key"),
+    (ring_rolled, "time_ordered_ring"),
+    (ring_one_slice, "slice_past_the_end"),
+    (ring_chunk_unmasked, "no_mask_in_chunk"),
+    (ring_scaled_by_value_width, "scaled_by_d_v"),
+    (ring_not_written, "forgets_to_write"),
+]
+
+
+def test_ring_right_solutions_pass_quietly(capsys):
+    """In place or not, float32 or torch: accepted, with no in-place note (the
+    checker owns the rings it passes)."""
+    for good in (
+        ring_good_gather_float32,
+        ring_good_slot_order,
+        ring_good_torch_token_by_token,
+    ):
+        check_ring_decode_step(good)
+    out = capsys.readouterr().out
+    assert out.count("Correct") == 3 and "Note" not in out
+
+
+@pytest.mark.parametrize("wrong, key", RING_WRONG)
+def test_ring_mistakes_are_diagnosed(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_ring_decode_step(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_ring_output_only_is_rejected_asking_for_the_triple():
+    with pytest.raises(ExerciseError, match="triple"):
+        check_ring_decode_step(
+            lambda *args: ring_good_gather_float32(*args)[0]
+        )
+
+
+def test_ring_stub_is_not_attempted():
+    def stub(q, k_new, v_new, k_ring, v_ring, pos):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_ring_decode_step(stub)
+
+
+def test_a_ring_that_grows_is_told_it_keeps_w_slots():
+    def grows(q, k_new, v_new, k_ring, v_ring, pos):
+        out, _, _ = ring_good_gather_float32(
+            q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+        )
+        return (
+            out,
+            np.concatenate([k_ring, k_new], -2),
+            np.concatenate([v_ring, v_new], -2),
+        )
+
+    with pytest.raises(ExerciseError, match=r"keeps W = \d+ slots"):
+        check_ring_decode_step(grows)
+
+
+def test_the_reference_is_sliding_window_attention_over_the_sequence():
+    """The checker's reference against the package's mask and attention on a
+    sequence longer than 2W (float64)."""
+    from attnbook.exercises.kv_cache import _ring_reference
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(13, 4)) for _ in range(3))
+    out, k_ring, v_ring = _ring_reference(q, k, v, 5, [13])
+    want, _ = attnbook.scaled_dot_product_attention(
+        q, k, v, mask=attnbook.sliding_window_mask(13, 5)
+    )
+    assert np.allclose(out, want, rtol=0, atol=1e-12)
+    assert np.array_equal(k_ring[np.arange(8, 13) % 5], k[8:13])
+
+
+# the catalogues of both checkers (run by tests/test_exercises_framework.py)
 CATALOGUE = {
+    "check_ring_decode_step": {
+        "right": [
+            ring_good_gather_float32,
+            ring_good_slot_order,
+            ring_good_torch_token_by_token,
+        ],
+        "wrong": RING_WRONG,
+    },
     "check_kv_cache_step": {
         "right": [good_loops, good_torch, good_in_place_float32],
         "wrong": [

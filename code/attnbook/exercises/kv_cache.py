@@ -349,3 +349,452 @@ def check_kv_cache_step(fn) -> None:
         "softmax(q k^T / sqrt(d_k)) and the causal mask causal_mask(n_new, p "
         "+ n_new)",
     )
+
+
+# --- the hard exercise: a decode step on a ring buffer -----------------------
+#
+# The reader writes ``ring_step(q, k_new, v_new, k_ring, v_ring, pos)``, numpy
+# in and out:
+#
+# - ``q, k_new``: (..., n_new, d_k), ``v_new``: (..., n_new, d_v), the tokens
+#   at positions ``pos .. pos + n_new - 1`` (``n_new`` may exceed the window);
+# - ``k_ring``: (..., W, d_k), ``v_ring``: (..., W, d_v), a ring of W slots in
+#   which position j lives in slot j % W; before the step it holds positions
+#   max(0, pos - W) .. pos - 1, and a slot never written holds anything (NaN
+#   here, as memory from np.empty may);
+# - returns ``(out, k_ring, v_ring)``: ``out`` (..., n_new, d_v) is
+#   sliding-window attention, the query at position p over the keys at
+#   positions max(0, p - W + 1) .. p (itself and the W - 1 before it), scaled
+#   by 1/sqrt(d_k); the rings after the step (updated in place or new), slot
+#   j % W holding position j for the last min(pos + n_new, W) positions.
+#
+# The checker drives the reader's step over whole sequences (a driver owns the
+# rings between steps) and compares every output, and the rings after the last
+# step, with sliding-window attention over the whole sequence at once.
+
+RING_EXERCISE = "ring-buffer decoding step"
+
+
+def _window_attend(q, keys, values, q_pos, k_pos, lo, hi, scale=None):
+    """Attention of queries at positions ``q_pos`` over keys at ``k_pos``: the
+    query at p sees the keys at p + lo .. p + hi (both ends included); a query
+    that sees no key gets zeros."""
+    visible = (k_pos[None, :] >= q_pos[:, None] + lo) & (
+        k_pos[None, :] <= q_pos[:, None] + hi
+    )
+    return _attend(q, keys, values, visible, scale)
+
+
+def _ring_core(
+    q,
+    k_new,
+    v_new,
+    k_ring,
+    v_ring,
+    pos,
+    *,
+    lo_offset=0,
+    hi=0,
+    write=True,
+    write_first=False,
+    chunk_causal=True,
+    scale=None,
+    nan_while_unfilled=False,
+):
+    """The right step, and (through its options) the mistakes below: reads
+    the positions the ring holds, oldest first, with the new ones after them,
+    attends under the window, writes the last min(n_new, W) new positions."""
+    k_ring, v_ring = np.array(k_ring), np.array(v_ring)
+    w, n = k_ring.shape[-2], q.shape[-2]
+    q_pos = pos + np.arange(n)
+
+    def write_new():
+        kept = min(n, w)
+        slots = q_pos[n - kept :] % w
+        k_ring[..., slots, :] = k_new[..., n - kept :, :]
+        v_ring[..., slots, :] = v_new[..., n - kept :, :]
+
+    if write_first:
+        write_new()
+        # each query gathers its window from the ring, by slot
+        out = np.stack(
+            [
+                _window_attend(
+                    q[..., i : i + 1, :],
+                    k_ring[..., np.arange(max(0, p - w + 1), p + 1) % w, :],
+                    v_ring[..., np.arange(max(0, p - w + 1), p + 1) % w, :],
+                    np.array([p]),
+                    np.arange(max(0, p - w + 1), p + 1),
+                    -(w - 1),
+                    0,
+                    scale,
+                )[..., 0, :]
+                for i, p in enumerate(q_pos)
+            ],
+            axis=-2,
+        )
+        return out, k_ring, v_ring
+    held = np.arange(max(0, pos - w), pos)
+    keys = np.concatenate([k_ring[..., held % w, :], k_new], axis=-2)
+    values = np.concatenate([v_ring[..., held % w, :], v_new], axis=-2)
+    k_pos = np.concatenate([held, q_pos])
+    lo = -(w - 1) + lo_offset
+    if chunk_causal:
+        out = _window_attend(q, keys, values, q_pos, k_pos, lo, hi, scale)
+    else:
+        # every query of the chunk sees what the first may see, and every new
+        # token
+        first = np.full(n, pos)
+        visible = (k_pos[None, :] >= first[:, None] + lo) & (
+            (k_pos[None, :] <= first[:, None]) | (k_pos[None, :] >= pos)
+        )
+        out = _attend(q, keys, values, visible, scale)
+    if nan_while_unfilled and pos < w:
+        # the whole ring entered the product: 0 x NaN is NaN
+        out = np.full_like(out, np.nan)
+    if write:
+        write_new()
+    return out, k_ring, v_ring
+
+
+def _ring_reference_step(q, k_new, v_new, k_ring, v_ring, pos):
+    return _ring_core(q, k_new, v_new, k_ring, v_ring, pos)
+
+
+def _ring_rolled(q, k_new, v_new, k_ring, v_ring, pos):
+    """Keeps the ring in time order, the newest position in the last slot
+    (np.roll, or concatenate and keep the last W), and reads it so: right
+    outputs on its own ring, wrong slots."""
+    w, n = k_ring.shape[-2], q.shape[-2]
+    m = min(pos, w)
+    keys = np.concatenate([k_ring[..., w - m :, :], k_new], axis=-2)
+    values = np.concatenate([v_ring[..., w - m :, :], v_new], axis=-2)
+    q_pos = pos + np.arange(n)
+    k_pos = np.arange(pos - m, pos + n)
+    out = _window_attend(q, keys, values, q_pos, k_pos, -(w - 1), 0)
+    rolled_k = np.concatenate([k_ring, k_new], axis=-2)[..., -w:, :]
+    rolled_v = np.concatenate([v_ring, v_new], axis=-2)[..., -w:, :]
+    return out, rolled_k, rolled_v
+
+
+def _slice_past_the_end(q, k_new, v_new, k_ring, v_ring, pos):
+    """Writes the chunk as one slice from slot pos % W: fails where the chunk
+    wraps past the last slot."""
+    k_ring, v_ring = np.array(k_ring), np.array(v_ring)
+    out, _, _ = _ring_core(q, k_new, v_new, k_ring, v_ring, pos)
+    s = pos % k_ring.shape[-2]
+    k_ring[..., s : s + q.shape[-2], :] = k_new
+    v_ring[..., s : s + q.shape[-2], :] = v_new
+    return out, k_ring, v_ring
+
+
+def _is_slice_assignment_error(err: Exception) -> bool:
+    """numpy's complaint when a slice cut short at the end of an array is
+    assigned a longer block."""
+    return isinstance(
+        err, ValueError
+    ) and "could not broadcast input array" in (str(err))
+
+
+def _ring_mistake(**options):
+    return lambda *args: _ring_core(*args, **options)
+
+
+RING_MISTAKES = [
+    Mistake(
+        "reads_unwritten_slots",
+        "before the ring has filled, your attention also reads slots that no "
+        "position was ever written to (they hold NaN here, as memory from "
+        "np.empty may): even under a weight of 0 a NaN value poisons the "
+        "output, since 0 x NaN = NaN",
+        "read only the slots of positions max(0, pos - W) .. pos - 1 (slot j "
+        "% "
+        "W for each), not the whole ring; masking their scores to -inf is not "
+        "enough",
+        _ring_mistake(nan_while_unfilled=True),
+    ),
+    Mistake(
+        "overwrites_before_reading",
+        "you write the new keys and values into the ring before reading it: "
+        "in a chunk of several new tokens, a later token overwrites the slot "
+        "of a position that an earlier query of the same chunk still needs "
+        "(the token at pos + 1 takes the slot of position pos + 1 - W, which "
+        "the query at pos still sees)",
+        "read the held positions first (or take the chunk's own keys from "
+        "k_new, never back from the ring), attend, and write only then; with "
+        "one new token per step the order does not matter, which is why only "
+        "the chunk cases show it",
+        _ring_mistake(write_first=True),
+    ),
+    Mistake(
+        "window_one_too_wide",
+        "each query sees W + 1 positions, itself and the W before it: the "
+        "window is one too wide (all W held positions plus the new token)",
+        "the query at p may see positions p - W + 1 .. p: itself and the W - "
+        "1 before it, the definition of the window (position p - W is the "
+        "one the new token evicts)",
+        _ring_mistake(lo_offset=-1),
+    ),
+    Mistake(
+        "window_one_too_narrow",
+        "each query sees only W - 1 positions, itself and the W - 2 before "
+        "it: the window is one too narrow",
+        "the query at p may see positions p - W + 1 .. p, W of them, "
+        "itself included",
+        _ring_mistake(lo_offset=1),
+    ),
+    Mistake(
+        "forgets_own_key",
+        "each query attends to the W positions before it but not to its own "
+        "key (the ring read before the new token was added, and the new key "
+        "never joined it)",
+        "a query must meet its own key: attend over the W - 1 previous "
+        "positions and the new token itself",
+        _ring_mistake(lo_offset=-1, hi=-1),
+    ),
+    Mistake(
+        "forgets_to_write",
+        "the new keys and values are never written into the ring, so later "
+        "steps read stale (or unwritten) slots",
+        "after attending, write position j to slot j % W (of a chunk longer "
+        "than W, only its last W positions)",
+        _ring_mistake(write=False),
+    ),
+    Mistake(
+        "no_mask_in_chunk",
+        "with several new tokens, each query of the chunk sees every new "
+        "token, the later ones too (no causal mask within the chunk)",
+        "mask by position: the query at p sees keys at p - W + 1 .. p only, "
+        "new ones included",
+        _ring_mistake(chunk_causal=False),
+    ),
+    Mistake(
+        "time_ordered_ring",
+        "your outputs are right, but the ring is kept in time order (oldest "
+        "position first, shifted at every step, as np.roll or "
+        "concatenate-and-trim do) instead of position j in slot j % W: a copy "
+        "of the whole ring per step, the cost the ring exists to avoid",
+        "write position j to slot j % W and leave every other slot alone; "
+        "attention does not care in which order the keys come, so the ring "
+        "never needs reordering",
+        _ring_rolled,
+    ),
+    Mistake(
+        "slice_past_the_end",
+        "the chunk is written as one slice starting at slot pos % W, which "
+        "runs past the last slot when the chunk wraps around the ring "
+        "(numpy cuts the slice short, and the assignment fails)",
+        "write each position to its own slot, slots = (pos + np.arange(n_new))"
+        " % W, then k_ring[..., slots, :] = k_new (of a chunk longer than W, "
+        "only its last W positions)",
+        _slice_past_the_end,
+        raises=_is_slice_assignment_error,
+    ),
+    Mistake(
+        "scaled_by_d_v",
+        "the scores are divided by sqrt(d_v), the width of the values, "
+        "instead of sqrt(d_k)",
+        "divide the scores q . k by np.sqrt(q.shape[-1])",
+        lambda q, k_new, v_new, k_ring, v_ring, pos: _ring_core(
+            q,
+            k_new,
+            v_new,
+            k_ring,
+            v_ring,
+            pos,
+            scale=1 / np.sqrt(v_new.shape[-1]),
+        ),
+    ),
+]
+
+
+def _ring_after(k, v, window, n):
+    """The rings after positions 0 .. n - 1: slot j % W holds position j for
+    the last min(n, W) of them; a slot never written holds NaN."""
+    k_ring = np.full((*k.shape[:-2], window, k.shape[-1]), np.nan, k.dtype)
+    v_ring = np.full((*v.shape[:-2], window, v.shape[-1]), np.nan, v.dtype)
+    held = np.arange(max(0, n - window), n)
+    k_ring[..., held % window, :] = k[..., held, :]
+    v_ring[..., held % window, :] = v[..., held, :]
+    return k_ring, v_ring
+
+
+def _drive(step):
+    """``step`` run over a whole sequence: the driver owns the rings (filled,
+    for the positions before ``start``, as a right step would have left them)
+    and passes each chunk, then returns ``(outputs from position start on,
+    k_ring, v_ring)`` with the slots never written set to NaN."""
+
+    def run(q, k, v, window, chunks, start=0):
+        __tracebackhide__ = True
+        k_ring, v_ring = _ring_after(k, v, window, start)
+        outs, pos = [], start
+        for n in chunks:
+            chunk = slice(pos, pos + n)
+            got = step(
+                q[..., chunk, :].copy(),
+                k[..., chunk, :].copy(),
+                v[..., chunk, :].copy(),
+                k_ring,
+                v_ring,
+                pos,
+            )
+            out, k_ring, v_ring = _ring_triple(got)
+            outs.append(out)
+            pos += n
+        out = np.concatenate(outs, axis=-2).astype(np.float64)
+        k_ring, v_ring = (r.astype(np.float64) for r in (k_ring, v_ring))
+        # a slot never written may hold anything the reader put there
+        unwritten = np.arange(min(pos, window), window)
+        for ring in (k_ring, v_ring):
+            if ring.shape[-2] == window:
+                ring[..., unwritten, :] = np.nan
+        return out, k_ring, v_ring
+
+    return run
+
+
+def _ring_triple(got):
+    """The reader's ``(out, k_ring, v_ring)`` as arrays of their own dtype, or
+    a TypeError saying what is wrong."""
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        raise TypeError(
+            "return a triple (out, k_ring, v_ring); got "
+            f"{type(got).__name__}"
+            + (
+                f" of length {len(got)}"
+                if isinstance(got, (tuple, list))
+                else ""
+            )
+        )
+    return tuple(as_array(x) for x in got)
+
+
+def _ring_reference(q, k, v, window, chunks, start=0):
+    """Sliding-window attention over the whole sequence at once, and the rings
+    after it (independent of the step: no ring is read)."""
+    n = q.shape[-2]
+    out = _attend(
+        q.astype(np.float64),
+        k.astype(np.float64),
+        v.astype(np.float64),
+        _sliding_window(n, window),
+    )[..., start:, :]
+    k_ring, v_ring = _ring_after(
+        k.astype(np.float64), v.astype(np.float64), window, n
+    )
+    return out, k_ring, v_ring
+
+
+def _sliding_window(n, window):
+    i = np.arange(n)
+    return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+
+
+def ring_cases() -> list[Case]:
+    rng = np.random.default_rng(18)
+
+    def seq(lead, n, d_k, d_v, window, chunks, start=0, dtype=np.float64):
+        assert start + sum(chunks) == n
+        q, k = (rng.normal(size=(*lead, n, d_k)).astype(dtype) for _ in "qk")
+        v = rng.normal(size=(*lead, n, d_v)).astype(dtype)
+        return (q, k, v, window, chunks, start)
+
+    return [
+        Case(
+            "a full ring of W = 4 slots holding positions 6..9, then one "
+            "token "
+            "at a time up to position 15 (d_k = 4, d_v = 3)",
+            seq((), 16, 4, 3, 4, [1] * 6, start=10),
+        ),
+        Case(
+            "an empty ring of W = 4 (unwritten slots hold NaN), then one "
+            "token "
+            "at a time, 11 tokens: the ring wraps twice",
+            seq((), 11, 3, 3, 4, [1] * 11),
+        ),
+        Case(
+            "W = 1: each token sees only itself, 3 tokens one at a time",
+            seq((), 3, 2, 2, 1, [1, 1, 1]),
+        ),
+        Case(
+            "chunks of 2 and 3 tokens wrapping around a ring of W = 5, 2 "
+            "heads",
+            seq((2,), 13, 4, 2, 5, [2, 3, 3, 3, 2]),
+        ),
+        Case(
+            "a prompt of 6 into an empty ring of W = 4 (a chunk longer than "
+            "the window), then 3 single tokens",
+            seq((), 9, 3, 4, 4, [6, 1, 1, 1]),
+        ),
+        Case(
+            "float32, batch 2 x 3 heads, a ring of W = 3 holding positions "
+            "2..4, then chunks of 2, 4 and 1",
+            seq((2, 3), 12, 4, 3, 3, [2, 4, 1], start=5, dtype=np.float32),
+        ),
+        Case(
+            "the ring never fills: W = 8, 5 tokens in chunks of 2, 1 and 2",
+            seq((), 5, 3, 3, 8, [2, 1, 2]),
+        ),
+    ]
+
+
+def _same_ring_run(got, expected) -> bool:
+    return all(same(g, e) for g, e in zip(got, expected))
+
+
+def _ring_problem(got, expected, case: Case) -> str:
+    """What is wrong: the rings' shapes first, then the outputs (from which
+    position on), then the rings' contents."""
+    _, _, _, window, chunks, start = case.args
+    names = ("the returned k_ring", "the returned v_ring")
+    for name, g, e in zip(names, got[1:], expected[1:]):
+        if g.shape != e.shape:
+            return (
+                f"{name} has shape {g.shape}, expected {e.shape}: the ring "
+                f"keeps W = {window} slots however long the text (position j "
+                "in slot j % W)"
+            )
+    out, want = got[0], expected[0]
+    if out.shape != want.shape:
+        return f"the outputs have shape {out.shape}, expected {want.shape}"
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isclose(out, want, rtol=1e-5, atol=1e-6)
+    if bad.any():
+        first = int(
+            np.nonzero(bad.reshape(-1, *bad.shape[-2:]).any((0, 2)))[0][0]
+        )
+        nan = "NaN, " if np.isnan(out).any() else ""
+        return (
+            f"the output of position {start + first} is the first that "
+            f"differs from sliding-window attention ({nan}largest difference "
+            f"{np.nanmax(np.abs(out - want)):.3g})"
+        )
+    return (
+        "the outputs are right, but after the last step the ring's slots do "
+        "not hold what they should: slot j % W holds position j, for the "
+        f"last min(n, W = {window}) positions"
+    )
+
+
+def check_ring_decode_step(fn) -> None:
+    """Check ``fn(q, k_new, v_new, k_ring, v_ring, pos) -> (out, k_ring,
+    v_ring)``, a decoding step on a ring of W slots (the comments above
+    ``RING_EXERCISE``)."""
+    __tracebackhide__ = True
+    run_checks(
+        RING_EXERCISE,
+        _drive(fn),
+        ring_cases(),
+        _ring_reference,
+        [
+            Mistake(m.key, m.description, m.hint, _drive(m.commit), m.raises)
+            for m in RING_MISTAKES
+        ],
+        compare=_same_ring_run,
+        describe=_ring_problem,
+        hint="read the positions the ring holds (slot j % W for j = max(0, "
+        "pos - W) .. pos - 1), put the new keys after them, attend with the "
+        "window mask (the query at p sees p - W + 1 .. p), then write the new "
+        "positions to their slots",
+    )
