@@ -28,6 +28,7 @@ from .qkv import (
     check_packed_cross_attention,
     check_packed_scores,
 )
+from .relative_positions import check_shaw_attention
 
 __all__ = [
     "Case",
@@ -57,6 +58,7 @@ __all__ = [
     "check_ppmi",
     "check_rope_attention",
     "check_scaled_scores",
+    "check_shaw_attention",
     "check_share_kv_heads",
     "check_softmax",
     "check_split_qkv",
@@ -124,6 +126,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_ppmi": ("attnbook.embeddings.ppmi",),
     "check_rope_attention": (),
     "check_scaled_scores": (),
+    # no package function computes it; the chapter shows the index
+    # (shaw_relative_index), not the attention
+    "check_shaw_attention": (),
     "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),
     "check_softmax": ("attnbook.softmax.softmax",),
     "check_split_qkv": (),
