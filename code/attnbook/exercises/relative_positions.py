@@ -205,7 +205,7 @@ SHAW_MEMORY_MISTAKES = [
 
 def shaw_cases() -> list[Case]:
     """Clipping on both sides, a batch of heads, d_v != d_k, a table larger
-    than the sequence, a single token, K = 0, float32 inputs."""
+    than the sequence, a single token, K = 1, float32 inputs."""
 
     def make(shape, n, d_k, d_v, max_distance, seed, dtype=np.float64):
         rng = _rng(seed)
@@ -231,8 +231,8 @@ def shaw_cases() -> list[Case]:
         ),
         Case("a single token (n = 1), K = 2", make((), 1, 4, 4, 2, 3)),
         Case(
-            "K = 0: one row, every key shares it (n = 6)",
-            make((), 6, 4, 3, 0, 4),
+            "K = 1: three rows, most keys share the first or the last (n = 7)",
+            make((), 7, 4, 3, 1, 4),
         ),
         Case(
             "float32 inputs, n = 9, K = 2",
