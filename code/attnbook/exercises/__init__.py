@@ -33,6 +33,7 @@ from .qkv import (
 )
 from .qkv import check_realise_pattern
 from .softmax_backward import check_attention_backward
+from .relative_positions import check_shaw_attention
 
 __all__ = [
     "Case",
@@ -67,6 +68,7 @@ __all__ = [
     "check_rope_attention",
     "check_scaled_scores",
     "check_score_std",
+    "check_shaw_attention",
     "check_share_kv_heads",
     "check_softmax",
     "check_split_qkv",
@@ -146,6 +148,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_rope_attention": (),
     "check_scaled_scores": (),
     "check_score_std": ("attnbook.scaling.score_std",),
+    # no package function computes it; the chapter shows the index
+    # (shaw_relative_index), not the attention
+    "check_shaw_attention": (),
     "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),
     "check_softmax": ("attnbook.softmax.softmax",),
     "check_split_qkv": (),

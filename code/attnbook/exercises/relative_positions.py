@@ -1,0 +1,312 @@
+"""Checker for chapter 6's hard exercise: Shaw et al.'s relative attention
+without the ``(n, n, d)`` gather.
+
+Numpy only, so that the browser's exercise notebook can run it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._framework import (
+    Case,
+    ExerciseError,
+    Mistake,
+    as_array,
+    run_checks,
+    same,
+)
+
+_rng = np.random.default_rng
+
+EXERCISE = "relative attention (Shaw et al.)"
+
+
+def _softmax(s):
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _rows(n: int, max_distance: int, offset=None) -> np.ndarray:
+    """(n, n) int: the table row of (query i, key j); by default
+    ``clip(j - i, -K, K) + K``."""
+    i = np.arange(n)
+    if offset is None:
+        offset = i[None, :] - i[:, None]
+    return np.clip(offset, -max_distance, max_distance) + max_distance
+
+
+def _shaw(q, k, v, rel_k, rel_v, rows=None, scale_relative=True):
+    """The direct form, float64: gathers the ``(n, n, d)`` tables (the
+    checker's reference, and its mistakes' base)."""
+    q, k, v, rel_k, rel_v = (
+        np.asarray(x, dtype=np.float64) for x in (q, k, v, rel_k, rel_v)
+    )
+    n, d_k = q.shape[-2:]
+    max_distance = (rel_k.shape[0] - 1) // 2
+    if rows is None:
+        rows = _rows(n, max_distance)
+    # (n, n, d_k) and (n, n, d_v)
+    a_k, a_v = rel_k[rows], rel_v[rows]
+    content = q @ np.swapaxes(k, -1, -2)
+    relative = np.einsum("...id,ijd->...ij", q, a_k)
+    if scale_relative:
+        scores = (content + relative) / np.sqrt(d_k)
+    else:
+        scores = content / np.sqrt(d_k) + relative
+    w = _softmax(scores)
+    return w @ v + np.einsum("...ij,ijd->...id", w, a_v)
+
+
+def shaw_attention(q, k, v, rel_k, rel_v):
+    """The reference: ``softmax((q k^T + q . a^K_{c(j-i)}) / sqrt(d_k))`` times
+    ``v + a^V_{c(j-i)}``, with ``c`` the offset ``j - i`` clipped to ``[-K,
+    K]`` (``rel_k`` has ``2K + 1`` rows, row ``r`` for offset ``r - K``)."""
+    return _shaw(q, k, v, rel_k, rel_v)
+
+
+def _with_rows(make_rows):
+    """A mistake that indexes the tables with ``make_rows(n, K)``."""
+
+    def attention(q, k, v, rel_k, rel_v):
+        n = np.shape(q)[-2]
+        max_distance = (np.shape(rel_k)[0] - 1) // 2
+        return _shaw(q, k, v, rel_k, rel_v, rows=make_rows(n, max_distance))
+
+    return attention
+
+
+def _unshifted(keys: str, values: str):
+    """The tables read at ``clip(j - i, -K, K)``, without ``+ K``; a negative
+    row either wraps to the end of the table (``"wrap"``) or reads nothing
+    (``"drop"``), for the keys and the values separately."""
+
+    def attention(q, k, v, rel_k, rel_v):
+        n = np.shape(q)[-2]
+        rel_k, rel_v = (
+            np.asarray(x, dtype=np.float64) for x in (rel_k, rel_v)
+        )
+        m = (rel_k.shape[0] - 1) // 2
+        rows = np.clip(_offsets(n), -m, m)
+        wrapped = rows % (2 * m + 1)
+
+        def read(table, how):
+            out = table[wrapped]
+            return (
+                out
+                if how == "wrap"
+                else np.where(rows[..., None] < 0, 0.0, out)
+            )
+
+        q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+        scores = q @ np.swapaxes(k, -1, -2)
+        scores = scores + np.einsum("...id,ijd->...ij", q, read(rel_k, keys))
+        w = _softmax(scores / np.sqrt(q.shape[-1]))
+        return w @ v + np.einsum("...ij,ijd->...id", w, read(rel_v, values))
+
+    return attention
+
+
+def _offsets(n):
+    i = np.arange(n)
+    # j - i
+    return i[None, :] - i[:, None]
+
+
+def _is_out_of_bounds(err: Exception) -> bool:
+    return isinstance(err, IndexError) and "out of bounds" in str(err)
+
+
+SHAW_MISTAKES = [
+    Mistake(
+        "offset_reversed",
+        "the tables were indexed by i - j (query minus key) instead of j - i: "
+        "a key before the query reads the vector of the key as far after it",
+        "row r of the tables holds the offset r - K of the key from the "
+        "query, j - i; a key 2 back is row K - 2",
+        _with_rows(lambda n, m: _rows(n, m, offset=-_offsets(n))),
+    ),
+    Mistake(
+        "offsets_not_clipped",
+        "the offsets were not clipped to [-K, K] on both sides: numpy reads a "
+        "negative row index from the end of the table (or raises for one past "
+        "it), so the keys more than K away read wrong vectors",
+        "clip first, then shift: np.clip(j - i, -K, K) + K; every key more "
+        "than K away shares the vector of offset -K or +K",
+        _with_rows(lambda n, m: np.minimum(_offsets(n), m) + m),
+        raises=_is_out_of_bounds,
+    ),
+    # the same slip in the three ways of reading the tables: by index (a
+    # negative row wraps to the end), by comparing rows with 0..2K (a
+    # negative row matches none), or one of each for keys and values
+    *(
+        Mistake(
+            "index_not_shifted",
+            "the clipped offset was used as the row without adding K: offset "
+            "0 reads the row of offset -K, and the keys before the query read "
+            "the last rows of the table (numpy's negative indices) or none",
+            "row = clip(j - i, -K, K) + K, so that offset -K is row 0 and "
+            "offset 0 the middle row K",
+            _unshifted(keys, values),
+        )
+        for keys, values in (
+            ("wrap", "wrap"),
+            ("wrap", "drop"),
+            ("drop", "drop"),
+        )
+    ),
+    Mistake(
+        "no_relative_values",
+        "the relative value vectors a^V were left out: the output is the "
+        "weighted average of v alone",
+        "Shaw et al. add a^V_{c(j-i)} to each value: the output gains "
+        "sum_j w_ij a^V_{c(j-i)}, which needs only each row's weights summed "
+        "per table row",
+        lambda q, k, v, rel_k, rel_v: _shaw(
+            q, k, v, rel_k, np.zeros_like(np.asarray(rel_v, dtype=float))
+        ),
+    ),
+    Mistake(
+        "no_relative_keys",
+        "the relative key vectors a^K were left out of the scores",
+        "the score of (i, j) is q_i . (k_j + a^K_{c(j-i)}), all over "
+        "sqrt(d_k)",
+        lambda q, k, v, rel_k, rel_v: _shaw(
+            q, k, v, np.zeros_like(np.asarray(rel_k, dtype=float)), rel_v
+        ),
+    ),
+    Mistake(
+        "relative_scores_unscaled",
+        "only the content scores q_i . k_j were divided by sqrt(d_k); the "
+        "relative term q_i . a^K was added unscaled",
+        "a^K is added to the key before the dot product, so the whole score "
+        "q_i . (k_j + a^K) is divided by sqrt(d_k)",
+        lambda q, k, v, rel_k, rel_v: _shaw(
+            q, k, v, rel_k, rel_v, scale_relative=False
+        ),
+    ),
+]
+
+#: Named when the values are right but the peak memory is that of an
+#: ``(n, n, d)`` array: the direct gather.
+SHAW_MEMORY_MISTAKES = [
+    Mistake(
+        "pairwise_tables",
+        "the values are right, but the peak memory was that of an (n, n, d) "
+        "array: the tables were gathered for every (query, key) pair",
+        "the tables have only 2K + 1 rows: compute q @ rel_k.T once, (n, 2K + "
+        "1), and pick entry [i, row(i, j)] for each pair; for the values, "
+        "add up each row's weights per table row, (n, 2K + 1), and multiply "
+        "by rel_v",
+        shaw_attention,
+    ),
+]
+
+
+def shaw_cases() -> list[Case]:
+    """Clipping on both sides, a batch of heads, d_v != d_k, a table larger
+    than the sequence, a single token, K = 1, float32 inputs."""
+
+    def make(shape, n, d_k, d_v, max_distance, seed, dtype=np.float64):
+        rng = _rng(seed)
+        q, k = (rng.normal(size=(*shape, n, d_k)) for _ in range(2))
+        v = rng.normal(size=(*shape, n, d_v))
+        rows = 2 * max_distance + 1
+        rel_k = rng.normal(size=(rows, d_k))
+        rel_v = rng.normal(size=(rows, d_v))
+        return tuple(x.astype(dtype) for x in (q, k, v, rel_k, rel_v))
+
+    return [
+        Case(
+            "n = 12, K = 3 (offsets clipped on both sides), d_k = 8, d_v = 5",
+            make((), 12, 8, 5, 3, 0),
+        ),
+        Case(
+            "batched q, k, v (2, 3, n = 10, d_k = 4), K = 2",
+            make((2, 3), 10, 4, 4, 2, 1),
+        ),
+        Case(
+            "K = 6 larger than the sequence (n = 5): nothing is clipped",
+            make((), 5, 6, 3, 6, 2),
+        ),
+        Case("a single token (n = 1), K = 2", make((), 1, 4, 4, 2, 3)),
+        Case(
+            "K = 1: three rows, most keys share the first or the last (n = 7)",
+            make((), 7, 4, 3, 1, 4),
+        ),
+        Case(
+            "float32 inputs, n = 9, K = 2",
+            make((1,), 9, 8, 8, 2, 5, dtype=np.float32),
+        ),
+    ]
+
+
+def _compare(got, expected) -> bool:
+    # float32 inputs may be computed in float32 throughout
+    return same(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def check_shaw_attention(fn) -> None:
+    """Check ``fn(q, k, v, rel_k, rel_v)``: Shaw et al.'s self-attention with
+    relative key and value vectors, without forming an ``(n, n, d)`` array.
+
+    q, k: ``(..., n, d_k)``, v: ``(..., n, d_v)``, rel_k: ``(2K + 1, d_k)``,
+    rel_v: ``(2K + 1, d_v)`` (row ``r`` for the offset ``r - K`` of the key
+    from the query, offsets clipped to ``[-K, K]``); no mask; returns ``(...,
+    n, d_v)``. Besides the values on the cases, the checker measures the peak
+    memory (:mod:`tracemalloc`, which sees numpy's arrays) at n = 256, d_k =
+    d_v = 128, K = 4: an answer that gathers the tables for every pair (an
+    (n, n, d) array, 64 MiB) is rejected; the answer the exercise asks for
+    needs a few (n, n) arrays.
+    """
+    __tracebackhide__ = True
+    cases = shaw_cases()
+    run_checks(
+        EXERCISE,
+        fn,
+        cases,
+        shaw_attention,
+        SHAW_MISTAKES,
+        compare=_compare,
+        # the line saying it is correct waits for the memory check
+        quiet=True,
+    )
+    _check_shaw_memory(fn)
+    print(
+        f"Correct: {EXERCISE} passes all {len(cases)} cases, and on n = 256, "
+        "d = 128 its peak memory stayed below a quarter of an (n, n, d) "
+        "array."
+    )
+
+
+def _check_shaw_memory(
+    fn, n: int = 256, d: int = 128, max_distance: int = 4
+) -> None:
+    """Reject an answer whose peak memory is a quarter of an (n, n, d) float64
+    array or more."""
+    from ..bench import format_bytes, peak_memory
+
+    __tracebackhide__ = True
+    rng = _rng(17)
+    q, k, v = (rng.normal(size=(n, d)) for _ in range(3))
+    rel_k, rel_v = (
+        rng.normal(size=(2 * max_distance + 1, d)) for _ in range(2)
+    )
+    case = f"n = {n}, d_k = d_v = {d}, K = {max_distance} (memory)"
+    # before the reader's function, which may change its inputs in place
+    expected = shaw_attention(q, k, v, rel_k, rel_v)
+    args = tuple(x.copy() for x in (q, k, v, rel_k, rel_v))
+    out, peak = peak_memory(fn, *args)
+    if not _compare(as_array(out), expected):
+        raise ExerciseError(
+            EXERCISE, case, "values differ from the reference on this case"
+        )
+    table = n * n * d * 8
+    if peak >= table // 4:
+        raise ExerciseError(
+            EXERCISE,
+            case,
+            f"your function's peak memory was {format_bytes(peak)}; one "
+            f"(n, n, d) float64 array is {format_bytes(table)}",
+            mistake=SHAW_MEMORY_MISTAKES[0],
+        )
