@@ -19,6 +19,7 @@ from ._framework import (
 from .attention import check_attention, check_causal_mask, check_softmax
 from .embeddings import check_cosine_similarity, check_ppmi
 from .flash import check_merge_softmax_states, check_online_softmax
+from .flash import check_attention_backward
 from .kv_cache import check_kv_cache_step
 from .masking import check_padding_mask
 from .perspectives import check_linear_attention, check_nadaraya_watson
@@ -37,6 +38,7 @@ __all__ = [
     "run_checks",
     "check_alibi_bias",
     "check_attention",
+    "check_attention_backward",
     "check_attention_scores",
     "check_benchmark_flops",
     "check_causal_mask",
@@ -96,6 +98,9 @@ def __getattr__(name):
 ANSWERS: dict[str, tuple[str, ...]] = {
     "check_alibi_bias": ("attnbook.positional.alibi_bias",),
     "check_attention": ("attnbook.attention.scaled_dot_product_attention",),
+    "check_attention_backward": (
+        "attnbook.flash.flash_attention_backward_numpy",
+    ),
     "check_attention_scores": (),
     "check_benchmark_flops": ("attnbook.cost.benchmark_flops",),
     "check_causal_mask": ("attnbook.masks.causal_mask",),
