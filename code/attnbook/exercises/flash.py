@@ -996,8 +996,8 @@ def check_attention_backward(fn) -> None:
 
     The reference is the dense formula in float64. On two long inputs the
     checker also measures memory (with tracemalloc, which sees numpy's
-    arrays, not torch's): from n = 1024 to 2048 an n_q x n_k array grows 4x,
-    a pass over key blocks about 2x.
+    arrays, not torch's): from n = 512 to 1024 an n_q x n_k array grows 4x, a
+    pass over key blocks about 2x.
     """
     __tracebackhide__ = True
     run_checks(
@@ -1014,20 +1014,20 @@ def check_attention_backward(fn) -> None:
     growth = _check_backward_memory(fn)
     print(
         f"Correct: attention backward passes all {len(backward_cases())} "
-        f"cases, and its memory grew {growth:.1f}x from n = 1024 to 2048 "
+        f"cases, and its memory grew {growth:.1f}x from n = 512 to 1024 "
         "(an n x n array: 4x)."
     )
 
 
 def _check_backward_memory(fn, block_k: int = 64) -> float:
     """Reject a backward pass whose memory grows as n_q n_k: the peak at n =
-    2048 over the peak at n = 1024 is about 2 for key blocks, 4 for a dense
-    n x n array; the threshold is 3."""
+    1024 over the peak at n = 512 is about 2 for key blocks, 4 for a dense n x
+    n array; the threshold is 3."""
     from ..bench import format_bytes, peak_memory
 
     __tracebackhide__ = True
     peaks = []
-    for n in (1024, 2048):
+    for n in (512, 1024):
         case = _backward_case("", (), n, n, 16, 16, block_k, False, 26)
         _, peak = peak_memory(fn, *case.args, **case.kwargs)
         peaks.append(max(peak, 1))
@@ -1035,7 +1035,7 @@ def _check_backward_memory(fn, block_k: int = 64) -> float:
     if growth > 3:
         raise ExerciseError(
             "attention backward",
-            "n_q = n_k = 1024 and 2048, d = 16, blocks of 64 keys (memory)",
+            "n_q = n_k = 512 and 1024, d = 16, blocks of 64 keys (memory)",
             f"your function's peak memory grew {growth:.1f}x, from "
             f"{format_bytes(peaks[0])} to {format_bytes(peaks[1])}, when n "
             "doubled: it holds an array of n_q x n_k entries (4x), where a "
