@@ -1011,11 +1011,11 @@ def check_attention_backward(fn) -> None:
         describe=_describe_grads,
         quiet=True,
     )
-    growth = _check_backward_memory(fn)
+    _check_backward_memory(fn)
     print(
         f"Correct: attention backward passes all {len(backward_cases())} "
-        f"cases, and its memory grew {growth:.1f}x from n = 512 to 1024 "
-        "(an n x n array: 4x)."
+        "cases, and its memory grows as n, not as n^2 (less than 3x from n "
+        "= 512 to 1024; an n x n array: 4x)."
     )
 
 
@@ -1028,8 +1028,12 @@ def _check_backward_memory(fn, block_k: int = 64) -> float:
     __tracebackhide__ = True
     peaks = []
     for n in (512, 1024):
-        case = _backward_case("", (), n, n, 16, 16, block_k, False, 26)
-        _, peak = peak_memory(fn, *case.args, **case.kwargs)
+        # random arrays of the right shapes: only the memory is judged here,
+        # so no forward pass is needed to make out and lse
+        rng = np.random.default_rng(26)
+        args = [rng.normal(size=(n, 16)) for _ in range(5)]
+        args.insert(4, rng.normal(size=n) + 3.0)  # lse, one per query
+        _, peak = peak_memory(fn, *args, causal=False, block_k=block_k)
         peaks.append(max(peak, 1))
     growth = peaks[1] / peaks[0]
     if growth > 3:
