@@ -713,3 +713,409 @@ def test_branches_with_ties_pass(capsys):
     check_merge_softmax_states(merge_branches_with_ties)
     check_online_softmax(online_branches_with_ties)
     assert capsys.readouterr().out.count("Correct") == 2
+
+
+# --- the sum overwritten, and a normalised sum returned (reader k, E3) -------
+
+
+def online_overwrites_sum(scores):
+    """Wrong: each step overwrites the sum with the newest term instead of
+    adding it to the rescaled old sum."""
+    m, l = -math.inf, 0.0
+    for xj in scores:
+        m_new = max(m, xj)
+        if m_new == -math.inf:
+            continue
+        l = math.exp(xj - m_new)  # should be l * exp(m - m_new) + ...
+        m = m_new
+    return m, l
+
+
+def online_returns_normalised_total(scores):
+    """Wrong: returns the total of the normalised probabilities, 1, as the
+    sum."""
+    m = -math.inf
+    for xj in scores:
+        m = max(m, xj)
+    return m, (1.0 if m > -math.inf else 0.0)
+
+
+CATALOGUE["check_online_softmax"]["wrong"].append(
+    (online_overwrites_sum, "sum_overwritten")
+)
+
+
+def test_online_overwritten_sum_is_named():
+    """The old checker called an overwritten sum "restarts at 1 whenever the
+    maximum grows": its first case had the maximum last, where both give 1."""
+    with pytest.raises(ExerciseError) as err:
+        check_online_softmax(online_overwrites_sum)
+    assert err.value.mistake == "sum_overwritten"
+
+
+def test_online_normalised_total_gets_no_wrong_diagnosis():
+    """(m, 1.0) is rejected; no mistake fits it, so the verdict is the
+    generic one, not "restarts at 1" (the old checker's)."""
+    with pytest.raises(ExerciseError) as err:
+        check_online_softmax(online_returns_normalised_total)
+    assert err.value.mistake is None
+    assert "Hint:" in str(err.value)
+
+
+def test_online_first_case_maximum_is_not_last():
+    from attnbook.exercises.flash import online_cases
+
+    row = online_cases()[0].args[0]
+    assert int(np.argmax(row)) not in (0, len(row) - 1)
+
+
+def online_buffered_blocks(scores):
+    """Right: buffers 16 scores at a time and merges each buffer's state (the
+    theorem's blocked recurrence, which the exercise allows)."""
+    m, l, buf = -math.inf, 0.0, []
+
+    def merge(m, l, block):
+        bm = max(block)
+        if bm == -math.inf:
+            return m, l
+        bl = sum(math.exp(x - bm) for x in block)
+        new = max(m, bm)
+        return new, l * math.exp(m - new) + bl * math.exp(bm - new)
+
+    for xj in scores:
+        buf.append(xj)
+        if len(buf) == 16:
+            m, l = merge(m, l, buf)
+            buf = []
+    if buf:
+        m, l = merge(m, l, buf)
+    return m, l
+
+
+CATALOGUE["check_online_softmax"]["right"].append(online_buffered_blocks)
+
+
+# --- the backward pass from the saved log-sum-exp (hard) ---------------------
+# Wrong solutions as a student who half-understood the section writes them:
+# loops over key blocks (some over query blocks too), each with one slip.
+
+from attnbook.exercises.flash import (  # noqa: E402
+    _backward_reference,
+    backward_cases,
+    check_blockwise_attention_backward,
+)
+
+
+def _key_blocks(n_k, block_k):
+    return [slice(j, min(j + block_k, n_k)) for j in range(0, n_k, block_k)]
+
+
+def _visible(n_q, n_k, cols):
+    i = np.arange(n_q)[:, None]
+    return np.arange(n_k)[cols][None, :] <= i + (n_k - n_q)
+
+
+def bwd_good_two_loops(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Right, FlashAttention-2's order: key blocks outside, query blocks of 3
+    inside, in explicit per-head loops over the leading dimensions."""
+    lead = q.shape[:-2]
+    n_q, n_k, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
+    tau = 1 / math.sqrt(d_k)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for h in np.ndindex(*lead):
+        qh, kh, vh, oh, dh, lh = (
+            x[h].astype(float) for x in (q, k, v, out, d_out, lse)
+        )
+        big_d = (dh * oh).sum(-1)
+        for cols in _key_blocks(n_k, block_k):
+            for i0 in range(0, n_q, 3):
+                rows = slice(i0, min(i0 + 3, n_q))
+                s = tau * qh[rows] @ kh[cols].T
+                if causal:
+                    vis = _visible(n_q, n_k, cols)[rows]
+                    s = np.where(vis, s, -np.inf)
+                p = np.exp(s - lh[rows, None])
+                dv[h][cols] += p.T @ dh[rows]
+                ds = p * (dh[rows] @ vh[cols].T - big_d[rows, None])
+                dq[h][rows] += tau * ds @ kh[cols]
+                dk[h][cols] += tau * ds.T @ qh[rows]
+    return dq, dk, dv
+
+
+def bwd_good_einsum_float32(
+    q, k, v, out, lse, d_out, causal=False, block_k=64
+):
+    """Right, with einsum over any leading dimensions, in float32 (the
+    inputs' precision when they are float32)."""
+    f = np.float32
+    q, k, v, out, lse, d_out = (
+        np.asarray(x, f) for x in (q, k, v, out, lse, d_out)
+    )
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = f(1 / np.sqrt(q.shape[-1]))
+    big_d = np.einsum("...id,...id->...i", d_out, out)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for cols in _key_blocks(n_k, block_k):
+        s = tau * np.einsum("...id,...jd->...ij", q, k[..., cols, :])
+        if causal:
+            s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        dp = np.einsum("...ie,...je->...ij", d_out, v[..., cols, :])
+        ds = p * (dp - big_d[..., None])
+        dv[..., cols, :] += np.einsum("...ij,...ie->...je", p, d_out)
+        dq += tau * np.einsum("...ij,...jd->...id", ds, k[..., cols, :])
+        dk[..., cols, :] += tau * np.einsum("...ij,...id->...jd", ds, q)
+    return dq, dk, dv
+
+
+def bwd_good_one_key_at_a_time(
+    q, k, v, out, lse, d_out, causal=False, block_k=64
+):
+    """Right: blocks of one key (block_k only bounds them), in place on the
+    inputs' float64 copies."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    q = q.astype(float)
+    q *= 1 / math.sqrt(q.shape[-1])  # scaled in place: dQ = tau dS K
+    big_d = np.sum(d_out * out, -1)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    scale = 1 / math.sqrt(k.shape[-1])
+    for j in range(n_k):
+        s = q @ k[..., j, :][..., None]  # (..., n_q, 1)
+        if causal:
+            s = np.where(_visible(n_q, n_k, slice(j, j + 1)), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        dv[..., j, :] = (p * d_out).sum(-2)
+        ds = p * (d_out @ v[..., j, :][..., None] - big_d[..., None])
+        dq += scale * ds * k[..., j, :][..., None, :]
+        dk[..., j, :] = (ds * q).sum(-2)  # q already holds tau * Q
+    return dq, dk, dv
+
+
+def bwd_no_delta(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: dS = P * dP, as if the softmax were not there."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(kb, -1, -2)
+        if causal:
+            s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        ds = p * (d_out @ np.swapaxes(vb, -1, -2))
+        dq += tau * ds @ kb
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_delta_of_tile(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: D computed from the tile in hand, sum_j P_ij dP_ij over its
+    keys."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(kb, -1, -2)
+        if causal:
+            s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        dp = d_out @ np.swapaxes(vb, -1, -2)
+        big_d = (p * dp).sum(-1, keepdims=True)
+        ds = p * (dp - big_d)
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        dq += tau * ds @ kb
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_softmax_per_tile(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: ignores lse and takes each tile's softmax with scipy-style
+    code; fully masked rows of a tile get zeros."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = (d_out * out).sum(-1, keepdims=True)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(kb, -1, -2)
+        if causal:
+            s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+        top = s.max(-1, keepdims=True)
+        top[np.isneginf(top)] = 0
+        e = np.exp(s - top)
+        total = e.sum(-1, keepdims=True)
+        p = e / np.maximum(total, 1e-300)
+        ds = p * (d_out @ np.swapaxes(vb, -1, -2) - big_d)
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        dq += tau * ds @ kb
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_dk_without_scale(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: dK = dS^T Q, the scale only on dQ."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = (d_out * out).sum(-1, keepdims=True)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(kb, -1, -2)
+        if causal:
+            s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        ds = p * (d_out @ np.swapaxes(vb, -1, -2) - big_d)
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        dq += tau * ds @ kb
+        dk[..., cols, :] += np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_triu_mask(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: the causal mask from np.tril of an n_q x n_k matrix (aligned
+    at the top left), sliced per block."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = (d_out * out).sum(-1, keepdims=True)
+    allowed = np.tril(np.ones((n_q, n_k), bool))
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(kb, -1, -2)
+        if causal:
+            s = np.where(allowed[:, cols], s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        ds = p * (d_out @ np.swapaxes(vb, -1, -2) - big_d)
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        dq += tau * ds @ kb
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_floor_blocks(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: n_k // block_k blocks, so a last, shorter block is never
+    visited."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = (d_out * out).sum(-1, keepdims=True)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(n_k // block_k):
+        cols = slice(b * block_k, (b + 1) * block_k)
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(kb, -1, -2)
+        if causal:
+            s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        ds = p * (d_out @ np.swapaxes(vb, -1, -2) - big_d)
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        dq += tau * ds @ kb
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_exp_ratio(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: P = exp(S) / exp(lse), two exponentials that overflow."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = (d_out * out).sum(-1, keepdims=True)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(kb, -1, -2)
+        if causal:
+            s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+        p = np.exp(s) / np.exp(lse)[..., None]
+        ds = p * (d_out @ np.swapaxes(vb, -1, -2) - big_d)
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        dq += tau * ds @ kb
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_dense(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong for this exercise: right gradients, but from the whole n_q x n_k
+    matrix at once (block_k ignored); the memory check rejects it."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    s = tau * q @ np.swapaxes(k, -1, -2)
+    if causal:
+        s = np.where(_visible(n_q, n_k, slice(None)), s, -np.inf)
+    p = np.exp(s - lse[..., None])
+    ds = p * (
+        d_out @ np.swapaxes(v, -1, -2) - (d_out * out).sum(-1)[..., None]
+    )
+    return (
+        tau * ds @ k,
+        tau * np.swapaxes(ds, -1, -2) @ q,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+BACKWARD_WRONG = [
+    (bwd_no_delta, "delta_forgotten"),
+    (bwd_delta_of_tile, "delta_per_tile"),
+    (bwd_softmax_per_tile, "tile_softmax"),
+    (bwd_dk_without_scale, "dk_unscaled"),
+    (bwd_triu_mask, "mask_top_left"),
+    (bwd_floor_blocks, "ragged_block_dropped"),
+    (bwd_exp_ratio, "unshifted"),
+]
+CATALOGUE["check_blockwise_attention_backward"] = {
+    "wrong": list(BACKWARD_WRONG),
+    "right": [
+        bwd_good_two_loops,
+        bwd_good_einsum_float32,
+        bwd_good_one_key_at_a_time,
+    ],
+}
+
+
+@pytest.mark.parametrize("wrong, key", BACKWARD_WRONG)
+def test_backward_mistakes_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check_blockwise_attention_backward(wrong)
+    assert err.value.mistake == key, str(err.value)
+
+
+def test_backward_right_solutions_pass(capsys):
+    for right in CATALOGUE["check_blockwise_attention_backward"]["right"]:
+        check_blockwise_attention_backward(right)
+    assert capsys.readouterr().out.count("Correct") == 3
+
+
+def test_backward_dense_answer_is_rejected_by_its_memory():
+    with pytest.raises(ExerciseError, match="grew 4"):
+        check_blockwise_attention_backward(bwd_dense)
+
+
+def test_backward_reference_matches_torch_autograd():
+    """The checker's reference is torch's float64 autograd on every case."""
+    import torch
+
+    for case in backward_cases():
+        q, k, v, _, _, d_out = case.args
+        causal = case.kwargs["causal"]
+        tq, tk, tv = (
+            torch.tensor(np.asarray(a, np.float64), requires_grad=True)
+            for a in (q, k, v)
+        )
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        mask = torch.from_numpy(_visible(n_q, n_k, slice(None)))
+        torch.nn.functional.scaled_dot_product_attention(
+            tq, tk, tv, attn_mask=mask if causal else None
+        ).backward(torch.from_numpy(np.asarray(d_out, np.float64)))
+        want = _backward_reference(*case.args, **case.kwargs)
+        for got, t in zip(want, (tq, tk, tv)):
+            np.testing.assert_allclose(
+                got, t.grad.numpy(), rtol=1e-9, atol=1e-9
+            )
+
+
+def test_backward_stub_is_not_attempted():
+    def stub(q, k, v, out, lse, d_out, causal=False, block_k=64):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_blockwise_attention_backward(stub)

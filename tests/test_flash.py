@@ -403,3 +403,26 @@ def test_in_the_browser_the_blocks_run_without_threads(monkeypatch):
     monkeypatch.setattr(flash_module.sys, "platform", "emscripten")
     got = flash_module.flash_attention_numpy(q, k, v, block_q=8, workers=4)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_default_workers_are_the_cpus_the_process_may_use(monkeypatch):
+    """The default thread count is the CPUs this process may run on (its
+    affinity, as in a container limited to one CPU), not the machine's
+    os.cpu_count(): with one CPU allowed, no thread pool starts."""
+    import attnbook.flash as flash_module
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a thread pool started on a one-CPU process")
+
+    monkeypatch.setattr(flash_module.os, "cpu_count", lambda: 64)
+    monkeypatch.delattr(flash_module.os, "process_cpu_count", raising=False)
+    monkeypatch.setattr(
+        flash_module.os, "sched_getaffinity", lambda pid: {0}, raising=False
+    )
+    assert flash_module.usable_cpus() == 1
+    monkeypatch.setattr(flash_module, "ThreadPoolExecutor", no_pool)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 40, 8)) for _ in range(3))
+    got = flash_module.flash_attention_numpy(q, k, v, block_q=8)
+    expected, _ = attnbook.scaled_dot_product_attention(q, k, v)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)

@@ -138,8 +138,8 @@ def flash_attention_numpy(
     n_q), which the backward pass needs. float16 inputs are computed in
     float32. ``causal`` follows :func:`attnbook.causal_mask` (needs n_q <= n_k)
     and skips fully masked tiles. Query blocks are independent, so ``workers``
-    threads (default: ``os.cpu_count()``, one per logical CPU) process them in
-    parallel, as a GPU spreads them over its SMs.
+    threads (default: :func:`usable_cpus`, one per logical CPU this process
+    may use) process them in parallel, as a GPU spreads them over its SMs.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     batch, n_q, n_k, d_k, d_v = _check(q, k, v, causal, block_q, block_k)
@@ -169,11 +169,27 @@ def flash_attention_numpy(
     return (out, lse.reshape(batch + (n_q,))) if return_lse else out
 
 
+def usable_cpus() -> int:
+    """The number of logical CPUs this process may run on.
+
+    ``os.cpu_count()`` counts the machine's CPUs; a container, a CI runner or
+    ``taskset`` may allow the process fewer (its CPU affinity), and more
+    threads than that only take turns. Python 3.13's
+    ``os.process_cpu_count()`` answers this; before it, the affinity mask
+    (``os.sched_getaffinity``, Linux), else ``os.cpu_count()``.
+    """
+    if hasattr(os, "process_cpu_count"):
+        return os.process_cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def _run_in_threads(
     fn: Callable, items: Sequence, workers: int | None
 ) -> None:
     """Call ``fn(item)`` for every item on up to ``workers`` threads (None:
-    ``os.cpu_count()``, one per logical CPU).
+    :func:`usable_cpus`, one per logical CPU the process may use).
 
     numpy releases Python's global interpreter lock inside its array
     operations, so threads that work on different blocks run on different
@@ -181,7 +197,7 @@ def _run_in_threads(
     after another there, whatever ``workers`` says.
     """
     workers = (
-        (os.cpu_count() or 1)
+        usable_cpus()
         if workers is None
         else _validate.positive_int("workers", workers)
     )

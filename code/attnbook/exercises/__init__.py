@@ -20,6 +20,7 @@ from .attention import check_attention, check_causal_mask, check_softmax
 from .embeddings import check_cosine_similarity, check_ppmi
 from .embeddings import check_embedding_grad
 from .flash import check_merge_softmax_states, check_online_softmax
+from .flash import check_blockwise_attention_backward
 from .kv_cache import check_kv_cache_step
 from .kv_cache import check_ring_decode_step
 from .masking import check_padding_mask
@@ -44,6 +45,7 @@ __all__ = [
     "check_alibi_bias",
     "check_attention",
     "check_attention_backward",
+    "check_blockwise_attention_backward",
     "check_attention_scores",
     "check_benchmark_flops",
     "check_causal_mask",
@@ -113,6 +115,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # the package's backward pass is chapter 9's, blocked and from the saved
     # log-sum-exp: not this exercise's dense one
     "check_attention_backward": (),
+    "check_blockwise_attention_backward": (
+        "attnbook.flash.flash_attention_backward_numpy",
+    ),
     "check_attention_scores": (),
     "check_benchmark_flops": ("attnbook.cost.benchmark_flops",),
     "check_causal_mask": ("attnbook.masks.causal_mask",),

@@ -487,6 +487,14 @@ ONLINE_MISTAKES = [
         ),
     ),
     Mistake(
+        "sum_overwritten",
+        "the running sum is overwritten by the newest term, not "
+        "accumulated: l = exp(x_j - m) keeps only the last score's share",
+        "add to the rescaled old sum: l = l * exp(m_old - m_new) + "
+        "exp(x_j - m_new)",
+        _state_with(lambda l, m, m_new, xj: np.exp(xj - m_new)),
+    ),
+    Mistake(
         "returns_lse",
         "the second entry is the row's log-sum-exp m + log(l), not the sum l",
         "return l = sum_j exp(x_j - m) itself; m + log(l) is what the forward "
@@ -543,9 +551,15 @@ def _first_score_state(x) -> tuple[float, float]:
 
 
 def online_cases() -> list[Case]:
-    rng = np.random.default_rng(10)
+    # seed 12: the maximum is the fifth score, not the last, so that a sum
+    # restarted at each new maximum keeps the terms after it, and a sum
+    # overwritten by the newest term is not 1
+    rng = np.random.default_rng(12)
     return [
-        Case("a row of 8 scores", (rng.normal(scale=2, size=8),)),
+        Case(
+            "a row of 8 scores, its maximum in the middle",
+            (rng.normal(scale=2, size=8),),
+        ),
         Case("a single negative score, -0.7", (np.array([-0.7]),)),
         Case(
             "a fully masked row (every score -inf): the state (-inf, 0)",
@@ -633,3 +647,405 @@ def _check_one_pass_memory(fn, n: int = 100_000) -> None:
             case,
             "the state differs from the reference on a long row",
         )
+
+
+# --- the backward pass from the saved log-sum-exp (hard) -------------------
+
+
+def _causal_visible(n_q: int, n_k: int, cols: slice, top_left=False):
+    """(n_q, len(cols)) booleans: query i sees key j when j <= i + n_k - n_q
+    (the book's convention); ``top_left``: j <= i, the slip for n_q != n_k."""
+    offset = 0 if top_left else n_k - n_q
+    i = np.arange(n_q)[:, None]
+    j = np.arange(n_k)[cols][None, :]
+    return j <= i + offset
+
+
+def _blocked_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    d_out,
+    causal=False,
+    block_k=64,
+    *,
+    delta="rows",
+    probs="lse",
+    mask="book",
+    scale_in="all",
+    ragged=True,
+    dq_accumulates=True,
+):
+    """The backward pass over blocks of keys, all queries at once, in float64;
+    the keywords commit one mistake each (the defaults are right).
+
+    delta: "rows" D = rowsum(dO * O), "none" (forgotten), "tile" (rowsum of P
+    * dP over the tile only); probs: "lse" exp(S - L), "tile" (the tile's own
+    softmax), "unshifted" exp(S) / exp(L); mask: "book", "none", "top_left";
+    scale_in: "all", "not_s" (scores not scaled), "not_ds" (dQ and dK
+    without it), "not_dk"; ragged: False drops a last, shorter key block;
+    dq_accumulates: False overwrites dQ with each block's share.
+    """
+    q, k, v, out, lse, d_out = (
+        np.asarray(x, np.float64) for x in (q, k, v, out, lse, d_out)
+    )
+    n_q, n_k, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
+    tau = 1.0 / np.sqrt(d_k)
+    kt = np.swapaxes(k, -1, -2)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    d_rows = np.sum(d_out * out, axis=-1, keepdims=True)
+    stop = n_k if ragged else n_k - n_k % block_k
+    for j0 in range(0, stop, block_k):
+        cols = slice(j0, min(j0 + block_k, n_k))
+        s = (1.0 if scale_in == "not_s" else tau) * (q @ kt[..., cols])
+        if causal and mask != "none":
+            s = np.where(
+                _causal_visible(n_q, n_k, cols, mask == "top_left"), s, -np.inf
+            )
+        if probs == "lse":
+            p = np.exp(s - lse[..., None])
+        elif probs == "unshifted":
+            p = np.exp(s) / np.exp(lse[..., None])
+        else:  # the tile's own softmax
+            m = np.max(s, axis=-1, keepdims=True)
+            e = np.exp(s - np.where(np.isneginf(m), 0.0, m))
+            total = np.sum(e, axis=-1, keepdims=True)
+            p = e / np.where(total == 0, 1.0, total)
+        dp = d_out @ np.swapaxes(v[..., cols, :], -1, -2)
+        if delta == "rows":
+            ds = p * (dp - d_rows)
+        elif delta == "none":
+            ds = p * dp
+        else:
+            ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        g_q = (1.0 if scale_in == "not_ds" else tau) * (ds @ k[..., cols, :])
+        if dq_accumulates:
+            dq += g_q
+        else:
+            dq = g_q
+        dk[..., cols, :] += (
+            1.0 if scale_in in ("not_ds", "not_dk") else tau
+        ) * (np.swapaxes(ds, -1, -2) @ q)
+    return dq, dk, dv
+
+
+def _backward_reference(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """The gradients from the dense formulas in float64 (the whole n_q x n_k
+    matrix at once; block_k is not used): tests/test_exercises_flash.py
+    checks them against PyTorch's autograd."""
+    q, k, v, d_out = (np.asarray(x, np.float64) for x in (q, k, v, d_out))
+    n_q, n_k, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
+    tau = 1.0 / np.sqrt(d_k)
+    s = tau * (q @ np.swapaxes(k, -1, -2))
+    if causal:
+        s = np.where(_causal_visible(n_q, n_k, slice(None)), s, -np.inf)
+    p = np.exp(s - np.max(s, axis=-1, keepdims=True))
+    p /= np.sum(p, axis=-1, keepdims=True)
+    o = p @ v
+    dp = d_out @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - np.sum(d_out * o, axis=-1, keepdims=True))
+    return (
+        tau * (ds @ k),
+        tau * (np.swapaxes(ds, -1, -2) @ q),
+        np.swapaxes(p, -1, -2) @ d_out,
+    )
+
+
+def _as_grads(out) -> tuple:
+    """The reader's ``(dq, dk, dv)`` as three float64 arrays."""
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise TypeError(
+            "return the three gradients (dq, dk, dv); got "
+            f"{type(out).__name__}"
+        )
+    from ._framework import as_array
+
+    return tuple(as_array(g).astype(np.float64) for g in out)
+
+
+def _same_grads(got, expected) -> bool:
+    """All three gradients agree to 1e-4 relative (float32 inputs' rounding
+    is ~1e-6; every mistake is off by far more)."""
+    return all(same(g, e, rtol=1e-4, atol=1e-5) for g, e in zip(got, expected))
+
+
+def _describe_grads(got, expected, case=None) -> str:
+    """Which of dq, dk, dv are wrong, and how."""
+    parts = []
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected):
+        if g.shape != e.shape:
+            parts.append(f"{name} has shape {g.shape}, expected {e.shape}")
+        elif not same(g, e, rtol=1e-4, atol=1e-5):
+            parts.append(f"{name}: {difference(g, e, case)}")
+    right = [
+        name
+        for name, g, e in zip(("dq", "dk", "dv"), got, expected)
+        if g.shape == e.shape and same(g, e, rtol=1e-4, atol=1e-5)
+    ]
+    if right:
+        parts.append(f"{' and '.join(right)} right")
+    return "; ".join(parts)
+
+
+def _backward_with(**flags):
+    return lambda *args, **kwargs: _blocked_backward(*args, **kwargs, **flags)
+
+
+BACKWARD_MISTAKES = [
+    # right except where exp(S) overflows: first, so that NaN is named
+    Mistake(
+        "unshifted",
+        "P is recomputed as exp(S) / exp(L): where the scores pass ~710, "
+        "exp(S) and exp(L) overflow to inf, and inf / inf is NaN",
+        "recompute P = exp(S - L) in one exponential: S - L <= 0, so it "
+        "never overflows",
+        _backward_with(probs="unshifted"),
+    ),
+    Mistake(
+        "delta_forgotten",
+        "dS = P * dP: the softmax's correction D = rowsum(dO * O) is missing",
+        "through the softmax, dS = P * (dP - D), with D_i = sum_c dO_ic O_ic "
+        "computed once, before the loop",
+        _backward_with(delta="none"),
+    ),
+    Mistake(
+        "delta_per_tile",
+        "D is summed over the tile's keys only (rowsum(P * dP) of the "
+        "tile): the correction runs over the whole row, all n_k keys",
+        "use D = rowsum(dO * O), which equals the sum over the whole row "
+        "(the chapter's theorem) and needs no other tile",
+        _backward_with(delta="tile"),
+    ),
+    Mistake(
+        "tile_softmax",
+        "each tile's P is its own softmax (normalised over the tile's "
+        "keys), not the row's: the tiles' weights do not share one "
+        "normaliser",
+        "recompute the row's weights from the saved log-sum-exp: P = exp(S "
+        "- L), with L = m + log(l) of the whole row",
+        _backward_with(probs="tile"),
+    ),
+    Mistake(
+        "scores_unscaled",
+        "the recomputed scores are Q K^T, without the scale 1/sqrt(d_k) of "
+        "the forward pass, so exp(S - L) is not P",
+        "recompute S = Q K^T / sqrt(d_k), exactly as the forward pass did",
+        _backward_with(scale_in="not_s"),
+    ),
+    Mistake(
+        "ds_unscaled",
+        "dQ and dK lack the factor 1/sqrt(d_k): S = tau Q K^T, so dQ = tau "
+        "dS K and dK = tau dS^T Q",
+        "multiply both dS K and dS^T Q by tau = 1/sqrt(d_k)",
+        _backward_with(scale_in="not_ds"),
+    ),
+    Mistake(
+        "dk_unscaled",
+        "dK lacks the factor 1/sqrt(d_k) (dQ has it): dK = tau dS^T Q",
+        "the scale enters S through both Q and K: dK = tau dS^T Q, as dQ = "
+        "tau dS K",
+        _backward_with(scale_in="not_dk"),
+    ),
+    Mistake(
+        "mask_forgotten",
+        "the causal mask is not applied when P is recomputed: the future "
+        "keys get weight exp(S - L) > 0 and gradient",
+        "mask the recomputed scores as the forward pass did (S = -inf where "
+        "key j > i + n_k - n_q), so that exp(S - L) = 0 there",
+        _backward_with(mask="none"),
+    ),
+    Mistake(
+        "mask_top_left",
+        "the causal mask is aligned at the top left (key j <= query i): the "
+        "book's convention puts the n_q queries at the last n_q of the n_k "
+        "positions",
+        "query i sees key j when j <= i + (n_k - n_q)",
+        _backward_with(mask="top_left"),
+    ),
+    Mistake(
+        "ragged_block_dropped",
+        "the last key block, shorter than block_k, is skipped: its keys get "
+        "no dK, dV and give dQ nothing",
+        "loop for j0 in range(0, n_k, block_k) with cols = slice(j0, min(j0 "
+        "+ block_k, n_k))",
+        _backward_with(ragged=False),
+    ),
+    Mistake(
+        "dq_overwritten",
+        "dQ is overwritten by each key block's share (dq = ...): it keeps "
+        "the last block's only",
+        "dQ sums over all key blocks: start from zeros and add, dq += tau * "
+        "dS @ K_j",
+        _backward_with(dq_accumulates=False),
+    ),
+]
+
+
+def _backward_case(
+    name,
+    lead,
+    n_q,
+    n_k,
+    d_k,
+    d_v,
+    block_k,
+    causal,
+    seed,
+    dtype=np.float64,
+    score_scale=1.0,
+):
+    """A case: random q, k, v, d_out, and the forward pass's out and lse
+    (computed in float64 by the package's flash_attention_numpy)."""
+    from ..flash import flash_attention_numpy
+
+    rng = np.random.default_rng(seed)
+    q = score_scale * rng.normal(size=lead + (n_q, d_k))
+    k, v = (
+        rng.normal(size=lead + (n_k, d_k)),
+        rng.normal(size=lead + (n_k, d_v)),
+    )
+    d_out = rng.normal(size=lead + (n_q, d_v))
+    out, lse = flash_attention_numpy(q, k, v, causal=causal, return_lse=True)
+    args = tuple(x.astype(dtype) for x in (q, k, v, out, lse, d_out))
+    return Case(name, args, {"causal": causal, "block_k": block_k})
+
+
+def backward_cases() -> list[Case]:
+    return [
+        _backward_case(
+            "12 queries and 12 keys, d = 4, blocks of 5 keys (the last "
+            "holds 2)",
+            (),
+            12,
+            12,
+            4,
+            4,
+            5,
+            False,
+            20,
+        ),
+        _backward_case(
+            "causal, 5 queries at the end of 13 keys, d_k = 6, d_v = 3, "
+            "blocks of 4 keys",
+            (),
+            5,
+            13,
+            6,
+            3,
+            4,
+            True,
+            21,
+        ),
+        _backward_case(
+            "batched (2, 3, 9, 8), causal, n_q = n_k = 9, blocks of 4",
+            (2, 3),
+            9,
+            9,
+            8,
+            8,
+            4,
+            True,
+            22,
+        ),
+        _backward_case(
+            "float32 inputs, 16 queries, 20 keys, d = 8, blocks of 8",
+            (),
+            16,
+            20,
+            8,
+            8,
+            8,
+            False,
+            23,
+            dtype=np.float32,
+        ),
+        _backward_case(
+            "a single query (n_q = 1) over 7 keys, causal, blocks of 3",
+            (),
+            1,
+            7,
+            4,
+            4,
+            3,
+            True,
+            24,
+        ),
+        _backward_case(
+            "causal, scores in the hundreds (exp overflows past ~710), 6 "
+            "queries, 10 keys, blocks of 4",
+            (),
+            6,
+            10,
+            4,
+            4,
+            4,
+            True,
+            25,
+            score_scale=300.0,
+        ),
+    ]
+
+
+def check_blockwise_attention_backward(fn) -> None:
+    """Check ``fn(q, k, v, out, lse, d_out, causal=False, block_k=64)``
+    returns ``(dq, dk, dv)``, the gradients of attention computed over blocks
+    of ``block_k`` keys from the saved log-sum-exp ``lse``.
+
+    The reference is the dense formula in float64. On two long inputs the
+    checker also measures memory (with tracemalloc, which sees numpy's
+    arrays, not torch's): from n = 512 to 1024 an n_q x n_k array grows 4x, a
+    pass over key blocks about 2x.
+    """
+    __tracebackhide__ = True
+    run_checks(
+        "attention backward",
+        fn,
+        backward_cases(),
+        _backward_reference,
+        BACKWARD_MISTAKES,
+        compare=_same_grads,
+        postprocess=_as_grads,
+        describe=_describe_grads,
+        quiet=True,
+    )
+    _check_backward_memory(fn)
+    print(
+        f"Correct: attention backward passes all {len(backward_cases())} "
+        "cases, and its memory grows as n, not as n^2 (less than 3x from n "
+        "= 512 to 1024; an n x n array: 4x)."
+    )
+
+
+def _check_backward_memory(fn, block_k: int = 64) -> float:
+    """Reject a backward pass whose memory grows as n_q n_k: the peak at n =
+    1024 over the peak at n = 512 is about 2 for key blocks, 4 for a dense n x
+    n array; the threshold is 3."""
+    from ..bench import format_bytes, peak_memory
+
+    __tracebackhide__ = True
+    peaks = []
+    for n in (512, 1024):
+        # random arrays of the right shapes: only the memory is judged here,
+        # so no forward pass is needed to make out and lse
+        rng = np.random.default_rng(26)
+        args = [rng.normal(size=(n, 16)) for _ in range(5)]
+        args.insert(4, rng.normal(size=n) + 3.0)  # lse, one per query
+        _, peak = peak_memory(fn, *args, causal=False, block_k=block_k)
+        peaks.append(max(peak, 1))
+    growth = peaks[1] / peaks[0]
+    if growth > 3:
+        raise ExerciseError(
+            "attention backward",
+            "n_q = n_k = 512 and 1024, d = 16, blocks of 64 keys (memory)",
+            f"your function's peak memory grew {growth:.1f}x, from "
+            f"{format_bytes(peaks[0])} to {format_bytes(peaks[1])}, when n "
+            "doubled: it holds an array of n_q x n_k entries (4x), where a "
+            "pass over blocks of keys holds n_q x block_k at a time (about "
+            "2x)",
+            hint="loop over the key blocks: recompute each tile's S and P, "
+            "add its share to dQ, dK, dV, and keep no tile after its block",
+        )
+    return growth
