@@ -19,6 +19,7 @@ from ._framework import (
 from .attention import check_attention, check_causal_mask, check_softmax
 from .embeddings import check_cosine_similarity, check_ppmi
 from .flash import check_merge_softmax_states, check_online_softmax
+from .gqa_decode import check_grouped_decode_step
 from .kv_cache import check_kv_cache_step
 from .masking import check_padding_mask
 from .perspectives import check_linear_attention, check_nadaraya_watson
@@ -43,6 +44,7 @@ __all__ = [
     "check_cosine_similarity",
     "check_cross_attention",
     "check_dot_variance",
+    "check_grouped_decode_step",
     "check_key_blocks",
     "check_kv_cache_step",
     "check_linear_attention",
@@ -104,6 +106,10 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # exercise now asks for the packed layout: check_packed_cross_attention)
     "check_cross_attention": ("attnbook.projections.single_head_attention",),
     "check_dot_variance": ("attnbook.scaling.dot_product_variance",),
+    # grouped_query_attention (shown before it) takes a mask per query head
+    # and torch tensors; the exercise asks for the written slots of a ragged
+    # cache, in numpy, without copies: no function of the package answers it
+    "check_grouped_decode_step": (),
     "check_key_blocks": (),
     "check_kv_cache_step": (),
     "check_linear_attention": (
