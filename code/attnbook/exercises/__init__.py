@@ -21,6 +21,7 @@ from .embeddings import check_cosine_similarity, check_ppmi
 from .embeddings import check_embedding_grad
 from .flash import check_merge_softmax_states, check_online_softmax
 from .flash import check_blockwise_attention_backward
+from .gqa_decode import check_grouped_decode_step
 from .kv_cache import check_kv_cache_step
 from .kv_cache import check_ring_decode_step
 from .masking import check_padding_mask
@@ -53,6 +54,7 @@ __all__ = [
     "check_cross_attention",
     "check_dot_variance",
     "check_embedding_grad",
+    "check_grouped_decode_step",
     "check_key_blocks",
     "check_kv_cache_step",
     "check_linear_attention",
@@ -127,6 +129,10 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_cross_attention": ("attnbook.projections.single_head_attention",),
     "check_dot_variance": ("attnbook.scaling.dot_product_variance",),
     "check_embedding_grad": ("attnbook.embeddings.embedding_grad",),
+    # grouped_query_attention (shown before it) takes a mask per query head
+    # and torch tensors; the exercise asks for the written slots of a ragged
+    # cache, in numpy, without copies: no function of the package answers it
+    "check_grouped_decode_step": (),
     "check_key_blocks": (),
     "check_kv_cache_step": (),
     "check_linear_attention": (

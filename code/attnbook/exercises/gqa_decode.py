@@ -1,0 +1,534 @@
+"""Checker for a grouped-query decoding step (chapter 11, the hard exercise).
+
+The reader writes ``grouped_decode_step(q, k_cache, v_cache, lengths)``: one
+decoding step of grouped-query attention over a batch of sequences whose
+caches are filled to different lengths. ``q`` is ``(B, H, d_k)`` (the new
+token's query in each of the H query heads), ``k_cache`` ``(B, H_kv, n, d_k)``
+and ``v_cache`` ``(B, H_kv, n, d_v)`` hold ``n`` slots per sequence, of which
+sequence ``b`` has written the first ``lengths[b]`` (the new token's own key
+and value included, in slot ``lengths[b] - 1``); the slots after them hold
+stale numbers left by earlier sequences. Query head ``j`` reads key/value head
+``j // g``, ``g = H // H_kv``. The result is ``(B, H, d_v)``.
+
+Besides the values, the checker measures the peak memory of one large case
+(:func:`attnbook.bench.peak_memory`, which sees numpy's arrays; torch's
+allocations through its profiler): an answer that copies the keys or values
+per query head (``np.repeat``, ``repeat_kv``) allocates ``g`` times the cache
+and is rejected, however right its values. Numpy only, so that the browser's
+exercise notebook can load it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._framework import Case, ExerciseError, Mistake, run_checks, same
+
+EXERCISE = "grouped-query decoding step"
+
+
+def _softmax(s, axis=-1):
+    e = np.exp(s - s.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _reference(q, k, v, lengths):
+    """float64, one sequence and one query head at a time, key/value head j //
+    g looked up by index, only the written slots sliced out."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    b_size, n_heads, d_k = q.shape
+    g = n_heads // k.shape[1]
+    out = np.empty((b_size, n_heads, v.shape[-1]))
+    for b in range(b_size):
+        written = int(lengths[b])
+        for j in range(n_heads):
+            scores = k[b, j // g, :written] @ q[b, j] / np.sqrt(d_k)
+            out[b, j] = _softmax(scores) @ v[b, j // g, :written]
+    return out
+
+
+def _per_head(
+    q,
+    k,
+    v,
+    lengths,
+    kv_of=lambda j, g, n_kv: j // g,
+    scale=lambda d_k, d_v, g: np.sqrt(d_k),
+    seen=lambda written, n: written,
+    shift_over_all=False,
+    shift=True,
+    zero_after_softmax=False,
+):
+    """A decoding step with one knob turned: which key/value head a query
+    head reads, the scale, how many slots it sees, and how the softmax treats
+    the stale slots."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k.shape[1], k.shape[2]
+    g = n_heads // n_kv
+    out = np.empty((b_size, n_heads, v.shape[-1]))
+    for b in range(b_size):
+        written = int(lengths[b])
+        for j in range(n_heads):
+            i = kv_of(j, g, n_kv)
+            scores = k[b, i] @ q[b, j] / scale(d_k, v.shape[-1], g)
+            if zero_after_softmax:
+                weights = _softmax(scores)
+                weights[written:] = 0.0
+                out[b, j] = weights @ v[b, i]
+                continue
+            m = seen(written, n)
+            if m < 1:
+                # nothing left to attend to: 0 / 0
+                out[b, j] = np.nan
+                continue
+            top = scores.max() if shift_over_all else scores[:m].max()
+            e = np.exp(scores[:m] - top) if shift else np.exp(scores[:m])
+            out[b, j] = e / e.sum() @ v[b, i, :m]
+    return out
+
+
+def _grouped(q, k, v, lengths):
+    """(B, H_kv, g, n) scores of the grouped layout, stale slots at -inf."""
+    q, k = (np.asarray(a, dtype=np.float64) for a in (q, k))
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k.shape[1], k.shape[2]
+    rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = np.einsum("bigd,bind->bign", rows, k) / np.sqrt(d_k)
+    written = np.arange(n) < np.asarray(lengths)[:, None]
+    return np.where(written[:, None, None, :], scores, -np.inf)
+
+
+def _unshifted_times_mask(q, k, v, lengths):
+    scores = _grouped(q, k, v, np.full(len(lengths), k.shape[2]))
+    written = np.arange(k.shape[2]) < np.asarray(lengths)[:, None]
+    e = np.exp(scores) * written[:, None, None, :]
+    out = np.einsum(
+        "bign,bine->bige",
+        e / e.sum(axis=-1, keepdims=True),
+        np.asarray(v, np.float64),
+    )
+    return out.reshape(q.shape[0], q.shape[1], -1)
+
+
+def _softmax_over_group(q, k, v, lengths):
+    weights = np.nan_to_num(_softmax(_grouped(q, k, v, lengths), axis=2))
+    out = np.einsum("bign,bine->bige", weights, np.asarray(v, np.float64))
+    return out.reshape(q.shape[0], q.shape[1], -1)
+
+
+def _output_heads_transposed(q, k, v, lengths):
+    weights = _softmax(_grouped(q, k, v, lengths))
+    out = np.einsum("bign,bine->bige", weights, np.asarray(v, np.float64))
+    # (B, g, H_kv, d_v): the heads put back group member first
+    return out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)
+
+
+ORDER_HINT = (
+    "query head j = i*g + m is member m of group i: reshape q (B, H, d_k) to "
+    "(B, H_kv, g, d_k), in that order, so that the g rows of group i meet "
+    "key/value head i"
+)
+SLOTS_HINT = (
+    "sequence b has written slots 0 .. lengths[b] - 1, the new token's own "
+    "key and value in the last of them: mask the slots j >= lengths[b] "
+    "(scores -inf before the softmax) or slice them off"
+)
+SCALE_HINT = (
+    "divide the scores by sqrt(d_k), the features of one key: stacking the "
+    "g query heads of a group into rows does not change the length of a "
+    "row, and d_v plays no part"
+)
+
+DECODE_MISTAKES = [
+    Mistake(
+        "wrong_order",
+        "the heads are grouped in the wrong order: query head j reads "
+        "key/value head j % H_kv (q reshaped as (B, g, H_kv, d_k)) instead of "
+        "j // g",
+        ORDER_HINT,
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, kv_of=lambda j, g, n_kv: j % n_kv
+        ),
+    ),
+    Mistake(
+        "output_heads_transposed",
+        "each query head meets the right key/value head, but the outputs are "
+        "put back in the wrong order: the (B, H_kv, g, d_v) result was "
+        "transposed to (B, g, H_kv, d_v) before the final reshape",
+        "the grouped result (B, H_kv, g, d_v) is already in the order of the "
+        "query heads (j = i*g + m): reshape it to (B, H, d_v) directly",
+        _output_heads_transposed,
+    ),
+    Mistake(
+        "stale_slots_attended",
+        "every one of the n slots is attended to, including the stale ones "
+        "after lengths[b] that this sequence never wrote",
+        SLOTS_HINT,
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, seen=lambda written, n: n
+        ),
+    ),
+    Mistake(
+        "newest_slot_dropped",
+        "the last written slot (the new token's own key and value) is left "
+        "out: only slots 0 .. lengths[b] - 2 are attended to",
+        SLOTS_HINT,
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, seen=lambda written, n: written - 1
+        ),
+    ),
+    Mistake(
+        "one_stale_slot",
+        "one slot too many is attended to: slot lengths[b], which this "
+        "sequence has not written yet",
+        SLOTS_HINT,
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, seen=lambda written, n: min(written + 1, n)
+        ),
+    ),
+    Mistake(
+        "masked_after_softmax",
+        "the stale slots are zeroed after the softmax, which was taken over "
+        "all n slots: the weights of the written slots no longer sum to 1",
+        "mask before the softmax (scores -inf for the stale slots), so that "
+        "it normalises over the written slots only",
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, zero_after_softmax=True
+        ),
+    ),
+    Mistake(
+        "softmax_over_group",
+        "the softmax runs over the group axis of the (B, H_kv, g, n) scores "
+        "instead of over the slots",
+        "each query head's weights are a distribution over the slots: "
+        "softmax along the last axis (the n slots)",
+        _softmax_over_group,
+    ),
+    Mistake(
+        "max_includes_stale",
+        "the scores are shifted by their maximum over all n slots, stale ones "
+        "included: where a stale score is far larger, every written slot's "
+        "exp underflows to 0 and the weights are 0 / 0",
+        "take the maximum over the written slots only: mask first (-inf), "
+        "then subtract the row maximum",
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, shift_over_all=True
+        ),
+    ),
+    Mistake(
+        "unshifted",
+        "the exponentials are not shifted by the row maximum: exp overflows "
+        "to inf past ~710, and inf / inf is NaN",
+        "subtract each row's maximum (over the written slots) before exp",
+        lambda q, k, v, lengths: _per_head(q, k, v, lengths, shift=False),
+    ),
+    Mistake(
+        "unshifted",
+        "the exponentials are not shifted by the row maximum: exp overflows "
+        "to inf past ~710 (here also on stale slots, where inf times a mask "
+        "of 0 is NaN), and inf / inf is NaN",
+        "subtract each row's maximum (over the written slots) before exp, "
+        "and mask with -inf before it rather than by multiplying after it",
+        lambda q, k, v, lengths: _unshifted_times_mask(q, k, v, lengths),
+    ),
+    Mistake(
+        "not_scaled",
+        "the scores are not divided by sqrt(d_k)",
+        SCALE_HINT,
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, scale=lambda d_k, d_v, g: 1.0
+        ),
+    ),
+    Mistake(
+        "scaled_by_d_k",
+        "the scores are divided by d_k instead of sqrt(d_k)",
+        SCALE_HINT,
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, scale=lambda d_k, d_v, g: float(d_k)
+        ),
+    ),
+    Mistake(
+        "scaled_by_group",
+        "the scores are divided by sqrt(g * d_k), as if the g stacked query "
+        "heads made one longer vector, instead of sqrt(d_k)",
+        SCALE_HINT,
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, scale=lambda d_k, d_v, g: np.sqrt(g * d_k)
+        ),
+    ),
+    Mistake(
+        "scaled_by_d_v",
+        "the scores are divided by sqrt(d_v), the features of a value, "
+        "instead of sqrt(d_k)",
+        SCALE_HINT,
+        lambda q, k, v, lengths: _per_head(
+            q, k, v, lengths, scale=lambda d_k, d_v, g: np.sqrt(d_v)
+        ),
+    ),
+]
+
+REPEATED_KV = Mistake(
+    "repeated_kv",
+    "the values may be right, but the keys or values were copied once per "
+    "query head (np.repeat, repeat_kv, a broadcast that materialises): the "
+    "step allocated about as much as g copies of the cache, which is what "
+    "grouped-query attention exists to avoid",
+    "reshape the queries instead: q (B, H, d_k) -> (B, H_kv, g, d_k) is a "
+    "view, and (B, H_kv, g, d_k) against k_cache (B, H_kv, n, d_k) gives "
+    "the scores (B, H_kv, g, n) with each cached head read as it is",
+    lambda q, k, v, lengths: _reference(q, k, v, lengths),
+)
+# the mistakes the memory check names
+MEMORY_MISTAKES = [REPEATED_KV]
+
+
+def _cache(rng, b_size, n_kv, n, d, lengths, stale_scale=3.0):
+    """(B, H_kv, n, d) with standard normal written slots and stale slots of
+    another distribution (mean 4, spread ``stale_scale``)."""
+    x = rng.normal(size=(b_size, n_kv, n, d))
+    for b, written in enumerate(lengths):
+        x[b, :, written:] = 4.0 + stale_scale * rng.normal(
+            size=(n_kv, n - written, d)
+        )
+    return x
+
+
+def _case(
+    name,
+    seed,
+    b_size,
+    n_heads,
+    n_kv,
+    n,
+    d_k,
+    d_v,
+    lengths,
+    q_scale=1.0,
+    k_stale=3.0,
+    dtype=np.float64,
+):
+    rng = np.random.default_rng(seed)
+    q = q_scale * rng.normal(size=(b_size, n_heads, d_k))
+    k = _cache(rng, b_size, n_kv, n, d_k, lengths, stale_scale=k_stale)
+    v = _cache(rng, b_size, n_kv, n, d_v, lengths)
+    return Case(
+        name,
+        (
+            q.astype(dtype),
+            k.astype(dtype),
+            v.astype(dtype),
+            np.array(lengths, dtype=np.int64),
+        ),
+    )
+
+
+def decode_cases() -> list[Case]:
+    return [
+        _case(
+            "8 query heads share 2 key/value heads (g = 4), batch 3, "
+            "lengths (2, 6, 9) of n = 9 slots",
+            0,
+            3,
+            8,
+            2,
+            9,
+            4,
+            4,
+            (2, 6, 9),
+        ),
+        _case(
+            "4 query heads share 2 key/value heads (g = 2), batch 2, "
+            "lengths (5, 3) of n = 7",
+            1,
+            2,
+            4,
+            2,
+            7,
+            6,
+            6,
+            (5, 3),
+        ),
+        _case(
+            "multi-query: 6 query heads share 1 key/value head, d_k = 8, "
+            "d_v = 3, lengths (1, 7, 4)",
+            2,
+            3,
+            6,
+            1,
+            7,
+            8,
+            3,
+            (1, 7, 4),
+        ),
+        _case(
+            "multi-head: 3 query heads, 3 key/value heads (g = 1), "
+            "lengths (4, 2) of n = 4",
+            3,
+            2,
+            3,
+            3,
+            4,
+            5,
+            5,
+            (4, 2),
+        ),
+        _case(
+            "a cache of one slot (n = 1): 4 query heads share 2, batch 2",
+            4,
+            2,
+            4,
+            2,
+            1,
+            4,
+            4,
+            (1, 1),
+        ),
+        _case(
+            "float32 inputs: 6 query heads share 3 key/value heads, lengths "
+            "(3, 8)",
+            5,
+            2,
+            6,
+            3,
+            8,
+            4,
+            2,
+            (3, 8),
+            dtype=np.float32,
+        ),
+        _case(
+            "large scores: |q . k| / sqrt(d_k) in the thousands, 4 query "
+            "heads share 2, lengths (6, 3)",
+            6,
+            2,
+            4,
+            2,
+            6,
+            4,
+            4,
+            (6, 3),
+            q_scale=1000.0,
+        ),
+        _case(
+            "stale slots holding huge keys (about 1e4): 4 query heads share "
+            "2, lengths (2, 5) of n = 8",
+            7,
+            2,
+            4,
+            2,
+            8,
+            4,
+            4,
+            (2, 5),
+            k_stale=1e4,
+        ),
+    ]
+
+
+def _close(got, expected) -> bool:
+    return same(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def check_grouped_decode_step(fn) -> None:
+    """Check ``fn(q, k_cache, v_cache, lengths)`` computes one grouped-query
+    decoding step: q (B, H, d_k), k_cache (B, H_kv, n, d_k), v_cache (B,
+    H_kv, n, d_v), lengths (B,) -> (B, H, d_v), query head j reading
+    key/value head j // g over the written slots 0 .. lengths[b] - 1 of its
+    sequence; and that it never copies the cache per query head (its peak
+    memory on a large case)."""
+    __tracebackhide__ = True
+    run_checks(
+        EXERCISE,
+        fn,
+        decode_cases(),
+        _reference,
+        DECODE_MISTAKES,
+        compare=_close,
+        # its "Correct" line waits for the memory check
+        quiet=True,
+    )
+    _check_decode_memory(fn)
+    print(
+        f"Correct: the {EXERCISE} passes all {len(decode_cases())} cases; "
+        "on a batch of 2 caches of 2 key/value heads, 2048 slots of 64 "
+        "features, read by 16 query heads, its peak memory stayed under "
+        "half of what copying the keys per query head takes."
+    )
+
+
+def _largest_torch_allocation(fn, *args):
+    """``(fn(*args), the largest single allocation torch made during the
+    call)``, from torch's profiler (tracemalloc does not see torch's CPU
+    allocator); imported only for an answer that returns a torch tensor."""
+    import contextlib
+    import io
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        # the profiler's own notices, not the reader's
+        warnings.simplefilter("ignore")
+        with profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True
+        ) as prof:
+            out = fn(*args)
+    sizes = [
+        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
+    ]
+    return out, max(sizes, default=0)
+
+
+# the memory case: B, H, H_kv, n, d
+MEMORY_SHAPE = (2, 16, 2, 2048, 64)
+
+
+def _check_decode_memory(fn):
+    """Reject an answer whose peak memory on a large case reaches half of the
+    keys repeated per query head; return (peak, limit)."""
+    from ..bench import format_bytes, peak_memory
+    from ._framework import as_array, pristine
+
+    __tracebackhide__ = True
+    b_size, n_heads, n_kv, n, d = MEMORY_SHAPE
+    case = _case(
+        f"memory: batch {b_size}, {n_heads} query heads share {n_kv} "
+        f"key/value heads, {n} slots of {d} features",
+        8,
+        b_size,
+        n_heads,
+        n_kv,
+        n,
+        d,
+        d,
+        (n, n - 300),
+    )
+    # the reference first, on inputs the reader's function has not touched;
+    # the function gets copies (it may change them in place)
+    expected = _reference(*case.args)
+    k_bytes = case.args[1].nbytes
+    out, peak = peak_memory(fn, *pristine(case.args))
+    if hasattr(out, "detach"):
+        # a torch answer: torch's allocations, which tracemalloc does not see
+        _, torch_largest = _largest_torch_allocation(fn, *pristine(case.args))
+        peak = max(peak, torch_largest)
+    # the keys copied once per query head, float64
+    repeated = b_size * n_heads * n * d * 8
+    limit = repeated // 2
+    if peak >= limit:
+        raise ExerciseError(
+            EXERCISE,
+            case.name,
+            f"your function's peak memory was {format_bytes(peak)}; the keys "
+            f"repeated per query head take {format_bytes(repeated)}, the "
+            f"cache's keys themselves {format_bytes(k_bytes)}",
+            mistake=REPEATED_KV,
+        )
+    if not _close(as_array(out), expected):
+        raise ExerciseError(
+            EXERCISE,
+            case.name,
+            "values differ from the reference on a large case",
+        )
+    return peak, limit

@@ -1,0 +1,354 @@
+"""The grouped-query decoding step checker (chapter 11's hard exercise)
+rejects each classic mistake with its diagnosis and accepts right answers.
+
+The wrong solutions are written here independently of the checker's Mistake
+functions, the way a student who half-understood the section might write
+them: loops over sequences and heads, einsum over a grouped layout, masks
+built with comparisons, np.repeat and torch.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import (
+    ExerciseError,
+    NotAttemptedError,
+    check_grouped_decode_step,
+)
+from attnbook.exercises import gqa_decode
+
+
+def _softmax_rows(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _written(lengths, n):
+    """(B, n) booleans: slot j of sequence b has been written."""
+    return np.arange(n)[None, :] < np.asarray(lengths)[:, None]
+
+
+# --- right answers -----------------------------------------------------------
+
+
+def decode_by_loops(q, k_cache, v_cache, lengths):
+    """Right: for each sequence and key/value head, slice the written slots
+    and serve the whole group as g query rows."""
+    b_size, n_heads, d_k = q.shape
+    n_kv = k_cache.shape[1]
+    g = n_heads // n_kv
+    out = np.zeros((b_size, n_heads, v_cache.shape[-1]))
+    for b in range(b_size):
+        keys = k_cache[b, :, : lengths[b]]
+        values = v_cache[b, :, : lengths[b]]
+        for i in range(n_kv):
+            rows = q[b, i * g : (i + 1) * g]  # (g, d_k)
+            scores = rows @ keys[i].T / np.sqrt(d_k)  # (g, L)
+            out[b, i * g : (i + 1) * g] = _softmax_rows(scores) @ values[i]
+    return out
+
+
+def decode_einsum_float32(q, k_cache, v_cache, lengths):
+    """Right: the grouped layout with einsum and a -inf mask, computed in the
+    inputs' dtype (float32 stays float32)."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    grouped = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = np.einsum("bhgd,bhnd->bhgn", grouped, k_cache)
+    scores = scores / np.sqrt(np.asarray(d_k, dtype=q.dtype))
+    mask = _written(lengths, n)[:, None, None, :]
+    scores = np.where(mask, scores, -np.inf)
+    weights = _softmax_rows(scores)
+    out = np.einsum("bhgn,bhne->bhge", weights, v_cache)
+    return out.reshape(b_size, n_heads, -1)
+
+
+def decode_broadcast_matmul(q, k_cache, v_cache, lengths):
+    """Right: numpy's matmul broadcasts a stride-0 group axis without copying
+    (unlike torch.matmul): (B, H_kv, g, 1, d) @ (B, H_kv, 1, d, n)."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    g = n_heads // n_kv
+    rows = q.reshape(b_size, n_kv, g, 1, d_k)
+    scores = (rows @ k_cache[:, :, None].swapaxes(-1, -2))[..., 0, :]
+    scores /= np.sqrt(d_k)
+    scores[
+        ~np.broadcast_to(_written(lengths, n)[:, None, None], scores.shape)
+    ] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    out = (weights[..., None, :] @ v_cache[:, :, None])[..., 0, :]
+    return out.reshape(b_size, n_heads, -1)
+
+
+def decode_in_place(q, k_cache, v_cache, lengths):
+    """Right, but scales the caller's q in place (the checker notes it)."""
+    q /= np.sqrt(q.shape[-1])
+    b_size, n_heads, _ = q.shape
+    n_kv = k_cache.shape[1]
+    out = np.empty((b_size, n_heads, v_cache.shape[-1]))
+    for b in range(b_size):
+        for j in range(n_heads):
+            i = j * n_kv // n_heads
+            s = k_cache[b, i, : lengths[b]] @ q[b, j]
+            out[b, j] = _softmax_rows(s) @ v_cache[b, i, : lengths[b]]
+    return out
+
+
+def decode_torch_grouped(q, k_cache, v_cache, lengths):
+    """Right: torch, the queries viewed as (B, H_kv, g, d), a masked
+    softmax."""
+    q, k, v = (torch.from_numpy(np.asarray(a)) for a in (q, k_cache, v_cache))
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k.shape[1], k.shape[2]
+    rows = q.view(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = rows @ k.transpose(-1, -2) / d_k**0.5
+    mask = torch.arange(n) < torch.as_tensor(lengths)[:, None]
+    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v
+    return out.reshape(b_size, n_heads, -1)
+
+
+# --- wrong answers -----------------------------------------------------------
+
+
+def decode_groups_transposed(q, k_cache, v_cache, lengths):
+    """Wrong order: q viewed as (B, g, H_kv, d), so query head j meets
+    key/value head j % H_kv."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    rows = q.reshape(b_size, n_heads // n_kv, n_kv, d_k)
+    scores = np.einsum("bghd,bhnd->bhgn", rows, k_cache) / np.sqrt(d_k)
+    scores = np.where(_written(lengths, n)[:, None, None], scores, -np.inf)
+    out = np.einsum("bhgn,bhne->bghe", _softmax_rows(scores), v_cache)
+    return out.reshape(b_size, n_heads, -1)
+
+
+def decode_tiled(q, k_cache, v_cache, lengths):
+    """Wrong order: the cache tiled with np.tile (copies, and in the wrong
+    order)."""
+    g = q.shape[1] // k_cache.shape[1]
+    k = np.tile(k_cache, (1, g, 1, 1))
+    v = np.tile(v_cache, (1, g, 1, 1))
+    scores = np.einsum("bhd,bhnd->bhn", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(_written(lengths, k.shape[2])[:, None], scores, -np.inf)
+    return np.einsum("bhn,bhne->bhe", _softmax_rows(scores), v)
+
+
+def decode_outputs_swapped(q, k_cache, v_cache, lengths):
+    """Right groups, but the result transposed to (B, g, H_kv, d_v) before
+    flattening the heads."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = np.einsum("bhgd,bhnd->bhgn", rows, k_cache) / np.sqrt(d_k)
+    scores = np.where(_written(lengths, n)[:, None, None], scores, -np.inf)
+    out = np.einsum("bhgn,bhne->bghe", _softmax_rows(scores), v_cache)
+    return out.reshape(b_size, n_heads, -1)
+
+
+def decode_whole_cache(q, k_cache, v_cache, lengths):
+    """Ignores lengths: every slot of the cache is attended to."""
+    b_size, n_heads, d_k = q.shape
+    g = n_heads // k_cache.shape[1]
+    out = np.empty((b_size, n_heads, v_cache.shape[-1]))
+    for b in range(b_size):
+        for j in range(n_heads):
+            s = k_cache[b, j // g] @ q[b, j] / np.sqrt(d_k)
+            out[b, j] = _softmax_rows(s) @ v_cache[b, j // g]
+    return out
+
+
+def decode_before_newest(q, k_cache, v_cache, lengths):
+    """Masks with arange(n) < lengths - 1, as if the new token's own slot were
+    not written yet."""
+    return decode_einsum_float32(q, k_cache, v_cache, np.asarray(lengths) - 1)
+
+
+def decode_through_length(q, k_cache, v_cache, lengths):
+    """Masks with arange(n) <= lengths: one stale slot too many."""
+    n = k_cache.shape[2]
+    return decode_einsum_float32(
+        q, k_cache, v_cache, np.minimum(np.asarray(lengths) + 1, n)
+    )
+
+
+def decode_mask_after(q, k_cache, v_cache, lengths):
+    """Softmax over all slots, then multiplies the weights by the mask."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = np.einsum("bhgd,bhnd->bhgn", rows, k_cache) / np.sqrt(d_k)
+    weights = _softmax_rows(scores) * _written(lengths, n)[:, None, None]
+    out = np.einsum("bhgn,bhne->bhge", weights, v_cache)
+    return out.reshape(b_size, n_heads, -1)
+
+
+def decode_softmax_axis_2(q, k_cache, v_cache, lengths):
+    """The softmax over axis 2 of (B, H_kv, g, L): the group, not the
+    slots."""
+    b_size, n_heads, d_k = q.shape
+    n_kv = k_cache.shape[1]
+    g = n_heads // n_kv
+    out = np.empty((b_size, n_heads, v_cache.shape[-1]))
+    for b in range(b_size):
+        L = lengths[b]
+        rows = q[b].reshape(n_kv, g, d_k)
+        scores = rows @ k_cache[b, :, :L].transpose(0, 2, 1) / np.sqrt(d_k)
+        e = np.exp(scores - scores.max(axis=1, keepdims=True))
+        weights = e / e.sum(axis=1, keepdims=True)
+        out[b] = (weights @ v_cache[b, :, :L]).reshape(n_heads, -1)
+    return out
+
+
+def decode_max_before_mask(q, k_cache, v_cache, lengths):
+    """Subtracts the maximum over all n slots, then masks."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = np.einsum("bhgd,bhnd->bhgn", rows, k_cache) / np.sqrt(d_k)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    e = e * _written(lengths, n)[:, None, None]
+    out = np.einsum("bhgn,bhne->bhge", e / e.sum(-1, keepdims=True), v_cache)
+    return out.reshape(b_size, n_heads, -1)
+
+
+def decode_no_max(q, k_cache, v_cache, lengths):
+    """exp of the raw scores, masked by multiplication."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = np.einsum("bhgd,bhnd->bhgn", rows, k_cache) / np.sqrt(d_k)
+    e = np.exp(scores) * _written(lengths, n)[:, None, None]
+    out = np.einsum("bhgn,bhne->bhge", e / e.sum(-1, keepdims=True), v_cache)
+    return out.reshape(b_size, n_heads, -1)
+
+
+def _loop_with_scale(scale_of):
+    def decode(q, k_cache, v_cache, lengths):
+        b_size, n_heads, d_k = q.shape
+        g = n_heads // k_cache.shape[1]
+        scale = scale_of(d_k, v_cache.shape[-1], g)
+        out = np.empty((b_size, n_heads, v_cache.shape[-1]))
+        for b in range(b_size):
+            for j in range(n_heads):
+                s = k_cache[b, j // g, : lengths[b]] @ q[b, j] / scale
+                out[b, j] = _softmax_rows(s) @ v_cache[b, j // g, : lengths[b]]
+        return out
+
+    return decode
+
+
+decode_unscaled = _loop_with_scale(lambda d_k, d_v, g: 1.0)
+decode_unscaled.__doc__ = "Forgets the 1/sqrt(d_k)."
+decode_group_scale = _loop_with_scale(lambda d_k, d_v, g: np.sqrt(g * d_k))
+decode_group_scale.__doc__ = "Divides by sqrt(g d_k): the stacked rows' size."
+decode_value_scale = _loop_with_scale(lambda d_k, d_v, g: np.sqrt(d_v))
+decode_value_scale.__doc__ = "Divides by sqrt of the value features."
+
+
+def decode_np_repeat(q, k_cache, v_cache, lengths):
+    """Right values, but the cache copied per query head with np.repeat."""
+    g = q.shape[1] // k_cache.shape[1]
+    k = np.repeat(k_cache, g, axis=1)
+    v = np.repeat(v_cache, g, axis=1)
+    scores = np.einsum("bhd,bhnd->bhn", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(_written(lengths, k.shape[2])[:, None], scores, -np.inf)
+    return np.einsum("bhn,bhne->bhe", _softmax_rows(scores), v)
+
+
+def decode_torch_repeat_interleave(q, k_cache, v_cache, lengths):
+    """Right values, but torch's repeat_interleave copies the cache."""
+    q, k, v = (torch.from_numpy(np.asarray(a)) for a in (q, k_cache, v_cache))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = torch.einsum("bhd,bhnd->bhn", q, k) / q.shape[-1] ** 0.5
+    mask = torch.arange(k.shape[2]) < torch.as_tensor(lengths)[:, None]
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    return torch.einsum("bhn,bhne->bhe", torch.softmax(scores, -1), v)
+
+
+CATALOGUE = {
+    "check_grouped_decode_step": {
+        "wrong": [
+            (decode_groups_transposed, "wrong_order"),
+            (decode_tiled, "wrong_order"),
+            (decode_outputs_swapped, "output_heads_transposed"),
+            (decode_whole_cache, "stale_slots_attended"),
+            (decode_before_newest, "newest_slot_dropped"),
+            (decode_through_length, "one_stale_slot"),
+            (decode_mask_after, "masked_after_softmax"),
+            (decode_softmax_axis_2, "softmax_over_group"),
+            (decode_max_before_mask, "max_includes_stale"),
+            (decode_no_max, "unshifted"),
+            (decode_unscaled, "not_scaled"),
+            (decode_group_scale, "scaled_by_group"),
+            (decode_value_scale, "scaled_by_d_v"),
+            (decode_np_repeat, "repeated_kv"),
+            (decode_torch_repeat_interleave, "repeated_kv"),
+        ],
+        "right": [
+            decode_by_loops,
+            decode_einsum_float32,
+            decode_broadcast_matmul,
+            decode_in_place,
+            decode_torch_grouped,
+        ],
+    }
+}
+
+
+def test_the_stub_is_not_attempted():
+    def grouped_decode_step(q, k_cache, v_cache, lengths):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_grouped_decode_step(grouped_decode_step)
+
+
+def test_the_in_place_answer_gets_a_note(capsys):
+    check_grouped_decode_step(decode_in_place)
+    out = capsys.readouterr().out
+    assert "changed its input `q` in place" in out
+    assert out.splitlines()[-1].startswith("Correct:")
+
+
+def test_the_repeated_cache_fails_on_memory_not_values():
+    """np.repeat gives the right values on every small case: only the memory
+    check tells it apart, and it names the copies."""
+    with pytest.raises(ExerciseError) as err:
+        check_grouped_decode_step(decode_np_repeat)
+    assert err.value.mistake == "repeated_kv"
+    assert err.value.case.startswith("memory")
+
+
+def test_each_mistake_is_named_as_itself():
+    """The checker's own Mistake functions, run as answers, get their own
+    diagnosis (no two mistakes shadow each other on the cases)."""
+    for mistake in gqa_decode.DECODE_MISTAKES:
+        with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+            check_grouped_decode_step(mistake.commit)
+        assert err.value.mistake == mistake.key, mistake.key
+
+
+def test_the_reference_is_its_own_answer(capsys):
+    check_grouped_decode_step(gqa_decode._reference)
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+def test_the_cases_have_stale_slots_and_a_full_cache():
+    """Every classic trap has a case: ragged lengths with stale slots, a full
+    cache, one slot, MHA and MQA, float32, d_v != d_k, large scores."""
+    cases = gqa_decode.decode_cases()
+    lengths = [c.args[3] for c in cases]
+    n_slots = [c.args[1].shape[2] for c in cases]
+    assert any((ls < n).any() for ls, n in zip(lengths, n_slots))
+    assert any((ls == n).any() for ls, n in zip(lengths, n_slots))
+    assert 1 in n_slots
+    groups = {c.args[0].shape[1] // c.args[1].shape[1] for c in cases}
+    assert 1 in groups and max(groups) >= 4
+    assert any(c.args[1].shape[1] == 1 for c in cases)
+    assert any(c.args[0].dtype == np.float32 for c in cases)
+    assert any(c.args[1].shape[-1] != c.args[2].shape[-1] for c in cases)
