@@ -301,6 +301,25 @@ def flops_by_products(batch, heads, n, d, causal=False, mode="fwd"):
     return batch * heads * products * 2 * n * n * d * (0.5 if causal else 1)
 
 
+def blocks_divided_by_block_q(n_q, n_k, block_q, block_k):
+    """The right positions, cut into blocks of the wrong length: block_q."""
+    counts = []
+    for b in range(math.ceil(n_q / block_q)):
+        keys = min((b + 1) * block_q + n_k - n_q, n_k)
+        counts.append(math.ceil(keys / block_q))
+    return counts
+
+
+def flops_float32(batch, heads, n, d, causal=False, mode="fwd"):
+    """A right count computed in float32 throughout (rounded at every
+    step)."""
+    f32 = np.float32
+    total = f32(4) * f32(batch) * f32(heads) * f32(n) * f32(n) * f32(d)
+    if causal:
+        total = total / f32(2)
+    return total * f32({"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode])
+
+
 CATALOGUE = {
     "check_key_blocks": {
         "right": [
@@ -317,6 +336,7 @@ CATALOGUE = {
             (blocks_one_too_many, "one_past"),
             (blocks_unclamped, "no_clamp"),
             (blocks_with_offset_in_blocks, "offset_in_blocks"),
+            (blocks_divided_by_block_q, "divide_by_block_q"),
         ],
     },
     "check_benchmark_flops": {
@@ -324,6 +344,7 @@ CATALOGUE = {
             flops_good,
             flops_by_products,
             lambda *a, **kw: int(flops_good(*a, **kw)),
+            flops_float32,
         ],
         "wrong": [
             (flops_causal_full, "causal_not_halved"),
@@ -681,3 +702,35 @@ def test_no_case_puts_the_keys_to_cover_at_half_a_block():
         for b in range(math.ceil(n_q / block_q)):
             keys = min((b + 1) * block_q + n_k - n_q, n_k)
             assert 2 * keys % (2 * block_k) != block_k
+
+
+# --- from the fifth expert reading of chapter 10 (snap-k) --------------------
+
+
+def test_dividing_by_block_q_is_named_and_b_plus_one_still_is():
+    """On 256/256/128/64 both give query block b b + 1 key blocks; the other
+    cases tell them apart, and each is named as itself."""
+    for wrong, key in (
+        (blocks_divided_by_block_q, "divide_by_block_q"),
+        (blocks_b_plus_one, "equal_blocks"),
+    ):
+        with pytest.raises(ExerciseError) as err:
+            check_key_blocks(wrong)
+        assert err.value.mistake == key
+
+
+def test_a_right_float32_count_is_accepted_where_float32_rounds_it(capsys):
+    """One case's count is not a float32 number, so the float32 answer is
+    off by its rounding there; a relative tolerance of 1e-9 rejected it."""
+    from attnbook.cost import benchmark_flops
+    from attnbook.exercises.triton_flash import flops_cases
+
+    inexact = [
+        c
+        for c in flops_cases()
+        if float(flops_float32(*c.args, **c.kwargs))
+        != benchmark_flops(*c.args, **c.kwargs)
+    ]
+    assert inexact
+    check_benchmark_flops(flops_float32)
+    assert "Correct" in capsys.readouterr().out

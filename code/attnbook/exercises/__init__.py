@@ -58,6 +58,7 @@ __all__ = [
     "check_key_blocks",
     "check_kv_cache_step",
     "check_linear_attention",
+    "check_merge_kernel",
     "check_merge_softmax_states",
     "check_multihead_attention",
     "check_nadaraya_watson",
@@ -91,6 +92,7 @@ _LAZY = {
     "check_multihead_attention": "multihead",
     "check_rope_attention": "positional",
     "check_alibi_bias": "positional",
+    "check_merge_kernel": "flash_decoding",
     "check_share_kv_heads": "gqa",
     "check_pool_kv_heads": "gqa",
 }
@@ -138,6 +140,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_linear_attention": (
         "attnbook.linear_attention.attention_from_features",
     ),
+    # a @triton.jit kernel: chapter 10 shows merge_splits (torch) before the
+    # exercise, which gives the formula but no kernel; no package kernel merges
+    "check_merge_kernel": (),
     "check_merge_softmax_states": (
         "attnbook.online_softmax.merge_softmax_states",
     ),

@@ -1,0 +1,304 @@
+"""Checker for chapter 10's hard exercise: Flash-Decoding's merge of the
+runs' softmax states as a Triton kernel.
+
+The reader writes the kernel; the checker launches it (one program per row)
+on CPU tensors under Triton's interpreter, or on the GPU, and compares it
+with :func:`attnbook.torch_attention.merge_splits` in float64.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from ..torch_attention import merge_splits
+from ._framework import Case, Mistake, NotAttemptedError, run_checks, same
+
+EXERCISE = "merge kernel"
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _device() -> str:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _joined(out, lse) -> np.ndarray:
+    """(n_rows, d + 1): each row's output with its log-sum-exp appended, so
+    that one comparison judges both."""
+    out = np.asarray(torch.as_tensor(out).detach().cpu(), dtype=np.float64)
+    lse = np.asarray(torch.as_tensor(lse).detach().cpu(), dtype=np.float64)
+    if out.ndim != 2 or lse.shape != out.shape[:1]:
+        raise ValueError(
+            f"expected out (n_rows, d) and lse (n_rows,); got "
+            f"{tuple(out.shape)} and {tuple(lse.shape)}"
+        )
+    return np.concatenate([out, lse[:, None]], axis=1)
+
+
+def merged(o_part, lse_part) -> np.ndarray:
+    """Reference: merge_splits in float64, as (n_rows, d + 1)."""
+    return _joined(*merge_splits(o_part.double(), lse_part.double()))
+
+
+def launch(kernel):
+    """The host side the exercise fixes: ``kernel[(n_rows,)](O_PART,
+    LSE_PART, OUT, LSE, n_splits, n_rows, d_head, BLOCK_S=..., BLOCK_D=...)``
+    with contiguous float32 tensors O_PART (n_splits, n_rows, d_head),
+    LSE_PART (n_splits, n_rows), OUT (n_rows, d_head), LSE (n_rows,), and
+    BLOCK_S, BLOCK_D the powers of two at or above n_splits and d_head. OUT
+    and LSE start as NaN, so an entry the kernel never stores shows."""
+
+    def merge(o_part, lse_part):
+        n_splits, n_rows, d_head = o_part.shape
+        device = _device()
+        o_part = o_part.to(device, torch.float32).contiguous()
+        lse_part = lse_part.to(device, torch.float32).contiguous()
+        out = torch.full((n_rows, d_head), float("nan"), device=device)
+        lse = torch.full((n_rows,), float("nan"), device=device)
+        try:
+            kernel[(n_rows,)](
+                o_part,
+                lse_part,
+                out,
+                lse,
+                n_splits,
+                n_rows,
+                d_head,
+                BLOCK_S=_next_pow2(n_splits),
+                BLOCK_D=_next_pow2(d_head),
+            )
+        except Exception as err:
+            # the stub's NotImplementedError, wrapped by the interpreter (or
+            # the compiler): the exercise is not attempted yet
+            if "NotImplementedError" in f"{err!r} {err.__cause__!r}":
+                raise NotImplementedError from err
+            raise
+        return out.cpu(), lse.cpu()
+
+    return merge
+
+
+def _case(name, n_splits, n_rows, d_head, seed, spread=2.0, empty=None):
+    gen = torch.Generator().manual_seed(seed)
+    o_part = torch.randn(n_splits, n_rows, d_head, generator=gen)
+    lse_part = spread * (2 * torch.rand(n_splits, n_rows, generator=gen) - 1)
+    if empty is not None:
+        lse_part[empty] = float("-inf")
+    return Case(name, (o_part, lse_part))
+
+
+def merge_cases() -> list[Case]:
+    # empty runs: row r did not see run s (causal decoding: an early query
+    # row ends before the last runs start); the last row saw no run at all (a
+    # fully masked row), whose merge is output 0 and log-sum-exp -inf
+    empty = torch.zeros(5, 6, dtype=torch.bool)
+    empty[3:, 0] = True
+    empty[2:, 1] = True
+    empty[4, 2] = True
+    empty[:, 5] = True
+    return [
+        _case("one run: n_splits = 1, 3 rows, d = 16", 1, 3, 16, 0),
+        _case("four runs, 7 rows, d = 64", 4, 7, 64, 1),
+        _case(
+            "three runs (not a power of two), 5 rows, d = 48 (not one)",
+            3,
+            5,
+            48,
+            2,
+        ),
+        _case(
+            "log-sum-exps far apart (uniform in -120 .. 120): four runs, "
+            "5 rows, d = 32",
+            4,
+            5,
+            32,
+            3,
+            spread=120.0,
+        ),
+        _case(
+            "empty runs (log-sum-exp -inf) and a row that no run saw: five "
+            "runs, 6 rows, d = 32",
+            5,
+            6,
+            32,
+            4,
+            empty=empty,
+        ),
+    ]
+
+
+# --- the classic mistakes, each as what it computes -------------------------
+
+
+def _parts(o_part, lse_part):
+    return o_part.double(), lse_part.double()
+
+
+def _mean_of_runs(o_part, lse_part):
+    o, lse = _parts(o_part, lse_part)
+    return _joined(o.mean(0), torch.logsumexp(lse, 0))
+
+
+def _padding_counted(o_part, lse_part):
+    # padded runs loaded with other=0.0: log-sum-exp 0 and output 0
+    o, lse = _parts(o_part, lse_part)
+    pad = _next_pow2(o.shape[0]) - o.shape[0]
+    lse = torch.cat([lse, torch.zeros(pad, *lse.shape[1:]).double()])
+    o = torch.cat([o, torch.zeros(pad, *o.shape[1:]).double()])
+    return _joined(*merge_splits(o, lse))
+
+
+def _not_shifted(o_part, lse_part):
+    # exp(lse) in float32, as the kernel computes it: overflows past 88.7
+    w = torch.exp(lse_part.float())
+    total = w.sum(0)
+    out = (w[..., None] * o_part.float()).sum(0) / total[:, None]
+    return _joined(out, torch.log(total))
+
+
+def _unseen_row_nan(o_part, lse_part):
+    ref = merged(o_part, lse_part)
+    ref[torch.isneginf(lse_part).all(0).numpy()] = np.nan
+    return ref
+
+
+def _lse_is_max(o_part, lse_part):
+    ref = merged(o_part, lse_part)
+    ref[:, -1] = lse_part.double().max(0).values.numpy()
+    return ref
+
+
+def _lse_without_max(o_part, lse_part):
+    o, lse = _parts(o_part, lse_part)
+    m = lse.max(0).values
+    ref = merged(o_part, lse_part)
+    ref[:, -1] = ref[:, -1] - m.numpy()
+    return ref
+
+
+def _unnormalised(o_part, lse_part):
+    o, lse = _parts(o_part, lse_part)
+    m = lse.max(0).values
+    w = torch.exp(lse - m)
+    return _joined((w[..., None] * o).sum(0), torch.logsumexp(lse, 0))
+
+
+def _exp2(o_part, lse_part):
+    o, lse = _parts(o_part, lse_part)
+    m = lse.max(0).values
+    w = torch.exp2(lse - m)
+    total = w.sum(0)
+    return _joined(
+        (w[..., None] * o).sum(0) / total[:, None], m + torch.log2(total)
+    )
+
+
+MERGE_MISTAKES = [
+    Mistake(
+        "padding_counted",
+        "the padded runs (BLOCK_S > n_splits) count as runs of log-sum-exp 0: "
+        "their load used other=0.0",
+        "a padded run must weigh nothing: load LSE_PART with "
+        "other=float('-inf'), so that exp(lse - m) is 0 for it",
+        _padding_counted,
+    ),
+    Mistake(
+        "not_shifted",
+        "the weights exp(lse_s) were not shifted by the largest "
+        "log-sum-exp: float32's exp overflows past 88.7",
+        "subtract m = max_s lse_s first: the weights exp(lse_s - m) are at "
+        "most 1, and the merged log-sum-exp is m + log(sum_s exp(lse_s - m))",
+        _not_shifted,
+    ),
+    Mistake(
+        "unseen_row_nan",
+        "a row that no run saw comes out NaN: its largest log-sum-exp is "
+        "-inf, and -inf - (-inf) is NaN",
+        "shift by 0 where m is -inf (tl.where): every weight is then "
+        "exp(-inf) = 0, the output 0 and the log-sum-exp -inf, as "
+        "merge_splits gives",
+        _unseen_row_nan,
+    ),
+    Mistake(
+        "mean_of_runs",
+        "the output is the plain mean of the runs' outputs: each run was "
+        "normalised over its own keys, so it must be re-weighted by its "
+        "share of the row's mass",
+        "weight run s by exp(lse_s - lse), lse = the merged log-sum-exp; the "
+        "shares sum to 1",
+        _mean_of_runs,
+    ),
+    Mistake(
+        "unnormalised",
+        "the output is sum_s exp(lse_s - m) o_s, not divided by the sum of "
+        "the weights",
+        "the runs' shares are exp(lse_s - m) / sum_r exp(lse_r - m): divide "
+        "by the sum",
+        _unnormalised,
+    ),
+    Mistake(
+        "lse_is_max",
+        "the merged log-sum-exp is the largest run's, max_s lse_s: the other "
+        "runs' mass is missing",
+        "lse = m + log(sum_s exp(lse_s - m)), at least max_s lse_s",
+        _lse_is_max,
+    ),
+    Mistake(
+        "lse_without_max",
+        "the merged log-sum-exp is log(sum_s exp(lse_s - m)): the shift m "
+        "was not added back",
+        "lse = m + log(sum_s exp(lse_s - m))",
+        _lse_without_max,
+    ),
+    Mistake(
+        "exp2_on_natural",
+        "the weights are 2^(lse_s - m) (tl.exp2) of natural log-sum-exps",
+        "LSE_PART holds natural logarithms: use tl.exp and tl.log, or "
+        "multiply by log2(e) = 1.4427 before tl.exp2 and divide by it after "
+        "tl.log2",
+        _exp2,
+    ),
+]
+
+
+def check_merge_kernel(kernel) -> None:
+    """Check a ``@triton.jit`` kernel that merges the runs of Flash-Decoding:
+    per row, ``out = sum_s exp(lse_s - lse) o_s`` and ``lse = logsumexp_s
+    lse_s``, with the signature and launch of :func:`launch`.
+
+    Runs under Triton's interpreter on a CPU (``TRITON_INTERPRET=1``), or on
+    a GPU. Empty runs have ``lse`` -inf; a row that no run saw gets output 0
+    and ``lse`` -inf.
+    """
+    __tracebackhide__ = True
+    if kernel is None:
+        raise NotAttemptedError(
+            EXERCISE,
+            merge_cases()[0].name,
+            "no kernel yet (merge_kernel is None)",
+            hint="write a @triton.jit kernel with the signature of the "
+            "exercise and pass it",
+        )
+    if not hasattr(kernel, "__getitem__"):
+        raise TypeError(
+            "check_merge_kernel takes the @triton.jit kernel itself (it "
+            f"launches it); got {type(kernel).__name__}"
+        )
+    run_checks(
+        EXERCISE,
+        launch(kernel),
+        merge_cases(),
+        merged,
+        MERGE_MISTAKES,
+        compare=lambda a, b: same(a, b, rtol=1e-5, atol=1e-5),
+        postprocess=lambda out: _joined(*out),
+        hint="compare your kernel with merge_splits, step by step, on the "
+        "failing case",
+    )

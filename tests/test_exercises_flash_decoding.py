@@ -1,0 +1,440 @@
+"""The chapter-10 merge-kernel checker rejects each classic mistake and passes
+correct kernels.
+
+The kernels here are written independently of the checker's Mistake
+functions, the way a reader new to Triton might write them: one program per
+row, the runs as a padded block or one at a time in a loop.
+"""
+
+import pytest
+
+from attnbook.exercises import ExerciseError, NotAttemptedError
+from attnbook.exercises.flash_decoding import check_merge_kernel
+from attnbook.kernels.interpreter import tl, triton
+
+
+# --- right kernels -----------------------------------------------------------
+
+
+@triton.jit
+def merge_book(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """The chapter's solution: all the runs of a row as one padded block."""
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, m_safe + tl.log(total))
+
+
+@triton.jit
+def merge_run_by_run(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Right, written differently: chapter 9's online merge, one run at a
+    time (no padded block of runs at all)."""
+    row = tl.program_id(0)
+    c = tl.arange(0, BLOCK_D)
+    m = float("-inf")
+    mass = 0.0
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for s in range(0, n_splits):
+        lse_s = tl.load(LSE_PART + s * n_rows + row)
+        o_s = tl.load(
+            O_PART + (s * n_rows + row) * d_head + c,
+            mask=c < d_head,
+            other=0.0,
+        )
+        if lse_s > float("-inf"):
+            m_new = tl.maximum(m, lse_s)
+            alpha = tl.exp(m - m_new)
+            beta = tl.exp(lse_s - m_new)
+            acc = acc * alpha + beta * o_s
+            mass = mass * alpha + beta
+            m = m_new
+    if mass > 0.0:
+        tl.store(OUT + row * d_head + c, acc / mass, mask=c < d_head)
+        tl.store(LSE + row, m + tl.log(mass))
+    else:
+        tl.store(OUT + row * d_head + c, acc, mask=c < d_head)
+        tl.store(LSE + row, float("-inf"))
+
+
+@triton.jit
+def merge_shares_base2(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Right, written differently: in base 2 (exp2 and log2, converted with
+    log2(e)), the shares exp(lse_s - lse) formed first, the empty row caught
+    by clamping the shift."""
+    LOG2E: tl.constexpr = 1.4426950408889634
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse2 = (
+        tl.load(
+            LSE_PART + s * n_rows + row,
+            mask=s < n_splits,
+            other=float("-inf"),
+        )
+        * LOG2E
+    )
+    shift = tl.maximum(tl.max(lse2, 0), -1.0e30)
+    merged2 = shift + tl.log2(tl.sum(tl.exp2(lse2 - shift), 0))
+    share = tl.exp2(lse2 - tl.maximum(merged2, -1.0e30))
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    tl.store(
+        OUT + row * d_head + c, tl.sum(share[:, None] * o, 0), mask=c < d_head
+    )
+    tl.store(LSE + row, merged2 / LOG2E)
+
+
+# --- wrong kernels -----------------------------------------------------------
+
+
+@triton.jit
+def merge_padding_zero(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the usual masked load, other=0.0 for the log-sum-exps too
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(LSE_PART + s * n_rows + row, mask=s < n_splits, other=0.0)
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    w = tl.exp(lse_s - m)
+    total = tl.sum(w, 0)
+    tl.store(
+        OUT + row * d_head + c,
+        tl.sum(w[:, None] * o, 0) / total,
+        mask=c < d_head,
+    )
+    tl.store(LSE + row, m + tl.log(total))
+
+
+@triton.jit
+def merge_unshifted(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the weights straight from the definition, exp(lse_s)
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    w = tl.exp(lse_s)
+    total = tl.sum(w, 0)
+    tl.store(
+        OUT + row * d_head + c,
+        tl.sum(w[:, None] * o, 0) / total,
+        mask=c < d_head,
+    )
+    tl.store(LSE + row, tl.log(total))
+
+
+@triton.jit
+def merge_no_guard(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # right padding, but the empty row is not thought of
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    w = tl.exp(lse_s - m)
+    total = tl.sum(w, 0)
+    tl.store(
+        OUT + row * d_head + c,
+        tl.sum(w[:, None] * o, 0) / total,
+        mask=c < d_head,
+    )
+    tl.store(LSE + row, m + tl.log(total))
+
+
+@triton.jit
+def merge_average(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # each run is already a softmax average, so average the averages
+    row = tl.program_id(0)
+    c = tl.arange(0, BLOCK_D)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    m = float("-inf")
+    for s in range(0, n_splits):
+        acc += tl.load(
+            O_PART + (s * n_rows + row) * d_head + c,
+            mask=c < d_head,
+            other=0.0,
+        )
+        m = tl.maximum(m, tl.load(LSE_PART + s * n_rows + row))
+    mass = 0.0
+    for s in range(0, n_splits):
+        mass += tl.exp(tl.load(LSE_PART + s * n_rows + row) - m)
+    tl.store(OUT + row * d_head + c, acc / n_splits, mask=c < d_head)
+    tl.store(LSE + row, tl.where(m == float("-inf"), m, m + tl.log(mass)))
+
+
+@triton.jit
+def merge_weights_not_divided(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the online softmax's accumulator, returned before the final division
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m)
+    tl.store(
+        OUT + row * d_head + c, tl.sum(w[:, None] * o, 0), mask=c < d_head
+    )
+    tl.store(LSE + row, m + tl.log(tl.sum(w, 0)))
+
+
+@triton.jit
+def merge_lse_max(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the output right, the row's log-sum-exp taken as the largest run's
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe)
+    total = tl.sum(w, 0)
+    tl.store(
+        OUT + row * d_head + c,
+        tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total),
+        mask=c < d_head,
+    )
+    tl.store(LSE + row, m)
+
+
+@triton.jit
+def merge_exp2(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # exp2 is the fast one (the chapter's kernels use it), forgetting that
+    # these log-sum-exps are natural
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse_s - m_safe)
+    total = tl.sum(w, 0)
+    tl.store(
+        OUT + row * d_head + c,
+        tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total),
+        mask=c < d_head,
+    )
+    tl.store(LSE + row, m_safe + tl.log2(total))
+
+
+CATALOGUE = {
+    "check_merge_kernel": {
+        "right": [merge_run_by_run, merge_shares_base2],
+        "wrong": [
+            (merge_padding_zero, "padding_counted"),
+            (merge_unshifted, "not_shifted"),
+            (merge_no_guard, "unseen_row_nan"),
+            (merge_average, "mean_of_runs"),
+            (merge_weights_not_divided, "unnormalised"),
+            (merge_lse_max, "lse_is_max"),
+            (merge_exp2, "exp2_on_natural"),
+        ],
+    },
+}
+
+
+def test_the_chapters_solution_passes(capsys):
+    check_merge_kernel(merge_book)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "right", CATALOGUE["check_merge_kernel"]["right"], ids=lambda f: f.__name__
+)
+def test_right_kernels_pass(right, capsys):
+    check_merge_kernel(right)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, key",
+    CATALOGUE["check_merge_kernel"]["wrong"],
+    ids=[k for _, k in CATALOGUE["check_merge_kernel"]["wrong"]],
+)
+def test_wrong_kernels_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(wrong)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+@triton.jit
+def merge_stub(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    raise NotImplementedError  # your code here
+
+
+def test_the_stub_is_not_attempted():
+    for stub in (None, merge_stub):
+        with pytest.raises(NotAttemptedError):
+            check_merge_kernel(stub)
+
+
+def test_a_plain_function_is_refused_by_name():
+    with pytest.raises(TypeError, match="jit"):
+        check_merge_kernel(lambda o, lse: (o.sum(0), lse.max(0).values))
