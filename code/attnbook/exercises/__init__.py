@@ -21,6 +21,7 @@ from .embeddings import check_cosine_similarity, check_ppmi
 from .flash import check_merge_softmax_states, check_online_softmax
 from .kv_cache import check_kv_cache_step
 from .masking import check_padding_mask
+from .perspectives import check_chunked_causal_linear_attention
 from .perspectives import check_linear_attention, check_nadaraya_watson
 from .qkv import (
     check_attention_scores,
@@ -40,6 +41,7 @@ __all__ = [
     "check_attention_scores",
     "check_benchmark_flops",
     "check_causal_mask",
+    "check_chunked_causal_linear_attention",
     "check_cosine_similarity",
     "check_cross_attention",
     "check_dot_variance",
@@ -99,6 +101,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_attention_scores": (),
     "check_benchmark_flops": ("attnbook.cost.benchmark_flops",),
     "check_causal_mask": ("attnbook.masks.causal_mask",),
+    "check_chunked_causal_linear_attention": (
+        "attnbook.linear_attention.attention_from_features",
+    ),
     "check_cosine_similarity": ("attnbook.embeddings.cosine_similarity",),
     # chapter 2 shows single_head_attention, which computes it (the chapter's
     # exercise now asks for the packed layout: check_packed_cross_attention)
