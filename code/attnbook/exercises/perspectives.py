@@ -344,13 +344,15 @@ def _growth(fn, make_args, n_small, n_large, repeats, clock):
 # (about 16x, up to about 2x more where the arrays leave the cache or the
 # machine is loaded) and quadratic work (256x, or more than 100x for a loop
 # whose Python overhead dominates at the small length) stand far apart on
-# either side of the limit. Measured here on a loaded 2-core Xeon (load
-# average 12, d_k = 64, d_v = 1): over 512 -> 8192 the book's solution grew
-# 19-29x, torch 16-29x, two-operand einsums 20-26x; a loop over the queries
-# 124x, blocks of 256 queries 140x. Over 256 -> 1024 right answers grew
-# 2.5-6x, a three-operand einsum 13-16x (stopped there, before the long one);
-# one that passes the first step is still rejected by the second. An earlier
-# limit of 20 over 1024 -> 8192 rejected a right answer under load (21x).
+# either side of the limit. Measured here on a loaded 2-core AMD EPYC (load
+# average 10-13, d_k = 64, d_v = 1, three runs each): over 512 -> 8192 the
+# book's solution grew 16-19x, torch 12-29x, two-operand einsums 15-20x; a
+# loop over the queries 124-165x, blocks of 256 queries 140-175x. Over 256 ->
+# 1024 right answers grew 2.5-6x, a three-operand einsum 14-16x (stopped
+# there, before the long one), blocks 9-12x, the loop 5-10x; one that passes
+# the first step is still rejected by the second. An earlier limit of 20 over
+# 1024 -> 8192 rejected a right answer under load (21x); over that step the
+# runs above gave 6-16x for right answers and 32-57x for wrong ones.
 LINEAR_TIME_STEPS = ((256, 1024, 12.0), (512, 8192, 60.0))
 LINEAR_TIME_TRIES = 3
 
