@@ -41,9 +41,9 @@ def _check_bandwidth(bandwidth) -> float:
 
 
 def _check_shapes(x_query, x_train, y_train=None) -> None:
-    """Raise unless x_query (..., m, d), x_train (..., n, d) and y_train (...,
-    n, d_y) fit."""
-    _validate.require_rank("x_query", x_query, 2, "(..., m, d)")
+    """Raise unless x_query (..., n_q, d), x_train (..., n, d) and y_train
+    (..., n, d_y) fit."""
+    _validate.require_rank("x_query", x_query, 2, "(..., n_q, d)")
     _validate.require_rank("x_train", x_train, 2, "(..., n, d)")
     qs, ts = tuple(x_query.shape), tuple(x_train.shape)
     if qs[-1] != ts[-1]:
@@ -81,7 +81,7 @@ def log_kernel(
 ) -> np.ndarray:
     """``log K(x, x_i)`` for every query point and every training input.
 
-    x_query: (..., m, d), x_train: (..., n, d) -> (..., m, n).
+    x_query: (..., n_q, d), x_train: (..., n, d) -> (..., n_q, n).
     ``kernel="gaussian"``: ``-|x - x_i|^2 / (2 h^2)``, from explicit
     differences; ``kernel="exp_dot"``: ``x . x_i / h``, the exponentiated dot
     product of attention (``h = sqrt(d)`` is attention's default scale). ``h``
@@ -94,7 +94,7 @@ def log_kernel(
     _check_shapes(x_query, x_train)
     h = _check_bandwidth(bandwidth)
     if kernel == "gaussian":
-        # (..., m, n, d)
+        # (..., n_q, n, d)
         diff = x_query[..., :, None, :] - x_train[..., None, :, :]
         return -np.sum(diff * diff, axis=-1) / (2 * h * h)
     if kernel == "exp_dot":
@@ -110,10 +110,10 @@ def nadaraya_watson(
     """The Nadaraya-Watson estimate at each query point, and the weights it
     used.
 
-    x_query: (..., m, d), x_train: (..., n, d), y_train: (..., n, d_y). Returns
-    ``(estimate (..., m, d_y), weights (..., m, n))``, where ``weights[..., a,
-    i] = K(x_a, x_i) / sum_j K(x_a, x_j)`` and the estimate is ``weights @
-    y_train``.
+    x_query: (..., n_q, d), x_train: (..., n, d), y_train: (..., n, d_y).
+    Returns ``(estimate (..., n_q, d_y), weights (..., n_q, n))``, where
+    ``weights[..., a, i] = K(x_a, x_i) / sum_j K(x_a, x_j)`` and the estimate
+    is ``weights @ y_train``.
     """
     x_query, x_train = (
         np.asarray(x_query, dtype=float),
@@ -121,7 +121,7 @@ def nadaraya_watson(
     )
     y_train = np.asarray(y_train, dtype=float)
     _check_shapes(x_query, x_train, y_train)
-    # (..., m, n)
+    # (..., n_q, n)
     log_k = log_kernel(x_query, x_train, kernel, bandwidth)
     # Every K(x_a, .) of one query may be multiplied by the same factor: it
     # cancels in the ratio. Dividing by the largest keeps the biggest kernel
@@ -136,12 +136,13 @@ def gaussian_kernel_as_attention(x_query, x_train, bandwidth: float = 1.0):
     """Queries, keys and scale with which attention computes the
     Gaussian-kernel estimate.
 
-    x_query: (..., m, d), x_train: (..., n, d). Returns ``(q (..., m, d + 1), k
-    (..., n, d + 1), scale)`` with ``q = [x, 1]``, ``k = [x_i, -|x_i|^2 / 2]``
-    and ``scale = 1 / h^2``: then ``scale * q . k`` differs from ``-|x - x_i|^2
-    / (2 h^2)`` only by ``-|x|^2 / (2 h^2)``, which is the same for every key
-    and cancels in the softmax. So ``scaled_dot_product_attention(q, k, y,
-    scale=scale)`` equals :func:`nadaraya_watson` with the Gaussian kernel.
+    x_query: (..., n_q, d), x_train: (..., n, d). Returns ``(q (..., n_q, d +
+    1), k (..., n, d + 1), scale)`` with ``q = [x, 1]``, ``k = [x_i, -|x_i|^2 /
+    2]`` and ``scale = 1 / h^2``: then ``scale * q . k`` differs from ``-|x -
+    x_i|^2 / (2 h^2)`` only by ``-|x|^2 / (2 h^2)``, which is the same for
+    every key and cancels in the softmax. So ``scaled_dot_product_attention(q,
+    k, y, scale=scale)`` equals :func:`nadaraya_watson` with the Gaussian
+    kernel.
     """
     x_query, x_train = (
         np.asarray(x_query, dtype=float),

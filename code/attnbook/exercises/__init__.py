@@ -26,6 +26,7 @@ from .kv_cache import check_kv_cache_step
 from .kv_cache import check_ring_decode_step
 from .masking import check_padding_mask
 from .multihead import check_strided_to_blocked
+from .perspectives import check_chunked_causal_linear_attention
 from .perspectives import check_linear_attention, check_nadaraya_watson
 from .qkv import (
     check_attention_scores,
@@ -50,6 +51,7 @@ __all__ = [
     "check_attention_scores",
     "check_benchmark_flops",
     "check_causal_mask",
+    "check_chunked_causal_linear_attention",
     "check_cosine_similarity",
     "check_cross_attention",
     "check_dot_variance",
@@ -125,6 +127,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_attention_scores": (),
     "check_benchmark_flops": ("attnbook.cost.benchmark_flops",),
     "check_causal_mask": ("attnbook.masks.causal_mask",),
+    "check_chunked_causal_linear_attention": (
+        "attnbook.linear_attention.attention_from_features",
+    ),
     "check_cosine_similarity": ("attnbook.embeddings.cosine_similarity",),
     # chapter 2 shows single_head_attention, which computes it (the chapter's
     # exercise now asks for the packed layout: check_packed_cross_attention)
