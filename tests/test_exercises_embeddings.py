@@ -621,6 +621,20 @@ def ppmi_nan_to_num_after_clip(counts):
     return np.nan_to_num(np.maximum(pmi, 0.0))
 
 
+def ppmi_row_sums_for_both_when_square(counts):
+    """The student reading's variant: the row sums for both marginals when
+    the matrix is square (as the chapter's symmetric counts are), the column
+    sums only for a rectangular one."""
+    c = np.asarray(counts, float)
+    out = np.zeros_like(c)
+    seen = c > 0
+    rows = c.sum(axis=1)
+    cols = rows if c.shape[0] == c.shape[1] else c.sum(axis=0)
+    expected = np.outer(rows, cols)
+    out[seen] = np.maximum(np.log(c[seen] * c.sum() / expected[seen]), 0.0)
+    return out
+
+
 THIRD_READING_WRONG = {
     check_cosine_similarity: [
         (cos_guard_a_only, "zero_guard_a_only"),
@@ -636,6 +650,7 @@ THIRD_READING_WRONG = {
         (ppmi_guard_rows_only, "rows_guarded_only"),
         (ppmi_guard_columns_only, "columns_guarded_only"),
         (ppmi_row_sums_for_both, "row_sums_twice"),
+        (ppmi_row_sums_for_both_when_square, "row_sums_twice"),
         (ppmi_column_sums_for_both, "column_sums_twice"),
         (ppmi_absolute, "absolute"),
         (ppmi_smoothed_contexts, "context_smoothing"),

@@ -367,15 +367,15 @@ PPMI_MISTAKES = [
     ),
     Mistake(
         "row_sums_twice",
-        "p(c) is taken from the row sums too (row c's sum instead of column "
-        "c's), "
-        "which is right only for a symmetric matrix",
+        "row sums for both marginals: p(c) is taken from the row sums too "
+        "(row c's sum instead of column c's), which is right only for a "
+        "symmetric matrix",
         "p(c) comes from the column sums, counts.sum(axis=0); they equal the "
         "row sums only for a symmetric "
         "matrix (a window's word-word counts), not for a general "
         "word-by-context matrix",
         lambda n: _positive_where_seen(
-            n, _pmi(n, _expected(n, n.sum(1), n.sum(1)))
+            n, _pmi(n, _expected(n, n.sum(1), _same_side(n, axis=1)))
         ),
     ),
     Mistake(
@@ -388,7 +388,7 @@ PPMI_MISTAKES = [
         "matrix (a window's word-word counts), not for a general "
         "word-by-context matrix",
         lambda n: _positive_where_seen(
-            n, _pmi(n, _expected(n, n.sum(0), n.sum(0)))
+            n, _pmi(n, _expected(n, _same_side(n, axis=0), n.sum(0)))
         ),
     ),
     Mistake(
@@ -441,6 +441,16 @@ def _positive_where_seen(counts, values):
             ),
             0.0,
         )
+
+
+def _same_side(counts, axis):
+    """The sums along ``axis`` used for BOTH marginals where the matrix is
+    square (the mistake); on a rectangular matrix, where they could not be,
+    the right sums for the other marginal, as an answer that writes the
+    mistake only for the square (possibly symmetric) case gives."""
+    if counts.shape[0] == counts.shape[1]:
+        return counts.sum(axis)
+    return counts.sum(1 - axis)
 
 
 def _smoothed(context_counts, alpha=0.75):
