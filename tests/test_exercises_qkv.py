@@ -743,6 +743,8 @@ PACKED_SCORES_NEW = [
     (packed_scores_cumsum_offsets, "offsets_without_zero"),
     (packed_scores_over_sqrt_d_model, "scaled_by_d_model"),
 ]
+
+
 def packed_cross_context_cut_by_x_lengths(
     x, context, x_lengths, context_lengths, w_q, w_k, w_v
 ):
