@@ -777,6 +777,10 @@ ONE_HOT_MISTAKE = Mistake(
 )
 
 
+# the mistakes the memory case names (the values cases never see them)
+EMBEDDING_GRAD_COST_MISTAKES = [ONE_HOT_MISTAKE]
+
+
 def _memory_case() -> Case:
     rng = np.random.default_rng(13)
     ids = rng.integers(0, MEMORY_VOCAB, size=MEMORY_IDS_SHAPE)
@@ -795,7 +799,7 @@ def _check_embedding_grad_memory(fn) -> None:
     """Reject an answer whose peak memory on :func:`_memory_case` is that of
     the one-hot matrix; check its values there too."""
     from ..bench import format_bytes, peak_memory
-    from .perspectives import _largest_torch_allocation
+    from .perspectives import largest_torch_allocation
 
     __tracebackhide__ = True
     case = _memory_case()
@@ -804,7 +808,7 @@ def _check_embedding_grad_memory(fn) -> None:
             out, peak = peak_memory(fn, *pristine(case.args))
             # a torch answer: torch's allocations too
             if hasattr(out, "detach"):
-                _, torch_largest = _largest_torch_allocation(
+                _, torch_largest = largest_torch_allocation(
                     fn, *pristine(case.args)
                 )
                 peak = max(peak, torch_largest)

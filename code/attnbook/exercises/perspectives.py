@@ -179,7 +179,7 @@ def check_linear_attention(fn) -> None:
     )
 
 
-def _largest_torch_allocation(fn, *args):
+def largest_torch_allocation(fn, *args):
     """``(fn(*args), the largest single allocation torch made during the
     call)``: tracemalloc does not see torch's CPU allocator, its profiler does
     (0 when the answer uses numpy only)."""
@@ -251,7 +251,7 @@ def _check_linear_memory(fn, n: int = 4096, d: int = 8) -> None:
     out, peak = peak_memory(fn, q, k, v)
     # a torch answer: torch's allocations too
     if hasattr(_first(out), "detach"):
-        _, torch_largest = _largest_torch_allocation(fn, q, k, v)
+        _, torch_largest = largest_torch_allocation(fn, q, k, v)
         peak = max(peak, torch_largest)
     case = f"n = {n}, d_k = d_v = {d} (memory)"
     # one float32 n x n matrix (float64: twice that)
