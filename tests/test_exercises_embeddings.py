@@ -621,6 +621,20 @@ def ppmi_nan_to_num_after_clip(counts):
     return np.nan_to_num(np.maximum(pmi, 0.0))
 
 
+def ppmi_row_sums_for_both_when_square(counts):
+    """The student reading's variant: the row sums for both marginals when
+    the matrix is square (as the chapter's symmetric counts are), the column
+    sums only for a rectangular one."""
+    c = np.asarray(counts, float)
+    out = np.zeros_like(c)
+    seen = c > 0
+    rows = c.sum(axis=1)
+    cols = rows if c.shape[0] == c.shape[1] else c.sum(axis=0)
+    expected = np.outer(rows, cols)
+    out[seen] = np.maximum(np.log(c[seen] * c.sum() / expected[seen]), 0.0)
+    return out
+
+
 THIRD_READING_WRONG = {
     check_cosine_similarity: [
         (cos_guard_a_only, "zero_guard_a_only"),
@@ -636,6 +650,7 @@ THIRD_READING_WRONG = {
         (ppmi_guard_rows_only, "rows_guarded_only"),
         (ppmi_guard_columns_only, "columns_guarded_only"),
         (ppmi_row_sums_for_both, "row_sums_twice"),
+        (ppmi_row_sums_for_both_when_square, "row_sums_twice"),
         (ppmi_column_sums_for_both, "column_sums_twice"),
         (ppmi_absolute, "absolute"),
         (ppmi_smoothed_contexts, "context_smoothing"),
@@ -739,6 +754,7 @@ CATALOGUE["check_ppmi"]["wrong"] += [
 
 from attnbook.exercises.embeddings import (  # noqa: E402
     EMBEDDING_GRAD_MISTAKES,
+    ONE_HOT_MISTAKE,
     check_embedding_grad,
 )
 
@@ -861,6 +877,42 @@ def grad_torch_index_add_float32(ids, grad_out, vocab_size):
     return torch.zeros(vocab_size, g.shape[1]).index_add_(0, flat, g)
 
 
+def grad_torch_one_hot(ids, grad_out, vocab_size):
+    """H^T G with torch's one_hot: right values, H built."""
+    import torch
+
+    flat = torch.as_tensor(np.asarray(ids).reshape(-1), dtype=torch.long)
+    g = torch.as_tensor(np.asarray(grad_out))
+    h = torch.nn.functional.one_hot(flat, vocab_size).to(g.dtype)
+    return h.T @ g.reshape(-1, g.shape[-1])
+
+
+def grad_boolean_one_hot(ids, grad_out, vocab_size):
+    """H as booleans (1 byte an entry), then H^T G: still H."""
+    flat = ids.reshape(-1)
+    h = flat[:, None] == np.arange(vocab_size)
+    return h.T.astype(float) @ grad_out.reshape(-1, grad_out.shape[-1])
+
+
+def grad_torch_index_add(ids, grad_out, vocab_size):
+    """torch's index_add_ in float64, no H."""
+    import torch
+
+    flat = torch.as_tensor(np.asarray(ids).reshape(-1), dtype=torch.long)
+    g = torch.as_tensor(np.asarray(grad_out, dtype=np.float64))
+    g = g.reshape(-1, g.shape[-1])
+    return torch.zeros(vocab_size, g.shape[1], dtype=g.dtype).index_add_(
+        0, flat, g
+    )
+
+
+def grad_add_at(ids, grad_out, vocab_size):
+    """The book's answer, np.add.at."""
+    grad = np.zeros((vocab_size, grad_out.shape[-1]))
+    np.add.at(grad, ids.reshape(-1), grad_out.reshape(-1, grad_out.shape[-1]))
+    return grad
+
+
 def grad_python_lists(ids, grad_out, vocab_size):
     """A loop over the positions, returning a list of lists."""
     d = grad_out.shape[-1]
@@ -896,12 +948,18 @@ EMBEDDING_GRAD_WRONG = [
     (grad_descent_step, "negated"),
     (grad_product_reshaped_by_count, "empty_reshape"),
     (grad_torch_reshaped_by_count, "empty_reshape"),
+    # right values through the one-hot H (the chapter's H^T G): rejected by
+    # the memory case, whatever builds H
+    (grad_one_hot_product, "one_hot_matrix"),
+    (grad_torch_one_hot, "one_hot_matrix"),
+    (grad_boolean_one_hot, "one_hot_matrix"),
 ]
 CATALOGUE["check_embedding_grad"] = {
     "right": [
-        grad_one_hot_product,
+        grad_add_at,
         grad_bincount,
         grad_torch_index_add_float32,
+        grad_torch_index_add,
         grad_python_lists,
         grad_sorted_segments,
     ],
@@ -911,9 +969,23 @@ CATALOGUE["check_embedding_grad"] = {
 
 def test_every_embedding_grad_mistake_is_in_the_catalogue():
     """Each of the checker's mistakes has a wrong solution of its own."""
-    assert {m.key for m in EMBEDDING_GRAD_MISTAKES} == {
-        key for _, key in EMBEDDING_GRAD_WRONG
-    }
+    assert {m.key for m in EMBEDDING_GRAD_MISTAKES} | {
+        ONE_HOT_MISTAKE.key
+    } == {key for _, key in EMBEDDING_GRAD_WRONG}
+
+
+def test_the_memory_case_leaves_a_wide_margin():
+    """H, even as booleans, is 2x the threshold; a right answer peaks far
+    below it (the memory check cannot flake)."""
+    from attnbook.bench import peak_memory
+    from attnbook.exercises.embeddings import MEMORY_LIMIT, _memory_case
+
+    case = _memory_case()
+    ids = case.args[0]
+    assert ids.size * case.args[2] >= 2 * MEMORY_LIMIT
+    for right in (grad_add_at, grad_bincount, grad_sorted_segments):
+        _, peak = peak_memory(right, *case.args)
+        assert peak < MEMORY_LIMIT / 4, (right.__name__, peak)
 
 
 @pytest.mark.parametrize(
@@ -932,7 +1004,7 @@ def test_embedding_grad_checker_passes_right_solutions(capsys):
     for solution in CATALOGUE["check_embedding_grad"]["right"]:
         check_embedding_grad(solution)
     out = capsys.readouterr().out
-    assert out.count("Correct: embedding gradient") == 5
+    assert out.count("Correct: embedding gradient") == 6
 
 
 def test_embedding_grad_checker_stub_and_unknown_errors():

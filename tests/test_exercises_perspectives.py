@@ -496,14 +496,14 @@ def test_the_memory_check_of_a_torch_answer_leaves_stderr_to_the_reader(capfd):
     not the reader's function, whose own messages still show."""
     import sys
 
-    from attnbook.exercises.perspectives import _largest_torch_allocation
+    from attnbook.exercises.perspectives import largest_torch_allocation
 
     def noisy_linear(q, k, v):
         print("the reader's own message", file=sys.stderr)
         return good_linear(q, k, v)
 
     rng = np.random.default_rng(0)
-    out, largest = _largest_torch_allocation(
+    out, largest = largest_torch_allocation(
         noisy_linear, *(rng.normal(size=(64, 4)) for _ in range(3))
     )
     captured = capfd.readouterr()

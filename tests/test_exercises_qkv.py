@@ -743,10 +743,27 @@ PACKED_SCORES_NEW = [
     (packed_scores_cumsum_offsets, "offsets_without_zero"),
     (packed_scores_over_sqrt_d_model, "scaled_by_d_model"),
 ]
+
+
+def packed_cross_context_cut_by_x_lengths(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    """The student reading's mistake: the query offsets cut the context too
+    (right only when the paired lengths agree)."""
+    out = []
+    for start, length in zip(_starts(x_lengths), x_lengths):
+        xb = x[start : start + length]
+        cb = context[start : start + length]
+        q, k, v = xb @ w_q, cb @ w_k, cb @ w_v
+        out.append(_softmax_rows(q @ k.T / math.sqrt(q.shape[1])) @ v)
+    return np.concatenate(out)
+
+
 PACKED_CROSS_NEW = [
     (packed_cross_mask_after_softmax, "mask_after_softmax"),
     (packed_cross_np_split, "split_with_sizes"),
     (packed_cross_over_sqrt_d_v, "scale_by_sqrt_d_v"),
+    (packed_cross_context_cut_by_x_lengths, "context_offsets_from_x_lengths"),
 ]
 
 

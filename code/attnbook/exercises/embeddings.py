@@ -8,7 +8,14 @@ from functools import partial
 import numpy as np
 
 from ..embeddings import cosine_similarity, embedding_grad, one_hot, ppmi
-from ._framework import Case, Mistake, run_checks
+from ._framework import (
+    Case,
+    ExerciseError,
+    Mistake,
+    pristine,
+    run_checks,
+    same,
+)
 
 # --- cosine similarity -------------------------------------------------------
 
@@ -367,15 +374,15 @@ PPMI_MISTAKES = [
     ),
     Mistake(
         "row_sums_twice",
-        "p(c) is taken from the row sums too (row c's sum instead of column "
-        "c's), "
-        "which is right only for a symmetric matrix",
+        "row sums for both marginals: p(c) is taken from the row sums too "
+        "(row c's sum instead of column c's), which is right only for a "
+        "symmetric matrix",
         "p(c) comes from the column sums, counts.sum(axis=0); they equal the "
         "row sums only for a symmetric "
         "matrix (a window's word-word counts), not for a general "
         "word-by-context matrix",
         lambda n: _positive_where_seen(
-            n, _pmi(n, _expected(n, n.sum(1), n.sum(1)))
+            n, _pmi(n, _expected(n, n.sum(1), _same_side(n, axis=1)))
         ),
     ),
     Mistake(
@@ -388,7 +395,7 @@ PPMI_MISTAKES = [
         "matrix (a window's word-word counts), not for a general "
         "word-by-context matrix",
         lambda n: _positive_where_seen(
-            n, _pmi(n, _expected(n, n.sum(0), n.sum(0)))
+            n, _pmi(n, _expected(n, _same_side(n, axis=0), n.sum(0)))
         ),
     ),
     Mistake(
@@ -441,6 +448,16 @@ def _positive_where_seen(counts, values):
             ),
             0.0,
         )
+
+
+def _same_side(counts, axis):
+    """The sums along ``axis`` used for BOTH marginals where the matrix is
+    square (the mistake); on a rectangular matrix, where they could not be,
+    the right sums for the other marginal, as an answer that writes the
+    mistake only for the square (possibly symmetric) case gives."""
+    if counts.shape[0] == counts.shape[1]:
+        return counts.sum(axis)
+    return counts.sum(1 - axis)
 
 
 def _smoothed(context_counts, alpha=0.75):
@@ -738,15 +755,116 @@ def embedding_grad_cases() -> list[Case]:
     ]
 
 
+# The memory case: the one-hot matrix H of its ids, (N, V), is far larger
+# than the answer, (V, d): 2,000 x 20,000 entries (320 MB in float64, 40 MB
+# even as booleans) against 20,000 x 4 (640 kB). An answer that never builds
+# H peaks at a few MB; the threshold is half of the boolean H.
+MEMORY_VOCAB, MEMORY_IDS_SHAPE, MEMORY_WIDTH = 20_000, (4, 500), 4
+MEMORY_LIMIT = MEMORY_VOCAB * int(np.prod(MEMORY_IDS_SHAPE)) // 2
+
+ONE_HOT_MISTAKE = Mistake(
+    "one_hot_matrix",
+    "the values are right, but your function builds the one-hot matrix H "
+    "(one row of vocab_size entries per token): the product H^T G of the "
+    "chapter's check, which is what the lookup exists to avoid",
+    "add each row of grad_out into the row of the gradient that its token "
+    "selects, without H: np.add.at(grad, ids.reshape(-1), "
+    "grad_out.reshape(-1, d)) (unbuffered, so repeated tokens add up), "
+    "np.bincount per column, or torch's index_add_",
+    lambda ids, grad_out, vocab_size: embedding_grad(
+        ids, grad_out, vocab_size
+    ),
+)
+
+
+# the mistakes the memory case names (the values cases never see them)
+EMBEDDING_GRAD_COST_MISTAKES = [ONE_HOT_MISTAKE]
+
+
+def _memory_case() -> Case:
+    rng = np.random.default_rng(13)
+    ids = rng.integers(0, MEMORY_VOCAB, size=MEMORY_IDS_SHAPE)
+    grad_out = rng.normal(size=(*MEMORY_IDS_SHAPE, MEMORY_WIDTH))
+    n_ids = int(np.prod(MEMORY_IDS_SHAPE))
+    return Case(
+        f"a batch of {n_ids:,} ids {MEMORY_IDS_SHAPE}, V = "
+        f"{MEMORY_VOCAB:,}, d = {MEMORY_WIDTH} (memory: the one-hot H "
+        f"would hold {n_ids * MEMORY_VOCAB:,} entries, the answer "
+        f"{MEMORY_VOCAB * MEMORY_WIDTH:,})",
+        (ids, grad_out, MEMORY_VOCAB),
+    )
+
+
+def _check_embedding_grad_memory(fn) -> None:
+    """Reject an answer whose peak memory on :func:`_memory_case` is that of
+    the one-hot matrix; check its values there too."""
+    from ..bench import format_bytes, peak_memory
+    from .perspectives import largest_torch_allocation
+
+    __tracebackhide__ = True
+    case = _memory_case()
+    try:
+        with np.errstate(all="ignore"):
+            out, peak = peak_memory(fn, *pristine(case.args))
+            # a torch answer: torch's allocations too
+            if hasattr(out, "detach"):
+                _, torch_largest = largest_torch_allocation(
+                    fn, *pristine(case.args)
+                )
+                peak = max(peak, torch_largest)
+    except MemoryError:
+        # only H can exhaust the memory here (the answer is 640 kB)
+        peak = None
+    if peak is None or peak >= MEMORY_LIMIT:
+        measured = (
+            "ran out of memory"
+            if peak is None
+            else f"peaked at {format_bytes(peak)}"
+        )
+        raise ExerciseError(
+            "embedding gradient",
+            case.name,
+            f"your function {measured}, against "
+            f"{format_bytes(MEMORY_VOCAB * MEMORY_WIDTH * 8)} for the answer",
+            mistake=ONE_HOT_MISTAKE,
+        )
+    expected = embedding_grad(*case.args)
+    if not same(out, expected):
+        raise ExerciseError(
+            "embedding gradient",
+            case.name,
+            "values differ from the reference on a large vocabulary",
+            hint="row v is the sum of grad_out over the positions that hold "
+            "v; every other row is 0",
+        )
+
+
 def check_embedding_grad(fn) -> None:
     """Check ``fn(ids, grad_out, vocab_size)`` returns the gradient of the loss
     with respect to the embedding table, ``(vocab_size, d)``, for ``ids`` of
     any shape ``S`` and ``grad_out`` of shape ``S + (d,)``: row ``v`` is the
-    sum of ``grad_out`` over the positions that hold ``v``."""
+    sum of ``grad_out`` over the positions that hold ``v``.
+
+    Besides the values, the checker measures the memory of one large case
+    (:func:`_memory_case`): an answer that builds the one-hot matrix ``H``
+    (the product ``H^T G``, right values at the cost the lookup avoids) is
+    rejected. The measurement uses :mod:`tracemalloc` for numpy and torch's
+    profiler for torch, as :func:`check_linear_attention` does.
+    """
+    __tracebackhide__ = True
+    cases = embedding_grad_cases()
     run_checks(
         "embedding gradient",
         fn,
-        embedding_grad_cases(),
+        cases,
         embedding_grad,
         EMBEDDING_GRAD_MISTAKES,
+        # its "Correct" line waits for the memory check
+        quiet=True,
+    )
+    _check_embedding_grad_memory(fn)
+    print(
+        f"Correct: embedding gradient passes all {len(cases)} cases, and on "
+        f"V = {MEMORY_VOCAB:,} with {int(np.prod(MEMORY_IDS_SHAPE)):,} ids "
+        "it never needed the memory of the one-hot matrix H."
     )

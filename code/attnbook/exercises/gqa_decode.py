@@ -457,29 +457,6 @@ def check_grouped_decode_step(fn) -> None:
     )
 
 
-def _largest_torch_allocation(fn, *args):
-    """``(fn(*args), the largest single allocation torch made during the
-    call)``, from torch's profiler (tracemalloc does not see torch's CPU
-    allocator); imported only for an answer that returns a torch tensor."""
-    import contextlib
-    import io
-    import warnings
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-        # the profiler's own notices, not the reader's
-        warnings.simplefilter("ignore")
-        with profile(
-            activities=[ProfilerActivity.CPU], profile_memory=True
-        ) as prof:
-            out = fn(*args)
-    sizes = [
-        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
-    ]
-    return out, max(sizes, default=0)
-
-
 # the memory case: B, H, H_kv, n, d
 MEMORY_SHAPE = (2, 16, 2, 2048, 64)
 
@@ -511,7 +488,9 @@ def _check_decode_memory(fn):
     out, peak = peak_memory(fn, *pristine(case.args))
     if hasattr(out, "detach"):
         # a torch answer: torch's allocations, which tracemalloc does not see
-        _, torch_largest = _largest_torch_allocation(fn, *pristine(case.args))
+        from .perspectives import largest_torch_allocation
+
+        _, torch_largest = largest_torch_allocation(fn, *pristine(case.args))
         peak = max(peak, torch_largest)
     # the keys copied once per query head, float64
     repeated = b_size * n_heads * n * d * 8

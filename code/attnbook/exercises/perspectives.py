@@ -180,7 +180,7 @@ def check_linear_attention(fn) -> None:
     )
 
 
-def _largest_torch_allocation(fn, *args):
+def largest_torch_allocation(fn, *args):
     """``(fn(*args), the largest single allocation torch made during the
     call)``: tracemalloc does not see torch's CPU allocator, its profiler does
     (0 when the answer uses numpy only)."""
@@ -255,7 +255,7 @@ def _check_linear_memory(fn, n: int = 4096, d: int = 8) -> None:
     out, peak = peak_memory(fn, q.copy(), k.copy(), v.copy())
     # a torch answer: torch's allocations too
     if hasattr(_first(out), "detach"):
-        _, torch_largest = _largest_torch_allocation(
+        _, torch_largest = largest_torch_allocation(
             fn, q.copy(), k.copy(), v.copy()
         )
         peak = max(peak, torch_largest)
@@ -869,7 +869,7 @@ def _check_chunked_memory(fn, n=4096, m=16, d_v=16, chunk_size=64) -> None:
     args = (phi_q, phi_k, v)
     out, peak = peak_memory(fn, *(a.copy() for a in args), chunk_size)
     if hasattr(_first(out), "detach"):
-        _, largest = _largest_torch_allocation(
+        _, largest = largest_torch_allocation(
             fn, *(a.copy() for a in args), chunk_size
         )
         peak = max(peak, largest)

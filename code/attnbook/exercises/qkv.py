@@ -936,6 +936,20 @@ PACKED_CROSS_MISTAKES = [
         ),
     ),
     Mistake(
+        "context_offsets_from_x_lengths",
+        "the context is cut with the offsets of the QUERIES (from x_lengths): "
+        "context sequence b is taken as context[x_offsets[b]:x_offsets[b + "
+        "1]], which is right only when each context sequence has the length "
+        "of its query sequence",
+        "cut the context with its own offsets, k_offsets = [0, c_0, c_0 + "
+        "c_1, ...] from context_lengths: query sequence b is "
+        "x[q_offsets[b]:q_offsets[b + 1]] and its context is "
+        "context[k_offsets[b]:k_offsets[b + 1]]",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _context_offsets_from_x(
+            x, c, lx, lc, w_q, w_k, w_v
+        ),
+    ),
+    Mistake(
         "scale_by_sqrt_d_v",
         "the scores are divided by sqrt(d_v), the width of the values, not "
         "sqrt(d_k)",
@@ -949,6 +963,20 @@ PACKED_CROSS_MISTAKES = [
         ),
     ),
 ]
+
+
+def _context_offsets_from_x(x, c, lx, lc, w_q, w_k, w_v):
+    """Cross-attention in which context sequence b is cut with the QUERY
+    offsets: context[x_offsets[b]:x_offsets[b + 1]], the context lengths
+    unused (a query whose slice is empty gets NaN)."""
+    seg_q = _segments(lx)
+    # context position j "belongs" to query sequence seg_q[j] (none past T_q)
+    seg_k = np.full(len(c), -1)
+    shared = min(len(c), len(seg_q))
+    seg_k[:shared] = seg_q[:shared]
+    return _masked_attend(
+        x @ w_q, c @ w_k, c @ w_v, seg_q[:, None] == seg_k[None, :]
+    )
 
 
 def _split_cross(x, c, lx, lc, w_q, w_k, w_v):

@@ -383,27 +383,6 @@ def check_attention_backward(fn) -> None:
 _MEMORY_N_Q, _MEMORY_N_K, _MEMORY_D = 4, 1024, 8
 
 
-def _largest_torch_allocation(fn, *args):
-    """``(fn(*args), the largest single allocation torch made during the
-    call)``: tracemalloc does not see torch's CPU allocator, its profiler
-    does."""
-    import warnings
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with warnings.catch_warnings():
-        # the profiler's own notices, not the reader's
-        warnings.simplefilter("ignore")
-        with profile(
-            activities=[ProfilerActivity.CPU], profile_memory=True
-        ) as prof:
-            out = fn(*args)
-    sizes = [
-        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
-    ]
-    return out, max(sizes, default=0)
-
-
 def _check_memory(fn) -> None:
     """Reject an answer whose peak memory on a long row is that of an n_k x
     n_k matrix (a quarter of one in float64: 2 MiB, where the right answer
@@ -421,7 +400,9 @@ def _check_memory(fn) -> None:
     out, peak = peak_memory(fn, *pristine(args))
     got = _as_three(out)
     if got is not None and any(hasattr(g, "detach") for g in out):
-        _, torch_largest = _largest_torch_allocation(fn, *pristine(args))
+        from .perspectives import largest_torch_allocation
+
+        _, torch_largest = largest_torch_allocation(fn, *pristine(args))
         peak = max(peak, torch_largest)
     case = (
         f"n_q = {_MEMORY_N_Q}, n_k = {_MEMORY_N_K}, d_k = d_v = {_MEMORY_D} "
