@@ -21,6 +21,7 @@ from .embeddings import check_cosine_similarity, check_ppmi
 from .flash import check_merge_softmax_states, check_online_softmax
 from .kv_cache import check_kv_cache_step
 from .masking import check_padding_mask
+from .masking import check_packed_block_mask
 from .perspectives import check_linear_attention, check_nadaraya_watson
 from .qkv import (
     check_attention_scores,
@@ -50,6 +51,7 @@ __all__ = [
     "check_multihead_attention",
     "check_nadaraya_watson",
     "check_online_softmax",
+    "check_packed_block_mask",
     "check_packed_cross_attention",
     "check_packed_scores",
     "check_padding_mask",
@@ -115,6 +117,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_multihead_attention": (),
     "check_nadaraya_watson": ("attnbook.kernel_smoothing.nadaraya_watson",),
     "check_online_softmax": ("attnbook.online_softmax.online_softmax_state",),
+    # no function of the package classifies the tiles of a mask
+    "check_packed_block_mask": (),
     # chapter 2 shows single_head_attention, which takes a mask; the exercise
     # is to build the mask of the packed layout, which no function shows
     "check_packed_cross_attention": (),
