@@ -281,3 +281,465 @@ CATALOGUE["check_padding_mask"]["wrong"] += [
         "one_length",
     ),
 ]
+
+
+# --- the block mask of packed documents (the hard exercise) -----------------
+
+import math  # noqa: E402
+
+from attnbook.exercises.masking import (  # noqa: E402
+    BLOCK_MASK_MISTAKES,
+    block_mask_cases,
+    check_packed_block_mask,
+)
+from attnbook.masks import packed_causal_mask  # noqa: E402
+
+
+def book_block_mask(lengths, block):
+    """The chapter's solution: from the documents' boundaries, never n x n."""
+    lengths = np.asarray(lengths)
+    n = int(lengths.sum())
+    n_blocks = -(-n // block)
+    document = np.repeat(np.arange(len(lengths)), lengths)
+    start = (np.cumsum(lengths) - lengths)[document]
+    first = np.arange(n_blocks) * block
+    last = np.minimum(first + block, n) - 1
+    q_first, q_last = first[:, None], last[:, None]
+    k_first, k_last = first[None, :], last[None, :]
+    q = np.maximum(q_first, k_first)
+    some = (q <= q_last) & (start[np.minimum(q, n - 1)] <= k_last)
+    every = (k_last <= q_first) & (document[k_first] == document[q_last])
+    return np.where(every, 2, np.where(some, 1, 0))
+
+
+def dense_tiles(lengths, block, padding_masked=False):
+    """An independent reference: each tile of the dense packed mask, by
+    slicing (padding of the last block ignored, or counted as masked)."""
+    lengths = np.asarray(lengths)
+    mask = packed_causal_mask(lengths[lengths > 0])
+    n = len(mask)
+    n_blocks = math.ceil(n / block)
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        for c in range(n_blocks):
+            tile = mask[
+                a * block : (a + 1) * block, c * block : (c + 1) * block
+            ]
+            full = tile.all() and (
+                not padding_masked or tile.shape == (block, block)
+            )
+            out[a, c] = 2 if full else 1 if tile.any() else 0
+    return out
+
+
+def test_the_hand_worked_example():
+    # documents [0, 5), [5, 8), [8, 16) in blocks of 4
+    expected = np.array(
+        [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 2, 1]]
+    )
+    np.testing.assert_array_equal(book_block_mask([5, 3, 8], 4), expected)
+    np.testing.assert_array_equal(dense_tiles([5, 3, 8], 4), expected)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_book_solution_matches_the_dense_tiles(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 12, size=rng.integers(1, 6))
+    if lengths.sum() == 0:
+        lengths[0] = 1
+    block = int(rng.integers(1, 9))
+    np.testing.assert_array_equal(
+        book_block_mask(lengths, block), dense_tiles(lengths, block)
+    )
+
+
+def test_every_case_is_caught_by_some_mistake_and_the_first_by_most():
+    """Each Mistake differs from the reference on some case (it can be
+    diagnosed); the first case alone catches most of them."""
+    from attnbook.exercises._framework import _mistake_output, _FAILED
+
+    cases = block_mask_cases()
+    for m in BLOCK_MASK_MISTAKES:
+        if m.raises is not None:
+            continue
+        differs = [
+            c.name
+            for c in cases
+            if not np.array_equal(
+                np.asarray(_mistake_output(m, c)), dense_tiles(*c.args)
+            )
+            or _mistake_output(m, c) is _FAILED
+        ]
+        assert differs, m.key
+    first = cases[0]
+    caught = [
+        m.key
+        for m in BLOCK_MASK_MISTAKES
+        if m.raises is None
+        and not np.array_equal(
+            np.asarray(_mistake_output(m, first)), dense_tiles(*first.args)
+        )
+    ]
+    assert len(caught) >= 8, caught
+
+
+def test_flexattention_agrees_where_n_is_a_multiple_of_the_block():
+    """torch's FlexAttention classifies the same tiles (its partial and full
+    blocks) from the same mask; where the last block is ragged it pads the
+    mask with False, which is the ragged_padded mistake of this exercise."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+    def flex_classes(lengths, block):
+        document = torch.repeat_interleave(
+            torch.arange(len(lengths)), torch.as_tensor(lengths)
+        )
+        n = len(document)
+
+        def packed(b, h, q, k):
+            return (document[q] == document[k]) & (k <= q)
+
+        bm = flex.create_block_mask(
+            packed, 1, 1, n, n, device="cpu", BLOCK_SIZE=block
+        )
+        n_blocks = math.ceil(n / block)
+        out = np.zeros((n_blocks, n_blocks), int)
+        for num, idx, code in (
+            (bm.kv_num_blocks, bm.kv_indices, 1),
+            (bm.full_kv_num_blocks, bm.full_kv_indices, 2),
+        ):
+            for a in range(n_blocks):
+                out[a, idx[0, 0, a, : num[0, 0, a]].numpy()] = code
+        return out
+
+    for lengths, block in (([5, 3, 8], 4), ([3, 0, 6, 0, 3], 4), ([8], 2)):
+        np.testing.assert_array_equal(
+            flex_classes(lengths, block), book_block_mask(lengths, block)
+        )
+    ragged = ([4, 4, 4, 1], 4)
+    np.testing.assert_array_equal(
+        flex_classes(*ragged), dense_tiles(*ragged, padding_masked=True)
+    )
+    assert not np.array_equal(flex_classes(*ragged), book_block_mask(*ragged))
+
+
+def test_the_book_solution_passes(capsys):
+    check_packed_block_mask(book_block_mask)
+    out = capsys.readouterr().out
+    assert out.startswith("Correct: packed block mask passes all 8 cases")
+
+
+def dense_numpy(lengths, block):
+    """Right values, through the n x n mask."""
+    return dense_tiles(lengths, block)
+
+
+def dense_torch(lengths, block):
+    """Right values, through an n x n torch mask (tracemalloc cannot see
+    it)."""
+    document = torch.repeat_interleave(
+        torch.arange(len(lengths)), torch.as_tensor(lengths)
+    )
+    n = len(document)
+    pos = torch.arange(n)
+    mask = (document[:, None] == document[None, :]) & (
+        pos[None, :] <= pos[:, None]
+    )
+    n_blocks = -(-n // block)
+    out = torch.zeros(n_blocks, n_blocks, dtype=torch.long)
+    for a in range(n_blocks):
+        for c in range(n_blocks):
+            tile = mask[
+                a * block : (a + 1) * block, c * block : (c + 1) * block
+            ]
+            out[a, c] = 2 if tile.all() else 1 if tile.any() else 0
+    return out
+
+
+@pytest.mark.parametrize("fn", [dense_numpy, dense_torch])
+def test_an_answer_that_forms_the_dense_mask_is_rejected(fn):
+    with pytest.raises(ExerciseError, match=r"\(memory\).*peak memory"):
+        check_packed_block_mask(fn)
+
+
+def test_the_block_mask_stub_is_not_attempted():
+    def stub(lengths, block):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError, match="lengths \\[5, 3, 8\\]"):
+        check_packed_block_mask(stub)
+
+
+# the catalogue: what a student who half-understood tiles writes
+
+
+def _documents_by_loop(lengths):
+    labels = []
+    for d, length in enumerate(lengths):
+        labels += [d] * int(length)
+    return np.array(labels, dtype=int)
+
+
+def tiles_causal_by_block(lengths, block):
+    """Key blocks up to the query block, each tile judged by documents
+    only."""
+    doc = _documents_by_loop(lengths)
+    n_blocks = math.ceil(len(doc) / block)
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        for c in range(a + 1):
+            q = doc[a * block : (a + 1) * block]
+            k = doc[c * block : (c + 1) * block]
+            same = q[:, None] == k[None, :]
+            out[a, c] = 2 if same.all() else 1 if same.any() else 0
+    return out
+
+
+def tiles_documents_only(lengths, block):
+    """Block-diagonal only: which documents each block overlaps."""
+    ends = np.cumsum(lengths)
+    n = int(ends[-1])
+    n_blocks = -(-n // block)
+    doc = np.searchsorted(ends, np.arange(n), side="right")
+    first = np.arange(n_blocks) * block
+    last = np.minimum(first + block, n) - 1
+    lo, hi = doc[first], doc[last]
+    some = np.maximum(lo[:, None], lo[None, :]) <= np.minimum(
+        hi[:, None], hi[None, :]
+    )
+    every = (
+        (lo[:, None] == hi[:, None])
+        & (lo[None, :] == hi[None, :])
+        & (lo[:, None] == lo[None, :])
+    )
+    return np.where(every, 2, np.where(some, 1, 0))
+
+
+def tiles_any_visible(lengths, block):
+    """Marks each tile that some query can see: 1, never 2."""
+    n = int(sum(lengths))
+    start_of, s = [], 0
+    for length in lengths:
+        start_of += [s] * int(length)
+        s += int(length)
+    n_blocks = math.ceil(n / block)
+    out = np.zeros((n_blocks, n_blocks), dtype=int)
+    for a in range(n_blocks):
+        for q in range(a * block, min((a + 1) * block, n)):
+            for c in range(start_of[q] // block, q // block + 1):
+                out[a, c] = 1
+    return out
+
+
+def tiles_visible_as_full(lengths, block):
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    n = int(cu[-1])
+    n_blocks = (n + block - 1) // block
+    start = cu[np.repeat(np.arange(len(lengths)), lengths)]
+    out = np.zeros((n_blocks, n_blocks), np.int64)
+    for q in range(n):
+        out[q // block, start[q] // block : q // block + 1] = 2
+    return out
+
+
+def tiles_codes_swapped(lengths, block):
+    FULL, PARTIAL = 1, 2
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    n = len(doc)
+    n_blocks = -(-n // block)
+    pos = np.arange(n)
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        q = pos[a * block : (a + 1) * block]
+        for c in range(a + 1):
+            k = pos[c * block : (c + 1) * block]
+            ok = (doc[q][:, None] == doc[k][None, :]) & (
+                k[None, :] <= q[:, None]
+            )
+            out[a, c] = FULL if ok.all() else PARTIAL if ok.any() else 0
+    return out
+
+
+def tiles_first_document(lengths, block):
+    cum = np.cumsum(lengths)
+    n = int(cum[-1])
+    n_blocks = math.ceil(n / block)
+    doc_of_block = [
+        int(np.searchsorted(cum, b * block, side="right"))
+        for b in range(n_blocks)
+    ]
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        for c in range(n_blocks):
+            if doc_of_block[a] == doc_of_block[c]:
+                out[a, c] = 2 if c < a else 1 if c == a else 0
+    return out
+
+
+def tiles_searchsorted_left(lengths, block):
+    cum = np.cumsum(lengths)
+    n = int(cum[-1])
+    # side='left' by default
+    doc = np.searchsorted(cum, np.arange(n))
+    n_blocks = -(-n // block)
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        for c in range(a + 1):
+            q = np.arange(a * block, min((a + 1) * block, n))[:, None]
+            k = np.arange(c * block, min((c + 1) * block, n))[None, :]
+            ok = (doc[q] == doc[k]) & (k <= q)
+            out[a, c] = 2 if ok.all() else (1 if ok.any() else 0)
+    return out
+
+
+def tiles_padded(lengths, block):
+    """The row padded to whole blocks with a label -1 that sees nothing."""
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    n = len(doc)
+    n_blocks = -(-n // block)
+    padded = np.full(n_blocks * block, -1)
+    padded[:n] = doc
+    pos = np.arange(n_blocks * block)
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        q = pos[a * block : (a + 1) * block, None]
+        for c in range(n_blocks):
+            k = pos[None, c * block : (c + 1) * block]
+            ok = (padded[q] == padded[k]) & (padded[q] >= 0) & (k <= q)
+            out[a, c] = 2 if ok.all() else 1 if ok.any() else 0
+    return out
+
+
+def tiles_floor(lengths, block):
+    """Whole blocks only: n // block of them."""
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    n_blocks = len(doc) // block
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        q = np.arange(a * block, (a + 1) * block)
+        for c in range(a + 1):
+            k = np.arange(c * block, (c + 1) * block)
+            ok = (doc[q, None] == doc[None, k]) & (k[None, :] <= q[:, None])
+            out[a, c] = 2 if ok.all() else 1 if ok.any() else 0
+    return out
+
+
+def tiles_key_by_query(lengths, block):
+    """The book's formulas with the roles of the axes swapped."""
+    return book_block_mask(lengths, block).T
+
+
+def tiles_inclusive_end(lengths, block):
+    lengths = np.asarray(lengths)
+    n = int(lengths.sum())
+    n_blocks = -(-n // block)
+    document = np.repeat(np.arange(len(lengths)), lengths)
+    start = (np.cumsum(lengths) - lengths)[document]
+    first = np.arange(n_blocks) * block
+    # the block "ends at" first + block (clipped to the row)
+    last = np.minimum(first + block, n - 1)
+    q = np.maximum(first[:, None], first[None, :])
+    some = (q <= last[:, None]) & (
+        start[np.minimum(q, n - 1)] <= last[None, :]
+    )
+    every = (last[None, :] <= first[:, None]) & (
+        document[first[None, :]] == document[last[:, None]]
+    )
+    return np.where(every, 2, np.where(some, 1, 0))
+
+
+def tiles_boundary_marks(lengths, block):
+    """Labels from marks at the documents' starts: a start at n (a
+    zero-length document at the end) is out of range."""
+    lengths = np.asarray(lengths)
+    n = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    is_start = np.zeros(n, int)
+    is_start[starts[1:]] = 1
+    document = np.cumsum(is_start)
+    first_of = np.zeros(n, int)
+    first_of[starts[lengths > 0]] = starts[lengths > 0]
+    start = np.maximum.accumulate(first_of)
+    n_blocks = -(-n // block)
+    first = np.arange(n_blocks) * block
+    last = np.minimum(first + block, n) - 1
+    q = np.maximum(first[:, None], first[None, :])
+    some = (q <= last[:, None]) & (
+        start[np.minimum(q, n - 1)] <= last[None, :]
+    )
+    every = (last[None, :] <= first[:, None]) & (
+        document[first[None, :]] == document[last[:, None]]
+    )
+    return np.where(every, 2, np.where(some, 1, 0))
+
+
+# right answers, written otherwise than the book's
+
+
+def tiles_by_slices(lengths, block):
+    """A loop over the tiles, each built as a small (block, block) mask."""
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    n = len(doc)
+    n_blocks = -(-n // block)
+    out = np.zeros((n_blocks, n_blocks), dtype=np.int8)
+    for a in range(n_blocks):
+        q = np.arange(a * block, min((a + 1) * block, n))
+        for c in range(a + 1):
+            k = np.arange(c * block, min((c + 1) * block, n))
+            ok = (doc[q, None] == doc[None, k]) & (k[None, :] <= q[:, None])
+            out[a, c] = 2 if ok.all() else 1 if ok.any() else 0
+    return out
+
+
+def tiles_by_counting(lengths, block):
+    """Counts the visible pairs of each tile, query by query, and compares
+    with the tile's size."""
+    lengths = [int(x) for x in lengths]
+    n = sum(lengths)
+    n_blocks = math.ceil(n / block)
+    size = [min(block, n - b * block) for b in range(n_blocks)]
+    seen = np.zeros((n_blocks, n_blocks), int)
+    s = 0
+    for length in lengths:
+        for q in range(s, s + length):
+            # keys s .. q are visible to q
+            for c in range(s // block, q // block + 1):
+                lo, hi = max(s, c * block), min(q, (c + 1) * block - 1)
+                seen[q // block, c] += hi - lo + 1
+        s += length
+    full = seen == np.outer(size, size)
+    return np.where(full, 2, np.where(seen > 0, 1, 0))
+
+
+def tiles_torch(lengths, block):
+    lengths = torch.as_tensor(lengths)
+    n = int(lengths.sum())
+    n_blocks = -(-n // block)
+    document = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    start = (torch.cumsum(lengths, 0) - lengths)[document]
+    first = torch.arange(n_blocks) * block
+    last = torch.clamp(first + block, max=n) - 1
+    q = torch.maximum(first[:, None], first[None, :])
+    some = (q <= last[:, None]) & (start[q.clamp(max=n - 1)] <= last[None, :])
+    every = (last[None, :] <= first[:, None]) & (
+        document[first][None, :] == document[last][:, None]
+    )
+    return torch.where(every, 2, torch.where(some, 1, 0))
+
+
+CATALOGUE["check_packed_block_mask"] = {
+    "right": [tiles_by_slices, tiles_by_counting, tiles_torch],
+    "wrong": [
+        (tiles_causal_by_block, "causal_per_block"),
+        (tiles_documents_only, "no_causal"),
+        (tiles_any_visible, "no_full_class"),
+        (tiles_visible_as_full, "any_visible_full"),
+        (tiles_codes_swapped, "full_partial_swapped"),
+        (tiles_first_document, "first_position_document"),
+        (tiles_searchsorted_left, "document_boundary_off_by_one"),
+        (tiles_padded, "ragged_padded"),
+        (tiles_floor, "floor_blocks"),
+        (tiles_key_by_query, "transposed"),
+        (tiles_inclusive_end, "ends_inclusive"),
+        (tiles_boundary_marks, "index_at_n"),
+    ],
+}

@@ -203,3 +203,22 @@ def test_a_custom_mask_overrides_causal():
         train_char_model(
             train, tok.vocab_size, config=cfg, mask=np.ones((n, n + 1), bool)
         )
+
+
+def test_training_steps_with_the_fused_adamw(monkeypatch):
+    """The optimizer is AdamW in its fused form (one kernel per step rather
+    than some ten operations per parameter tensor: chapter 7 trains nine
+    models within its time budget)."""
+    made = []
+    original = torch.optim.AdamW
+
+    def recording(*args, **kwargs):
+        made.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", recording)
+    cfg = LeakConfig(steps=2, n_chars=100_000)
+    tok, train, _ = char_data(cfg)
+    train_char_model(train, tok.vocab_size, config=cfg)
+    assert made and made[0].get("fused") is True
+    assert made[0]["lr"] == cfg.lr

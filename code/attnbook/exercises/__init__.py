@@ -27,6 +27,7 @@ from .kv_cache import check_ring_decode_step
 from .masking import check_padding_mask
 from .multihead import check_strided_to_blocked
 from .perspectives import check_chunked_causal_linear_attention
+from .masking import check_packed_block_mask
 from .perspectives import check_linear_attention, check_nadaraya_watson
 from .qkv import (
     check_attention_scores,
@@ -65,6 +66,7 @@ __all__ = [
     "check_multihead_attention",
     "check_nadaraya_watson",
     "check_online_softmax",
+    "check_packed_block_mask",
     "check_packed_cross_attention",
     "check_packed_scores",
     "check_padding_mask",
@@ -154,6 +156,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_multihead_attention": (),
     "check_nadaraya_watson": ("attnbook.kernel_smoothing.nadaraya_watson",),
     "check_online_softmax": ("attnbook.online_softmax.online_softmax_state",),
+    # no function of the package classifies the tiles of a mask
+    "check_packed_block_mask": (),
     # chapter 2 shows single_head_attention, which takes a mask; the exercise
     # is to build the mask of the packed layout, which no function shows
     "check_packed_cross_attention": (),

@@ -1,4 +1,6 @@
-"""Checkers for the masking chapter (chapter 7): the padding mask of a batch.
+"""Checkers for the masking chapter (chapter 7): the padding mask of a batch,
+and the tiles of a packed row's mask (skipped, partial, full), as a tiled
+kernel sorts them.
 
 The causal-mask checker, :func:`attnbook.exercises.check_causal_mask`, lives in
 ``exercises/attention.py``.
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..masks import packed_causal_mask
 from ..padding import key_padding_mask
 from ._framework import (
     FLOAT_MASK_DESCRIPTION,
@@ -202,3 +205,421 @@ def check_padding_mask(fn) -> None:
         compare=same_mask,
         describe=describe_mask,
     )
+
+
+# --- the block mask of packed documents (the hard exercise) -----------------
+#
+# A kernel that works tile by tile (FlashAttention, FlexAttention's BlockMask,
+# chapters 9 and 10) classifies each (query block, key block) tile of the mask
+# before it computes anything: skipped (no pair may attend), full (every pair
+# may attend: computed without the mask) or partial (the mask is applied).
+# The reader classifies the tiles of a packed row (packed_causal_mask) from the
+# documents' lengths, without forming the n x n mask.
+
+SKIP, PARTIAL, FULL = 0, 1, 2
+
+
+def _documents(lengths) -> np.ndarray:
+    """(n,) the document of each position; zero-length documents hold
+    none."""
+    lengths = np.asarray(lengths)
+    return np.repeat(np.arange(len(lengths)), lengths)
+
+
+def _packed_dense(lengths) -> np.ndarray:
+    """The packed row's (n, n) mask, zero-length documents left out."""
+    lengths = np.asarray(lengths)
+    return packed_causal_mask(lengths[lengths > 0])
+
+
+def _tile_classes(allowed, block, padding_masked=False) -> np.ndarray:
+    """SKIP / PARTIAL / FULL for each (block x block) tile of a boolean (n, n)
+    mask. The padding of a ragged last block holds no pair (it is ignored), or
+    counts as masked pairs with ``padding_masked``."""
+    n = allowed.shape[0]
+    n_blocks = -(-n // block)
+    size = n_blocks * block
+    # -1: no pair (padding); 0: masked; 1: may attend
+    tiles = np.full((size, size), 0 if padding_masked else -1, np.int8)
+    tiles[:n, :n] = allowed
+    tiles = tiles.reshape(n_blocks, block, n_blocks, block)
+    some = (tiles == 1).any(axis=(1, 3))
+    every = (tiles != 0).all(axis=(1, 3))
+    return np.where(every, FULL, np.where(some, PARTIAL, SKIP))
+
+
+def _block_reference(lengths, block):
+    return _tile_classes(_packed_dense(lengths), block)
+
+
+def _same_document_mask(document, causal) -> np.ndarray:
+    """(n, n): query i and key j in one document (by the labels
+    ``document``), and ``causal(i, j)``."""
+    n = len(document)
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    return (document[:, None] == document[None, :]) & causal(i, j)
+
+
+def _blocks_causal(lengths, block):
+    """Causality decided block by block (key block <= query block)."""
+    return _tile_classes(
+        _same_document_mask(
+            _documents(lengths), lambda i, j: j // block <= i // block
+        ),
+        block,
+    )
+
+
+def _no_causal(lengths, block):
+    return _tile_classes(
+        _same_document_mask(_documents(lengths), lambda i, j: j >= 0), block
+    )
+
+
+def _relabel(mapping):
+    def mistake(lengths, block):
+        reference = _block_reference(lengths, block)
+        return np.choose(reference, mapping)
+
+    return mistake
+
+
+def _first_position_document(lengths, block):
+    """Each block taken to lie in the document of its first position: a tile
+    is skipped across documents, full below the diagonal, partial on it."""
+    document = _documents(lengths)
+    n_blocks = -(-len(document) // block)
+    first = document[np.arange(n_blocks) * block]
+    a, c = np.arange(n_blocks)[:, None], np.arange(n_blocks)[None, :]
+    same = first[:, None] == first[None, :]
+    return np.where(
+        same & (c < a), FULL, np.where(same & (c == a), PARTIAL, SKIP)
+    )
+
+
+def _boundary_off_by_one(lengths, block):
+    """The first position of each document counted in the one before it
+    (``np.searchsorted(np.cumsum(lengths), positions)``, side 'left')."""
+    lengths = np.asarray(lengths)
+    n = int(lengths.sum())
+    document = np.searchsorted(np.cumsum(lengths), np.arange(n))
+    return _tile_classes(
+        _same_document_mask(document, lambda i, j: j <= i), block
+    )
+
+
+def _ragged_padded(lengths, block):
+    return _tile_classes(_packed_dense(lengths), block, padding_masked=True)
+
+
+def _floor_blocks(lengths, block):
+    """n // block blocks: the ragged last block dropped."""
+    reference = _block_reference(lengths, block)
+    kept = int(np.sum(lengths)) // block
+    return reference[:kept, :kept]
+
+
+def _transposed(lengths, block):
+    return _block_reference(lengths, block).T
+
+
+def _ends_inclusive(lengths, block):
+    """Each block taken to end one position late, at the first position of
+    the next block (its last position computed as (b + 1) * block instead of
+    (b + 1) * block - 1)."""
+    allowed = _packed_dense(lengths)
+    n = allowed.shape[0]
+    n_blocks = -(-n // block)
+    out = np.empty((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        rows = slice(a * block, min((a + 1) * block + 1, n))
+        for c in range(n_blocks):
+            tile = allowed[rows, c * block : min((c + 1) * block + 1, n)]
+            out[a, c] = FULL if tile.all() else PARTIAL if tile.any() else SKIP
+    return out
+
+
+def _index_at_n(err: Exception) -> bool:
+    """An index error at index n of an array of n entries."""
+    import re
+
+    found = re.search(
+        r"index (-?\d+) is out of bounds for (?:axis|dimension) \d+ with "
+        r"size (\d+)",
+        str(err),
+    )
+    return (
+        isinstance(err, IndexError)
+        and found is not None
+        and found[1] == found[2]
+    )
+
+
+def _raise_index_error(lengths, block):
+    raise IndexError("the reader's function indexed one past the end")
+
+
+BLOCK_MASK_MISTAKES = [
+    Mistake(
+        "causal_per_block",
+        "the causal triangle is forgotten inside the diagonal tiles: a "
+        "diagonal tile within one document is called full, though its "
+        "queries may not see the keys after them (causality decided block "
+        "by block, key block <= query block, not position by position)",
+        "a tile is full only if its last key comes no later than its first "
+        "query; a diagonal tile of more than one position is at most partial",
+        _blocks_causal,
+    ),
+    Mistake(
+        "no_causal",
+        "the causal mask is forgotten: tiles above the diagonal within one "
+        "document are computed, as if packing only kept documents apart",
+        "the packed mask is block-diagonal *and* causal within each "
+        "document: key j is visible to query i only if j <= i",
+        _no_causal,
+    ),
+    Mistake(
+        "no_full_class",
+        "every tile with a visible pair is marked partial (1): the full "
+        "class (2), the tiles a kernel computes without the mask, is never "
+        "used",
+        "mark a tile 2 when every one of its (query, key) pairs may attend, "
+        "1 when only some may",
+        _relabel([SKIP, PARTIAL, PARTIAL]),
+    ),
+    Mistake(
+        "any_visible_full",
+        "every tile with a visible pair is marked full (2): a kernel would "
+        "compute the partial tiles without the mask, letting queries see the "
+        "future or other documents",
+        "full needs *every* pair of the tile visible; a tile with only some "
+        "visible pairs is partial (1)",
+        _relabel([SKIP, FULL, FULL]),
+    ),
+    Mistake(
+        "full_partial_swapped",
+        "the codes of full and partial tiles are swapped: 1 where every pair "
+        "may attend, 2 where only some may",
+        "0 = skipped (no pair visible), 1 = partial (the mask is needed), "
+        "2 = full (every pair visible)",
+        _relabel([SKIP, FULL, PARTIAL]),
+    ),
+    Mistake(
+        "first_position_document",
+        "each block is taken to lie in the document of its first position: "
+        "a block in which a document ends and the next begins is treated as "
+        "one document",
+        "a block can hold the end of one document and the start of the "
+        "next: compare the documents of a tile's first key and *last* "
+        "query (every position between lies in one document exactly when "
+        "those two do), and for 'any pair visible' the document start of "
+        "the tile's first query at or after its first key",
+        _first_position_document,
+    ),
+    Mistake(
+        "document_boundary_off_by_one",
+        "off by one at the document boundaries: the first position of each "
+        "document is counted in the document before it (np.searchsorted on "
+        "the cumulative lengths with its default side='left')",
+        "document d holds positions cum[d-1] .. cum[d] - 1 (cum the "
+        "cumulative lengths): np.searchsorted(cum, p, side='right') is the "
+        "document of position p, or build the labels with "
+        "np.repeat(np.arange(len(lengths)), lengths)",
+        _boundary_off_by_one,
+    ),
+    Mistake(
+        "ragged_padded",
+        "the last, ragged block is padded to a full block and its padding "
+        "counted as masked pairs, so a tile whose real pairs all attend is "
+        "called partial. (FlexAttention's create_block_mask pads this way: "
+        "safe, but it applies the mask where none is needed; this exercise "
+        "counts real positions only)",
+        "the last block holds n - (n_blocks - 1) * block positions: take "
+        "its last position as min((b + 1) * block, n) - 1",
+        _ragged_padded,
+    ),
+    Mistake(
+        "floor_blocks",
+        "the last, ragged block is dropped: n // block blocks instead of "
+        "ceil(n / block), so its positions belong to no tile",
+        "n_blocks = -(-n // block) (ceil(n / block)); the last block may "
+        "hold fewer than block positions",
+        _floor_blocks,
+    ),
+    Mistake(
+        "transposed",
+        "the array is transposed: rows are key blocks and columns query "
+        "blocks",
+        "entry [a, c] is the tile of query block a (rows of the mask) and "
+        "key block c (columns)",
+        _transposed,
+    ),
+    Mistake(
+        "ends_inclusive",
+        "off by one at the block edges: each block is taken to end at the "
+        "first position of the next one, (b + 1) * block, instead of "
+        "(b + 1) * block - 1",
+        "block b holds positions b * block .. min((b + 1) * block, n) - 1; "
+        "the end (b + 1) * block is exclusive",
+        _ends_inclusive,
+    ),
+    Mistake(
+        "index_at_n",
+        "an index one past the last position (index n of an array of n "
+        "positions): a document boundary used as a position. A zero-length "
+        "document at the end of the row starts at n, and so does the end of "
+        "the last document",
+        "positions run from 0 to n - 1: label them with "
+        "np.repeat(np.arange(len(lengths)), lengths), which skips "
+        "zero-length documents, or drop those first (lengths[lengths > 0])",
+        _raise_index_error,
+        raises=_index_at_n,
+    ),
+]
+
+
+def block_mask_cases() -> list[Case]:
+    """Small cases; each catches some of the mistakes above (the first one
+    most of them)."""
+
+    def case(name, lengths, block):
+        return Case(name, (np.array(lengths), block))
+
+    return [
+        case("lengths [5, 3, 8], block 4", [5, 3, 8], 4),
+        case(
+            "lengths [4, 4, 4, 1], block 4 (a last block of one position)",
+            [4, 4, 4, 1],
+            4,
+        ),
+        case(
+            "lengths [3, 0, 6, 0], block 4 (zero-length documents)",
+            [3, 0, 6, 0],
+            4,
+        ),
+        case("lengths [7], block 3 (one document)", [7], 3),
+        case("lengths [9, 1, 14, 6, 2], block 5", [9, 1, 14, 6, 2], 5),
+        case("lengths [2, 3], block 1", [2, 3], 1),
+        case("lengths [2, 3], block 8 (one block, longer than n)", [2, 3], 8),
+        case("lengths [1], block 4 (n = 1)", [1], 4),
+    ]
+
+
+# the memory case: a row of some 4,000 positions in blocks of 128
+BLOCK_MEMORY_LENGTHS = (
+    300, 17, 0, 512, 129, 1, 640, 255, 384, 3, 700, 90, 0, 250, 600,
+)  # fmt: skip
+BLOCK_MEMORY_BLOCK = 128
+
+
+def check_packed_block_mask(fn) -> None:
+    """Check ``fn(lengths, block)`` classifies the tiles of a packed row's
+    mask.
+
+    lengths: int array (n_docs,) of document lengths (zero allowed), packed
+    into one row of n = sum(lengths) positions with
+    :func:`attnbook.masks.packed_causal_mask`; block: a positive int. The
+    answer is an int array (n_blocks, n_blocks), n_blocks = ceil(n / block):
+    entry [a, c], for query block a and key block c, is 0 when no pair of the
+    tile may attend, 2 when every pair may, 1 otherwise; in the last, ragged
+    block only real positions count. Besides the values, the checker measures
+    the peak memory on a row of about 4,000 positions: an answer that forms
+    the n x n mask is rejected (numpy's arrays through :mod:`tracemalloc`,
+    torch's through its profiler).
+    """
+    __tracebackhide__ = True
+    cases = block_mask_cases()
+    run_checks(
+        "packed block mask",
+        fn,
+        cases,
+        _block_reference,
+        BLOCK_MASK_MISTAKES,
+        # its "Correct" line waits for the memory check
+        quiet=True,
+    )
+    n = _check_block_memory(fn)
+    print(
+        f"Correct: packed block mask passes all {len(cases)} cases; on a "
+        f"row of n = {n:,} in blocks of {BLOCK_MEMORY_BLOCK} it never "
+        "needed the memory of the n x n mask."
+    )
+
+
+def _check_block_memory(fn) -> int:
+    """Reject an answer whose peak memory on a long row is that of an n x n
+    boolean mask; return n."""
+    import sys
+
+    from ..bench import format_bytes, peak_memory
+    from ._framework import ExerciseError, as_array, same
+
+    __tracebackhide__ = True
+    lengths = np.array(BLOCK_MEMORY_LENGTHS)
+    n, block = int(lengths.sum()), BLOCK_MEMORY_BLOCK
+    case = f"{len(lengths)} documents, n = {n}, block {block} (memory)"
+    expected = _block_reference(lengths, block)
+    out, peak = peak_memory(fn, lengths.copy(), block)
+    if "torch" in sys.modules and (
+        hasattr(out, "detach") or _mentions_torch(fn)
+    ):
+        # tracemalloc does not see torch's allocator
+        from .perspectives import largest_torch_allocation
+
+        _, largest = largest_torch_allocation(fn, lengths.copy(), block)
+        peak = max(peak, largest)
+    # a quarter of the n x n boolean mask
+    limit = n * n // 4
+    if peak >= limit:
+        raise ExerciseError(
+            "packed block mask",
+            case,
+            "the values may be right, but your function's peak memory was "
+            f"{format_bytes(peak)}, that of an n x n mask "
+            f"({format_bytes(n * n)} as booleans): the tiles are to be "
+            "classified from the documents' boundaries, as a kernel does "
+            "before it touches the scores",
+            hint="for a tile you need only its first and last query and key "
+            "positions and the document (and its start) of a few of them: "
+            "arrays of n or of n_blocks x n_blocks entries",
+        )
+    if not same(as_array(out), expected):
+        raise ExerciseError(
+            "packed block mask",
+            case,
+            "values differ from the reference on a long row",
+        )
+    return n
+
+
+def _mentions_torch(fn, depth: int = 2) -> bool:
+    """Whether ``fn``'s code (its nested functions included) names torch, or
+    a torch function, or calls a function of its module that does (``depth``
+    levels down). Only such an answer is measured with torch's profiler, whose
+    first start takes seconds."""
+    import types
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    names, stack = set(), [code]
+    while stack:
+        c = stack.pop()
+        names |= set(c.co_names)
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    scope = getattr(fn, "__globals__", {})
+    for name in names:
+        value = scope.get(name)
+        owner = getattr(value, "__module__", None) or getattr(
+            value, "__name__", ""
+        )
+        if isinstance(owner, str) and owner.split(".")[0] == "torch":
+            return True
+        if (
+            depth > 0
+            and isinstance(value, types.FunctionType)
+            and value is not fn
+            and _mentions_torch(value, depth - 1)
+        ):
+            return True
+    return False
