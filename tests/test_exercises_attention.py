@@ -111,10 +111,28 @@ def test_crashing_function_reports_its_exception():
 # --- attention ---------------------------------------------------------------
 
 
-def good_attention(q, k, v):
+def safe_softmax(x):
+    """A softmax whose fully masked rows (every entry -inf) are zeros."""
+    m = x.max(axis=-1, keepdims=True)
+    e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+def good_attention(q, k, v, mask=None):
     d_k = q.shape[-1]
-    s = q @ k.T / np.sqrt(d_k)
-    return good_softmax(s) @ v
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    return safe_softmax(s) @ v
+
+
+def good_attention_and_weights(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    w = safe_softmax(s)
+    return w @ v, w
 
 
 def attention_without_scale(q, k, v):
@@ -142,7 +160,15 @@ def test_attention_reference_passes():
 
 
 def test_attention_returning_pair_passes():
-    check_attention(lambda q, k, v: (good_attention(q, k, v), None))
+    check_attention(good_attention_and_weights)
+
+
+def test_a_pair_whose_weights_are_none_is_refused():
+    """(output, None) claims weights it does not hold: refused by name."""
+    with pytest.raises(ExerciseError, match=r"pair \(output, None\)"):
+        check_attention(
+            lambda q, k, v, mask=None: (good_attention(q, k, v, mask), None)
+        )
 
 
 @pytest.mark.parametrize(
@@ -256,6 +282,35 @@ def softmax_max_without_keepdims(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def softmax_without_keepdims(x):
+    # the most common numpy slip, in both reductions
+    e = np.exp(x - x.max(axis=-1))
+    return e / e.sum(axis=-1)
+
+
+def test_forgotten_keepdims_is_named_on_square_and_other_shapes():
+    """Silent on a square matrix (wrong values), a broadcast error on any
+    other: both verdicts name keepdims."""
+    from attnbook.exercises._framework import Case, run_checks
+    from attnbook.exercises.attention import SOFTMAX_MISTAKES
+    from attnbook.softmax import softmax
+
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(softmax_without_keepdims)
+    assert err.value.mistake == "forgot_keepdims", str(err.value)
+    assert "keepdims=True" in str(err.value)
+    for fn in (softmax_without_keepdims, softmax_max_without_keepdims):
+        with pytest.raises(ExerciseError) as err:
+            run_checks(
+                "softmax",
+                fn,
+                [Case("a 2 x 3 matrix", (np.arange(6.0).reshape(2, 3),))],
+                lambda x: softmax(x, axis=-1),
+                SOFTMAX_MISTAKES,
+            )
+        assert "keepdims" in str(err.value), str(err.value)
+
+
 def softmax_loop_max_from_zero(x):
     out = np.empty_like(x, dtype=float)
     for idx in np.ndindex(x.shape[:-1]):
@@ -268,17 +323,26 @@ def softmax_loop_max_from_zero(x):
     return out
 
 
-def attention_in_place(q, k, v):
+def attention_in_place(q, k, v, mask=None):
     # scales the caller's q
     q /= np.sqrt(q.shape[-1])
-    return good_softmax(q @ k.T) @ v
+    s = q @ np.swapaxes(k, -1, -2)
+    if mask is not None:
+        s[..., ~np.broadcast_to(mask, s.shape[-2:])] = -np.inf
+    return safe_softmax(s) @ v
 
 
-def attention_einsum_float32(q, k, v):
+def attention_einsum_float32(q, k, v, mask=None):
     q, k, v = (np.asarray(t, np.float32) for t in (q, k, v))
-    s = np.einsum("id,jd->ij", q, k) / np.float32(np.sqrt(q.shape[-1]))
-    w = np.exp(s - s.max(axis=1, keepdims=True))
-    return np.einsum("ij,jd->id", w / w.sum(axis=1, keepdims=True), v)
+    s = np.einsum("...id,...jd->...ij", q, k) / np.float32(
+        np.sqrt(q.shape[-1])
+    )
+    if mask is not None:
+        s = np.where(mask, s, np.float32(-np.inf))
+    m = s.max(axis=-1, keepdims=True)
+    w = np.exp(s - np.where(m == -np.inf, np.float32(0), m))
+    w = w / np.maximum(w.sum(axis=-1, keepdims=True), np.float32(1e-30))
+    return np.einsum("...ij,...jd->...id", w, v)
 
 
 CATALOGUE = {
@@ -300,6 +364,7 @@ CATALOGUE = {
             (softmax_sum_without_keepdims, "no_keepdims"),
             (softmax_max_without_keepdims, "no_keepdims_max"),
             (softmax_loop_max_from_zero, "max_at_least_zero"),
+            (softmax_without_keepdims, "forgot_keepdims"),
         ],
     },
     "check_attention": {
@@ -307,7 +372,7 @@ CATALOGUE = {
             good_attention,
             attention_in_place,
             attention_einsum_float32,
-            lambda q, k, v: (good_attention(q, k, v), None),
+            good_attention_and_weights,
         ],
         "wrong": [
             (attention_without_scale, "no_scale"),
@@ -586,16 +651,24 @@ def softmax_moveaxis(x):
     return np.moveaxis(e / e.sum(0), 0, -1)
 
 
-def attention_einsum_scipy(q, k, v):
+def attention_einsum_scipy(q, k, v, mask=None):
     import scipy.special
 
-    s = np.einsum("qd,kd->qk", q, k) / np.sqrt(q.shape[-1])
-    return np.einsum("qk,kd->qd", scipy.special.softmax(s, axis=-1), v)
+    s = np.einsum("...qd,...kd->...qk", q, k) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    with np.errstate(invalid="ignore"):
+        w = scipy.special.softmax(s, axis=-1)
+    # a fully masked row is NaN in scipy: no weight at all
+    return np.einsum("...qk,...kd->...qd", np.nan_to_num(w), v)
 
 
-def attention_torch_sdpa(q, k, v):
+def attention_torch_sdpa(q, k, v, mask=None):
     t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v)]
-    return torch.nn.functional.scaled_dot_product_attention(*t).numpy()
+    m = None if mask is None else torch.from_numpy(mask)
+    return torch.nn.functional.scaled_dot_product_attention(
+        *t, attn_mask=m
+    ).numpy()
 
 
 CATALOGUE["check_softmax"]["wrong"] += [
@@ -637,10 +710,6 @@ CATALOGUE["check_attention"]["right"] += [
     attention_einsum_scipy
 ] * HAVE_SCIPY + [
     attention_torch_sdpa,
-    lambda q, k, v: (
-        good_softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(k.shape[-1])) @ v,
-        None,
-    ),
 ]
 
 
@@ -882,3 +951,79 @@ def test_the_smallest_float64_as_a_fill_is_right_and_accepted(capsys):
 
     check_softmax(finfo_min_fill)
     assert "Correct" in capsys.readouterr().out
+
+
+# --- from the student reading of chapters 3 and 4 (issue 31): the exercise
+# now takes a batch and a boolean mask ---------------------------------------
+
+
+def attention_returning_the_weights(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    return safe_softmax(s)
+
+
+def attention_mask_true_hides(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, -np.inf, s)
+    return safe_softmax(s) @ v
+
+
+def attention_mask_minus_1e9(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -1e9)
+    return safe_softmax(s) @ v
+
+
+def attention_max_trick_nan_rows(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True) @ v
+
+
+def attention_mask_on_the_weights(q, k, v, mask=None):
+    w = safe_softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]))
+    if mask is not None:
+        w = w * mask
+    return w @ v
+
+
+def attention_scores_times_mask(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s * mask
+    return safe_softmax(s) @ v
+
+
+def attention_mask_added(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s + mask
+    return safe_softmax(s) @ v
+
+
+def attention_loop_over_heads(q, k, v, mask=None):
+    # right: one matrix at a time over the leading axes
+    out = np.empty(q.shape[:-1] + v.shape[-1:], dtype=np.result_type(q, v))
+    full = np.ones((q.shape[-2], k.shape[-2]), bool) if mask is None else mask
+    for idx in np.ndindex(q.shape[:-2]):
+        s = q[idx] @ k[idx].T / np.sqrt(q.shape[-1])
+        out[idx] = safe_softmax(np.where(full, s, -np.inf)) @ v[idx]
+    return out
+
+
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_returning_the_weights, "returned_weights"),
+    (attention_mask_true_hides, "mask_inverted"),
+    (attention_mask_minus_1e9, "masked_row_uniform"),
+    (attention_max_trick_nan_rows, "masked_row_nan"),
+    (attention_mask_on_the_weights, "mask_after_softmax"),
+    (attention_scores_times_mask, "mask_as_zero_score"),
+    (attention_mask_added, "mask_added"),
+]
+CATALOGUE["check_attention"]["right"] += [attention_loop_over_heads]

@@ -425,11 +425,15 @@ def test_a_function_that_changes_its_inputs_is_judged_on_its_output_with_one_not
         q /= np.sqrt(q.shape[-1])
         return q @ np.swapaxes(k, -1, -2)
 
-    def attention(q, k, v):
+    def attention(q, k, v, mask=None):
         q /= np.sqrt(q.shape[-1])
-        s = q @ k.T
-        e = np.exp(s - s.max(-1, keepdims=True))
-        return e / e.sum(-1, keepdims=True) @ v
+        s = q @ np.swapaxes(k, -1, -2)
+        if mask is not None:
+            s = np.where(mask, s, -np.inf)
+        m = s.max(-1, keepdims=True)
+        e = np.exp(s - np.where(np.isfinite(m), m, 0))
+        total = e.sum(-1, keepdims=True)
+        return np.divide(e, total, out=np.zeros_like(e), where=total > 0) @ v
 
     def cross(x, context, w_q, w_k, w_v):
         q = x @ w_q

@@ -603,6 +603,26 @@ def std_with_np_trace(mu_q, cov_q, mu_k, cov_k):
     return np.sqrt(np.trace(cov_q @ cov_k) + mean_terms)
 
 
+def std_as_python_float(mu_q, cov_q, mu_k, cov_k):
+    # one number to return, as for the one-head case: float() of the sum
+    var = (
+        np.einsum("...ij,...ji->...", cov_q, cov_k)
+        + np.einsum("...i,...ij,...j->...", mu_q, cov_k, mu_q)
+        + np.einsum("...i,...ij,...j->...", mu_k, cov_q, mu_k)
+    )
+    return float(np.sqrt(var).sum())
+
+
+def std_of_the_whole_stack(mu_q, cov_q, mu_k, cov_k):
+    # the variances of all heads added up, then one square root
+    var = (
+        np.einsum("...ij,...ji->...", cov_q, cov_k)
+        + np.einsum("...i,...ij,...j->...", mu_q, cov_k, mu_q)
+        + np.einsum("...i,...ij,...j->...", mu_k, cov_q, mu_k)
+    )
+    return np.sqrt(var.sum())
+
+
 def test_score_std_reference_against_monte_carlo():
     """The package's formula against a float64 Monte Carlo estimate, with a
     margin of 5 standard errors of the sample variance."""
@@ -648,6 +668,7 @@ WRONG_STDS = {
     "d_k_for_trace": std_with_d_k,
     "variance": std_no_square_root,
     "trace_over_batch": std_with_np_trace,
+    "scalar": std_as_python_float,
 }
 
 
@@ -675,3 +696,4 @@ CATALOGUE["check_score_std"] = {
     "right": [std_by_loops, std_in_torch, std_in_place],
     "wrong": [(WRONG_STDS[key], key) for key in sorted(WRONG_STDS)],
 }
+CATALOGUE["check_score_std"]["wrong"] += [(std_of_the_whole_stack, "scalar")]

@@ -178,6 +178,29 @@ def backward_dk_without_transpose(q, k, v, d_out, mask=None):
     return d_s @ k / c, d_s @ q / c, np.swapaxes(p, -1, -2) @ d_out
 
 
+def backward_dk_transposed_only_when_forced(q, k, v, d_out, mask=None):
+    """dS @ q wherever the shapes allow it, the transpose only where they
+    force it (a reader who fixed the shape error, not the formula)."""
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))
+    c = np.sqrt(q.shape[-1])
+    fits = d_s.shape[-1] == q.shape[-2]
+    d_k = (d_s if fits else np.swapaxes(d_s, -1, -2)) @ q / c
+    return d_s @ k / c, d_k, np.swapaxes(p, -1, -2) @ d_out
+
+
+def backward_dv_transposed_only_when_forced(q, k, v, d_out, mask=None):
+    """P @ d_out wherever the shapes allow it."""
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))
+    c = np.sqrt(q.shape[-1])
+    fits = p.shape[-1] == d_out.shape[-2]
+    d_v = (p if fits else np.swapaxes(p, -1, -2)) @ d_out
+    return d_s @ k / c, np.swapaxes(d_s, -1, -2) @ q / c, d_v
+
+
 def backward_plain_sum(q, k, v, d_out, mask=None):
     """g - sum(g): the row term without the weights."""
     p = _weights(q, k, mask)
@@ -256,6 +279,8 @@ CATALOGUE = {
             (backward_negated, "sign"),
             (backward_ignores_mask, "mask_ignored"),
             (backward_scaled_by_d, "scale_by_dk"),
+            (backward_dk_transposed_only_when_forced, "dk_untransposed"),
+            (backward_dv_transposed_only_when_forced, "dv_untransposed"),
         ],
     },
 }

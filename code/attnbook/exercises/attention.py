@@ -23,11 +23,6 @@ from ._framework import (
 _rng = np.random.default_rng
 
 
-def _first(out):
-    """Accept either the output alone or an ``(output, weights)`` pair."""
-    return out[0] if isinstance(out, tuple) else out
-
-
 # --- softmax ---------------------------------------------------------------
 
 
@@ -304,6 +299,19 @@ SOFTMAX_MISTAKES = [
         raises=is_broadcast_error,
     ),
     Mistake(
+        "forgot_keepdims",
+        "forgot keepdims: x.max(axis=-1) and e.sum(axis=-1) without "
+        "keepdims=True have shape (..., n), not (..., n, 1), so they are "
+        "applied to the columns, not the rows: on a square matrix numpy "
+        "broadcasts them silently (a row's exponentials can underflow to 0, "
+        "and 0/0 is NaN), on any other it raises",
+        "pass keepdims=True to both reductions: x.max(axis=-1, "
+        "keepdims=True) and e.sum(axis=-1, keepdims=True) have shape (..., "
+        "n, 1), one number per row, which broadcasts along that row",
+        lambda x: (lambda e: e / e.sum(-1))(np.exp(x - x.max(-1))),
+        raises=is_broadcast_error,
+    ),
+    Mistake(
         "no_keepdims_max",
         "the row maxima lost their axis (no keepdims=True), so they are "
         "subtracted "
@@ -559,17 +567,36 @@ def check_softmax(fn) -> None:
         lambda x: softmax(x, axis=-1),
         SOFTMAX_MISTAKES,
         compare=_same_softmax,
+        hint="follow eq. ch4-stable-softmax: m = x.max(axis=-1, "
+        "keepdims=True), e = np.exp(x - m), e / e.sum(axis=-1, "
+        "keepdims=True); then handle the row whose every entry is -inf "
+        "(its m is -inf) separately",
     )
 
 
 # --- scaled dot-product attention ------------------------------------------
 
 
+def _masked(s, mask, fill=-np.inf):
+    """The scores with the masked ones (``mask`` False) set to ``fill``."""
+    return s if mask is None else np.where(mask, s, fill)
+
+
+def _scaled(q, k):
+    return q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+
+
 def _attention_with(scores_fn, weights_fn=softmax):
-    def attention(q, k, v):
-        return weights_fn(scores_fn(q, k)) @ v
+    def attention(q, k, v, mask=None):
+        return weights_fn(_masked(scores_fn(q, k), mask)) @ v
 
     return attention
+
+
+def _nan_rows_softmax(s):
+    """The max trick with no care for a row whose every score is -inf."""
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
 
 
 ATTENTION_MISTAKES = [
@@ -622,8 +649,13 @@ ATTENTION_MISTAKES = [
         "sqrt(d_k)",
         "the scale belongs to the dot products q . k, which have d_k terms: "
         "np.sqrt(q.shape[-1])",
-        lambda q, k, v: (
-            softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(v.shape[-1])) @ v
+        lambda q, k, v, mask=None: (
+            softmax(
+                _masked(
+                    q @ np.swapaxes(k, -1, -2) / np.sqrt(v.shape[-1]), mask
+                )
+            )
+            @ v
         ),
     ),
     Mistake(
@@ -699,7 +731,7 @@ ATTENTION_MISTAKES = [
         "there is no softmax: the scaled scores themselves weight the values",
         "the weights are softmax(q @ k.T / sqrt(d_k)) along the last axis: "
         "positive, each row summing to 1",
-        lambda q, k, v: q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) @ v,
+        lambda q, k, v, mask=None: _masked(_scaled(q, k), mask, 0.0) @ v,
     ),
     Mistake(
         "times_sqrt_dk",
@@ -717,13 +749,8 @@ ATTENTION_MISTAKES = [
         "output row mixes the values with one KEY's weights over the queries",
         "out = weights @ v with weights of shape (n_q, n_k): row i of the "
         "output uses row i of the weights",
-        lambda q, k, v: (
-            np.swapaxes(
-                softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])),
-                -1,
-                -2,
-            )
-            @ v
+        lambda q, k, v, mask=None: (
+            np.swapaxes(softmax(_masked(_scaled(q, k), mask)), -1, -2) @ v
         ),
     ),
     Mistake(
@@ -732,8 +759,84 @@ ATTENTION_MISTAKES = [
         "the scores before it",
         "the scale goes inside: softmax(q @ k.T / sqrt(d_k)); after the "
         "softmax it only shrinks the output",
-        lambda q, k, v: (
-            softmax(q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1]) @ v
+        lambda q, k, v, mask=None: (
+            softmax(_masked(q @ np.swapaxes(k, -1, -2), mask))
+            / np.sqrt(q.shape[-1])
+            @ v
+        ),
+    ),
+    Mistake(
+        "returned_weights",
+        "you returned the attention weights softmax(q k^T / sqrt(d_k)), "
+        "shape (..., n_q, n_k), not the output: the weights still have to "
+        "average the values",
+        "multiply the weights by v: out = weights @ v, shape (..., n_q, "
+        "d_v), one weighted average of the values per query",
+        lambda q, k, v, mask=None: softmax(_masked(_scaled(q, k), mask)),
+    ),
+    Mistake(
+        "mask_inverted",
+        "the mask is read the wrong way round: True hides a key, where the "
+        "book's convention (PyTorch's) is True = may attend",
+        "keep the scores where the mask is True: np.where(mask, s, -np.inf)",
+        lambda q, k, v, mask=None: (
+            softmax(_masked(_scaled(q, k), None if mask is None else ~mask))
+            @ v
+        ),
+    ),
+    Mistake(
+        "masked_row_nan",
+        "a query whose every key is masked gets NaN (its maximum score is "
+        "-inf, and -inf - (-inf) is NaN): the book's convention, and what "
+        "the package and PyTorch's scaled_dot_product_attention give on "
+        "this CPU, is zero weights and a zero output",
+        "subtract each row's maximum only where it is finite, e.g. m = "
+        "s.max(-1, keepdims=True); np.exp(s - np.where(np.isfinite(m), m, "
+        "0)), and divide only where the sum is positive (your my_softmax "
+        "does both)",
+        _attention_with(_scaled, _nan_rows_softmax),
+    ),
+    Mistake(
+        "masked_row_uniform",
+        "a query whose every key is masked gets the plain average of all "
+        "the values: the masked scores were set to a finite number (such as "
+        "-1e9) instead of -inf, so after the shift that row's scores are "
+        "all 0 and its weights uniform; the answer there is a zero output "
+        "(a query that may see no key gets nothing from them)",
+        "set the masked scores to -inf (np.where(mask, s, -np.inf)) and give "
+        "a row whose maximum is -inf zero weights, as your my_softmax does",
+        lambda q, k, v, mask=None: (
+            softmax(_masked(_scaled(q, k), mask, -1e9)) @ v
+        ),
+    ),
+    Mistake(
+        "mask_after_softmax",
+        "the mask is applied after the softmax (the weights times the "
+        "mask), so the remaining weights of a row no longer sum to 1",
+        "mask the scores before the softmax: np.where(mask, s, -np.inf), "
+        "then softmax, which spreads each row's weight over its visible keys",
+        lambda q, k, v, mask=None: (
+            softmax(_scaled(q, k)) * (1.0 if mask is None else mask) @ v
+        ),
+    ),
+    Mistake(
+        "mask_as_zero_score",
+        "the masked scores are set to 0 (the scores times the mask) instead "
+        "of -inf: a masked key still gets weight e^0 / sum",
+        "a masked key must get weight exactly 0: set its score to -inf, "
+        "np.where(mask, s, -np.inf), since exp(-inf) = 0",
+        lambda q, k, v, mask=None: (
+            softmax(_scaled(q, k) * (1.0 if mask is None else mask)) @ v
+        ),
+    ),
+    Mistake(
+        "mask_added",
+        "the boolean mask was added to the scores (True counts as 1, False "
+        "as 0), which shifts the visible keys' scores by 1 and hides nothing",
+        "use the mask to choose, not to add: np.where(mask, s, -np.inf) "
+        "(an additive mask holds 0 and -inf, not True and False)",
+        lambda q, k, v, mask=None: (
+            softmax(_scaled(q, k) + (0.0 if mask is None else mask)) @ v
         ),
     ),
 ]
@@ -743,15 +846,29 @@ def attention_cases() -> list[Case]:
     rng = _rng(1)
     n = lambda *shape, scale=1.0: rng.normal(scale=scale, size=shape)  # noqa: E731
     f32 = lambda *shape: n(*shape).astype(np.float32)  # noqa: E731
+    # (n_q, n_k) = (3, 5), broadcast over a batch of 2 x 3 heads: query 0
+    # sees keys 0, 1, 3; query 1 sees none (its output is 0); query 2 all
+    # but key 0
+    mask = np.array(
+        [
+            [True, True, False, True, False],
+            [False] * 5,
+            [False, True, True, True, True],
+        ]
+    )
+    self_attention = Case(
+        "self-attention, n = 4, d_k = d_v = 16",
+        (n(4, 16), n(4, 16), n(4, 16)),
+    )
+    masked = Case(
+        "a batch of 2 x 3 heads, n_q = 3, n_k = 5, d_k = 8, d_v = 6, with a "
+        "boolean mask of shape (3, 5) (True = may attend); query 1 may see "
+        "no key, so its output is 0",
+        (n(2, 3, 3, 8), n(2, 3, 5, 8), n(2, 3, 5, 6)),
+        {"mask": mask},
+    )
     return [
-        Case(
-            "self-attention, n = 4, d_k = d_v = 16",
-            (n(4, 16), n(4, 16), n(4, 16)),
-        ),
-        Case(
-            "cross-attention, n_q = 3, n_k = 5, d_k = 8, d_v = 6",
-            (n(3, 8), n(5, 8), n(5, 6)),
-        ),
+        self_attention,
         Case(
             "float32 inputs, a single query (n_q = 1) over n_k = 7 keys, d_k "
             "= 4, d_v = 3",
@@ -761,19 +878,48 @@ def attention_cases() -> list[Case]:
             "large inputs whose scores span more than exp's range (thousands)",
             (n(4, 64, scale=40), n(6, 64, scale=40), n(6, 8)),
         ),
+        # last: the mask and the batch (a function without either is judged
+        # on the formula first)
+        masked,
     ]
 
 
+def _first(out):
+    """The output alone, or the output of an ``(output, weights)`` pair. A
+    pair whose second element is None is refused: it claims weights it does
+    not hold."""
+    if isinstance(out, tuple):
+        if len(out) == 2 and out[1] is None:
+            raise ValueError(
+                "your function returned a pair (output, None): return the "
+                "output alone, or the pair (output, weights) with the "
+                "weights"
+            )
+        return out[0]
+    return out
+
+
 def check_attention(fn) -> None:
-    """Check ``fn(q, k, v)`` returns ``softmax(q k^T / sqrt(d_k)) v`` (or an
-    ``(output, weights)`` pair)."""
+    """Check ``fn(q, k, v, mask=None)`` returns ``softmax(q k^T / sqrt(d_k))
+    v`` over a batch, with masked scores set to -inf and a zero output for a
+    query whose every key is masked (or an ``(output, weights)`` pair).
+
+    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v); mask: bool,
+    broadcastable to (..., n_q, n_k), True = may attend.
+    """
     run_checks(
         "scaled dot-product attention",
         fn,
         attention_cases(),
-        lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
+        lambda q, k, v, mask=None: scaled_dot_product_attention(
+            q, k, v, mask=mask
+        )[0],
         ATTENTION_MISTAKES,
         postprocess=_first,
+        hint="out = softmax(s) @ v with s = q @ swapaxes(k, -1, -2) / "
+        "sqrt(d_k), the masked scores set to -inf, and the softmax along the "
+        "last axis (the keys); check the shapes: scores (..., n_q, n_k), "
+        "output (..., n_q, d_v)",
     )
 
 

@@ -204,6 +204,9 @@ def check_scaled_scores(fn) -> None:
         scaled_scores_cases(),
         lambda q, k: attention_scores(q, k),
         SCALED_SCORES_MISTAKES,
+        hint="swap the last two axes of k (not k.T on a batch), multiply, "
+        "and divide by the square root of d_k = q.shape[-1]; the result has "
+        "shape (..., n_q, n_k): row i is query i against every key",
     )
 
 
@@ -332,6 +335,10 @@ def check_dot_variance(fn) -> None:
         dot_product_variance,
         DOT_VARIANCE_MISTAKES,
         postprocess=_scalar,
+        hint="redo the proof of the theorem with the cross terms kept: "
+        "E[(q . k)^2] = sum_ij E[q_i q_j] E[k_i k_j], where E[q_i q_j] is "
+        "an entry of Cq; return the variance (one number), not its square "
+        "root",
     )
 
 
@@ -346,6 +353,11 @@ def _quad(mu, cov):
 
 def _trace(cq, ck):
     return np.einsum("...ij,...ji->...", cq, ck)
+
+
+def _std(mq, cq, mk, ck):
+    """The right standard deviation, per head."""
+    return np.sqrt(_trace(cq, ck) + _quad(mq, ck) + _quad(mk, cq))
 
 
 SCORE_STD_MISTAKES = [
@@ -426,6 +438,26 @@ SCORE_STD_MISTAKES = [
             np.trace(cq @ ck) + _quad(mq, ck) + _quad(mk, cq)
         ),
     ),
+    # one number for the whole stack: the ways readers reduce over the heads
+    *[
+        Mistake(
+            "scalar",
+            "you returned one number for the whole stack of heads (summed or "
+            "averaged over them, or a Python float): the exercise asks for "
+            "one standard deviation per head, shape (...), the leading "
+            "dimensions of the means",
+            "keep the leading head dimensions: reduce over the last axis (or "
+            "the last two) only, e.g. np.einsum('...ij,...ji->...', Cq, Ck) "
+            "has one entry per head, and do not sum or call float() at the "
+            "end",
+            reduce,
+        )
+        for reduce in (
+            lambda mq, cq, mk, ck: np.sum(_std(mq, cq, mk, ck)),
+            lambda mq, cq, mk, ck: np.mean(_std(mq, cq, mk, ck)),
+            lambda mq, cq, mk, ck: np.sqrt(np.sum(_std(mq, cq, mk, ck) ** 2)),
+        )
+    ],
 ]
 
 

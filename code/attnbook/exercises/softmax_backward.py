@@ -82,7 +82,11 @@ def _grads(
         p = e / e.sum(-1, keepdims=True)
     else:
         p = softmax(s, axis=-1)
-    d_v = (p if dv_untransposed else _t(p)) @ d_out
+    # a forgotten transpose is committed wherever the shapes let it through
+    # (square weights or scores); elsewhere a reader's code that fits the
+    # shapes by some other route gets it right
+    square = p.shape[-1] == p.shape[-2]
+    d_v = (p if dv_untransposed and square else _t(p)) @ d_out
     d_p = d_out @ _t(v)
     rows = -1 if rule != "row_term_over_queries" else -2
     if rule == "diagonal_only":
@@ -99,7 +103,7 @@ def _grads(
     else:
         d_s = p * (d_p - (p * d_p).sum(rows, keepdims=True))
     d_q = d_s @ k * (scale if scale_q else 1.0)
-    d_k = (d_s if dk_untransposed else _t(d_s)) @ q
+    d_k = (d_s if dk_untransposed and square else _t(d_s)) @ q
     d_k = d_k * (scale if scale_k else 1.0)
     return d_q, d_k, d_v
 
@@ -370,6 +374,10 @@ def check_attention_backward(fn) -> None:
         ATTENTION_BACKWARD_MISTAKES,
         compare=_same_grads,
         describe=_describe,
+        hint="go back through the forward pass one step at a time (S = q "
+        "k^T / sqrt(d_k), P = softmax(S) row by row, O = P v): each "
+        "gradient has the shape of what it is the gradient of, and the "
+        "softmax step is eq. ch4-vjp applied to every row",
         quiet=True,
     )
     _check_memory(fn)
