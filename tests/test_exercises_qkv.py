@@ -1083,6 +1083,12 @@ def realise_tied_to_the_pattern(x, pi):
     return w, w
 
 
+def realise_keys_twice_the_queries(x, pi):
+    # "not tied: W_K = 2 W_Q" is still a Gram form, (x W)(x W)^T times 2
+    w = _gap(len(pi), len(pi)) * np.linalg.pinv(x)
+    return w, 2.0 * w
+
+
 def realise_with_x_transposed(x, pi):
     n = len(pi)
     w_q = _gap(n, n) * x.T
@@ -1123,6 +1129,7 @@ def realise_queries_and_keys(x, pi):
 REALISE_WRONG = [
     (realise_tied_pinv, "tied_weights"),
     (realise_tied_to_the_pattern, "tied_weights"),
+    (realise_keys_twice_the_queries, "tied_weights"),
     (realise_with_x_transposed, "transpose_for_pseudo_inverse"),
     (realise_transposed_pattern, "transposed_pattern"),
     (realise_without_sqrt_d_k, "too_weak_after_scale"),

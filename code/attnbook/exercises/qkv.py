@@ -1137,12 +1137,13 @@ def _pattern_transpose_for_pinv(x, pi):
 REALISE_MISTAKES = [
     Mistake(
         "tied_weights",
-        "your W_Q equals your W_K (tied weights), and tied weights cannot "
-        "realise this pattern: with u_i = x_i W the scores u_i . u_j are a "
-        "Gram matrix, and by Cauchy-Schwarz u_i . u_j <= max(|u_i|^2, "
-        "|u_j|^2), so of two tokens that should attend to each other one "
-        "scores itself at least as high as the other (the chapter's "
-        "tied-weights theorem)",
+        "your W_Q W_K^T is symmetric positive semidefinite, as for tied "
+        "weights (W_K = W_Q, or a positive multiple of it), and such weights "
+        "cannot realise this pattern: W_Q W_K^T = R R^T, so with u_i = x_i "
+        "R the scores u_i . u_j are a Gram matrix, and by Cauchy-Schwarz "
+        "u_i . u_j <= max(|u_i|^2, |u_j|^2): of two tokens that should "
+        "attend to each other one scores itself at least as high as the "
+        "other (the chapter's tied-weights theorem)",
         "untie them: the scores X W_Q W_K^T X^T can be any matrix (rank <= "
         "d_k) only when W_Q and W_K differ. Choose the queries and keys you "
         "want first (e.g. Q = c I, K = P^T, with P the one-hot target "
@@ -1171,7 +1172,9 @@ REALISE_MISTAKES = [
     Mistake(
         "too_weak_after_scale",
         "your scores pick key pi[i] in every row, and would give it weight "
-        ">= 0.9 before the 1/sqrt(d_k) scale, but not after it",
+        ">= 0.9 before the 1/sqrt(d_k) scale, but not after it: the scaled "
+        "gap must reach ln(9 (n - 1)), so the raw gap must both be "
+        "multiplied by sqrt(d_k) and grow with n",
         "the weights are softmax(S / sqrt(d_k)), with d_k = w_q.shape[1]: "
         "row i needs S[i, pi[i]] above each other score of the row by "
         "sqrt(d_k) ln(9 (n - 1)) (then e^g / (e^g + n - 1) >= 0.9); a gap "
@@ -1271,11 +1274,23 @@ def _pattern_pair(out):
     return w_q, w_k
 
 
+def _gram_form(w_q, w_k) -> bool:
+    """Whether W_Q W_K^T is symmetric positive semidefinite (W_K a positive
+    multiple of W_Q, for one): the scores are then a Gram matrix."""
+    if w_q.shape != w_k.shape:
+        return False
+    m = w_q @ w_k.T
+    size = max(float(np.abs(m).max()), 1e-300)
+    if not np.allclose(m, m.T, rtol=0, atol=1e-9 * size):
+        return False
+    return bool(np.linalg.eigvalsh((m + m.T) / 2).min() >= -1e-9 * size)
+
+
 def _diagnose_pattern(fn, case, w_q, w_k, weights):
     """The mistake the reader's weights show on ``case``, or None."""
     x, pi = case.args
     n, d_model = np.shape(x)
-    if np.allclose(w_q, w_k, rtol=1e-6, atol=1e-9):
+    if np.allclose(w_q, w_k, rtol=1e-6, atol=1e-9) or _gram_form(w_q, w_k):
         return _PATTERN_MISTAKE["tied_weights"]
     if _realises(_pattern_weights(x, w_k, w_q), pi):
         return _PATTERN_MISTAKE["transposed_pattern"]
