@@ -305,7 +305,9 @@ def _check_shaw_memory(
         # tracemalloc does not see torch's CPU allocator: an answer that
         # gathers the tables in torch is measured again with its profiler
         args = tuple(x.copy() for x in (q, k, v, rel_k, rel_v))
-        _, torch_largest = _largest_torch_allocation(fn, *args)
+        from .perspectives import largest_torch_allocation
+
+        _, torch_largest = largest_torch_allocation(fn, *args)
         peak = max(peak, torch_largest)
     if not _compare(as_array(out), expected):
         raise ExerciseError(
@@ -321,63 +323,3 @@ def _check_shaw_memory(
             f"(n, n, d) float64 array is {format_bytes(table)}",
             mistake=SHAW_MEMORY_MISTAKES[0],
         )
-
-
-# the same measure as perspectives.py's checker of linear attention
-def _largest_torch_allocation(fn, *args):
-    """``(fn(*args), the largest single allocation torch made during the
-    call)``: tracemalloc does not see torch's CPU allocator, its profiler does
-    (0 when the answer uses numpy only)."""
-    import warnings
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with warnings.catch_warnings():
-        # the profiler's own notices, not the reader's
-        warnings.simplefilter("ignore")
-        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        # some builds log "profiler_start" to the C stderr
-        with _quiet_stderr():
-            prof.__enter__()
-        try:
-            # the reader's own messages still show
-            out = fn(*args)
-        finally:
-            # ... and "profiler_stop"
-            with _quiet_stderr():
-                prof.__exit__(None, None, None)
-    sizes = [
-        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
-    ]
-    return out, max(sizes, default=0)
-
-
-class _quiet_stderr:
-    """Silence file descriptor 2 (what C++ code writes to stderr) for the
-    duration of the block; where there is no such descriptor (the browser), do
-    nothing."""
-
-    def __enter__(self):
-        import os
-        import sys
-
-        self._saved = None
-        try:
-            sys.stderr.flush()
-            self._saved = os.dup(2)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 2)
-            os.close(devnull)
-        except (OSError, AttributeError, ValueError):
-            if self._saved is not None:
-                os.close(self._saved)
-            self._saved = None
-        return self
-
-    def __exit__(self, *exc):
-        import os
-
-        if self._saved is not None:
-            os.dup2(self._saved, 2)
-            os.close(self._saved)
-        return False
