@@ -203,6 +203,37 @@ def decode_softmax_axis_2(q, k_cache, v_cache, lengths):
     return out
 
 
+def decode_softmax_group_masked(q, k_cache, v_cache, lengths):
+    """The softmax over the group axis of (B, H_kv, g, n), the stale slots
+    masked with -inf first: a stale slot's column is -inf for the whole
+    group, so its weights are 0 / 0 = NaN, and so is every output of a
+    sequence with a stale slot."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = np.einsum("bhgd,bhnd->bhgn", rows, k_cache) / np.sqrt(d_k)
+    scores = np.where(_written(lengths, n)[:, None, None], scores, -np.inf)
+    e = np.exp(scores - scores.max(axis=2, keepdims=True))
+    weights = e / e.sum(axis=2, keepdims=True)
+    out = np.einsum("bhgn,bhne->bhge", weights, v_cache)
+    return out.reshape(b_size, n_heads, -1)
+
+
+def decode_split_g_first(q, k_cache, v_cache, lengths):
+    """Wrong on the way in and on the way out: q split as (B, g, H_kv, d),
+    transposed to (B, H_kv, g, d) to meet the cache, and the result flattened
+    straight from (B, H_kv, g, d_v). Query head j = m*H_kv + i reads
+    key/value head i = j % H_kv, and its output lands in slot i*g + m."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    g = n_heads // n_kv
+    rows = q.reshape(b_size, g, n_kv, d_k).transpose(0, 2, 1, 3)
+    scores = rows @ k_cache.transpose(0, 1, 3, 2) / np.sqrt(d_k)
+    mask = _written(lengths, n)[:, None, None]
+    weights = _softmax_rows(np.where(mask, scores, -np.inf))
+    return (weights @ v_cache).reshape(b_size, n_heads, -1)
+
+
 def decode_max_before_mask(q, k_cache, v_cache, lengths):
     """Subtracts the maximum over all n slots, then masks."""
     b_size, n_heads, d_k = q.shape
@@ -281,6 +312,8 @@ CATALOGUE = {
             (decode_through_length, "one_stale_slot"),
             (decode_mask_after, "masked_after_softmax"),
             (decode_softmax_axis_2, "softmax_over_group"),
+            (decode_softmax_group_masked, "softmax_over_group"),
+            (decode_split_g_first, "wrong_order_in_and_out"),
             (decode_max_before_mask, "max_includes_stale"),
             (decode_no_max, "unshifted"),
             (decode_unscaled, "not_scaled"),

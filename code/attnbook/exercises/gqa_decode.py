@@ -117,6 +117,32 @@ def _softmax_over_group(q, k, v, lengths):
     return out.reshape(q.shape[0], q.shape[1], -1)
 
 
+def _softmax_over_group_masked(q, k, v, lengths):
+    """The softmax over the group axis after the -inf mask: a stale slot is
+    -inf for the whole group, its weights 0 / 0, so every output of a
+    sequence with a stale slot is NaN."""
+    with np.errstate(invalid="ignore"):
+        weights = _softmax(_grouped(q, k, v, lengths), axis=2)
+    out = np.einsum("bign,bine->bige", weights, np.asarray(v, np.float64))
+    return out.reshape(q.shape[0], q.shape[1], -1)
+
+
+def _split_g_first(q, k, v, lengths):
+    """q split as (B, g, H_kv, d_k) and transposed to (B, H_kv, g, d_k), the
+    result (B, H_kv, g, d_v) flattened straight: query head j = m*H_kv + i
+    reads key/value head i = j % H_kv, and its output lands at i*g + m."""
+    b_size, n_heads, d_k = q.shape
+    n_kv = k.shape[1]
+    g = n_heads // n_kv
+    tiled = _per_head(q, k, v, lengths, kv_of=lambda j, g, n_kv: j % n_kv)
+    # the output of query head m*H_kv + i, put at i*g + m
+    return (
+        tiled.reshape(b_size, g, n_kv, -1)
+        .transpose(0, 2, 1, 3)
+        .reshape(b_size, n_heads, -1)
+    )
+
+
 def _output_heads_transposed(q, k, v, lengths):
     weights = _softmax(_grouped(q, k, v, lengths))
     out = np.einsum("bign,bine->bige", weights, np.asarray(v, np.float64))
@@ -150,6 +176,16 @@ DECODE_MISTAKES = [
         lambda q, k, v, lengths: _per_head(
             q, k, v, lengths, kv_of=lambda j, g, n_kv: j % n_kv
         ),
+    ),
+    Mistake(
+        "wrong_order_in_and_out",
+        "the heads are grouped in the wrong order on the way in and again on "
+        "the way out: q was split as (B, g, H_kv, d_k) and transposed to "
+        "(B, H_kv, g, d_k), so query head j reads key/value head j % H_kv, "
+        "and the (B, H_kv, g, d_v) result was flattened straight, so each "
+        "output lands in another head's place",
+        ORDER_HINT,
+        _split_g_first,
     ),
     Mistake(
         "output_heads_transposed",
@@ -204,6 +240,16 @@ DECODE_MISTAKES = [
         "each query head's weights are a distribution over the slots: "
         "softmax along the last axis (the n slots)",
         _softmax_over_group,
+    ),
+    Mistake(
+        "softmax_over_group",
+        "the softmax runs over the group axis of the (B, H_kv, g, n) scores "
+        "instead of over the slots; with the stale slots masked to -inf "
+        "first, a stale slot is -inf for the whole group, so its weights are "
+        "0 / 0 = NaN, and every output of a sequence with a stale slot is NaN",
+        "each query head's weights are a distribution over the slots: "
+        "softmax along the last axis (the n slots)",
+        _softmax_over_group_masked,
     ),
     Mistake(
         "max_includes_stale",
