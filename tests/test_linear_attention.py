@@ -395,7 +395,6 @@ def test_steps_and_bumps_on_clean_rows():
         steps_and_bumps([1.0, 0.0, 1.0])
 
 
-
 @pytest.mark.parametrize("causal", [False, True])
 def test_leading_dimensions_broadcast(rng, causal):
     q, k, v = (
