@@ -611,8 +611,8 @@ def chunked_loop(phi_q, phi_k, v, chunk_size):
 
 
 def chunked_recurrence(phi_q, phi_k, v, chunk_size):
-    """Right: position by position (chunk_size ignored; one chunk per
-    position), in place."""
+    """Wrong: right values, position by position (chunk_size ignored; one
+    chunk per position), in place."""
     out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
     s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
     z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
@@ -644,6 +644,63 @@ def chunked_torch_float32(phi_q, phi_k, v, chunk_size):
         pieces.append(o[..., :-1] / o[..., -1:])
         state = state + fk[..., a:b, :].transpose(-1, -2) @ vv[..., a:b, :]
     return torch.cat(pieces, dim=-2)
+
+
+def chunked_prefix_sums_in_chunk(phi_q, phi_k, v, chunk_size):
+    """Right: float32, prefix sums of the C outer products inside each chunk
+    (C states at a time, never n)."""
+    fq, fk, vv = (np.asarray(x, np.float32) for x in (phi_q, phi_k, v))
+    out = np.empty(fq.shape[:-1] + vv.shape[-1:], np.float32)
+    s = np.zeros(fk.shape[:-2] + (fk.shape[-1], vv.shape[-1]), np.float32)
+    z = np.zeros(fk.shape[:-2] + (fk.shape[-1],), np.float32)
+    for a in range(0, fq.shape[-2], chunk_size):
+        b = min(a + chunk_size, fq.shape[-2])
+        # (..., C, m, d_v) and (..., C, m)
+        s_c = s[..., None, :, :] + np.cumsum(
+            fk[..., a:b, :, None] * vv[..., a:b, None, :], axis=-3
+        )
+        z_c = z[..., None, :] + np.cumsum(fk[..., a:b, :], axis=-2)
+        num = np.einsum("...cm,...cmd->...cd", fq[..., a:b, :], s_c)
+        den = np.einsum("...cm,...cm->...c", fq[..., a:b, :], z_c)
+        out[..., a:b, :] = num / den[..., None]
+        s, z = s_c[..., -1, :, :], z_c[..., -1, :]
+    return out
+
+
+def chunked_augmented_in_place(phi_q, phi_k, v, chunk_size):
+    """Right: the normaliser as a column of ones appended to v, one product
+    for both; v scaled in place and scaled back."""
+    v *= 2.0
+    va = np.concatenate([v / 2.0, np.ones(v.shape[:-1] + (1,))], axis=-1)
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + va.shape[-1:])
+    s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], va.shape[-1]))
+    for a in range(0, n, chunk_size):
+        fq, fk, vc = (
+            x[..., a : a + chunk_size, :] for x in (phi_q, phi_k, va)
+        )
+        w = np.tril(fq @ np.swapaxes(fk, -1, -2))
+        out[..., a : a + chunk_size, :] = w @ vc + fq @ s
+        s = s + np.swapaxes(fk, -1, -2) @ vc
+    return out[..., :-1] / out[..., -1:]
+
+
+def chunked_numerator_masked_only(phi_q, phi_k, v, chunk_size):
+    """Wrong: the mask applied to the numerator's weights, the normaliser
+    from the unmasked chunk weights."""
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
+    z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
+    for a in range(0, n, chunk_size):
+        fq, fk, vc = (x[..., a : a + chunk_size, :] for x in (phi_q, phi_k, v))
+        w = fq @ np.swapaxes(fk, -1, -2)
+        num = np.tril(w) @ vc + fq @ s
+        den = w.sum(-1) + (fq @ z[..., None])[..., 0]
+        out[..., a : a + chunk_size, :] = num / den[..., None]
+        s = s + np.swapaxes(fk, -1, -2) @ vc
+        z = z + fk.sum(-2)
+    return out
 
 
 def chunked_state_before_read(phi_q, phi_k, v, chunk_size):
@@ -772,10 +829,19 @@ CHUNKED_WRONG = [
     (chunked_full_chunks_only, "ragged_chunk_dropped"),
     (chunked_prefix_sums, "state_per_position"),
     (chunked_masked_quadratic, "quadratic_weights"),
+    (chunked_numerator_masked_only, "normaliser_not_masked"),
+    (chunked_recurrence, "chunk_size_ignored"),
+]
+
+CHUNKED_RIGHT = [
+    chunked_loop,
+    chunked_torch_float32,
+    chunked_prefix_sums_in_chunk,
+    chunked_augmented_in_place,
 ]
 
 CATALOGUE["check_chunked_causal_linear_attention"] = {
-    "right": [chunked_loop, chunked_recurrence, chunked_torch_float32],
+    "right": CHUNKED_RIGHT,
     "wrong": CHUNKED_WRONG,
 }
 
@@ -788,9 +854,7 @@ def test_chunked_mistakes_are_diagnosed(wrong, key):
     assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
 
 
-@pytest.mark.parametrize(
-    "right", [chunked_loop, chunked_recurrence, chunked_torch_float32]
-)
+@pytest.mark.parametrize("right", CHUNKED_RIGHT)
 def test_chunked_right_answers_pass(right, capsys):
     check_chunked_causal_linear_attention(right)
     assert "Correct" in capsys.readouterr().out
@@ -802,3 +866,29 @@ def test_chunked_stub_is_not_attempted():
 
     with pytest.raises(NotAttemptedError):
         check_chunked_causal_linear_attention(stub)
+
+
+def test_an_answer_that_ignores_the_chunk_size_says_by_how_much():
+    with pytest.raises(ExerciseError) as err:
+        check_chunked_causal_linear_attention(chunked_recurrence)
+    assert "chunk_size = 1 and 64 (time)" in str(err.value)
+    assert "the chunk size is ignored" in str(err.value)
+
+
+def nw_scores_clipped(x_query, x_train, y_train, h):
+    """Wrong: the scores clipped at -700 instead of shifted by their row
+    maximum."""
+    s = -((x_query[:, None] - x_train[None, :]) ** 2) / (2 * h**2)
+    w = np.exp(np.clip(s, -700, None))
+    return (w / w.sum(axis=1, keepdims=True)) @ y_train
+
+
+def test_scores_clipped_instead_of_shifted_are_named():
+    with pytest.raises(ExerciseError) as err:
+        check_nadaraya_watson(nw_scores_clipped)
+    assert err.value.mistake == "scores_clipped", str(err.value)
+
+
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [
+    (nw_scores_clipped, "scores_clipped")
+]

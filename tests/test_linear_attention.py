@@ -27,7 +27,10 @@ from attnbook.linear_attention import (
     softmax_kernel_log_features,
 )
 from attnbook.masks import packed_causal_mask
-from attnbook.experiments.linear_attention_timing import time_against_softmax
+from attnbook.experiments.linear_attention_timing import (
+    steps_and_bumps,
+    time_against_softmax,
+)
 
 
 def visible(n_q, n_k):
@@ -349,6 +352,47 @@ def test_time_against_softmax_returns_positive_times_per_length():
         time_against_softmax([0])
     with pytest.raises(ValueError, match="sweeps must be a positive integer"):
         time_against_softmax([8], sweeps=0)
+
+
+def old_steps_and_bumps(per_token):
+    """The rule chapter 12 used before: a step compared with the maximum of
+    every earlier time, bumps included."""
+    found = []
+    for i in range(1, len(per_token) - 1):
+        if per_token[i - 1] < per_token[i] > per_token[i + 1]:
+            found.append(("bump", i))
+        elif per_token[i] > 1.5 * per_token[i - 1] and min(
+            per_token[i:]
+        ) > 1.2 * max(per_token[:i]):
+            found.append(("step", i))
+    return found
+
+
+def test_an_earlier_bump_does_not_hide_a_step():
+    # a run of chapter 12 (us per token of linear attention): a disturbed
+    # timing at n = 512, then a step at n = 4096 that stays up
+    per_token = [1.30, 2.69, 1.34, 1.33, 2.38, 2.76, 3.80, 3.39]
+    assert steps_and_bumps(per_token) == [
+        ("bump", 1),
+        ("step", 4),
+        ("bump", 6),
+    ]
+    # the old rule missed the step
+    assert ("step", 4) not in old_steps_and_bumps(per_token)
+
+
+def test_steps_and_bumps_on_clean_rows():
+    assert steps_and_bumps([1.0, 1.0, 1.0, 1.0]) == []
+    # fixed costs spread over more tokens: falling times are neither
+    assert steps_and_bumps([4.0, 2.0, 1.0, 1.0]) == []
+    assert steps_and_bumps([1.0, 3.0, 1.0, 1.0]) == [("bump", 1)]
+    assert steps_and_bumps([1.0, 1.0, 2.0, 2.0, 2.1]) == [("step", 2)]
+    # a step that is also above both neighbours is a step
+    assert steps_and_bumps([1.0, 1.0, 3.0, 2.0, 2.2]) == [("step", 2)]
+    # up by 1.5x but falling back below 1.2x the earlier level: no step
+    assert steps_and_bumps([1.0, 1.0, 1.6, 1.1, 1.1]) == [("bump", 2)]
+    with pytest.raises(ValueError, match="positive and finite"):
+        steps_and_bumps([1.0, 0.0, 1.0])
 
 
 @pytest.mark.parametrize("causal", [False, True])

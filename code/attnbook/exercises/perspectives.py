@@ -539,6 +539,19 @@ NADARAYA_WATSON_MISTAKES = [
         _nearest_fallback,
     ),
     Mistake(
+        "scores_clipped",
+        "the log-kernel values are clipped from below (np.maximum(s, -700) or "
+        "np.clip) instead of shifted: where every value of a row lies below "
+        "the clip, the clip makes every weight of that row equal",
+        "subtract each query's largest log-kernel value (keepdims=True along "
+        "the training points) before exponentiating: a shift keeps the "
+        "differences between the values, which are what the weights depend "
+        "on; a clip erases them",
+        lambda *a: _gaussian_nw(
+            lambda diff, h: np.maximum(_gauss(diff, h), -700.0), stable=False
+        )(*a),
+    ),
+    Mistake(
         "global_shift",
         "the largest log-kernel value of the whole matrix is subtracted, not "
         "each query's own",
@@ -643,13 +656,15 @@ def _causal_chunks(
     carry=True,
     ragged=True,
     normalise=True,
+    masked_normaliser=True,
 ):
     """Chunked causal linear attention with switchable mistakes:
     ``state_first`` adds the chunk to the state before reading it,
     ``normaliser`` "causal" or "all" (z over every key), ``diagonal``
     "inclusive", "strict" (j < i) or "none" (no mask inside the chunk),
     ``carry`` False resets the state per chunk, ``ragged`` False leaves a
-    last, partial chunk at zero."""
+    last, partial chunk at zero, ``masked_normaliser`` False takes the
+    normaliser's chunk part from the unmasked C x C weights."""
     phi_q, phi_k, v = (np.asarray(a, float) for a in (phi_q, phi_k, v))
     n = phi_q.shape[-2]
     out = np.zeros(phi_q.shape[:-1] + v.shape[-1:])
@@ -660,7 +675,7 @@ def _causal_chunks(
     for start in range(0, stop, chunk_size):
         sl = slice(start, min(start + chunk_size, n))
         fq, fk, vc = phi_q[..., sl, :], phi_k[..., sl, :], v[..., sl, :]
-        w = fq @ _t(fk)
+        w = full = fq @ _t(fk)
         if offset is not None:
             w = np.tril(w, offset)
         if not carry:
@@ -668,7 +683,8 @@ def _causal_chunks(
         if state_first:
             s, z = s + _t(fk) @ vc, z + fk.sum(axis=-2)
         num = w @ vc + fq @ s
-        den = w.sum(axis=-1) + (fq @ z[..., None])[..., 0]
+        den = (w if masked_normaliser else full).sum(axis=-1)
+        den = den + (fq @ z[..., None])[..., 0]
         if not state_first:
             s, z = s + _t(fk) @ vc, z + fk.sum(axis=-2)
         if normaliser == "all":
@@ -710,6 +726,16 @@ CHUNKED_CAUSAL_MISTAKES = [
         "keep only j <= i of the chunk's C x C weights (np.tril), in the "
         "numerator and in the normaliser",
         lambda *a: _causal_chunks(*a, diagonal="none"),
+    ),
+    Mistake(
+        "normaliser_not_masked",
+        "the numerator is masked inside the chunk, but the normaliser sums "
+        "the chunk's unmasked weights: each query divides by the weights of "
+        "the later keys of its chunk too",
+        "apply the causal mask once, to the chunk's C x C weights w, and take "
+        "both the numerator w @ V_c and the normaliser w.sum(-1) from the "
+        "masked w",
+        lambda *a: _causal_chunks(*a, masked_normaliser=False),
     ),
     Mistake(
         "diagonal_excluded",
@@ -760,6 +786,16 @@ CHUNKED_CAUSAL_COST_MISTAKES = [
         "weights: the quadratic form, at the cost the chunked form avoids",
         "form only the C x C weights of one chunk at a time, and carry the "
         "earlier chunks in the state S, z",
+        _causal_chunks,
+    ),
+    Mistake(
+        "chunk_size_ignored",
+        "the values are right, but the chunk size is ignored: your function "
+        "advances one position per step whatever chunk_size is, so its work "
+        "does not fall when the chunks grow",
+        "form the chunk's C x C masked weights and advance the state once per "
+        "chunk: with chunk_size = 64 that is one step of the loop per 64 "
+        "positions",
         _causal_chunks,
     ),
 ]
@@ -834,7 +870,11 @@ def check_chunked_causal_linear_attention(fn) -> None:
     one, n = 1, batches and float32 inputs. Then the peak memory of one long
     case (n = 4096, m = d_v = 16, chunk_size = 64) is measured: an answer that
     stores a state per position (the prefix sums of every S_i) or the n x n
-    weights is rejected, though its values are right.
+    weights is rejected, though its values are right. Last, its CPU time on
+    n = 2048 with chunk_size = 1 and chunk_size = 64 is compared (a ratio of
+    process times, :func:`work_growth`): an answer that ignores the chunk size
+    and advances one position per step takes about as long with either, and
+    is rejected.
     """
     __tracebackhide__ = True
     run_checks(
@@ -848,10 +888,12 @@ def check_chunked_causal_linear_attention(fn) -> None:
         quiet=True,
     )
     _check_chunked_memory(fn)
+    _check_chunked_work(fn)
     print(
         "Correct: chunked causal linear attention passes all "
-        f"{len(chunked_causal_cases())} cases, and on n = 4096 its memory "
-        "held no state per position and no n x n matrix."
+        f"{len(chunked_causal_cases())} cases, on n = 4096 its memory "
+        "held no state per position and no n x n matrix, and its work fell "
+        "when the chunks grew."
     )
 
 
@@ -907,3 +949,54 @@ def _causal_quadratic_chunks(phi_q, phi_k, v, chunk_size):
     return attention_from_features(
         phi_q, phi_k, v, causal=True, chunk_size=chunk_size
     )
+
+
+# The chunk sizes compared and the least ratio of CPU times, t(chunk_size = 1)
+# / t(chunk_size = 64) on n = 2048, m = d_v = 16, that an answer must show.
+# A chunked answer makes 2048 steps of its loop at chunk size 1 and 32 at 64,
+# each of a few array operations whose cost is mostly fixed: its time falls
+# many times over. An answer that ignores the chunk size makes 2048 steps at
+# either size: a ratio near 1. Measured here on a loaded 2-core AMD EPYC (load
+# average 6-8, three tries each), the right answers of the tests gave 11-13
+# (prefix sums inside each chunk), 20-52 (the book's loop), 27-31 (values
+# with a column of ones) and 39-65 (torch); a per-position recurrence that
+# ignores the chunk size 1.0 in every try.
+CHUNK_WORK_SIZES = (64, 1)
+CHUNK_WORK_LIMIT = 4.0
+CHUNK_WORK_TRIES = 3
+
+
+def _check_chunked_work(fn, n=2048, m=16, d_v=16) -> None:
+    """Reject an answer whose work does not fall when the chunks grow: one
+    that ignores ``chunk_size``."""
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    rng = _rng(1214)
+    phi_q, phi_k = (elu_feature_map(rng.normal(size=(n, m))) for _ in "qk")
+    v = rng.normal(size=(n, d_v))
+
+    def make(chunk_size):
+        # fresh copies: an answer that changes its inputs in place does not
+        # change those of the next repeat
+        return (phi_q.copy(), phi_k.copy(), v.copy(), chunk_size)
+
+    large, small = CHUNK_WORK_SIZES
+    # A busy machine can slow one run of the long chunks: a ratio below the
+    # limit is measured again, up to CHUNK_WORK_TRIES times in all, and only
+    # the largest counts. An answer that ignores the chunk size stays below
+    # the limit in every try.
+    ratio = work_growth(fn, make, large, small)
+    for _ in range(CHUNK_WORK_TRIES - 1):
+        if ratio >= CHUNK_WORK_LIMIT:
+            break
+        ratio = max(ratio, work_growth(fn, make, large, small))
+    if ratio < CHUNK_WORK_LIMIT:
+        raise ExerciseError(
+            "chunked causal linear attention",
+            f"n = {n}, m = d_v = {m}, chunk_size = {small} and {large} (time)",
+            f"with chunk_size = {small} your function took {ratio:.1f} times "
+            f"the CPU time it took with chunk_size = {large} (a chunked "
+            f"answer: many times; at least {CHUNK_WORK_LIMIT:.0f} is asked)",
+            mistake=CHUNKED_CAUSAL_COST_MISTAKES[2],
+        )

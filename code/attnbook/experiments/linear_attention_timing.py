@@ -65,3 +65,40 @@ def time_against_softmax(
                 )
                 best[name][i] = min(best[name][i], timing.low)
     return {name: [t for t in ts if t < math.inf] for name, ts in best.items()}
+
+
+def steps_and_bumps(
+    per_token, jump: float = 1.5, stay: float = 1.2
+) -> list[tuple[str, int]]:
+    """The steps and the isolated bumps of a row of per-token times, in order
+    of length: ``("step", i)`` or ``("bump", i)`` for indices ``0 < i <
+    len(per_token) - 1``.
+
+    A *bump* is a time above those of both neighbours. A *step* at ``i`` is a
+    time more than ``jump`` times the last earlier time that is not a bump,
+    with every time from ``i`` on more than ``stay`` times the median of the
+    earlier times that are not bumps: an earlier bump neither hides a step nor
+    makes one. A step is reported as a step even where it is also above both
+    neighbours.
+    """
+    times = [float(t) for t in per_token]
+    if any(not math.isfinite(t) or t <= 0 for t in times):
+        raise ValueError(
+            f"per-token times must be positive and finite, got {times}"
+        )
+    bumps = {
+        i
+        for i in range(1, len(times) - 1)
+        if times[i - 1] < times[i] > times[i + 1]
+    }
+    found, disturbed = [], set()
+    for i in range(1, len(times) - 1):
+        earlier = [times[j] for j in range(i) if j not in disturbed]
+        if times[i] > jump * earlier[-1] and min(times[i:]) > stay * float(
+            np.median(earlier)
+        ):
+            found.append(("step", i))
+        elif i in bumps:
+            found.append(("bump", i))
+            disturbed.add(i)
+    return found
