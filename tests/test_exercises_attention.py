@@ -1027,3 +1027,32 @@ CATALOGUE["check_attention"]["wrong"] += [
     (attention_mask_added, "mask_added"),
 ]
 CATALOGUE["check_attention"]["right"] += [attention_loop_over_heads]
+
+
+# --- from the expert reading of chapter 4 (reader p, E1): the mask applied
+# after the softmax and the weights renormalised, which the checker accepted
+# (it agrees in exact arithmetic) -------------------------------------------
+
+
+def attention_mask_after_softmax_renormalised(q, k, v, mask=None):
+    w = safe_softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]))
+    if mask is not None:
+        w = w * mask
+        z = w.sum(axis=-1, keepdims=True)
+        w = w / np.where(z == 0, 1, z)
+    return w @ v
+
+
+CATALOGUE["check_attention"]["wrong"] += [
+    (
+        attention_mask_after_softmax_renormalised,
+        "mask_after_softmax_renormalised",
+    ),
+]
+
+
+def test_a_renormalised_mask_after_the_softmax_underflows_on_the_last_case():
+    with pytest.raises(ExerciseError) as err:
+        check_attention(attention_mask_after_softmax_renormalised)
+    assert "a masked key with a dominant score" in str(err.value)
+    assert "underflow" in str(err.value)

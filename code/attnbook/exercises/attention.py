@@ -593,6 +593,12 @@ def _attention_with(scores_fn, weights_fn=softmax):
     return attention
 
 
+def _renormalised(w):
+    """Each row of ``w`` divided by its sum (a row summing to 0 stays 0)."""
+    z = w.sum(-1, keepdims=True)
+    return w / np.where(z == 0, 1, z)
+
+
 def _nan_rows_softmax(s):
     """The max trick with no care for a row whose every score is -inf."""
     e = np.exp(s - s.max(-1, keepdims=True))
@@ -820,6 +826,20 @@ ATTENTION_MISTAKES = [
         ),
     ),
     Mistake(
+        "mask_after_softmax_renormalised",
+        "the mask is applied after the softmax and the weights renormalised: "
+        "equal in exact arithmetic, but a masked key with a dominant score "
+        "makes the visible weights underflow to 0 (0/0 or a 0 output)",
+        "set the masked scores to -inf before the softmax: np.where(mask, s, "
+        "-np.inf), so the shift is the maximum over the visible keys only",
+        lambda q, k, v, mask=None: (
+            _renormalised(
+                softmax(_scaled(q, k)) * (1.0 if mask is None else mask)
+            )
+            @ v
+        ),
+    ),
+    Mistake(
         "mask_as_zero_score",
         "the masked scores are set to 0 (the scores times the mask) instead "
         "of -inf: a masked key still gets weight e^0 / sum",
@@ -878,9 +898,24 @@ def attention_cases() -> list[Case]:
             "large inputs whose scores span more than exp's range (thousands)",
             (n(4, 64, scale=40), n(6, 64, scale=40), n(6, 8)),
         ),
-        # last: the mask and the batch (a function without either is judged
-        # on the formula first)
+        # after the formula: the mask and the batch (a function without
+        # either is judged on the formula first)
         masked,
+        # last, so that the verdicts on the cases above stay as they were: a
+        # masked key whose scaled score (1600 / sqrt(2) ~ 1131) lies more
+        # than 745 above the visible key's, so that exp underflows the
+        # visible weight to 0 unless the mask comes before the softmax
+        Case(
+            "a masked key with a dominant score: n_q = 1, n_k = 2, d_k = 2, "
+            "d_v = 1, key 1 (score ~ 1131) masked, key 0 (score 0) visible, "
+            "so the output is v[0] = 1",
+            (
+                np.array([[1.0, 0.0]]),
+                np.array([[0.0, 0.0], [1600.0, 0.0]]),
+                np.array([[1.0], [5.0]]),
+            ),
+            {"mask": np.array([[True, False]])},
+        ),
     ]
 
 
