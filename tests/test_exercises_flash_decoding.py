@@ -373,6 +373,77 @@ def merge_exp2(
     tl.store(LSE + row, m_safe + tl.log2(total))
 
 
+@triton.jit
+def merge_store_unmasked(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the chapter's solution with the store's mask dropped: the padded
+    # columns are 0, so storing them looks harmless
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out)
+    tl.store(LSE + row, m_safe + tl.log(total))
+
+
+@triton.jit
+def merge_load_unmasked(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # one run at a time, the outputs loaded whole: the extra columns are
+    # never stored, so the numbers come out right
+    row = tl.program_id(0)
+    c = tl.arange(0, BLOCK_D)
+    m = float("-inf")
+    mass = 0.0
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for s in range(0, n_splits):
+        lse_s = tl.load(LSE_PART + s * n_rows + row)
+        o_s = tl.load(O_PART + (s * n_rows + row) * d_head + c)
+        if lse_s > float("-inf"):
+            m_new = tl.maximum(m, lse_s)
+            alpha = tl.exp(m - m_new)
+            beta = tl.exp(lse_s - m_new)
+            acc = acc * alpha + beta * o_s
+            mass = mass * alpha + beta
+            m = m_new
+    if mass > 0.0:
+        tl.store(OUT + row * d_head + c, acc / mass, mask=c < d_head)
+        tl.store(LSE + row, m + tl.log(mass))
+    else:
+        tl.store(OUT + row * d_head + c, acc * 0.0, mask=c < d_head)
+        tl.store(LSE + row, float("-inf"))
+
+
 CATALOGUE = {
     "check_merge_kernel": {
         "right": [merge_run_by_run, merge_shares_base2],
@@ -384,6 +455,8 @@ CATALOGUE = {
             (merge_weights_not_divided, "unnormalised"),
             (merge_lse_max, "lse_is_max"),
             (merge_exp2, "exp2_on_natural"),
+            (merge_store_unmasked, "store_past_d_head"),
+            (merge_load_unmasked, "load_past_d_head"),
         ],
     },
 }
@@ -438,3 +511,28 @@ def test_the_stub_is_not_attempted():
 def test_a_plain_function_is_refused_by_name():
     with pytest.raises(TypeError, match="jit"):
         check_merge_kernel(lambda o, lse: (o.sum(0), lse.max(0).values))
+
+
+def test_a_store_into_the_guard_is_found_after_the_launch(monkeypatch):
+    """On a GPU nothing watches the stores: the guard row after OUT catches
+    the last row's unmasked columns (here the interpreter's watch is off)."""
+    from attnbook.exercises import flash_decoding
+
+    def unwatched(self):
+        self.builder = None
+        return self
+
+    monkeypatch.setattr(flash_decoding._BoundsChecked, "__enter__", unwatched)
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(merge_store_unmasked)
+    assert err.value.mistake == "store_past_d_head"
+    assert "past the end of OUT" in str(err.value)
+
+
+def test_the_watch_is_removed_after_the_launch():
+    from triton.runtime.interpreter import interpreter_builder
+
+    with pytest.raises(ExerciseError):
+        check_merge_kernel(merge_load_unmasked)
+    assert "create_masked_load" not in vars(interpreter_builder)
+    assert "create_masked_store" not in vars(interpreter_builder)

@@ -47,39 +47,142 @@ def merged(o_part, lse_part) -> np.ndarray:
     return _joined(*merge_splits(o_part.double(), lse_part.double()))
 
 
+class PastTheEnd(RuntimeError):
+    """The reader's kernel loaded or stored outside the tensors it was given:
+    ``kind`` is "load" or "store", ``tensor`` the argument's name."""
+
+    def __init__(self, kind: str, where: str):
+        self.kind = kind
+        verb = {"load": "loaded from", "store": "stored to"}[kind]
+        super().__init__(f"the kernel {verb} memory {where}")
+
+
+def _ranges(named: dict) -> list[tuple[str, int, int]]:
+    """(name, first byte, one past the last byte) of each tensor."""
+    return [
+        (name, t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+        for name, t in named.items()
+    ]
+
+
+def _outside(ptrs, mask, itemsize: int, ranges) -> bool:
+    """Whether an address that ``mask`` lets through lies outside every
+    tensor of ``ranges``."""
+    addr = np.asarray(ptrs, dtype=np.uint64)
+    active = np.broadcast_to(np.asarray(mask, dtype=bool), addr.shape)
+    addr = addr[active].astype(np.int64)
+    inside = np.zeros(addr.shape, dtype=bool)
+    for _, first, end in ranges:
+        inside |= (addr >= first) & (addr + itemsize <= end)
+    return not inside.all()
+
+
+class _BoundsChecked:
+    """Under Triton's interpreter, refuse a masked-in load or store outside
+    the given tensors before it touches memory (the interpreter reads and
+    writes raw addresses, and would corrupt the heap)."""
+
+    def __init__(self, loads: dict, stores: dict):
+        self.loads = _ranges({**loads, **stores})
+        self.stores = _ranges(stores)
+        self.load_names = ", ".join([*loads, *stores])
+        self.store_names = ", ".join(stores)
+
+    def __enter__(self):
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            self.builder = None
+            return self
+        from triton.runtime.interpreter import interpreter_builder
+
+        self.builder = builder = interpreter_builder
+        load, store = builder.create_masked_load, builder.create_masked_store
+        checker = self
+
+        def masked_load(ptrs, mask, other, *args):
+            size = ptrs.get_element_ty().primitive_bitwidth // 8
+            if _outside(ptrs.data, mask.data, size, checker.loads):
+                raise PastTheEnd("load", f"outside {checker.load_names}")
+            return load(ptrs, mask, other, *args)
+
+        def masked_store(ptrs, value, mask, *args):
+            size = ptrs.get_element_ty().primitive_bitwidth // 8
+            if _outside(ptrs.data, mask.data, size, checker.stores):
+                raise PastTheEnd("store", f"outside {checker.store_names}")
+            return store(ptrs, value, mask, *args)
+
+        builder.create_masked_load = masked_load
+        builder.create_masked_store = masked_store
+        return self
+
+    def __exit__(self, *exc):
+        if self.builder is not None:
+            del self.builder.create_masked_load
+            del self.builder.create_masked_store
+        return False
+
+
 def launch(kernel):
     """The host side the exercise fixes: ``kernel[(n_rows,)](O_PART,
     LSE_PART, OUT, LSE, n_splits, n_rows, d_head, BLOCK_S=..., BLOCK_D=...)``
     with contiguous float32 tensors O_PART (n_splits, n_rows, d_head),
     LSE_PART (n_splits, n_rows), OUT (n_rows, d_head), LSE (n_rows,), and
     BLOCK_S, BLOCK_D the powers of two at or above n_splits and d_head. OUT
-    and LSE start as NaN, so an entry the kernel never stores shows."""
+    and LSE start as NaN, so an entry the kernel never stores shows.
+
+    Each tensor is a view of a larger buffer whose tail (the guard) is NaN:
+    an unmasked load or store past the end (columns c >= d_head of the last
+    row, say) reads or writes the guard, not freed memory. Under the
+    interpreter such an access is refused before it happens; on a GPU a
+    store into the guard is found after the launch. Either raises
+    :class:`PastTheEnd`."""
 
     def merge(o_part, lse_part):
         n_splits, n_rows, d_head = o_part.shape
+        block_s, block_d = _next_pow2(n_splits), _next_pow2(d_head)
         device = _device()
-        o_part = o_part.to(device, torch.float32).contiguous()
-        lse_part = lse_part.to(device, torch.float32).contiguous()
-        out = torch.full((n_rows, d_head), float("nan"), device=device)
-        lse = torch.full((n_rows,), float("nan"), device=device)
+        nan = float("nan")
+        # guards: room for every padded run and column past the end
+        o_buf = torch.full(
+            ((block_s + 1) * n_rows * d_head + block_d,), nan, device=device
+        )
+        o_view = o_buf[: o_part.numel()].view(n_splits, n_rows, d_head)
+        o_view.copy_(o_part.to(device, torch.float32))
+        lse_buf = torch.full(((block_s + 1) * n_rows,), nan, device=device)
+        lse_view = lse_buf[: lse_part.numel()].view(n_splits, n_rows)
+        lse_view.copy_(lse_part.to(device, torch.float32))
+        out_buf = torch.full((n_rows + 1, d_head), nan, device=device)
+        lse_out_buf = torch.full((n_rows + 1,), nan, device=device)
+        out, lse = out_buf[:n_rows], lse_out_buf[:n_rows]
+        checked = _BoundsChecked(
+            {"O_PART": o_view, "LSE_PART": lse_view},
+            {"OUT": out, "LSE": lse},
+        )
         try:
-            kernel[(n_rows,)](
-                o_part,
-                lse_part,
-                out,
-                lse,
-                n_splits,
-                n_rows,
-                d_head,
-                BLOCK_S=_next_pow2(n_splits),
-                BLOCK_D=_next_pow2(d_head),
-            )
+            with checked:
+                kernel[(n_rows,)](
+                    o_view,
+                    lse_view,
+                    out,
+                    lse,
+                    n_splits,
+                    n_rows,
+                    d_head,
+                    BLOCK_S=block_s,
+                    BLOCK_D=block_d,
+                )
         except Exception as err:
             # the stub's NotImplementedError, wrapped by the interpreter (or
             # the compiler): the exercise is not attempted yet
             if "NotImplementedError" in f"{err!r} {err.__cause__!r}":
                 raise NotImplementedError from err
+            if isinstance(err.__cause__, PastTheEnd):
+                raise err.__cause__ from None
             raise
+        if not (
+            out_buf[n_rows:].isnan().all()
+            and lse_out_buf[n_rows:].isnan().all()
+        ):
+            raise PastTheEnd("store", "past the end of OUT or LSE")
         return out.cpu(), lse.cpu()
 
     return merge
@@ -200,7 +303,46 @@ def _exp2(o_part, lse_part):
     )
 
 
+def _raises(o_part, lse_part):
+    """A mistake recognised by the error it raises, not by an output."""
+    raise RuntimeError("recognised by its exception")
+
+
+def _past_the_end(kind: str):
+    def recognise(err: Exception) -> bool:
+        return isinstance(err, PastTheEnd) and err.kind == kind
+
+    return recognise
+
+
 MERGE_MISTAKES = [
+    Mistake(
+        "store_past_d_head",
+        "the output was stored without the mask c < d_head: with BLOCK_D > "
+        "d_head each program writes BLOCK_D - d_head values past its row, "
+        "into the next row, and the last row past the end of OUT. The "
+        "interpreter runs the programs one after another, so the next row "
+        "overwrites them and the numbers look right; on a GPU the programs "
+        "run in parallel, in no fixed order, and the stray values race with "
+        "the next row's",
+        "store with mask=c < d_head (and load with it too): the mask is "
+        "needed for memory safety, not only for the numbers",
+        _raises,
+        raises=_past_the_end("store"),
+    ),
+    Mistake(
+        "load_past_d_head",
+        "a load ran past the end of its tensor: O_PART loaded without the "
+        "mask c < d_head (or a run s >= n_splits loaded unmasked) reads past "
+        "the last row. The values only reach columns that are never stored, "
+        "so the numbers are right, but the read is out of bounds: on a GPU it "
+        "can fault or read another allocation",
+        "load O_PART with mask=(s[:, None] < n_splits) & (c[None, :] < "
+        "d_head), other=0.0: the mask is needed for memory safety, not only "
+        "for the numbers",
+        _raises,
+        raises=_past_the_end("load"),
+    ),
     Mistake(
         "padding_counted",
         "the padded runs (BLOCK_S > n_splits) count as runs of log-sum-exp 0: "
