@@ -313,9 +313,12 @@ def time_verdict(name, fit, fit_median, sizes) -> str:
     failed = [label for label, f in fits.items() if not f.reliable]
     if failed:
         spread = max(fits[label].max_spread for label in failed)
-        listed = "; ".join(
-            f"{label}: {_slopes_text(fits[label])}" for label in failed
-        )
+        if len(failed) == 2:
+            listed = "; ".join(
+                f"{label}: {_slopes_text(fits[label])}" for label in failed
+            )
+        else:
+            listed = _slopes_text(fits[failed[0]])
         if len(failed) == 2:
             which = "the local slopes of both its fits"
         else:
