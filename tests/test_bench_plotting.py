@@ -232,3 +232,44 @@ def test_cpu_caches_reads_per_core_sizes_from_sysfs(tmp_path):
         "L3": 32 * 2**20,
     }
     assert bench.cpu_caches(str(tmp_path / "absent")) == {}
+
+
+def _fit_with_local(*local, slope=2.0):
+    return bench.PowerLawFit(slope, 0.0, tuple(local), 0.5)
+
+
+def test_time_verdict_names_the_fit_whose_local_slopes_disagree():
+    """The chapter 9 reading: the fastest runs' local slopes (1.67, 2.12)
+    agree within 0.5, the medians' did not; the old sentence printed only the
+    former and said they differ by more than 0.5."""
+    fastest = _fit_with_local(1.67, 2.12, slope=1.9)
+    medians = _fit_with_local(1.2, 2.4)
+    verdict = bench.time_verdict("naive", fastest, medians, [1024, 2048, 4096])
+    assert "its medians (1.20, 2.40) differ by more than 0.5" in (verdict)
+    assert "those of its fastest runs, 1.67, 2.12, agree" in verdict
+    assert "no reliable exponent" in verdict
+    label = bench.time_fit_label(fastest, medians)
+    assert label == "slope 1.90; medians disagree, no exponent read"
+
+
+def test_time_verdict_lists_both_fits_when_both_disagree():
+    fastest = _fit_with_local(4.21, 2.06)
+    medians = _fit_with_local(1.0, 2.4)
+    verdict = bench.time_verdict("flash", fastest, medians, [1024, 2048, 4096])
+    assert "fastest runs: 4.21, 2.06; medians: 1.00, 2.40" in verdict
+    assert "both its fits" in verdict and "agree)" not in verdict
+    assert bench.time_fit_label(fastest, medians) == "no reliable slope"
+
+
+def test_time_verdict_reads_an_exponent_only_from_agreeing_fits():
+    good = _fit_with_local(1.95, 2.05, slope=2.0)
+    near = _fit_with_local(1.9, 2.1, slope=2.1)
+    assert "the model's 2, within 0.25" in bench.time_verdict(
+        "naive", good, near, [1024, 2048, 4096]
+    )
+    assert bench.time_fit_label(good, near) == "slope 2.00"
+    far = _fit_with_local(2.4, 2.6, slope=2.5)
+    assert "more than 0.25 apart" in bench.time_verdict(
+        "naive", good, far, [1024, 2048, 4096]
+    )
+    assert "differs" in bench.time_fit_label(good, far)

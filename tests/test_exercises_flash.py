@@ -1053,7 +1053,93 @@ def bwd_dense(q, k, v, out, lse, d_out, causal=False, block_k=64):
     )
 
 
+def bwd_torch_autograd(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong for this exercise (the chapter's reading): torch's autograd
+    through scaled_dot_product_attention, as the chapter's own reference
+    does; it ignores lse and block_k and forms the whole n_q x n_k matrix,
+    where tracemalloc sees none of torch's memory."""
+    import torch
+
+    tq, tk, tv = (
+        torch.tensor(np.asarray(a, np.float64), requires_grad=True)
+        for a in (q, k, v)
+    )
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    mask = torch.from_numpy(_visible(n_q, n_k, slice(None)))
+    torch.nn.functional.scaled_dot_product_attention(
+        tq, tk, tv, attn_mask=mask if causal else None
+    ).backward(torch.tensor(np.asarray(d_out, np.float64)))
+    return tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()
+
+
+def bwd_recomputes_lse(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong for this exercise: blockwise, in numpy, but it ignores the saved
+    lse and recomputes each row's log-sum-exp in a first pass over the key
+    blocks (online max and sum), then recomputes P from its own L."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = (d_out * out).sum(-1, keepdims=True)
+
+    def scores(cols):
+        s = tau * q @ np.swapaxes(k[..., cols, :], -1, -2)
+        if causal:
+            s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+        return s
+
+    m = np.full(q.shape[:-1] + (1,), -np.inf)
+    total = np.zeros(q.shape[:-1] + (1,))
+    for cols in _key_blocks(n_k, block_k):
+        s = scores(cols)
+        new_m = np.maximum(m, s.max(-1, keepdims=True))
+        safe = np.where(np.isneginf(new_m), 0.0, new_m)
+        total = total * np.exp(m - safe) + np.exp(s - safe).sum(
+            -1, keepdims=True
+        )
+        m = new_m
+    own_lse = m + np.log(total)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        p = np.exp(scores(cols) - own_lse)
+        ds = p * (d_out @ np.swapaxes(vb, -1, -2) - big_d)
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        dq += tau * ds @ kb
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_torch_dense_from_lse(
+    q, k, v, out, lse, d_out, causal=False, block_k=64
+):
+    """Wrong for this exercise: the formulas of the section, P = exp(S - L)
+    from lse, but in torch and on the whole n_q x n_k matrix at once; only
+    torch's profiler sees its memory."""
+    import torch
+
+    q, k, v, out, lse, d_out = (
+        torch.tensor(np.asarray(a, np.float64))
+        for a in (q, k, v, out, lse, d_out)
+    )
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    s = tau * q @ k.transpose(-1, -2)
+    if causal:
+        vis = torch.from_numpy(_visible(n_q, n_k, slice(None)))
+        s = s.masked_fill(~vis, float("-inf"))
+    p = torch.exp(s - lse[..., None])
+    ds = p * (d_out @ v.transpose(-1, -2) - (d_out * out).sum(-1)[..., None])
+    return (
+        (tau * ds @ k).numpy(),
+        (tau * ds.transpose(-1, -2) @ q).numpy(),
+        (p.transpose(-1, -2) @ d_out).numpy(),
+    )
+
+
 BACKWARD_WRONG = [
+    (bwd_torch_autograd, "lse_ignored"),
+    (bwd_recomputes_lse, "lse_ignored"),
+    (bwd_torch_dense_from_lse, "dense_matrix"),
+    (bwd_dense, "dense_matrix"),
     (bwd_no_delta, "delta_forgotten"),
     (bwd_delta_of_tile, "delta_per_tile"),
     (bwd_softmax_per_tile, "tile_softmax"),
@@ -1086,8 +1172,60 @@ def test_backward_right_solutions_pass(capsys):
 
 
 def test_backward_dense_answer_is_rejected_by_its_memory():
-    with pytest.raises(ExerciseError, match="grew 4"):
+    with pytest.raises(ExerciseError, match="grew 4") as err:
         check_blockwise_attention_backward(bwd_dense)
+    assert err.value.mistake == "dense_matrix"
+
+
+def test_backward_torch_memory_is_seen():
+    """tracemalloc alone sees none of a torch answer's n x n matrix: the
+    old checker accepted it; the profiler sees it grow 4x."""
+    with pytest.raises(ExerciseError, match="grew 4") as err:
+        check_blockwise_attention_backward(bwd_torch_dense_from_lse)
+    assert err.value.mistake == "dense_matrix"
+
+
+def test_backward_success_says_what_was_measured(capsys):
+    import torch  # noqa: F401  (loaded: the profiler's path is taken)
+
+    check_blockwise_attention_backward(bwd_good_einsum_float32)
+    said = capsys.readouterr().out
+    assert "dV halved when lse was raised by log 2" in said
+    assert "torch's allocations by its profiler" in said
+    assert "grows as n" not in said
+
+
+def test_backward_right_solution_using_d_from_p_passes_the_lse_probe(capsys):
+    """A right answer that sums D = rowsum(P * dP) over all key blocks in a
+    first pass (instead of rowsum(dO * O)) uses lse too: its dV halves, and
+    the probe accepts it."""
+
+    def two_pass(q, k, v, out, lse, d_out, causal=False, block_k=64):
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        tau = q.shape[-1] ** -0.5
+
+        def probs(cols):
+            s = tau * q @ np.swapaxes(k[..., cols, :], -1, -2)
+            if causal:
+                s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+            return np.exp(s - lse[..., None])
+
+        big_d = np.zeros(q.shape[:-1] + (1,))
+        for cols in _key_blocks(n_k, block_k):
+            dp = d_out @ np.swapaxes(v[..., cols, :], -1, -2)
+            big_d += (probs(cols) * dp).sum(-1, keepdims=True)
+        dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+        for cols in _key_blocks(n_k, block_k):
+            p = probs(cols)
+            dp = d_out @ np.swapaxes(v[..., cols, :], -1, -2)
+            ds = p * (dp - big_d)
+            dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+            dq += tau * ds @ k[..., cols, :]
+            dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+        return dq, dk, dv
+
+    check_blockwise_attention_backward(two_pass)
+    assert "Correct" in capsys.readouterr().out
 
 
 def test_backward_reference_matches_torch_autograd():

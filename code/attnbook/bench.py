@@ -291,3 +291,88 @@ def fit_power_law(x, y, max_spread: float = 0.5) -> PowerLawFit:
         (ly[i + 1] - ly[i]) / (lx[i + 1] - lx[i]) for i in range(len(lx) - 1)
     )
     return PowerLawFit(slope, my - slope * mx, local, max_spread)
+
+
+def _slopes_text(fit: PowerLawFit) -> str:
+    return ", ".join(f"{s:.2f}" for s in fit.local)
+
+
+def time_verdict(name, fit, fit_median, sizes) -> str:
+    """One sentence on the time fits of one version (``fit`` on the fastest
+    runs, ``fit_median`` on the medians, over ``sizes``): an exponent only if
+    each fit's local slopes agree within its ``max_spread`` and the two fits
+    agree within 0.25; "the model's 2" only if both are within 0.25 of 2,
+    "not" only if both are more than 0.5 away.
+
+    When a fit's local slopes disagree, the sentence names that fit and prints
+    its local slopes (and says when the other fit's agree), so that the
+    reader can check the rejection against the numbers printed.
+    """
+    where = f"the {name} version's time over n = {sizes[0]}..{sizes[-1]}"
+    fits = {"fastest runs": fit, "medians": fit_median}
+    failed = [label for label, f in fits.items() if not f.reliable]
+    if failed:
+        spread = max(fits[label].max_spread for label in failed)
+        if len(failed) == 2:
+            listed = "; ".join(
+                f"{label}: {_slopes_text(fits[label])}" for label in failed
+            )
+        else:
+            listed = _slopes_text(fits[failed[0]])
+        if len(failed) == 2:
+            which = "the local slopes of both its fits"
+        else:
+            which = f"the local slopes of its {failed[0]}"
+        passed = [label for label in fits if label not in failed]
+        others = ""
+        if passed:
+            other = passed[0]
+            others = (
+                f" (those of its {other}, {_slopes_text(fits[other])}, agree)"
+            )
+        return (
+            f"for {where}, {which} ({listed}) differ by more than "
+            f"{spread}{others}, so this run gives no reliable exponent for it"
+        )
+    slopes = (
+        f"{fit.slope:.2f} (fastest runs), {fit_median.slope:.2f} (medians)"
+    )
+    if abs(fit.slope - fit_median.slope) > 0.25:
+        return (
+            f"{where} had fitted slopes {slopes}, more than 0.25 apart, so "
+            "this run gives no reliable exponent for it"
+        )
+    off = max(abs(fit.slope - 2), abs(fit_median.slope - 2))
+    near = min(abs(fit.slope - 2), abs(fit_median.slope - 2))
+    if off <= 0.25:
+        judged = "the model's 2, within 0.25 in both fits"
+    elif near > 0.5:
+        judged = (
+            "not the model's 2 (both fits off by more than 0.5), so at "
+            "these sizes more than the count of scores set the time"
+        )
+    else:
+        judged = (
+            "between the two bands (within 0.25 of 2 in both fits, or more "
+            "than 0.5 from it in both), so this run neither confirms the "
+            "model's 2 nor rules it out"
+        )
+    local = _slopes_text(fit)
+    return (
+        f"{where} had fitted slopes {slopes}, local slopes ({local}): "
+        + judged
+    )
+
+
+def time_fit_label(fit, fit_median) -> str:
+    """A plot legend's words for the fit of the fastest runs (the series
+    plotted): its slope when both fits are reliable; its slope and why no
+    exponent is read when only the medians' local slopes disagree; "no
+    reliable slope" when its own local slopes disagree."""
+    if not fit.reliable:
+        return "no reliable slope"
+    if not fit_median.reliable:
+        return f"slope {fit.slope:.2f}; medians disagree, no exponent read"
+    if abs(fit.slope - fit_median.slope) > 0.25:
+        return f"slope {fit.slope:.2f}; medians' slope differs, no exponent"
+    return f"slope {fit.slope:.2f}"

@@ -994,10 +994,13 @@ def check_blockwise_attention_backward(fn) -> None:
     returns ``(dq, dk, dv)``, the gradients of attention computed over blocks
     of ``block_k`` keys from the saved log-sum-exp ``lse``.
 
-    The reference is the dense formula in float64. On two long inputs the
-    checker also measures memory (with tracemalloc, which sees numpy's
-    arrays, not torch's): from n = 512 to 1024 an n_q x n_k array grows 4x, a
-    pass over key blocks about 2x.
+    The reference is the dense formula in float64. The checker then calls
+    ``fn`` once more with ``lse`` raised by log 2: P = exp(S - L) halves, and
+    so does dV = P^T dO; an answer that does not recompute P from ``lse``
+    returns the same dV, and is rejected. Last, on two long inputs it
+    measures memory (numpy's arrays with tracemalloc, torch's allocations with
+    its profiler when torch is loaded): from n = 512 to 1024 an n_q x n_k
+    array grows 4x, a pass over key blocks about 2x.
     """
     __tracebackhide__ = True
     run_checks(
@@ -1011,21 +1014,77 @@ def check_blockwise_attention_backward(fn) -> None:
         describe=_describe_grads,
         quiet=True,
     )
-    _check_backward_memory(fn)
+    _check_backward_uses_lse(fn)
+    growth, seen = _check_backward_memory(fn)
     print(
         f"Correct: attention backward passes all {len(backward_cases())} "
-        "cases, and its memory grows as n, not as n^2 (less than 3x from n "
-        "= 512 to 1024; an n x n array: 4x)."
+        "cases; its dV halved when lse was raised by log 2 (P is recomputed "
+        f"from lse); and its peak memory ({seen}) grew {growth:.1f}x from n "
+        "= 512 to 1024, under the 3x threshold (an n x n array: 4x)."
     )
 
 
-def _check_backward_memory(fn, block_k: int = 64) -> float:
+LSE_IGNORED = Mistake(
+    "lse_ignored",
+    "P is not recomputed from the saved log-sum-exp (lse is not used): "
+    "with every lse raised by log 2, P = exp(S - L) and dV = P^T dO halve, "
+    "but your dV did not change",
+    "recompute each tile of P as exp(S - L) from the lse the forward pass "
+    "saved, rather than normalising the scores again",
+    _backward_reference,
+)
+
+DENSE_MATRIX = Mistake(
+    "dense_matrix",
+    "your function holds an array of n_q x n_k entries (its memory grows 4x "
+    "when n doubles), where a pass over blocks of keys holds n_q x block_k "
+    "at a time (about 2x)",
+    "loop over the key blocks: recompute each tile's S and P, add its share "
+    "to dQ, dK, dV, and keep no tile after its block",
+    _backward_reference,
+)
+
+
+def _check_backward_uses_lse(fn) -> None:
+    """Reject an answer whose dV does not change when lse is raised by log 2:
+    P = exp(S - L) from the saved lse halves, and with it dV = P^T dO (dQ and
+    dK halve too when D comes from dO and O); an answer that normalises the
+    scores itself returns the same dV."""
+    from ._framework import pristine
+
+    __tracebackhide__ = True
+    case = backward_cases()[0]
+    q, k, v, out, lse, d_out = case.args
+    expected = _backward_reference(*case.args, **case.kwargs)
+    shifted = (q, k, v, out, lse + np.log(2.0), d_out)
+    got = _as_grads(fn(*pristine(shifted), **case.kwargs))
+    dv, dv_expected = got[2], expected[2]
+    if dv.shape == dv_expected.shape and same(
+        dv, dv_expected, rtol=1e-4, atol=1e-5
+    ):
+        raise ExerciseError(
+            "attention backward",
+            f"{case.name}, with lse raised by log 2",
+            "dV is the same as with the true lse, where P = exp(S - L) and "
+            "dV = P^T dO halve",
+            mistake=LSE_IGNORED,
+        )
+
+
+def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
     """Reject a backward pass whose memory grows as n_q n_k: the peak at n =
     1024 over the peak at n = 512 is about 2 for key blocks, 4 for a dense n x
-    n array; the threshold is 3."""
+    n array; the threshold is 3. The peak is tracemalloc's (numpy's arrays)
+    or, when torch is loaded, the largest allocation torch's profiler saw,
+    whichever is larger. Returns the growth and the words for what was
+    measured."""
+    import sys
+
     from ..bench import format_bytes, peak_memory
 
     __tracebackhide__ = True
+    # an answer can use torch only if torch has been imported
+    with_torch = "torch" in sys.modules
     peaks = []
     for n in (512, 1024):
         # random arrays of the right shapes: only the memory is judged here,
@@ -1033,7 +1092,15 @@ def _check_backward_memory(fn, block_k: int = 64) -> float:
         rng = np.random.default_rng(26)
         args = [rng.normal(size=(n, 16)) for _ in range(5)]
         args.insert(4, rng.normal(size=n) + 3.0)  # lse, one per query
-        _, peak = peak_memory(fn, *args, causal=False, block_k=block_k)
+        kwargs = {"causal": False, "block_k": block_k}
+        _, peak = peak_memory(fn, *args, **kwargs)
+        if with_torch:
+            from .perspectives import largest_torch_allocation
+
+            _, torch_largest = largest_torch_allocation(
+                lambda *a: fn(*a, **kwargs), *args
+            )
+            peak = max(peak, torch_largest)
         peaks.append(max(peak, 1))
     growth = peaks[1] / peaks[0]
     if growth > 3:
@@ -1042,10 +1109,12 @@ def _check_backward_memory(fn, block_k: int = 64) -> float:
             "n_q = n_k = 512 and 1024, d = 16, blocks of 64 keys (memory)",
             f"your function's peak memory grew {growth:.1f}x, from "
             f"{format_bytes(peaks[0])} to {format_bytes(peaks[1])}, when n "
-            "doubled: it holds an array of n_q x n_k entries (4x), where a "
-            "pass over blocks of keys holds n_q x block_k at a time (about "
-            "2x)",
-            hint="loop over the key blocks: recompute each tile's S and P, "
-            "add its share to dQ, dK, dV, and keep no tile after its block",
+            "doubled",
+            mistake=DENSE_MATRIX,
         )
-    return growth
+    seen = (
+        "numpy's arrays by tracemalloc, torch's allocations by its profiler"
+        if with_torch
+        else "numpy's arrays, by tracemalloc"
+    )
+    return growth, seen
