@@ -219,9 +219,13 @@ def test_causal_mask_mistakes_are_diagnosed(wrong, key):
     assert err.value.mistake == key
 
 
-def test_causal_mask_reference_and_integer_masks_pass():
+def test_causal_mask_reference_passes_and_integer_masks_are_named():
     check_causal_mask(good_mask)
-    check_causal_mask(lambda n: np.tril(np.ones((n, n), dtype=int)))
+    # an integer 0/1 mask: attnbook and PyTorch reject it, ~ is bitwise NOT
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(lambda n: np.tril(np.ones((n, n), dtype=int)))
+    assert err.value.mistake == "int_mask"
+    assert "its pattern is right" in str(err.value)
     check_causal_mask(lambda n: torch.ones(n, n).tril().bool())
 
 
@@ -407,7 +411,6 @@ CATALOGUE = {
     "check_causal_mask": {
         "right": [
             good_mask,
-            lambda n: np.tril(np.ones((n, n), dtype=int)),
             lambda n: torch.ones(n, n).tril().bool(),
             lambda n: np.arange(n)[:, None] >= np.arange(n)[None, :],
         ],
@@ -1056,3 +1059,29 @@ def test_a_renormalised_mask_after_the_softmax_underflows_on_the_last_case():
         check_attention(attention_mask_after_softmax_renormalised)
     assert "a masked key with a dominant score" in str(err.value)
     assert "underflow" in str(err.value)
+
+
+# --- from the expert reading of chapter 7 (E2): integer 0/1 masks ----------
+
+
+def causal_mask_int_loop(n):
+    """0/1 integers filled in a loop: attnbook's attention and PyTorch's SDPA
+    reject the dtype, and ~ on it is bitwise NOT."""
+    out = np.zeros((n, n), dtype=np.int32)
+    for i in range(n):
+        out[i, : i + 1] = 1
+    return out
+
+
+CATALOGUE["check_causal_mask"]["wrong"] += [
+    (lambda n: np.tril(np.ones((n, n), dtype=int)), "int_mask"),
+    (causal_mask_int_loop, "int_mask"),
+    (lambda n: torch.ones(n, n, dtype=torch.bool).tril().long(), "int_mask"),
+]
+
+
+def test_an_integer_causal_mask_is_rejected_with_its_reason():
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(causal_mask_int_loop)
+    assert err.value.mistake == "int_mask"
+    assert "bitwise NOT" in str(err.value) and "astype(bool)" in str(err.value)

@@ -31,13 +31,25 @@ def good_broadcast(lengths, n):
     return (np.arange(n) < np.asarray(lengths)[:, None])[:, None, :]
 
 
-def good_torch_int(lengths, n):
+def good_torch(lengths, n):
     real = torch.arange(n)[None, :] < torch.as_tensor(lengths)[:, None]
-    # 0/1 integers
+    return real[:, None, :].expand(-1, n, -1)
+
+
+def torch_int(lengths, n):
+    """Wrong: 0/1 integers (E2 of the expert reading of chapter 7)."""
+    real = torch.arange(n)[None, :] < torch.as_tensor(lengths)[:, None]
     return real[:, None, :].expand(-1, n, -1).int()
 
 
-@pytest.mark.parametrize("fn", [good, good_broadcast, good_torch_int])
+def numpy_int_broadcast(lengths, n):
+    """Wrong: (batch, 1, n) of 0/1 int64."""
+    return (np.arange(n) < np.asarray(lengths)[:, None])[:, None, :].astype(
+        int
+    )
+
+
+@pytest.mark.parametrize("fn", [good, good_broadcast, good_torch])
 def test_correct_masks_pass(fn, capsys):
     check_padding_mask(fn)
     assert "Correct" in capsys.readouterr().out
@@ -212,7 +224,7 @@ CATALOGUE = {
         "right": [
             good,
             good_broadcast,
-            good_torch_int,
+            good_torch,
             lambda lengths, n: np.einsum(
                 "bj,i->bij",
                 np.arange(n) < np.asarray(lengths)[:, None],
@@ -226,6 +238,8 @@ CATALOGUE = {
             (hides_last, "last_token_hidden"),
             (outer_product, "queries_and_keys"),
             (padded_on_the_left, "left_padding"),
+            (torch_int, "int_mask"),
+            (numpy_int_broadcast, "int_mask"),
             (key_mask_without_query_axis, "key_mask_2d"),
             (key_mask_without_query_axis_torch, "key_mask_2d"),
         ],
@@ -726,6 +740,72 @@ def tiles_torch(lengths, block):
     return torch.where(every, 2, torch.where(some, 1, 0))
 
 
+def test_an_integer_padding_mask_is_rejected_with_its_reason():
+    with pytest.raises(ExerciseError) as err:
+        check_padding_mask(numpy_int_broadcast)
+    assert err.value.mistake == "int_mask"
+    assert "its pattern is right" in str(err.value)
+    assert "bitwise NOT" in str(err.value)
+
+
+# the two boundary traps of the expert reading of chapter 7 (section 3),
+# rejected before with the generic hint only
+
+
+def tiles_full_by_first_query(lengths, block):
+    """Wrong: 'full' tested with the document of the tile's first query."""
+    doc = _documents_by_loop(lengths)
+    n = len(doc)
+    n_blocks = -(-n // block)
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        q_lo, q_hi = a * block, min((a + 1) * block, n) - 1
+        for c in range(n_blocks):
+            k_lo, k_hi = c * block, min((c + 1) * block, n) - 1
+            visible = any(
+                doc[q] == doc[k]
+                for q in range(q_lo, q_hi + 1)
+                for k in range(k_lo, min(k_hi, q) + 1)
+            )
+            if not visible:
+                continue
+            full = doc[k_lo] == doc[q_lo] and k_hi <= q_lo
+            out[a, c] = 2 if full else 1
+    return out
+
+
+def tiles_some_by_last_query(lengths, block):
+    """Wrong: 'some pair visible' tested on the tile's last query only."""
+    doc = _documents_by_loop(lengths)
+    n = len(doc)
+    n_blocks = -(-n // block)
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        q_lo, q_hi = a * block, min((a + 1) * block, n) - 1
+        for c in range(n_blocks):
+            k_lo, k_hi = c * block, min((c + 1) * block, n) - 1
+            if doc[k_lo] == doc[q_hi] and k_hi <= q_lo:
+                out[a, c] = 2
+            elif any(
+                doc[k] == doc[q_hi] for k in range(k_lo, min(k_hi, q_hi) + 1)
+            ):
+                out[a, c] = 1
+    return out
+
+
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (tiles_full_by_first_query, "full_first_query"),
+        (tiles_some_by_last_query, "some_last_query"),
+    ],
+)
+def test_the_two_boundary_traps_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_packed_block_mask(wrong)
+    assert err.value.mistake == key
+
+
 CATALOGUE["check_packed_block_mask"] = {
     "right": [tiles_by_slices, tiles_by_counting, tiles_torch],
     "wrong": [
@@ -741,5 +821,7 @@ CATALOGUE["check_packed_block_mask"] = {
         (tiles_key_by_query, "transposed"),
         (tiles_inclusive_end, "ends_inclusive"),
         (tiles_boundary_marks, "index_at_n"),
+        (tiles_full_by_first_query, "full_first_query"),
+        (tiles_some_by_last_query, "some_last_query"),
     ],
 }

@@ -175,13 +175,27 @@ FLOAT_MASK_HINT = (
     "torch.ones(n, n, "
     "dtype=torch.bool)) or compare (mask == 1); True = may attend"
 )
+INT_MASK_DESCRIPTION = (
+    "the mask is an integer array of 1 and 0: a boolean mask's pattern in "
+    "an integer dtype. attnbook's attention and PyTorch's "
+    "scaled_dot_product_attention reject an integer mask, and ~ on it is "
+    "bitwise NOT (~1 = -2, ~0 = -1), so weights[~mask] indexes rows "
+    "instead of masking"
+)
+INT_MASK_HINT = (
+    "make it boolean: return mask.astype(bool) (mask.bool() for a torch "
+    "tensor) or build it with dtype=bool; True = may attend"
+)
 
 
 def same_mask(a, b) -> bool:
     """:func:`same` for masks, except that a float array never equals a boolean
     one: a float 0/1 mask is read as additive by PyTorch, so it is not the
-    boolean mask whatever its values."""
+    boolean mask whatever its values. Nor does an integer 0/1 array: attnbook
+    and PyTorch reject integer masks, and ``~`` on one is bitwise NOT."""
     a, b = as_array(a), as_array(b)
+    if (a.dtype == bool) != (b.dtype == bool):
+        return False
     if (a.dtype.kind == "f") != (b.dtype.kind == "f"):
         return False
     return same(a, b)
@@ -201,6 +215,18 @@ def describe_mask(got, expected, case: "Case | None" = None) -> str:
         return (
             f"your mask is float ({a.dtype}), not boolean; read as True = 1.0 "
             "its pattern is "
+            + ("right" if right else "also wrong: " + difference(a == 1, e))
+        )
+    if (
+        a.dtype.kind in "iu"
+        and e.dtype == bool
+        and a.shape == e.shape
+        and np.isin(a, (0, 1)).all()
+    ):
+        right = np.array_equal(a == 1, e)
+        return (
+            f"your mask is an integer array ({a.dtype}), not boolean; read "
+            "as True = 1 its pattern is "
             + ("right" if right else "also wrong: " + difference(a == 1, e))
         )
     return difference(got, expected, case)

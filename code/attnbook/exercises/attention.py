@@ -10,6 +10,8 @@ from ..softmax import naive_softmax, softmax
 from ._framework import (
     FLOAT_MASK_DESCRIPTION,
     FLOAT_MASK_HINT,
+    INT_MASK_DESCRIPTION,
+    INT_MASK_HINT,
     Case,
     Mistake,
     as_array,
@@ -1030,6 +1032,14 @@ CAUSAL_MISTAKES.append(
 )
 CAUSAL_MISTAKES.append(
     Mistake(
+        "int_mask",
+        INT_MASK_DESCRIPTION,
+        INT_MASK_HINT,
+        lambda n: np.tril(np.ones((n, n), np.int64)),
+    )
+)
+CAUSAL_MISTAKES.append(
+    Mistake(
         "squeezed",
         "the mask is right for n >= 2 but loses its shape for a single "
         "position: squeezed, "
@@ -1041,22 +1051,14 @@ CAUSAL_MISTAKES.append(
 )
 
 
-def _as_bool_mask(out):
-    """0/1 integers read as booleans; a float mask stays float
-    (:func:`same_mask` rejects it)."""
-    out = as_array(out)
-    if out.dtype.kind in "iu" and np.isin(out, (0, 1)).all():
-        return out.astype(bool)
-    return out
-
-
 def check_causal_mask(fn) -> None:
     """Check ``fn(n)`` returns the (n, n) boolean causal mask, True = may
     attend.
 
-    0/1 integers are accepted as booleans; a float mask of 1.0 and 0.0 is not:
+    The mask must be boolean. A float mask of 1.0 and 0.0 is rejected:
     PyTorch's ``scaled_dot_product_attention`` would add it to the scores
-    instead of masking them.
+    instead of masking them. So is an integer 0/1 mask: attnbook's attention
+    and PyTorch reject it, and ``~`` on it is bitwise NOT.
     """
     # informative sizes first
     cases = [Case(f"n = {n}", (n,)) for n in (5, 8, 2, 1)]
@@ -1066,7 +1068,7 @@ def check_causal_mask(fn) -> None:
         cases,
         lambda n: causal_mask(n),
         CAUSAL_MISTAKES,
-        postprocess=_as_bool_mask,
+        postprocess=as_array,
         compare=same_mask,
         describe=describe_mask,
     )

@@ -15,6 +15,8 @@ from ..padding import key_padding_mask
 from ._framework import (
     FLOAT_MASK_DESCRIPTION,
     FLOAT_MASK_HINT,
+    INT_MASK_DESCRIPTION,
+    INT_MASK_HINT,
     Case,
     Mistake,
     describe_mask,
@@ -134,6 +136,12 @@ PADDING_MISTAKES = [
         lambda lengths, n: _reference(lengths, n).astype(np.float64),
     ),
     Mistake(
+        "int_mask",
+        INT_MASK_DESCRIPTION,
+        INT_MASK_HINT,
+        lambda lengths, n: _reference(lengths, n).astype(np.int64),
+    ),
+    Mistake(
         "left_padding",
         "the padding is assumed at the start of each sequence (left padding)",
         "in this exercise the real tokens come first: positions 0 .. "
@@ -165,17 +173,14 @@ def _broadcast_or_raw(out, lengths, n):
 
 
 def _as_full_bool(fn):
-    """Accept any mask that broadcasts to (batch, n, n), and 0/1 integers for
-    booleans (not floats)."""
+    """Accept any mask that broadcasts to (batch, n, n), in its own dtype
+    (:func:`same_mask` rejects a float or an integer mask)."""
 
     def wrapped(lengths, n):
         out = fn(np.array(lengths), n)
         if hasattr(out, "detach"):  # a torch tensor
             out = out.detach().cpu().numpy()
         out = np.asarray(out)
-        if out.dtype.kind in "iu" and out.size and np.isin(out, (0, 1)).all():
-            # 0/1 integers; a float mask stays float (same_mask rejects it)
-            out = out.astype(bool)
         try:
             return _full(out, lengths, n)
         except ValueError:
@@ -192,9 +197,10 @@ def check_padding_mask(fn) -> None:
     lengths: int array (batch,); n: the padded length. The answer is bool
     (batch, n, n), or anything that broadcasts to it (e.g. (batch, 1, n)), with
     entry [b, i, j] True exactly when key j is a real token of sequence b (``j
-    < lengths[b]``). 0/1 integers are accepted as booleans, a float mask of 1.0
-    and 0.0 is not: PyTorch's ``scaled_dot_product_attention`` would add it to
-    the scores instead of masking them.
+    < lengths[b]``). The mask must be boolean. A float mask of 1.0 and 0.0 is
+    rejected: PyTorch's ``scaled_dot_product_attention`` would add it to the
+    scores instead of masking them. So is an integer 0/1 mask: attnbook's
+    attention and PyTorch reject it, and ``~`` on it is bitwise NOT.
     """
     run_checks(
         "padding mask",
@@ -295,6 +301,41 @@ def _first_position_document(lengths, block):
     return np.where(
         same & (c < a), FULL, np.where(same & (c == a), PARTIAL, SKIP)
     )
+
+
+def _tile_bounds(lengths, block):
+    """(document, start, first, last): each position's document and the
+    start of that document, (n,); each block's first and last position,
+    (n_blocks,)."""
+    lengths = np.asarray(lengths)
+    document = _documents(lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    n = len(document)
+    first = np.arange(0, n, block)
+    last = np.minimum(first + block, n) - 1
+    return document, starts[document], first, last
+
+
+def _full_first_query(lengths, block):
+    """A tile called full when its first key lies in the document of the
+    tile's *first* query (and no key comes after that query): a document
+    that begins later in the query block is missed."""
+    document, _, first, last = _tile_bounds(lengths, block)
+    q0, k0, k1 = first[:, None], first[None, :], last[None, :]
+    full = (document[k0] == document[q0]) & (k1 <= q0)
+    reference = _block_reference(lengths, block)
+    return np.where(reference == SKIP, SKIP, np.where(full, FULL, PARTIAL))
+
+
+def _some_last_query(lengths, block):
+    """'Some pair visible' tested on the tile's last query only: a tile is
+    skipped when that query sees none of its keys, though an earlier query
+    of the tile (in an earlier document) may see some."""
+    document, start, first, last = _tile_bounds(lengths, block)
+    q1, k0, k1 = last[:, None], first[None, :], last[None, :]
+    some = np.maximum(k0, start[q1]) <= np.minimum(k1, q1)
+    reference = _block_reference(lengths, block)
+    return np.where(reference == FULL, FULL, np.where(some, PARTIAL, SKIP))
 
 
 def _boundary_off_by_one(lengths, block):
@@ -417,6 +458,29 @@ BLOCK_MASK_MISTAKES = [
         _first_position_document,
     ),
     Mistake(
+        "full_first_query",
+        "a tile is called full when its first key lies in the document of "
+        "the tile's *first* query: a document that begins later in the "
+        "query block is missed, so its queries would see keys of the "
+        "document before",
+        "a tile is full only when its first key and its *last* query lie in "
+        "one document (then every position between does) and its last key "
+        "comes no later than its first query",
+        _full_first_query,
+    ),
+    Mistake(
+        "some_last_query",
+        "'some pair visible' is tested on the tile's last query only: when "
+        "a new document begins inside the query block, its last query sees "
+        "none of the keys, but earlier queries of the tile, in the document "
+        "before, may see some; those tiles are skipped",
+        "a tile holds a visible pair when some query q of it sees some of "
+        "its keys: test every document that the query block overlaps, or "
+        "the earliest query at or after the first key with its document's "
+        "start no later than the last key",
+        _some_last_query,
+    ),
+    Mistake(
         "document_boundary_off_by_one",
         "off by one at the document boundaries: the first position of each "
         "document is counted in the document before it (np.searchsorted on "
@@ -516,9 +580,10 @@ def check_packed_block_mask(fn) -> None:
     """Check ``fn(lengths, block)`` classifies the tiles of a packed row's
     mask.
 
-    lengths: int array (n_docs,) of document lengths (zero allowed), packed
-    into one row of n = sum(lengths) positions with
-    :func:`attnbook.masks.packed_causal_mask`; block: a positive int. The
+    lengths: int array (n_docs,) of document lengths (zero allowed: an empty
+    document holds no position), packed into one row of n = sum(lengths)
+    positions; the mask is that of the non-empty documents,
+    ``packed_causal_mask(lengths[lengths > 0])``; block: a positive int. The
     answer is an int array (n_blocks, n_blocks), n_blocks = ceil(n / block):
     entry [a, c], for query block a and key block c, is 0 when no pair of the
     tile may attend, 2 when every pair may, 1 otherwise; in the last, ragged
