@@ -503,6 +503,26 @@ def ring_write_then_gather(q, k_new, v_new, k_ring, v_ring, pos):
     return np.stack(out, -2), k_ring, v_ring
 
 
+def ring_write_then_read_held(q, k_new, v_new, k_ring, v_ring, pos):
+    # the right gather with the write moved before it: the held positions
+    # are read back from the ring after the chunk was written, the chunk's
+    # own keys from k_new; a later token of the chunk has overwritten a slot
+    # that an earlier query still sees
+    w, n = k_ring.shape[-2], q.shape[-2]
+    for i in range(n):
+        k_ring[..., (pos + i) % w, :] = k_new[..., i, :]
+        v_ring[..., (pos + i) % w, :] = v_new[..., i, :]
+    out = []
+    for i in range(n):
+        p = pos + i
+        held = [j % w for j in range(max(0, p - w + 1), pos)]
+        own = slice(max(0, i - w + 1), i + 1)
+        keys = np.concatenate([k_ring[..., held, :], k_new[..., own, :]], -2)
+        values = np.concatenate([v_ring[..., held, :], v_new[..., own, :]], -2)
+        out.append(softmax_attend(q[..., i, :], keys, values))
+    return np.stack(out, -2), k_ring, v_ring
+
+
 def ring_rolled(q, k_new, v_new, k_ring, v_ring, pos):
     # a deque: the newest position in the last slot, np.roll to make room
     w, n = k_ring.shape[-2], q.shape[-2]
@@ -579,6 +599,7 @@ def ring_not_written(q, k_new, v_new, k_ring, v_ring, pos):
 RING_WRONG = [
     (ring_nan_through_zero_weights, "reads_unwritten_slots"),
     (ring_write_then_gather, "overwrites_before_reading"),
+    (ring_write_then_read_held, "overwrites_before_reading"),
     # the W held positions and the new token: the W + 1 of Mistral's paper
     (window_loop(lambda w: w), "window_one_too_wide"),
     (window_loop(lambda w: w - 2), "window_one_too_narrow"),

@@ -397,13 +397,18 @@ def _ring_core(
     hi=0,
     write=True,
     write_first=False,
+    write_before_held=False,
     chunk_causal=True,
     scale=None,
     nan_while_unfilled=False,
 ):
     """The right step, and (through its options) the mistakes below: reads
     the positions the ring holds, oldest first, with the new ones after them,
-    attends under the window, writes the last min(n_new, W) new positions."""
+    attends under the window, writes the last min(n_new, W) new positions.
+
+    ``write_first`` writes first and reads every key back from the ring, the
+    chunk's own too; ``write_before_held`` writes first, reads the held
+    positions back from the ring and the chunk's own keys from ``k_new``."""
     k_ring, v_ring = np.array(k_ring), np.array(v_ring)
     w, n = k_ring.shape[-2], q.shape[-2]
     q_pos = pos + np.arange(n)
@@ -434,6 +439,8 @@ def _ring_core(
             axis=-2,
         )
         return out, k_ring, v_ring
+    if write_before_held:
+        write_new()
     held = np.arange(max(0, pos - w), pos)
     keys = np.concatenate([k_ring[..., held % w, :], k_new], axis=-2)
     values = np.concatenate([v_ring[..., held % w, :], v_new], axis=-2)
@@ -452,7 +459,7 @@ def _ring_core(
     if nan_while_unfilled and pos < w:
         # the whole ring entered the product: 0 x NaN is NaN
         out = np.full_like(out, np.nan)
-    if write:
+    if write and not write_before_held:
         write_new()
     return out, k_ring, v_ring
 
@@ -525,6 +532,20 @@ RING_MISTAKES = [
         "one new token per step the order does not matter, which is why only "
         "the chunk cases show it",
         _ring_mistake(write_first=True),
+    ),
+    Mistake(
+        # the same mistake, the chunk's own keys taken from k_new: only the
+        # held positions are read back from the overwritten ring
+        "overwrites_before_reading",
+        "you write the new keys and values into the ring before reading the "
+        "positions it held: in a chunk of several new tokens, a later token "
+        "overwrites the slot of a position that an earlier query of the same "
+        "chunk still needs (the token at pos + 1 takes the slot of position "
+        "pos + 1 - W, which the query at pos still sees)",
+        "read the held positions first, attend, and write only then; with "
+        "one new token per step the order does not matter, which is why only "
+        "the chunk cases show it",
+        _ring_mistake(write_before_held=True),
     ),
     Mistake(
         "window_one_too_wide",
