@@ -1078,13 +1078,14 @@ def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
     or, when torch is loaded, the largest allocation torch's profiler saw,
     whichever is larger. Returns the growth and the words for what was
     measured."""
-    import sys
 
     from ..bench import format_bytes, peak_memory
 
     __tracebackhide__ = True
+    from .perspectives import torch_profiler_ready
+
     # an answer can use torch only if torch has been imported
-    with_torch = "torch" in sys.modules
+    with_torch = torch_profiler_ready()
     peaks = []
     for n in (512, 1024):
         # random arrays of the right shapes: only the memory is judged here,

@@ -614,7 +614,6 @@ def check_packed_block_mask(fn) -> None:
 def _check_block_memory(fn) -> int:
     """Reject an answer whose peak memory on a long row is that of an n x n
     boolean mask; return n."""
-    import sys
 
     from ..bench import format_bytes, peak_memory
     from ._framework import ExerciseError, as_array, same
@@ -625,7 +624,9 @@ def _check_block_memory(fn) -> int:
     case = f"{len(lengths)} documents, n = {n}, block {block} (memory)"
     expected = _block_reference(lengths, block)
     out, peak = peak_memory(fn, lengths.copy(), block)
-    if "torch" in sys.modules and (
+    from .perspectives import torch_profiler_ready
+
+    if torch_profiler_ready() and (
         hasattr(out, "detach") or _mentions_torch(fn)
     ):
         # tracemalloc does not see torch's allocator

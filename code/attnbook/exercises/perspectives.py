@@ -180,6 +180,22 @@ def check_linear_attention(fn) -> None:
     )
 
 
+def torch_profiler_ready() -> bool:
+    """Whether the reader's session has imported torch, and it is a real
+    torch with a profiler (in the browser a stand-in module blocks it): only
+    then can an answer have allocated with torch, and
+    :func:`largest_torch_allocation` measure it."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return False
+    try:
+        import torch.profiler  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def largest_torch_allocation(fn, *args):
     """``(fn(*args), the largest single allocation torch made during the
     call)``: tracemalloc does not see torch's CPU allocator, its profiler does

@@ -7,7 +7,6 @@ profiler is used only where the reader's session has imported torch.
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
@@ -301,11 +300,12 @@ def _check_shaw_memory(
     expected = shaw_attention(q, k, v, rel_k, rel_v)
     args = tuple(x.copy() for x in (q, k, v, rel_k, rel_v))
     out, peak = peak_memory(fn, *args)
-    if "torch" in sys.modules:
+    from .perspectives import largest_torch_allocation, torch_profiler_ready
+
+    if torch_profiler_ready():
         # tracemalloc does not see torch's CPU allocator: an answer that
         # gathers the tables in torch is measured again with its profiler
         args = tuple(x.copy() for x in (q, k, v, rel_k, rel_v))
-        from .perspectives import largest_torch_allocation
 
         _, torch_largest = largest_torch_allocation(fn, *args)
         peak = max(peak, torch_largest)
