@@ -1015,12 +1015,12 @@ def check_blockwise_attention_backward(fn) -> None:
         quiet=True,
     )
     _check_backward_uses_lse(fn)
-    growth, seen = _check_backward_memory(fn)
+    _check_backward_memory(fn)
     print(
         f"Correct: attention backward passes all {len(backward_cases())} "
         "cases; its dV halved when lse was raised by log 2 (P is recomputed "
-        f"from lse); and its peak memory ({seen}) grew {growth:.1f}x from n "
-        "= 512 to 1024, under the 3x threshold (an n x n array: 4x)."
+        "from lse); and its peak memory grew at most 3x from n = 512 to "
+        "1024 (an n x n array: 4x)."
     )
 
 
@@ -1043,6 +1043,10 @@ DENSE_MATRIX = Mistake(
     "to dQ, dK, dV, and keep no tile after its block",
     _backward_reference,
 )
+
+
+# what the checker names after the values: the two cost mistakes
+BACKWARD_COST_MISTAKES = [LSE_IGNORED, DENSE_MATRIX]
 
 
 def _check_backward_uses_lse(fn) -> None:
