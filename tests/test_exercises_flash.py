@@ -1191,7 +1191,9 @@ def test_backward_success_says_what_was_measured(capsys):
     check_blockwise_attention_backward(bwd_good_einsum_float32)
     said = capsys.readouterr().out
     assert "dV halved when lse was raised by log 2" in said
-    assert "torch's allocations by its profiler" in said
+    # what holds on any machine: under the 3x threshold, no measured figure
+    # (the browser measures other memory than this machine)
+    assert "grew at most 3x" in said
     assert "grows as n" not in said
 
 
