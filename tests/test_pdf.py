@@ -208,13 +208,12 @@ def test_every_character_has_a_glyph(latex):
     )
 
 
-# A box TeX cannot break (a code block in an exercise or a solution, which
-# Sphinx sets unbroken when it thinks the block fits) that is taller than what
-# is left of its page runs into the page's foot. The footer's rule sits about
-# 30 pt below the end of the text block (measured on a rendered page), so an
-# overflow of up to OVERFLOW_PT leaves a clear gap; the book's overflows are at
-# most 8 pt, and chapter 7's one of 53 pt printed code over the footer until
-# its solution cell was split in two.
+# A box TeX cannot break that is taller than what is left of its page runs
+# into the page's foot. Sphinx used to frame a code block inside an exercise or
+# a solution in such a box (book_latex, item 7, sets them unframed now: they
+# overflowed by 15 to 97 pt). The footer's rule sits about 30 pt below the end
+# of the text block (measured on a rendered page), so an overflow of up to
+# OVERFLOW_PT leaves a clear gap; the book's overflows are at most 4 pt.
 OVERFLOW_PT = 12
 
 
@@ -308,6 +307,24 @@ def test_exercise_stubs_print_short_errors(tex):
         lines = output.strip().splitlines()[1:]  # after \begin{sphinxVerbatim}
         assert len(lines) <= 8, plain_code("\n".join(lines[:12]))
     assert "Traceback (most recent call last)" not in plain_code(tex)
+
+
+def test_code_in_boxes_is_set_breakable():
+    """book_latex's patch of Sphinx's sphinxVerbatim finds the test it replaces
+    in the installed Sphinx (no build needed): a Sphinx that changed the macro
+    would stop the PDF build with an error, not overflow the footers again."""
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import book_latex
+    import sphinx
+
+    sty = (
+        Path(sphinx.__file__).parent / "texinputs" / "sphinxlatexliterals.sty"
+    ).read_text()
+    searched = re.search(
+        r"\\patchcmd\{\\endsphinxVerbatim\}\{(.*?)\}\{",
+        book_latex.NESTED_VERBATIM_PATCH,
+    ).group(1)
+    assert sty.count(searched) == 1, searched
 
 
 def test_the_book_links_to_the_published_pdf():

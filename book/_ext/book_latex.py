@@ -36,6 +36,16 @@ by them. Item 5 is the HTML book's link to the PDF.
 6. A theorem starts where it has room: ``\\needspace`` before each
    theorem, lemma, proposition and corollary moves it to the next page when
    fewer than 12 lines are left (``tests/test_pdf.py`` checks the footers).
+7. Code in a box breaks across pages. Inside an exercise or a solution box,
+   Sphinx frames a code block in a minipage, which TeX cannot break,
+   whenever it judges that the block fits on the page. It judges by the page
+   totals, which do not move while TeX collects the box's contents, so a
+   block near the foot of a page, or one taller than a page, ran into the
+   footer (by 15 to 97 pt in chapter 7's solutions, and a five-line block by
+   25 pt in chapter 4's). ``NESTED_VERBATIM_PATCH`` sets every code block
+   inside a box unframed, as lines that break anywhere; the box's own frame
+   sets it off. A code block outside the boxes keeps its frame (Sphinx's
+   framing there breaks across pages).
 """
 
 from __future__ import annotations
@@ -90,10 +100,27 @@ def substitutes_preamble(substitutes: dict[str, str] = SUBSTITUTES) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The test at the end of Sphinx's sphinxVerbatim (sphinxlatexliterals.sty,
+# Sphinx 5.1 to 8) that sets a block nested in a box unframed when it does
+# not fit: "block + page total > page goal". With the stale page totals
+# replaced by a test that always holds, every nested block is set unframed.
+# The build stops with an error if Sphinx's macro no longer holds the test.
+NESTED_VERBATIM_PATCH = (
+    "\\usepackage{etoolbox}\n"
+    "\\patchcmd{\\endsphinxVerbatim}"
+    "{\\pagetotal+\\pagedepth>\\pagegoal}"
+    "{0pt>-1pt}{}"
+    "{\\errmessage{book_latex: Sphinx's sphinxVerbatim has changed; "
+    "update NESTED_VERBATIM_PATCH}}\n"
+)
+
+
 def _print_substitutes(app, config) -> None:
     elements = dict(config.latex_elements)
     elements["preamble"] = (
-        elements.get("preamble", "") + substitutes_preamble()
+        elements.get("preamble", "")
+        + substitutes_preamble()
+        + NESTED_VERBATIM_PATCH
     )
     config.latex_elements = elements
 
