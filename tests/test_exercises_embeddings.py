@@ -109,6 +109,8 @@ def test_every_cosine_mistake_is_tested():
         "only_b",
         "wrong_axis",
         "no_keepdims",
+        "no_keepdims_a_only",
+        "no_keepdims_b_only",
         "squared_norms",
         "distance",
         "transposed",
@@ -1018,3 +1020,77 @@ def test_embedding_grad_checker_stub_and_unknown_errors():
             lambda ids, g, v: grad_one_hot_product(ids, g, v) * 2
         )
     assert info.value.mistake is None
+
+
+# --- from the expert reading ch01-s: keepdims forgotten on one side only, and
+# the hint of the buffered `grad[ids] += g` ----------------------------------
+
+
+def cos_no_keepdims_on_a(a, b):
+    """keepdims remembered for b, forgotten for a."""
+    a_hat = a / np.linalg.norm(a, axis=1)
+    nb = np.linalg.norm(b, axis=1, keepdims=True)
+    b_hat = np.divide(b, nb, out=np.zeros_like(b), where=nb > 0)
+    return a_hat @ b_hat.T
+
+
+def cos_no_keepdims_on_b(a, b):
+    """a's rows divided by (m, 1) lengths, b's by (n,) sums of squares."""
+    a_hat = a / np.sqrt((a * a).sum(axis=1))[:, None]
+    b_hat = b / np.sqrt((b * b).sum(axis=1))
+    return np.einsum("id,jd->ij", a_hat, b_hat)
+
+
+def cos_mixed_keepdims_styles(a, b):
+    """Right: keepdims on one side, [:, None] on the other."""
+    na = np.linalg.norm(a, axis=1, keepdims=True)
+    nb = np.linalg.norm(b, axis=1)[:, None]
+    a_hat = np.where(na > 0, a / np.where(na > 0, na, 1.0), 0.0)
+    b_hat = np.where(nb > 0, b / np.where(nb > 0, nb, 1.0), 0.0)
+    return a_hat @ b_hat.T
+
+
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (cos_no_keepdims_on_a, "no_keepdims_a_only"),
+        (cos_no_keepdims_on_b, "no_keepdims_b_only"),
+    ],
+)
+def test_keepdims_forgotten_on_one_side_is_named(wrong, key):
+    with pytest.raises(ExerciseError) as info, np.errstate(all="ignore"):
+        check_cosine_similarity(wrong)
+    assert info.value.mistake == key, str(info.value)
+    # the diagnosis names the side at fault, not a generic difference
+    side = key.split("_")[2]
+    assert f"row norms of {side}" in str(info.value)
+
+
+def test_mixed_keepdims_styles_pass(capsys):
+    check_cosine_similarity(cos_mixed_keepdims_styles)
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+CATALOGUE["check_cosine_similarity"]["wrong"] += [
+    (cos_no_keepdims_on_a, "no_keepdims_a_only"),
+    (cos_no_keepdims_on_b, "no_keepdims_b_only"),
+]
+CATALOGUE["check_cosine_similarity"]["right"] += [cos_mixed_keepdims_styles]
+
+
+def test_the_buffered_add_hint_never_recommends_h_transpose_g():
+    """The exercise forbids building H, and the memory case rejects H^T G:
+    the hint that the trap `grad[ids] += g` meets must not send the reader
+    there, and what it does recommend must pass."""
+    with pytest.raises(ExerciseError) as info:
+        check_embedding_grad(grad_fancy_index)
+    assert info.value.mistake == "fancy_index_add"
+    message = str(info.value)
+    hint = message[message.index("Hint:") :]
+    assert "take the product H^T G" not in hint
+    assert "one-hot rows" not in hint
+    assert "np.add.at" in hint and "not the product H^T G" in hint
+    # no hint of the checker recommends H^T G as the thing to compute
+    for mistake in EMBEDDING_GRAD_MISTAKES:
+        assert "H^T G itself" not in mistake.hint, mistake.key
+        assert "take the product H^T G" not in mistake.hint, mistake.key

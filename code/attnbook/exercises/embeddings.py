@@ -40,6 +40,13 @@ def _one_side_guarded_cosine(a, b, guarded, both_zero):
     return np.where(zero_a & zero_b, both_zero, out)
 
 
+def _no_keepdims_one_side(a, b, side):
+    """The cosines with ``keepdims`` forgotten on ``side``'s norms only."""
+    a_hat = _rows_over(a, _norm(a, keepdims=side != "a"))
+    b_hat = _rows_over(b, _norm(b, keepdims=side != "b"))
+    return a_hat @ b_hat.T
+
+
 def _guarded_rows(x, ord=None):
     """The rows of ``x`` divided by their norms (``ord`` as in np.linalg.norm),
     zero rows left zero."""
@@ -90,6 +97,21 @@ COSINE_MISTAKES = [
             _rows_over(a, _norm(a, keepdims=False))
             @ _rows_over(b, _norm(b, keepdims=False)).T
         ),
+    ),
+    # keepdims forgotten on one side only: on the square case the (m,)
+    # norms broadcast along the last axis and divide that side's columns
+    *(
+        Mistake(
+            f"no_keepdims_{side}_only",
+            f"the row norms of {side} have shape ({dim},) instead of "
+            f"({dim}, 1), so they divide {side}'s columns, not its rows "
+            f"(numpy broadcasts them along the last axis); {other}'s rows "
+            "are normalised correctly",
+            f"use keepdims=True for {side}'s norms too (or "
+            f"norms_{side}[:, None]), as you did for {other}'s",
+            partial(_no_keepdims_one_side, side=side),
+        )
+        for side, other, dim in (("a", "b", "m"), ("b", "a", "n"))
     ),
     Mistake(
         "squared_norms",
@@ -609,9 +631,11 @@ EMBEDDING_GRAD_MISTAKES = [
         "its positions (the last): `grad[ids] += g` is a fancy-index "
         "assignment, which reads grad[ids], adds g, and writes each repeated "
         "row once, so the repeats overwrite each other instead of adding up",
-        "accumulate with np.add.at(grad, ids, g) (unbuffered: every "
-        "occurrence adds), or take the product H^T G with the one-hot rows, "
-        "or np.bincount(ids, weights=g[:, k], minlength=V) for each column k",
+        "accumulate with np.add.at(grad, ids.reshape(-1), "
+        "g.reshape(-1, d)) (unbuffered: every occurrence adds), or "
+        "np.bincount(ids.reshape(-1), weights=g[:, k], minlength=V) for each "
+        "column k of the flattened g, or torch's index_add_; not the product "
+        "H^T G, whose one-hot H the exercise rules out",
         _last_write_wins,
     ),
     Mistake(
@@ -634,8 +658,8 @@ EMBEDDING_GRAD_MISTAKES = [
         "negated",
         "the sign is flipped: this is the step of gradient descent, -dL/dE, "
         "not the gradient",
-        "return H^T G itself; the optimiser subtracts it (times the learning "
-        "rate)",
+        "return the gradient itself (the value of H^T G, computed without "
+        "H); the optimiser subtracts it (times the learning rate)",
         lambda ids, grad_out, vocab_size: (
             -embedding_grad(ids, grad_out, vocab_size)
         ),
