@@ -597,7 +597,7 @@ def std_no_square_root(mu_q, cov_q, mu_k, cov_k):
 
 
 def std_with_np_trace(mu_q, cov_q, mu_k, cov_k):
-    # np.trace on a stack: sums over axes 0 and 1
+    # np.trace on a stack: the diagonal over axes 0 and 1, one per column
     mean_terms = np.sum(mu_q * (mu_q[..., None, :] @ cov_k)[..., 0, :], -1)
     mean_terms += np.sum(mu_k * (mu_k[..., None, :] @ cov_q)[..., 0, :], -1)
     return np.sqrt(np.trace(cov_q @ cov_k) + mean_terms)
@@ -678,6 +678,26 @@ def test_each_score_std_mistake_is_rejected_and_named(key):
         check_score_std(WRONG_STDS[key])
     assert err.value.mistake == key, str(err.value)
     assert "Hint:" in str(err.value)
+
+
+def test_trace_over_batch_message_says_what_np_trace_computes():
+    """The diagnosis describes np.trace on a stack correctly: the diagonal
+    over the first two axes (head index = row index), summed, one number per
+    column; not a sum over those two axes."""
+    rng = np.random.default_rng(2)
+    stack = rng.normal(size=(3, 5, 5))
+    by_column = np.trace(stack)
+    assert by_column.shape == (5,)
+    np.testing.assert_allclose(
+        by_column, sum(stack[i, i, :] for i in range(3))
+    )
+    assert not np.allclose(by_column, stack.sum(axis=(0, 1)))
+    with pytest.raises(ExerciseError) as err:
+        check_score_std(std_with_np_trace)
+    message = str(err.value)
+    assert "diagonal over the FIRST two axes" in message
+    assert "one number per column" in message
+    assert "sums over the FIRST two axes" not in message
 
 
 def test_every_score_std_mistake_is_covered():

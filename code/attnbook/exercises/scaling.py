@@ -430,8 +430,10 @@ SCORE_STD_MISTAKES = [
     ),
     Mistake(
         "trace_over_batch",
-        "np.trace on a stack of matrices sums over the FIRST two axes (the "
-        "heads and the rows), not over each head's matrix",
+        "np.trace on a stack of matrices of shape (h, d, d) takes the "
+        "diagonal over the FIRST two axes (the entries whose head index "
+        "equals their row index) and sums along it: one number per column, "
+        "shape (d,), not one per head",
         "take each head's trace over the last two axes: np.trace(a, "
         "axis1=-2, axis2=-1), or np.einsum('...ij,...ji->...', Cq, Ck)",
         lambda mq, cq, mk, ck: np.sqrt(
