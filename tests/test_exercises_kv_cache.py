@@ -664,6 +664,65 @@ def test_a_ring_that_grows_is_told_it_keeps_w_slots():
         check_ring_decode_step(grows)
 
 
+def test_the_time_ordered_ring_is_not_told_its_outputs_are_right():
+    """Started mid-sequence, on a ring filled in slot order, a time-ordered
+    step reads the wrong positions: the diagnosis under the line that reports
+    wrong outputs must not call them right."""
+    with pytest.raises(ExerciseError) as err:
+        check_ring_decode_step(ring_rolled)
+    text = str(err.value)
+    assert err.value.mistake == "time_ordered_ring"
+    # the first case starts at position 10, its ring filled in slot order
+    assert "holding positions 6..9" in text
+    assert "first that differs" in text
+    assert "your outputs are right" not in text
+    assert "reads the wrong positions, so its outputs are wrong" in text
+
+
+def test_the_time_ordered_ring_is_right_from_an_empty_ring():
+    """What the diagnosis says of the other situation: from an empty ring the
+    time-ordered step's outputs are right and only its slots are wrong."""
+    from attnbook.exercises.kv_cache import (
+        _drive,
+        _ring_reference,
+        ring_cases,
+    )
+
+    case = ring_cases()[1]
+    assert case.args[-1] == 0
+    got = _drive(ring_rolled)(*case.args)
+    want = _ring_reference(*case.args)
+    assert np.allclose(got[0], want[0], rtol=1e-12, atol=1e-12)
+    assert not np.allclose(got[1], want[1], equal_nan=True)
+
+
+def test_a_nan_output_is_reported_without_a_largest_difference():
+    """NaN where the output is wrong, right elsewhere: no tiny 'largest
+    difference' beside the NaN."""
+    with pytest.raises(ExerciseError) as err:
+        check_ring_decode_step(ring_nan_through_zero_weights)
+    text = str(err.value).splitlines()[0]
+    assert "NaN at 4 positions, the first 0" in text
+    assert "largest difference" not in text
+
+
+def test_wrong_numbers_beside_nan_are_labelled_as_such():
+    from attnbook.exercises.kv_cache import _ring_problem, ring_cases
+
+    case = ring_cases()[1]
+    want = np.zeros((11, 3))
+    out = want.copy()
+    out[2] = np.nan
+    out[5, 1] = 0.5
+    rings = (np.zeros((4, 3)), np.zeros((4, 3)))
+    text = _ring_problem((out, *rings), (want, *rings), case)
+    assert text == (
+        "the output of position 2 is the first that differs from "
+        "sliding-window attention (NaN at 1 position, the first 2; among "
+        "the outputs that are not NaN, largest difference 0.5)"
+    )
+
+
 def test_the_reference_is_sliding_window_attention_over_the_sequence():
     """The checker's reference against the package's mask and attention on a
     sequence longer than 2W (float64)."""

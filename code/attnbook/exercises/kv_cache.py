@@ -471,7 +471,8 @@ def _ring_reference_step(q, k_new, v_new, k_ring, v_ring, pos):
 def _ring_rolled(q, k_new, v_new, k_ring, v_ring, pos):
     """Keeps the ring in time order, the newest position in the last slot
     (np.roll, or concatenate and keep the last W), and reads it so: right
-    outputs on its own ring, wrong slots."""
+    outputs on a ring it filled itself from empty (in the wrong slots), wrong
+    ones on a ring filled in slot order (a run that starts mid-sequence)."""
     w, n = k_ring.shape[-2], q.shape[-2]
     m = min(pos, w)
     keys = np.concatenate([k_ring[..., w - m :, :], k_new], axis=-2)
@@ -591,10 +592,14 @@ RING_MISTAKES = [
     ),
     Mistake(
         "time_ordered_ring",
-        "your outputs are right, but the ring is kept in time order (oldest "
-        "position first, shifted at every step, as np.roll or "
-        "concatenate-and-trim do) instead of position j in slot j % W: a copy "
-        "of the whole ring per step, the cost the ring exists to avoid",
+        "the ring is kept in time order (oldest position first, shifted at "
+        "every step, as np.roll or concatenate-and-trim do) instead of "
+        "position j in slot j % W. On a ring filled in slot order (the cases "
+        "that start mid-sequence) your step reads the wrong positions, so its "
+        "outputs are wrong; on a ring it filled itself from empty its outputs "
+        "are right, but the slots are not where they should be, and it "
+        "copies the whole ring at every step, the cost the ring exists to "
+        "avoid",
         "write position j to slot j % W and leave every other slot alone; "
         "attention does not care in which order the keys come, so the ring "
         "never needs reordering",
@@ -764,6 +769,11 @@ def _same_ring_run(got, expected) -> bool:
     return all(same(g, e) for g, e in zip(got, expected))
 
 
+def _positions(flags):
+    """The positions (axis -2) at which any entry of ``flags`` is True."""
+    return np.nonzero(flags.reshape(-1, *flags.shape[-2:]).any((0, 2)))[0]
+
+
 def _ring_problem(got, expected, case: Case) -> str:
     """What is wrong: the rings' shapes first, then the outputs (from which
     position on), then the rings' contents."""
@@ -782,14 +792,28 @@ def _ring_problem(got, expected, case: Case) -> str:
     with np.errstate(invalid="ignore"):
         bad = ~np.isclose(out, want, rtol=1e-5, atol=1e-6)
     if bad.any():
-        first = int(
-            np.nonzero(bad.reshape(-1, *bad.shape[-2:]).any((0, 2)))[0][0]
-        )
-        nan = "NaN, " if np.isnan(out).any() else ""
+        first = int(_positions(bad)[0])
+        nan = np.isnan(out)
+        # a largest difference only over the entries that are numbers, and
+        # named so: next to NaN an unlabelled tiny maximum would mislead
+        wrong_numbers = bad & ~nan
+        details = []
+        if nan.any():
+            nan_at = _positions(nan)
+            details.append(
+                f"NaN at {len(nan_at)} position"
+                f"{'' if len(nan_at) == 1 else 's'}, the first "
+                f"{start + int(nan_at[0])}"
+            )
+        if wrong_numbers.any():
+            largest = float(np.abs(out - want)[wrong_numbers].max())
+            label = "among the outputs that are not NaN, " if nan.any() else ""
+            details.append(f"{label}largest difference {largest:.3g}")
         return (
             f"the output of position {start + first} is the first that "
-            f"differs from sliding-window attention ({nan}largest difference "
-            f"{np.nanmax(np.abs(out - want)):.3g})"
+            "differs from sliding-window attention ("
+            + "; ".join(details)
+            + ")"
         )
     return (
         "the outputs are right, but after the last step the ring's slots do "
