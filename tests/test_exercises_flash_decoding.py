@@ -444,6 +444,76 @@ def merge_load_unmasked(
         tl.store(LSE + row, float("-inf"))
 
 
+@triton.jit
+def merge_total_unguarded(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the shift guarded against the empty row, the division forgotten
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / total
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, m_safe + tl.log(total))
+
+
+@triton.jit
+def merge_online_divides_by_zero(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # chapter 9's online merge, the empty runs skipped, the final division
+    # done whatever the mass
+    row = tl.program_id(0)
+    c = tl.arange(0, BLOCK_D)
+    m = float("-inf")
+    mass = 0.0
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for s in range(0, n_splits):
+        lse_s = tl.load(LSE_PART + s * n_rows + row)
+        o_s = tl.load(
+            O_PART + (s * n_rows + row) * d_head + c,
+            mask=c < d_head,
+            other=0.0,
+        )
+        if lse_s > float("-inf"):
+            m_new = tl.maximum(m, lse_s)
+            alpha = tl.exp(m - m_new)
+            beta = tl.exp(lse_s - m_new)
+            acc = acc * alpha + beta * o_s
+            mass = mass * alpha + beta
+            m = m_new
+    tl.store(OUT + row * d_head + c, acc / mass, mask=c < d_head)
+    tl.store(LSE + row, m + tl.log(mass))
+
+
 CATALOGUE = {
     "check_merge_kernel": {
         "right": [merge_run_by_run, merge_shares_base2],
@@ -457,6 +527,8 @@ CATALOGUE = {
             (merge_exp2, "exp2_on_natural"),
             (merge_store_unmasked, "store_past_d_head"),
             (merge_load_unmasked, "load_past_d_head"),
+            (merge_total_unguarded, "unseen_row_zero_total"),
+            (merge_online_divides_by_zero, "unseen_row_zero_total"),
         ],
     },
 }

@@ -734,3 +734,52 @@ def test_a_right_float32_count_is_accepted_where_float32_rounds_it(capsys):
     assert inexact
     check_benchmark_flops(flops_float32)
     assert "Correct" in capsys.readouterr().out
+
+
+# --- from the expert reading of chapter 10 (snap-s) --------------------------
+# Counting only the key blocks that the diagonal cuts (the masked ones) was
+# rejected with the generic hint; now it is named.
+
+
+def blocks_masked_only(n_q, n_k, block_q, block_k):
+    """The reader's wrong answer: per query block, the key blocks up to the
+    last row's last key, less those that every row sees whole."""
+    counts = []
+    for b in range(math.ceil(n_q / block_q)):
+        first = b * block_q + n_k - n_q
+        whole = min(first + 1, n_k) // block_k
+        last = math.ceil(min(first + block_q, n_k) / block_k)
+        counts.append(last - whole)
+    return counts
+
+
+def blocks_cut_by_the_mask(n_q, n_k, block_q, block_k):
+    """The same mistake from the causal mask: a key block counts when some
+    of the block's rows see some of its keys but not all of them."""
+    mask = np.tril(np.ones((n_q, n_k), dtype=bool), k=n_k - n_q)
+    counts = []
+    for b in range(math.ceil(n_q / block_q)):
+        rows = mask[b * block_q : (b + 1) * block_q]
+        counts.append(
+            sum(
+                1
+                for j in range(0, n_k, block_k)
+                if rows[:, j : j + block_k].any()
+                and not rows[:, j : j + block_k].all()
+            )
+        )
+    return counts
+
+
+CATALOGUE["check_key_blocks"]["wrong"] += [
+    (blocks_masked_only, "diagonal_only"),
+    (blocks_cut_by_the_mask, "diagonal_only"),
+]
+
+
+@pytest.mark.parametrize("wrong", [blocks_masked_only, blocks_cut_by_the_mask])
+def test_counting_only_the_diagonal_blocks_is_named(wrong):
+    with pytest.raises(ExerciseError) as err:
+        check_key_blocks(wrong)
+    assert err.value.mistake == "diagonal_only"
+    assert "fully visible to every row" in str(err.value)

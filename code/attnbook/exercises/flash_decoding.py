@@ -280,6 +280,14 @@ def _unseen_row_nan(o_part, lse_part):
     return ref
 
 
+def _unseen_row_zero_total(o_part, lse_part):
+    # the shift guarded, the division not: the empty row's output is 0 / 0,
+    # its log-sum-exp 0 + log(0) = -inf, which is right
+    ref = merged(o_part, lse_part)
+    ref[torch.isneginf(lse_part).all(0).numpy(), :-1] = np.nan
+    return ref
+
+
 def _lse_is_max(o_part, lse_part):
     ref = merged(o_part, lse_part)
     ref[:, -1] = lse_part.double().max(0).values.numpy()
@@ -375,6 +383,16 @@ MERGE_MISTAKES = [
         "exp(-inf) = 0, the output 0 and the log-sum-exp -inf, as "
         "merge_splits gives",
         _unseen_row_nan,
+    ),
+    Mistake(
+        "unseen_row_zero_total",
+        "a row that no run saw has output NaN (its log-sum-exp, -inf, is "
+        "right): the shift is guarded, but every weight is 0, so the "
+        "output is 0 / 0",
+        "divide by 1 where the total weight is 0 (tl.where(total == 0, 1, "
+        "total)): the sum of the weighted outputs is 0 there, so the "
+        "output is 0, as merge_splits gives",
+        _unseen_row_zero_total,
     ),
     Mistake(
         "mean_of_runs",

@@ -84,6 +84,19 @@ BLOCK_COUNT_MISTAKES = [
         _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + 1, n_k) // bk),
     ),
     Mistake(
+        "diagonal_only",
+        "only the blocks on the diagonal count, those the mask cuts: the "
+        "blocks below it, fully visible to every row, are loaded too",
+        "the kernel loads every key block from the first up to the last "
+        "row's last visible key, masked or not: cdiv(min(a0 + block_q, "
+        "n_k), block_k), with a0 the block's first query position",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: (
+                _cdiv(min(a0 + bq, n_k), bk) - min(a0 + 1, n_k) // bk
+            )
+        ),
+    ),
+    Mistake(
         "first_row",
         "the count follows the block's FIRST query row, which sees the fewest "
         "keys",
