@@ -369,10 +369,9 @@ def check_attention_backward(fn) -> None:
     convention), and so zero gradients. Every case is compared to rtol 1e-4,
     atol 1e-5, whatever the dtypes: a backward pass computed in float32 is
     accepted whether it returns float32 or casts back. After the values, one
-    long case
-    (n_q = 4, n_k = 1024) measures the peak memory (:mod:`tracemalloc`, and
-    torch's profiler for a torch answer): an answer that forms a row's n_k x
-    n_k Jacobian is rejected.
+    long case (n_q = 4, n_k = 1024) measures the peak memory
+    (:mod:`tracemalloc`, and torch's profiler for a torch answer): an answer
+    that forms a row's n_k x n_k Jacobian is rejected.
     """
     __tracebackhide__ = True
     cases = attention_backward_cases()
