@@ -1085,3 +1085,128 @@ def test_an_integer_causal_mask_is_rejected_with_its_reason():
         check_causal_mask(causal_mask_int_loop)
     assert err.value.mistake == "int_mask"
     assert "bitwise NOT" in str(err.value) and "astype(bool)" in str(err.value)
+
+
+# --- from the expert reading of chapter 4 (s6, E1 and section 3) -----------
+# E1: check_attention kept only the output of an (output, weights) pair, so
+# any weights passed, transposed or not weights at all. Section 3: three
+# wrong answers got the generic hint only (no diagnosis).
+
+
+def attention_pair_transposed_weights(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    w = safe_softmax(s)
+    return w @ v, np.swapaxes(w, -1, -2)
+
+
+def attention_pair_constant_weights(q, k, v, mask=None):
+    out, w = good_attention_and_weights(q, k, v, mask)
+    return out, np.zeros_like(w) + 123.0
+
+
+def attention_pair_scores_as_weights(q, k, v, mask=None):
+    # "the attention matrix": the scores, returned before the softmax
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    return safe_softmax(scores) @ v, scores
+
+
+def attention_pair_nan_masked_row(q, k, v, mask=None):
+    """Right: the weights NaN on the fully masked query's row (what torch
+    gives), the output made 0 there by nan_to_num."""
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        w = e / e.sum(axis=-1, keepdims=True)
+    return np.nan_to_num(w) @ v, w
+
+
+def attention_pair_float32_cast_back(q, k, v, mask=None):
+    """Right: float32 work, output and weights cast back to the inputs'
+    dtype."""
+    dtype = np.result_type(q, k, v)
+    q, k, v = (np.asarray(a, np.float32) for a in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) / np.float32(np.sqrt(q.shape[-1]))
+    if mask is not None:
+        s = np.where(mask, s, np.float32(-np.inf))
+    w = safe_softmax(s)
+    return (w @ v).astype(dtype), w.astype(dtype)
+
+
+def softmax_shift_by_largest_magnitude(x):
+    # "subtract the largest number in the row", taken as the largest |x|
+    m = np.max(np.abs(x), axis=-1, keepdims=True)
+    return np.exp(x - m) / np.sum(np.exp(x - m), axis=-1, keepdims=True)
+
+
+def softmax_naive_nan_to_num(x):
+    # "exp overflows to NaN, so clean it up"
+    e = np.exp(x)
+    return np.nan_to_num(e / e.sum(axis=-1, keepdims=True))
+
+
+def softmax_naive_exponentials_nan_to_num(x):
+    e = np.nan_to_num(np.exp(np.asarray(x, dtype=np.float64)))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention_scale_precedence_inline(q, k, v, mask=None):
+    # d_k**1/2 is d_k / 2: the scores are divided by d_k and then by 2
+    s = q @ np.swapaxes(k, -1, -2) / q.shape[-1] ** 1 / 2
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    return safe_softmax(s) @ v
+
+
+def attention_scale_precedence_variable(q, k, v, mask=None):
+    scale = q.shape[-1] ** 1 / 2  # d_k / 2, meant as sqrt(d_k)
+    s = q @ np.swapaxes(k, -1, -2) / scale
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    return safe_softmax(s) @ v
+
+
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_pair_transposed_weights, "weights_transposed"),
+    (attention_pair_constant_weights, "weights_not_softmax"),
+    (attention_pair_scores_as_weights, "weights_are_scores"),
+    (attention_scale_precedence_inline, "scale_precedence"),
+    (attention_scale_precedence_variable, "scale_precedence"),
+]
+CATALOGUE["check_attention"]["right"] += [
+    attention_pair_nan_masked_row,
+    attention_pair_float32_cast_back,
+]
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_shift_by_largest_magnitude, "shift_not_max"),
+    (softmax_naive_nan_to_num, "unstable_nan_hidden"),
+    (softmax_naive_exponentials_nan_to_num, "unstable_nan_hidden"),
+]
+
+
+def test_the_weights_of_a_pair_are_checked_and_a_transpose_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_attention(attention_pair_transposed_weights)
+    assert err.value.mistake == "weights_transposed"
+    assert "the output is right" in str(err.value)
+
+
+def test_a_pair_with_nan_on_the_fully_masked_row_is_accepted(capsys):
+    check_attention(attention_pair_nan_masked_row)
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith("the weights it returned included.")
+    )
+
+
+def test_the_output_alone_is_judged_on_the_output(capsys):
+    check_attention(good_attention)
+    assert capsys.readouterr().out.strip() == (
+        "Correct: scaled dot-product attention passes all 5 cases."
+    )

@@ -317,3 +317,111 @@ def test_the_row_loop_changes_q_and_is_still_accepted(capsys):
     check_attention_backward(backward_row_loop)
     out = capsys.readouterr().out
     assert "changed its input `q`" in out and "Correct" in out
+
+
+# --- from the expert reading of chapter 4 (s6, E2): the verdict depended on
+# the dtype the answer returned, not on its computation. The book's four
+# steps computed in float32 were accepted when they returned float32 and
+# rejected ("d_q differs (largest difference 2.6e-07)") when cast back to
+# the inputs' float64; float32 inputs scaled by a float64 scalar (numpy 2
+# promotes to float64) were rejected too.
+
+
+def backward_float32(q, k, v, d_out, mask=None, returned=None):
+    """The book's four steps in float32, the gradients cast to ``returned``
+    (float32 where None)."""
+    q, k, v, d_out = (np.asarray(a, np.float32) for a in (q, k, v, d_out))
+    scale = np.float32(1 / np.sqrt(q.shape[-1]))
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if mask is not None:
+        s = np.where(mask, s, np.float32(-np.inf))
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, np.float32(0)))
+    z = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+    o = p @ v
+    d_v = np.swapaxes(p, -1, -2) @ d_out
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - (d_out * o).sum(axis=-1, keepdims=True))
+    grads = (d_s @ k * scale, np.swapaxes(d_s, -1, -2) @ q * scale, d_v)
+    return tuple(g.astype(returned or np.float32) for g in grads)
+
+
+def backward_float32_cast_back(q, k, v, d_out, mask=None):
+    """Right: float32 work, the gradients cast back to the inputs' dtype."""
+    dtype = np.result_type(q, k, v, d_out)
+    return backward_float32(q, k, v, d_out, mask, returned=dtype)
+
+
+def backward_float32_float64_scale(q, k, v, d_out, mask=None):
+    """Right: float32 inputs scaled by a float64 numpy scalar, which numpy 2
+    promotes to float64 from there on (numpy 1 keeps float32)."""
+    q, k, v, d_out = (np.asarray(a, np.float32) for a in (q, k, v, d_out))
+    scale = 1 / np.sqrt(np.float64(q.shape[-1]))
+    p = _weights(q * scale * np.sqrt(q.shape[-1]), k, mask)
+    o = p @ v
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - (d_out * o).sum(axis=-1, keepdims=True)) * scale
+    return (
+        d_s @ k,
+        np.swapaxes(d_s, -1, -2) @ q,
+        np.swapaxes(p, -1, -2) @ d_out,
+    )
+
+
+def backward_float32_dk_untransposed_cast_back(q, k, v, d_out, mask=None):
+    """Wrong (dS @ q where the shapes let it through), in float32, cast back
+    to float64: the old checker compared it strictly with its own float64
+    mistakes and named none."""
+    dtype = np.result_type(q, k, v, d_out)
+    q, k, v, d_out = (np.asarray(a, np.float32) for a in (q, k, v, d_out))
+    grads = backward_dk_transposed_only_when_forced(q, k, v, d_out, mask)
+    return tuple(g.astype(dtype) for g in grads)
+
+
+def backward_float32_no_row_term_cast_back(q, k, v, d_out, mask=None):
+    dtype = np.result_type(q, k, v, d_out)
+    q, k, v, d_out = (np.asarray(a, np.float32) for a in (q, k, v, d_out))
+    p = _weights(q, k, mask)
+    d_s = p * (d_out @ np.swapaxes(v, -1, -2))
+    c = np.float32(np.sqrt(q.shape[-1]))
+    grads = (d_s @ k / c, np.swapaxes(d_s, -1, -2) @ q / c)
+    return tuple(
+        g.astype(dtype) for g in (*grads, np.swapaxes(p, -1, -2) @ d_out)
+    )
+
+
+CATALOGUE["check_attention_backward"]["right"] += [
+    backward_float32,
+    backward_float32_cast_back,
+    backward_float32_float64_scale,
+]
+CATALOGUE["check_attention_backward"]["wrong"] += [
+    (backward_float32_dk_untransposed_cast_back, "dk_untransposed"),
+    (backward_float32_no_row_term_cast_back, "no_row_term"),
+]
+
+
+@pytest.mark.parametrize("returned", [np.float32, np.float64])
+def test_float32_work_gets_one_verdict_whatever_dtype_it_returns(
+    returned, capsys
+):
+    check_attention_backward(
+        lambda q, k, v, d_out, mask=None: backward_float32(
+            q, k, v, d_out, mask, returned=returned
+        )
+    )
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+@pytest.mark.parametrize("returned", [np.float32, np.float64])
+def test_a_float32_mistake_is_named_whatever_dtype_it_returns(returned):
+    def wrong(q, k, v, d_out, mask=None):
+        grads = backward_dk_unscaled(
+            *(np.asarray(a, np.float32) for a in (q, k, v, d_out)), mask
+        )
+        return tuple(g.astype(returned) for g in grads)
+
+    with pytest.raises(ExerciseError) as err:
+        check_attention_backward(wrong)
+    assert err.value.mistake == "no_scale_in_dk"

@@ -13,10 +13,13 @@ from ._framework import (
     INT_MASK_DESCRIPTION,
     INT_MASK_HINT,
     Case,
+    ExerciseError,
     Mistake,
     as_array,
     describe_mask,
+    fresh,
     is_broadcast_error,
+    pristine,
     run_checks,
     same,
     same_mask,
@@ -111,6 +114,17 @@ def _floored_exponent(x, floor):
 def _eps_denominator(x, eps):
     e = _exp_rows(x)
     return e / (e.sum(-1, keepdims=True) + eps)
+
+
+def _nan_hidden(x, where, dtype=None):
+    """The unstable formula in ``dtype`` (the input's where None), with
+    np.nan_to_num applied to the ``"quotient"`` or to the
+    ``"exponentials"``."""
+    y = np.asarray(x, dtype=dtype)
+    if where == "quotient":
+        return np.nan_to_num(np.exp(y) / np.exp(y).sum(-1, keepdims=True))
+    e = np.nan_to_num(np.exp(y))
+    return e / e.sum(-1, keepdims=True)
 
 
 def _float16_softmax(x):
@@ -232,6 +246,10 @@ SOFTMAX_MISTAKES = [
             lambda y: y[..., :1],
             lambda y: np.median(y, -1, keepdims=True),
             _runner_up,
+            # the largest |x|: equal to the maximum on a row whose largest
+            # magnitude is positive, far above it on one that reaches far
+            # below 0
+            lambda y: np.abs(y).max(-1, keepdims=True),
         )
         for dtype in (None, np.float64)
     ],
@@ -437,6 +455,27 @@ SOFTMAX_MISTAKES += [
             lambda x, floor=floor: _floored_exponent(x, floor),
         )
         for floor in (*range(5, 41), 50, 60, 70, 80, 87, 100, 700, 745)
+    ],
+    # the unstable formula with its NaN repaired after the fact: on the
+    # quotient (NaN -> 0) or on the exponentials (inf -> the largest float,
+    # so the sum overflows and the weights are 0); in the input's dtype and
+    # in float64
+    *[
+        Mistake(
+            "unstable_nan_hidden",
+            "your softmax is the unstable formula with its NaN hidden by "
+            "np.nan_to_num: exp of a large score is inf and inf/inf is NaN "
+            "(or a row far below 0 underflows to 0/0), and nan_to_num turns "
+            "that into 0, so such a row gets weights that are 0 (or finite "
+            "but wrong) and do not sum to 1",
+            "do not repair the NaN afterwards, prevent it: subtract each "
+            "row's maximum before exponentiating (every exponent is then <= "
+            "0 and the sum between 1 and n); only a fully masked row, whose "
+            "maximum is -inf, needs its own case",
+            lambda x, where=where, dtype=dtype: _nan_hidden(x, where, dtype),
+        )
+        for where in ("quotient", "exponentials")
+        for dtype in (None, np.float64)
     ],
 ]
 
@@ -861,6 +900,25 @@ ATTENTION_MISTAKES = [
             softmax(_scaled(q, k) + (0.0 if mask is None else mask)) @ v
         ),
     ),
+    # s / d_k**1/2 is s / d_k / 2; scale = d_k**1/2, then s / scale, is s
+    # divided by d_k / 2
+    *[
+        Mistake(
+            "scale_precedence",
+            "the scale is written d_k**1/2, which Python reads as (d_k**1) "
+            "/ 2 = d_k / 2 (** binds tighter than /): the scores are "
+            "divided by d_k / 2 (by 2 d_k where it ends a chain of "
+            "divisions: s / d_k**1/2 is s / d_k / 2), not by sqrt(d_k)",
+            "write d_k**0.5 or np.sqrt(d_k); a fractional exponent needs "
+            "parentheses, d_k**(1/2)",
+            _attention_with(
+                lambda q, k, divisor=divisor: (
+                    q @ np.swapaxes(k, -1, -2) / divisor(q.shape[-1])
+                )
+            ),
+        )
+        for divisor in (lambda d: d / 2, lambda d: 2 * d)
+    ],
 ]
 
 
@@ -936,18 +994,166 @@ def _first(out):
     return out
 
 
+def _reference_weights(q, k, v, mask=None):
+    """The weights softmax(q k^T / sqrt(d_k)) of the package, shape (...,
+    n_q, n_k), zeros on a fully masked query's row."""
+    return scaled_dot_product_attention(q, k, v, mask=mask)[1]
+
+
+def _same_weights(got, expected) -> bool:
+    """:func:`_same_softmax`: a fully masked query's row may be zeros or NaN
+    (what torch gives), and a masked key's weight must be 0. False for what
+    is no array of numbers."""
+    try:
+        return bool(_same_softmax(got, expected))
+    except (TypeError, ValueError):
+        return False
+
+
+def _swapped(x):
+    """``x`` with its last two axes swapped, or None where it has fewer than
+    two (or is no array)."""
+    try:
+        a = as_array(x)
+    except Exception:
+        return None
+    return np.swapaxes(a, -1, -2) if a.ndim >= 2 else None
+
+
+# What the weights of a returned (output, weights) pair can get wrong when
+# the output is right. Each is recognised by its own test on the reader's
+# weights (``matches``); the last matches any weights that are not the
+# reference's.
+ATTENTION_WEIGHTS_MISTAKES = [
+    Mistake(
+        "weights_transposed",
+        "the output is right, but the weights you returned are transposed: "
+        "shape (..., n_k, n_q), row j holding key j's weights over the "
+        "queries, where the package returns (..., n_q, n_k), row i holding "
+        "query i's weights over the keys, each row summing to 1 (on a "
+        "square case the shapes fit and only the values tell)",
+        "return the weights that multiplied v, as they are: out = weights "
+        "@ v and return (out, weights), without swapaxes or .T",
+        lambda q, k, v, mask=None: np.swapaxes(
+            _reference_weights(q, k, v, mask), -1, -2
+        ),
+    ),
+    Mistake(
+        "weights_are_scores",
+        "the output is right, but the weights you returned are the scaled "
+        "scores q k^T / sqrt(d_k) (masked at -inf), the input of the "
+        "softmax, not its output",
+        "return softmax(scores), the array that multiplied v: positive, "
+        "each query's row summing to 1 over the keys",
+        lambda q, k, v, mask=None: _masked(_scaled(q, k), mask),
+    ),
+    Mistake(
+        "weights_not_softmax",
+        "the output is right, but the weights you returned are not "
+        "softmax(q k^T / sqrt(d_k)) along the last axis, the weights that "
+        "give that output: the package's pair is (output, weights) with "
+        "output = weights @ v",
+        "return the array that multiplied v, shape (..., n_q, n_k): each "
+        "query's row positive (0 at a masked key) and summing to 1 (zeros, "
+        "or NaN, for a query whose every key is masked)",
+        lambda q, k, v, mask=None: None,
+    ),
+]
+
+
+def _weights_mistake(got, expected, case) -> Mistake:
+    """The mistake of :data:`ATTENTION_WEIGHTS_MISTAKES` that ``got``, wrong
+    weights on ``case``, commits."""
+    transposed, scores, other = ATTENTION_WEIGHTS_MISTAKES
+    swapped = _swapped(got)
+    if swapped is not None and _same_weights(swapped, expected):
+        return transposed
+    try:
+        if same(got, scores.commit(*case.args, **case.kwargs)):
+            return scores
+    except (TypeError, ValueError):
+        pass
+    return other
+
+
+def _describe_weights(got, expected) -> str:
+    """What is wrong with the returned weights: the shape, or the largest
+    difference and the row sums."""
+    try:
+        a = np.asarray(as_array(got), dtype=np.float64)
+    except (TypeError, ValueError):
+        return (
+            "the output is right, but the second element of the pair is "
+            f"{type(got).__name__}, not an array of weights"
+        )
+    e = np.asarray(as_array(expected), dtype=np.float64)
+    if a.shape != e.shape:
+        return (
+            "the output is right, but the weights you returned have shape "
+            f"{a.shape}, expected {e.shape} (..., n_q, n_k)"
+        )
+    with np.errstate(invalid="ignore"):
+        gap = np.nanmax(np.abs(a - e)) if a.size else 0.0
+        sums = a.sum(-1) if a.ndim else a
+    sums = sums[np.isfinite(sums)]
+    if sums.size:
+        rows = (
+            f"; their rows sum to {sums.min():.3g}..{sums.max():.3g}"
+            if sums.min() != sums.max()
+            else f"; their rows sum to {sums.min():.3g}"
+        )
+    else:
+        rows = ""
+    return (
+        "the output is right, but the weights you returned differ from the "
+        f"reference's (largest difference {gap:.3g}){rows}"
+    )
+
+
+def _check_weights(fn, cases) -> bool:
+    """Where ``fn`` returns an ``(output, weights)`` pair, check its weights
+    on every case; False where it returns the output alone. Runs after the
+    outputs passed."""
+    __tracebackhide__ = True
+    for case in cases:
+        expected = _reference_weights(
+            *pristine(case.args), **pristine(case.kwargs)
+        )
+        given = fresh(case)
+        with np.errstate(all="ignore"):
+            out = fn(*given.args, **given.kwargs)
+        if not isinstance(out, tuple) or len(out) != 2:
+            return False
+        if _same_weights(out[1], expected):
+            continue
+        raise ExerciseError(
+            _ATTENTION,
+            case.name,
+            _describe_weights(out[1], expected),
+            mistake=_weights_mistake(out[1], expected, case),
+        )
+    return True
+
+
+_ATTENTION = "scaled dot-product attention"
+
+
 def check_attention(fn) -> None:
     """Check ``fn(q, k, v, mask=None)`` returns ``softmax(q k^T / sqrt(d_k))
     v`` over a batch, with masked scores set to -inf and a zero output for a
-    query whose every key is masked (or an ``(output, weights)`` pair).
+    query whose every key is masked (or an ``(output, weights)`` pair, whose
+    weights are then checked too: zeros or NaN on a fully masked query's
+    row).
 
     q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v); mask: bool,
     broadcastable to (..., n_q, n_k), True = may attend.
     """
+    __tracebackhide__ = True
+    cases = attention_cases()
     run_checks(
-        "scaled dot-product attention",
+        _ATTENTION,
         fn,
-        attention_cases(),
+        cases,
         lambda q, k, v, mask=None: scaled_dot_product_attention(
             q, k, v, mask=mask
         )[0],
@@ -957,7 +1163,11 @@ def check_attention(fn) -> None:
         "sqrt(d_k), the masked scores set to -inf, and the softmax along the "
         "last axis (the keys); check the shapes: scores (..., n_q, n_k), "
         "output (..., n_q, d_v)",
+        quiet=True,
     )
+    pair = _check_weights(fn, cases)
+    weights = ", the weights it returned included" if pair else ""
+    print(f"Correct: {_ATTENTION} passes all {len(cases)} cases{weights}.")
 
 
 # --- the causal mask -------------------------------------------------------
