@@ -366,3 +366,19 @@ def test_one_thread_verdict_branches():
     assert "only by timing noise" in bench.one_thread_verdict(
         naive, _timing(5, 5), _timing(5, 5), 1
     )
+
+
+def test_thread_verdict_ratios_never_print_as_a_threshold_they_are_not():
+    """The rerun of chapter 9 printed "1.06 times ... and 1.05 times in their
+    medians; the two fall on either side of 1.05": the median ratio was
+    below 1.05 but rounded to it. Such a ratio gets the digits that show its
+    side."""
+    one = _timing(6.0, 6.0)
+    verdict = bench.threads_verdict(_timing(6.36, 6.282), one, 2)
+    assert "1.06 times its one-thread time" in verdict
+    assert "1.047 times in their medians" in verdict
+    assert "either side of 1.05" in verdict
+    # exactly on the threshold, and far from it: two decimals
+    assert bench._ratio_text(1.05, 0.05) == "1.05"
+    assert bench._ratio_text(0.93, 0.05) == "0.93"
+    assert bench._ratio_text(0.9501, 0.05) == "0.9501"

@@ -416,6 +416,22 @@ def compare_timings(timing, baseline, margin: float = 0.05):
     return fastest, median, verdict
 
 
+def _ratio_text(ratio: float, margin: float) -> str:
+    """``ratio`` to two decimals, or to as many more (up to five) as it takes
+    not to print a threshold ``1 - margin`` or ``1 + margin`` that the ratio
+    is not: 1.047 prints as 1.047, not 1.05, against a threshold of 1.05, so
+    that the words "on either side of 1.05" can be checked against the
+    numbers."""
+    for digits in range(2, 6):
+        text = f"{ratio:.{digits}f}"
+        if all(
+            text != f"{t:.{digits}f}" or ratio == t
+            for t in (1 - margin, 1 + margin)
+        ):
+            return text
+    return text
+
+
 def _disagreement(fastest: float, median: float, margin: float) -> str:
     """Words for two ratios in different bands of :func:`compare_timings`:
     the thresholds that lie between them."""
@@ -454,9 +470,10 @@ def threads_verdict(flash, flash_one, workers: int, margin=0.05) -> str:
         return "its default is one thread on this machine"
     fastest, median, verdict = compare_timings(flash, flash_one, margin)
     took = (
-        f"with its default {workers} threads it took {fastest:.2f} times its "
-        f"one-thread time in their fastest runs and {median:.2f} times in "
-        "their medians"
+        f"with its default {workers} threads it took "
+        f"{_ratio_text(fastest, margin)} times its one-thread time in their "
+        f"fastest runs and {_ratio_text(median, margin)} times in their "
+        "medians"
     )
     low, high = f"{1 - margin:.2f}", f"{1 + margin:.2f}"
     if verdict == "faster":
@@ -504,8 +521,9 @@ def one_thread_verdict(
     o_fast, o_med, one = compare_timings(flash_one, naive, margin)
     low, high = f"{1 - margin:.2f}", f"{1 + margin:.2f}"
     on_one = (
-        f"on one thread it took {o_fast:.2f} times naive attention's time in "
-        f"their fastest runs and {o_med:.2f} times in their medians"
+        f"on one thread it took {_ratio_text(o_fast, margin)} times naive "
+        "attention's time in their fastest runs and "
+        f"{_ratio_text(o_med, margin)} times in their medians"
     )
     if one == "faster":
         return (
@@ -523,9 +541,10 @@ def one_thread_verdict(
         )
     if default is None:
         return (
-            f"with its default {workers} threads it took {d_fast:.2f} times "
-            "naive attention's time in their fastest runs and "
-            f"{d_med:.2f} times in their medians; "
+            f"with its default {workers} threads it took "
+            f"{_ratio_text(d_fast, margin)} times naive attention's time in "
+            f"their fastest runs and {_ratio_text(d_med, margin)} times in "
+            "their medians; "
             f"{_disagreement(d_fast, d_med, margin)}, so "
             "this run does not decide whether it gained time over naive "
             "attention"
@@ -544,7 +563,9 @@ def one_thread_verdict(
         f"it was not faster than naive attention by {margin * 100:.0f} % or "
         "more "
         "with either thread count, in its fastest runs or its medians "
-        f"({d_fast:.2f} and {d_med:.2f} times naive attention's with "
-        f"{workers} threads, {o_fast:.2f} and {o_med:.2f} with one), so on "
+        f"({_ratio_text(d_fast, margin)} and {_ratio_text(d_med, margin)} "
+        f"times naive attention's with {workers} threads, "
+        f"{_ratio_text(o_fast, margin)} and {_ratio_text(o_med, margin)} "
+        "with one), so on "
         "this machine and run it gained no time over naive attention"
     )
