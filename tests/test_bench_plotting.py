@@ -4,6 +4,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 from attnbook import bench, plotting  # noqa: E402
 
@@ -273,3 +274,111 @@ def test_time_verdict_reads_an_exponent_only_from_agreeing_fits():
         "naive", good, far, [1024, 2048, 4096]
     )
     assert "differs" in bench.time_fit_label(good, far)
+
+
+# --- chapter 9's thread verdicts: the fastest runs and the medians must agree
+
+
+def _timing(low, median):
+    return bench.Timing(median, low, 1.2 * median, 5, 1)
+
+
+def test_compare_timings_decides_only_when_fastest_and_median_agree():
+    base = _timing(10.0, 11.0)
+    assert bench.compare_timings(_timing(9.0, 9.9), base)[2] == "faster"
+    assert bench.compare_timings(_timing(11.0, 12.1), base)[2] == "slower"
+    assert bench.compare_timings(_timing(10.2, 10.8), base)[2] == "same"
+    # the committed run of chapter 9 (threads): 0.93 fastest, 1.04 median
+    fastest, median, verdict = bench.compare_timings(
+        _timing(4.74, 5.8), _timing(5.1, 5.6)
+    )
+    assert round(fastest, 2) == 0.93 and round(median, 2) == 1.04
+    assert verdict is None
+    assert bench.compare_timings(_timing(9.0, 12.0), base)[2] is None
+    with pytest.raises(ValueError, match="positive"):
+        bench.compare_timings(_timing(0.0, 1.0), base)
+    with pytest.raises(ValueError, match="margin"):
+        bench.compare_timings(base, base, margin=1.5)
+
+
+def test_threads_verdict_says_saved_or_slower_only_when_both_agree():
+    one = _timing(5.0, 5.5)
+    assert bench.threads_verdict(_timing(4, 4), one, 1) == (
+        "its default is one thread on this machine"
+    )
+    faster = bench.threads_verdict(_timing(4.0, 4.4), one, 2)
+    assert "0.80 times its one-thread time in their fastest runs" in faster
+    assert faster.endswith("the extra threads saved time")
+    slower = bench.threads_verdict(_timing(6.0, 6.6), one, 2)
+    assert "extra threads made it slower" in slower
+    same = bench.threads_verdict(_timing(5.1, 5.4), one, 2)
+    assert "changed its time by less than 5 %" in same
+    # the committed run: fastest 0.93, median 1.04 -> no decision
+    split = bench.threads_verdict(_timing(4.74, 5.8), _timing(5.1, 5.6), 2)
+    assert "0.93 times" in split and "1.04 times in their medians" in split
+    assert "on either side of 0.95" in split
+    assert "does not decide" in split
+    for verdict in (split, same):
+        assert "saved time" not in verdict and "slower" not in verdict
+    both = bench.threads_verdict(_timing(4.0, 6.6), one, 2)
+    assert "either side of 0.95 and 1.05" in both
+    assert "does not decide" in both
+
+
+def test_one_thread_verdict_branches():
+    naive = _timing(14.8, 15.9)
+    # faster on one thread in both: a likely cause, not a measured one
+    gain = bench.one_thread_verdict(
+        naive, _timing(4.74, 5.8), _timing(5.1, 5.6), 2
+    )
+    assert "it did not need extra threads" in gain
+    assert "likely cause, which this measurement does not isolate" in gain
+    assert "came from" not in gain
+    # one thread: fastest faster, median not -> no decision
+    split = bench.one_thread_verdict(
+        naive, _timing(4.0, 4.0), _timing(13.0, 16.0), 2
+    )
+    assert "on either side of 0.95" in split and "does not decide" in split
+    assert "did not need" not in split
+    # one thread about as fast, default faster in both: the threads
+    threads = bench.one_thread_verdict(
+        naive, _timing(7.0, 8.0), _timing(14.5, 16.0), 2
+    )
+    assert "about as fast as naive attention" in threads
+    assert threads.endswith("came from its extra threads")
+    slower = bench.one_thread_verdict(
+        naive, _timing(7.0, 8.0), _timing(20.0, 22.0), 2
+    )
+    assert "slower than naive attention" in slower
+    assert slower.endswith("came from its extra threads")
+    # one thread about as fast, default split -> no decision
+    undecided = bench.one_thread_verdict(
+        naive, _timing(13.0, 16.0), _timing(14.5, 16.0), 2
+    )
+    assert "with its default 2 threads" in undecided
+    assert "does not decide whether it gained time" in undecided
+    # neither faster in both
+    none = bench.one_thread_verdict(
+        naive, _timing(15.0, 16.0), _timing(16.0, 17.0), 2
+    )
+    assert none.endswith("it gained no time over naive attention")
+    # default one thread
+    assert "only by timing noise" in bench.one_thread_verdict(
+        naive, _timing(5, 5), _timing(5, 5), 1
+    )
+
+
+def test_thread_verdict_ratios_never_print_as_a_threshold_they_are_not():
+    """The rerun of chapter 9 printed "1.06 times ... and 1.05 times in their
+    medians; the two fall on either side of 1.05": the median ratio was
+    below 1.05 but rounded to it. Such a ratio gets the digits that show its
+    side."""
+    one = _timing(6.0, 6.0)
+    verdict = bench.threads_verdict(_timing(6.36, 6.282), one, 2)
+    assert "1.06 times its one-thread time" in verdict
+    assert "1.047 times in their medians" in verdict
+    assert "either side of 1.05" in verdict
+    # exactly on the threshold, and far from it: two decimals
+    assert bench._ratio_text(1.05, 0.05) == "1.05"
+    assert bench._ratio_text(0.93, 0.05) == "0.93"
+    assert bench._ratio_text(0.9501, 0.05) == "0.9501"

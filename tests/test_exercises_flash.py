@@ -973,6 +973,47 @@ def bwd_dk_without_scale(q, k, v, out, lse, d_out, causal=False, block_k=64):
     return dq, dk, dv
 
 
+def bwd_mask_off_by_one(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: the causal mask with < where the book has <= (j < i + n_k -
+    n_q), so no query sees its own key; in explicit per-head loops."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = (d_out * out).sum(-1, keepdims=True)
+    i = np.arange(n_q)[:, None]
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(kb, -1, -2)
+        if causal:
+            j = np.arange(n_k)[cols][None, :]
+            s = np.where(j < i + (n_k - n_q), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        ds = p * (d_out @ np.swapaxes(vb, -1, -2) - big_d)
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        dq += tau * ds @ kb
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_dq_without_scale(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: dQ = dS K, the scale only on dK (einsum, float64)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = np.einsum("...id,...id->...i", d_out, out)[..., None]
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * np.einsum("...id,...jd->...ij", q, kb)
+        if causal:
+            s = np.where(_visible(n_q, n_k, cols), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        ds = p * (np.einsum("...ie,...je->...ij", d_out, vb) - big_d)
+        dv[..., cols, :] += np.einsum("...ij,...ie->...je", p, d_out)
+        dq += np.einsum("...ij,...jd->...id", ds, kb)
+        dk[..., cols, :] += tau * np.einsum("...ij,...id->...jd", ds, q)
+    return dq, dk, dv
+
+
 def bwd_triu_mask(q, k, v, out, lse, d_out, causal=False, block_k=64):
     """Wrong: the causal mask from np.tril of an n_q x n_k matrix (aligned
     at the top left), sliced per block."""
@@ -1145,6 +1186,8 @@ BACKWARD_WRONG = [
     (bwd_softmax_per_tile, "tile_softmax"),
     (bwd_dk_without_scale, "dk_unscaled"),
     (bwd_triu_mask, "mask_top_left"),
+    (bwd_mask_off_by_one, "mask_off_by_one"),
+    (bwd_dq_without_scale, "dq_unscaled"),
     (bwd_floor_blocks, "ragged_block_dropped"),
     (bwd_exp_ratio, "unshifted"),
 ]

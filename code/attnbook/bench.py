@@ -7,7 +7,8 @@ Every chapter that reports a time or a peak of memory measures it here
 (chapters 1, 4, 5, 8, 9, 11 and 12), and names the machine with
 :func:`machine`. Chapter 4 times with :func:`one_blas_thread` and fits its
 scaling exponents with :func:`fit_power_law`, which says when a fit is not to
-be trusted.
+be trusted. Chapter 9 compares its thread counts with :func:`compare_timings`,
+which decides only when the fastest runs and the medians agree.
 """
 
 from __future__ import annotations
@@ -376,3 +377,195 @@ def time_fit_label(fit, fit_median) -> str:
     if abs(fit.slope - fit_median.slope) > 0.25:
         return f"slope {fit.slope:.2f}; medians' slope differs, no exponent"
     return f"slope {fit.slope:.2f}"
+
+
+def compare_timings(timing, baseline, margin: float = 0.05):
+    """Compare two :class:`Timing` s of the same run on both their fastest
+    runs and their medians.
+
+    Returns ``(fastest, median, verdict)``: the ratios ``timing.low /
+    baseline.low`` and ``timing.median / baseline.median``, and "faster" when
+    both ratios are below ``1 - margin``, "slower" when both are above ``1 +
+    margin``, "same" when both lie within ``margin`` of 1, and None when they
+    fall in different bands: the fastest runs and the medians disagree, and
+    the run does not decide. (The fastest run is the best estimate of a call's
+    cost, but one lucky run on a busy machine can make it; the median is what
+    a typical run took.)
+    """
+    if not 0 <= margin < 1:
+        raise ValueError(
+            f"compare_timings needs 0 <= margin < 1; got {margin}"
+        )
+    for label, t in (("timing", timing), ("baseline", baseline)):
+        if not (t.low > 0 and t.median > 0):
+            raise ValueError(
+                f"compare_timings needs positive times; {label} has low "
+                f"{t.low} and median {t.median}"
+            )
+    fastest = timing.low / baseline.low
+    median = timing.median / baseline.median
+
+    def band(ratio):
+        if ratio < 1 - margin:
+            return "faster"
+        if ratio > 1 + margin:
+            return "slower"
+        return "same"
+
+    verdict = band(fastest) if band(fastest) == band(median) else None
+    return fastest, median, verdict
+
+
+def _ratio_text(ratio: float, margin: float) -> str:
+    """``ratio`` to two decimals, or to as many more (up to five) as it takes
+    not to print a threshold ``1 - margin`` or ``1 + margin`` that the ratio
+    is not: 1.047 prints as 1.047, not 1.05, against a threshold of 1.05, so
+    that the words "on either side of 1.05" can be checked against the
+    numbers."""
+    for digits in range(2, 6):
+        text = f"{ratio:.{digits}f}"
+        if all(
+            text != f"{t:.{digits}f}" or ratio == t
+            for t in (1 - margin, 1 + margin)
+        ):
+            return text
+    return text
+
+
+def _disagreement(fastest: float, median: float, margin: float) -> str:
+    """Words for two ratios in different bands of :func:`compare_timings`:
+    the thresholds that lie between them."""
+    low, high = min(fastest, median), max(fastest, median)
+    between = []
+    if low < 1 - margin <= high:  # one faster, the other not
+        between.append(f"{1 - margin:.2f}")
+    if low <= 1 + margin < high:  # one slower, the other not
+        between.append(f"{1 + margin:.2f}")
+    return (
+        "the two fall on either side of " + " and ".join(between)
+        if between
+        else "the two disagree"
+    )
+
+
+# how threads can fail to help (the mechanism, not a measurement)
+_WHY_THREADS_MAY_NOT_HELP = (
+    " (a second thread gains only while a logical CPU is free for it, and "
+    "only during numpy's array operations: the Python work around each call "
+    "holds the interpreter lock, one thread at a time)"
+)
+
+
+def threads_verdict(flash, flash_one, workers: int, margin=0.05) -> str:
+    """Chapter 9's sentence on what the default worker threads did to the
+    tiled version's time: ``flash`` is its :class:`Timing` with ``workers``
+    threads, ``flash_one`` with one.
+
+    It says the threads saved time (or made it slower) only when the fastest
+    runs and the medians agree on it beyond ``margin``
+    (:func:`compare_timings`); when they disagree, that the run does not
+    decide.
+    """
+    if workers == 1:
+        return "its default is one thread on this machine"
+    fastest, median, verdict = compare_timings(flash, flash_one, margin)
+    took = (
+        f"with its default {workers} threads it took "
+        f"{_ratio_text(fastest, margin)} times its one-thread time in their "
+        f"fastest runs and {_ratio_text(median, margin)} times in their "
+        "medians"
+    )
+    low, high = f"{1 - margin:.2f}", f"{1 + margin:.2f}"
+    if verdict == "faster":
+        return (
+            f"{took}, both below {low}, so on this machine the extra threads "
+            "saved time"
+        )
+    if verdict == "slower":
+        return (
+            f"{took}, both above {high}, so on this machine the extra "
+            "threads made it slower" + _WHY_THREADS_MAY_NOT_HELP
+        )
+    if verdict == "same":
+        return (
+            f"{took}, both between {low} and {high}, so on this machine the "
+            f"extra threads changed its time by less than {margin * 100:.0f} %"
+            + _WHY_THREADS_MAY_NOT_HELP
+        )
+    return (
+        f"{took}; {_disagreement(fastest, median, margin)}, so this run does "
+        "not decide what the extra threads did to its time"
+    )
+
+
+def one_thread_verdict(
+    naive, flash, flash_one, workers: int, margin=0.05
+) -> str:
+    """Chapter 9's sentence on where the tiled version's gain over naive
+    attention came from: ``naive``, ``flash`` (the tiled version with its
+    default ``workers`` threads) and ``flash_one`` (with one thread) are
+    :class:`Timing` s of the same run.
+
+    Each comparison with naive attention counts only when the fastest runs
+    and the medians agree beyond ``margin`` (:func:`compare_timings`);
+    otherwise the sentence says that the run does not decide. A one-thread
+    gain is not attributed to a measured cause: the sentence names the likely
+    one, which this measurement does not isolate.
+    """
+    if workers == 1:
+        return (
+            "its default is one thread on this machine, so the two runs "
+            "differ only by timing noise"
+        )
+    d_fast, d_med, default = compare_timings(flash, naive, margin)
+    o_fast, o_med, one = compare_timings(flash_one, naive, margin)
+    low, high = f"{1 - margin:.2f}", f"{1 + margin:.2f}"
+    on_one = (
+        f"on one thread it took {_ratio_text(o_fast, margin)} times naive "
+        "attention's time in their fastest runs and "
+        f"{_ratio_text(o_med, margin)} times in their medians"
+    )
+    if one == "faster":
+        return (
+            f"{on_one}, both below {low}, so on this machine it did not need "
+            "extra threads to gain time; the likely cause, which this "
+            "measurement does not isolate, is how the two use memory (small "
+            "tiles reused in cache, against naive attention's half-gigabyte "
+            "intermediates allocated afresh and streamed through main memory)"
+        )
+    if one is None:
+        return (
+            f"{on_one}; {_disagreement(o_fast, o_med, margin)}, so this run "
+            "does not decide how its one-thread time compares with naive "
+            "attention's"
+        )
+    if default is None:
+        return (
+            f"with its default {workers} threads it took "
+            f"{_ratio_text(d_fast, margin)} times naive attention's time in "
+            f"their fastest runs and {_ratio_text(d_med, margin)} times in "
+            "their medians; "
+            f"{_disagreement(d_fast, d_med, margin)}, so "
+            "this run does not decide whether it gained time over naive "
+            "attention"
+        )
+    if default == "faster":
+        side = (
+            f"both between {low} and {high}, about as fast as naive attention"
+            if one == "same"
+            else f"both above {high}, slower than naive attention"
+        )
+        return (
+            f"{on_one}, {side}, so on this machine what it gained over naive "
+            "attention came from its extra threads"
+        )
+    return (
+        f"it was not faster than naive attention by {margin * 100:.0f} % or "
+        "more "
+        "with either thread count, in its fastest runs or its medians "
+        f"({_ratio_text(d_fast, margin)} and {_ratio_text(d_med, margin)} "
+        f"times naive attention's with {workers} threads, "
+        f"{_ratio_text(o_fast, margin)} and {_ratio_text(o_med, margin)} "
+        "with one), so on "
+        "this machine and run it gained no time over naive attention"
+    )

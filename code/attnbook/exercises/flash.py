@@ -652,13 +652,17 @@ def _check_one_pass_memory(fn, n: int = 100_000) -> None:
 # --- the backward pass from the saved log-sum-exp (hard) -------------------
 
 
-def _causal_visible(n_q: int, n_k: int, cols: slice, top_left=False):
+def _causal_visible(
+    n_q: int, n_k: int, cols: slice, top_left=False, strict=False
+):
     """(n_q, len(cols)) booleans: query i sees key j when j <= i + n_k - n_q
-    (the book's convention); ``top_left``: j <= i, the slip for n_q != n_k."""
+    (the book's convention); ``top_left``: j <= i, the slip for n_q != n_k;
+    ``strict``: j < i + n_k - n_q, the off-by-one that hides each query's own
+    key."""
     offset = 0 if top_left else n_k - n_q
     i = np.arange(n_q)[:, None]
     j = np.arange(n_k)[cols][None, :]
-    return j <= i + offset
+    return j < i + offset if strict else j <= i + offset
 
 
 def _blocked_backward(
@@ -683,10 +687,11 @@ def _blocked_backward(
 
     delta: "rows" D = rowsum(dO * O), "none" (forgotten), "tile" (rowsum of P
     * dP over the tile only); probs: "lse" exp(S - L), "tile" (the tile's own
-    softmax), "unshifted" exp(S) / exp(L); mask: "book", "none", "top_left";
-    scale_in: "all", "not_s" (scores not scaled), "not_ds" (dQ and dK
-    without it), "not_dk"; ragged: False drops a last, shorter key block;
-    dq_accumulates: False overwrites dQ with each block's share.
+    softmax), "unshifted" exp(S) / exp(L); mask: "book", "none", "top_left",
+    "strict" (j < i + n_k - n_q); scale_in: "all", "not_s" (scores not scaled),
+    "not_ds" (dQ and dK without it), "not_dk", "not_dq"; ragged: False drops
+    a last, shorter key block; dq_accumulates: False overwrites dQ with each
+    block's share.
     """
     q, k, v, out, lse, d_out = (
         np.asarray(x, np.float64) for x in (q, k, v, out, lse, d_out)
@@ -701,9 +706,10 @@ def _blocked_backward(
         cols = slice(j0, min(j0 + block_k, n_k))
         s = (1.0 if scale_in == "not_s" else tau) * (q @ kt[..., cols])
         if causal and mask != "none":
-            s = np.where(
-                _causal_visible(n_q, n_k, cols, mask == "top_left"), s, -np.inf
+            visible = _causal_visible(
+                n_q, n_k, cols, mask == "top_left", mask == "strict"
             )
+            s = np.where(visible, s, -np.inf)
         if probs == "lse":
             p = np.exp(s - lse[..., None])
         elif probs == "unshifted":
@@ -721,7 +727,9 @@ def _blocked_backward(
         else:
             ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
         dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
-        g_q = (1.0 if scale_in == "not_ds" else tau) * (ds @ k[..., cols, :])
+        g_q = (1.0 if scale_in in ("not_ds", "not_dq") else tau) * (
+            ds @ k[..., cols, :]
+        )
         if dq_accumulates:
             dq += g_q
         else:
@@ -850,6 +858,13 @@ BACKWARD_MISTAKES = [
         _backward_with(scale_in="not_dk"),
     ),
     Mistake(
+        "dq_unscaled",
+        "dQ lacks the factor 1/sqrt(d_k) (dK has it): dQ = tau dS K",
+        "the scale enters S through both Q and K: dQ = tau dS K, as dK = "
+        "tau dS^T Q",
+        _backward_with(scale_in="not_dq"),
+    ),
+    Mistake(
         "mask_forgotten",
         "the causal mask is not applied when P is recomputed: the future "
         "keys get weight exp(S - L) > 0 and gradient",
@@ -864,6 +879,13 @@ BACKWARD_MISTAKES = [
         "positions",
         "query i sees key j when j <= i + (n_k - n_q)",
         _backward_with(mask="top_left"),
+    ),
+    Mistake(
+        "mask_off_by_one",
+        "the causal mask is off by one (key j < i + n_k - n_q): each query "
+        "no longer sees its own position's key",
+        "query i sees key j when j <= i + (n_k - n_q): its own key included",
+        _backward_with(mask="strict"),
     ),
     Mistake(
         "ragged_block_dropped",
