@@ -426,3 +426,127 @@ CATALOGUE["check_share_kv_heads"]["wrong"] += [
 CATALOGUE["check_pool_kv_heads"]["wrong"] += [
     (pool_torch_median, "lower_median")
 ]
+
+
+# --- from the expert reading s of chapter 11 (session 6) ---------------------
+
+
+def share_into_default_buffer(x, n_heads):
+    """Right heads, in a torch.zeros buffer of the default dtype: a float32
+    result of float64 keys."""
+    b, n_kv_heads, n, d = x.shape
+    g = n_heads // n_kv_heads
+    out = torch.zeros(b, n_heads, n, d)
+    for j in range(n_heads):
+        out[:, j] = x[:, j // g]
+    return out
+
+
+def share_cast_to_float(x, n_heads):
+    """Right heads, then .float(): the reading's downcast copy."""
+    return x.float().repeat_interleave(n_heads // x.shape[1], dim=1)
+
+
+def share_always_double(x, n_heads):
+    """Right heads, cast to float64 whatever the input: wrong on float32
+    keys."""
+    g = n_heads // x.shape[1]
+    return x.double()[:, [j // g for j in range(n_heads)]]
+
+
+def share_one_extra_copy_cut(x, n_heads):
+    """Off by one, hidden by a cut: g + 1 copies of each head, then the first
+    n_heads heads kept, so that the shape comes out right."""
+    g = n_heads // x.shape[1]
+    return torch.cat(
+        [x[:, i : i + 1].expand(-1, g + 1, -1, -1) for i in range(x.shape[1])],
+        dim=1,
+    )[:, :n_heads]
+
+
+def share_repeat_interleave_cut(x, n_heads):
+    """The reading's version: repeat_interleave(g + 1), sliced to n_heads."""
+    g = n_heads // x.shape[1]
+    return x.repeat_interleave(g + 1, dim=1)[:, :n_heads]
+
+
+def share_numpy_same_dtype(x, n_heads):
+    """Correct: numpy's repeat, which keeps the dtype, back to torch."""
+    g = n_heads // x.shape[1]
+    return torch.from_numpy(np.repeat(x.numpy(), g, axis=1))
+
+
+def share_buffer_with_dtype(x, n_heads):
+    """Correct: a buffer made with the input's dtype, filled head by head."""
+    b, n_kv_heads, n, d = x.shape
+    g = n_heads // n_kv_heads
+    out = torch.empty(b, n_heads, n, d, dtype=x.dtype)
+    for j in range(n_heads):
+        out[:, j] = x[:, j // g]
+    return out
+
+
+@pytest.mark.parametrize(
+    "fn, key",
+    [
+        (share_into_default_buffer, "changed_dtype"),
+        (share_cast_to_float, "changed_dtype"),
+        (share_always_double, "changed_dtype"),
+        (share_one_extra_copy_cut, "group_size_off_by_one_cut"),
+        (share_repeat_interleave_cut, "group_size_off_by_one_cut"),
+    ],
+)
+def test_share_new_mistakes_are_diagnosed(fn, key):
+    with pytest.raises(ExerciseError) as err:
+        check_share_kv_heads(fn)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value)
+
+
+def test_share_changed_dtype_is_said_in_the_problem():
+    with pytest.raises(ExerciseError) as err:
+        check_share_kv_heads(share_cast_to_float)
+    assert "your result is float32, the input (and so the answer) is " in (
+        str(err.value)
+    )
+    assert "float64" in err.value.problem
+
+
+@pytest.mark.parametrize(
+    "fn", [share_numpy_same_dtype, share_buffer_with_dtype]
+)
+def test_share_same_dtype_solutions_pass(fn, capsys):
+    check_share_kv_heads(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+def pool_float32_torch(w, n_heads, n_kv_heads):
+    """Right values, returned in float32 for float64 weights: accepted, the
+    pooled weights are copied into the layer's parameters (see the checker's
+    docstring)."""
+    g = n_heads // n_kv_heads
+    return (
+        w.float()
+        .reshape(n_kv_heads, g, -1, *w.shape[1:])
+        .mean(1)
+        .flatten(0, 1)
+    )
+
+
+def test_pool_float32_result_of_float64_weights_is_accepted(capsys):
+    check_pool_kv_heads(pool_float32_torch)
+    assert "Correct" in capsys.readouterr().out
+
+
+CATALOGUE["check_share_kv_heads"]["wrong"] += [
+    (share_into_default_buffer, "changed_dtype"),
+    (share_cast_to_float, "changed_dtype"),
+    (share_always_double, "changed_dtype"),
+    (share_one_extra_copy_cut, "group_size_off_by_one_cut"),
+    (share_repeat_interleave_cut, "group_size_off_by_one_cut"),
+]
+CATALOGUE["check_share_kv_heads"]["right"] += [
+    share_numpy_same_dtype,
+    share_buffer_with_dtype,
+]
+CATALOGUE["check_pool_kv_heads"]["right"] += [pool_float32_torch]

@@ -7,6 +7,12 @@ the wrong order. Query head ``j`` must read key/value head ``j // g``
 groups, what ``repeat`` or ``torch.cat([x] * g)`` produce). Both give tensors
 of the right shape, and a model converted with one convention and run with the
 other is silently wrong.
+
+Sharing is a copy, so its result keeps the input's dtype: a float32 result of
+float64 keys is rejected (the next matmul with float64 queries would refuse
+it). Pooling is a mean whose result is written into a layer's parameters,
+which casts it to theirs: its dtype is not judged (see
+:func:`check_pool_kv_heads`).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import torch
 
 from ..gqa import pool_kv_heads
 from ..multihead import repeat_kv
-from ._framework import Case, Mistake, run_checks
+from ._framework import Case, Mistake, as_array, difference, run_checks, same
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -128,7 +134,66 @@ SHARE_MISTAKES = [
         "exactly g times",
         lambda x, n_heads: x.repeat_interleave(_group(x, n_heads) - 1, dim=1),
     ),
+    Mistake(
+        "group_size_off_by_one_cut",
+        "each key/value head is copied g + 1 times and the result is cut to "
+        "n_heads heads: the shape is right, but query head j reads key/value "
+        "head j // (g + 1) instead of j // g, and the last key/value heads "
+        "lose copies (or are never read)",
+        "the shape came out right only because of the cut: copy each head "
+        "exactly g = n_heads // n_kv_heads times, and n_kv_heads * g = "
+        "n_heads heads come out with nothing to cut",
+        lambda x, n_heads: x.repeat_interleave(_group(x, n_heads) + 1, dim=1)[
+            :, :n_heads
+        ],
+    ),
+    Mistake(
+        "changed_dtype",
+        "the result is float32 while the input is float64 (a cast, such as "
+        ".float(), or a buffer made by torch.zeros or torch.empty without a "
+        "dtype): sharing copies the keys and values, so it keeps their dtype",
+        "keep the input's dtype: build the result from x itself "
+        "(repeat_interleave, expand and reshape, indexing), or pass "
+        "dtype=x.dtype to any buffer you make; a float32 copy of float64 "
+        "keys has lost digits, and its matmul with float64 queries fails",
+        lambda x, n_heads: repeat_kv(x, _group(x, n_heads)).to(torch.float32),
+    ),
+    Mistake(
+        "changed_dtype",
+        "the result is float64 while the input is float32 (a cast, such as "
+        ".double(), or a buffer made in float64): sharing copies the keys "
+        "and values, so it keeps their dtype",
+        "keep the input's dtype: build the result from x itself "
+        "(repeat_interleave, expand and reshape, indexing), or pass "
+        "dtype=x.dtype to any buffer you make; a float64 copy of float32 "
+        "keys takes twice the memory, and its matmul with float32 queries "
+        "fails",
+        lambda x, n_heads: repeat_kv(x, _group(x, n_heads)).to(torch.float64),
+    ),
 ]
+
+
+def same_values_and_dtype(got, expected) -> bool:
+    """:func:`same`, and the same dtype (a copy keeps its input's dtype)."""
+    return (
+        same(got, expected) and as_array(got).dtype == as_array(expected).dtype
+    )
+
+
+def describe_share(got, expected, case: Case | None = None) -> str:
+    """What differs: :func:`difference`, and first a changed dtype."""
+    a, e = as_array(got), as_array(expected)
+    if a.dtype == e.dtype:
+        return difference(got, expected, case)
+    values = (
+        "its values agree with the answer to the checker's tolerance"
+        if same(got, expected)
+        else "its values differ too: " + difference(got, expected, case)
+    )
+    return (
+        f"your result is {a.dtype}, the input (and so the answer) is "
+        f"{e.dtype}; {values}"
+    )
 
 
 def share_cases() -> list[Case]:
@@ -154,8 +219,9 @@ def share_cases() -> list[Case]:
             (kv(3, 1, 3, 2, 4), 3),
         ),
         Case(
-            "a single position (n = 1), 2 key/value heads for 6 query heads",
-            (kv(4, 3, 2, 1, 4), 6),
+            "a single position (n = 1), float32, 2 key/value heads for 6 "
+            "query heads",
+            (kv(4, 3, 2, 1, 4).to(torch.float32), 6),
         ),
     ]
 
@@ -163,13 +229,22 @@ def share_cases() -> list[Case]:
 def check_share_kv_heads(fn) -> None:
     """Check ``fn(x, n_heads)`` turns x (batch, n_kv_heads, n, d) into (batch,
     n_heads, n, d), query head ``j`` receiving key/value head ``j // (n_heads
-    // n_kv_heads)``."""
+    // n_kv_heads)``.
+
+    The result must keep ``x``'s dtype (four cases are float64, one float32):
+    sharing is a copy, and the copies are multiplied by queries of ``x``'s
+    dtype next, which torch refuses for mixed float dtypes. A float32 result of
+    float64 keys (``.float()``, or a ``torch.zeros`` buffer of the default
+    dtype) is diagnosed as ``changed_dtype``.
+    """
     run_checks(
         "sharing key/value heads",
         fn,
         share_cases(),
         lambda x, n_heads: repeat_kv(x, _group(x, n_heads)),
         SHARE_MISTAKES,
+        compare=same_values_and_dtype,
+        describe=describe_share,
     )
 
 
@@ -344,7 +419,17 @@ def pool_cases() -> list[Case]:
 def check_pool_kv_heads(fn) -> None:
     """Check ``fn(weight, n_heads, n_kv_heads)`` mean-pools the head blocks of
     a key or value projection's rows, weight (n_heads * d_head, ...) ->
-    (n_kv_heads * d_head, ...)."""
+    (n_kv_heads * d_head, ...).
+
+    The result's dtype is not judged, only its values (to a relative 1e-5): a
+    float32 mean of float64 weights is accepted. Pooling computes weights
+    that are then written into the converted layer's parameters
+    (``mha_to_gqa`` copies them with ``Parameter.copy_``, which casts to the
+    parameter's dtype), so the dtype the function returns does not reach the
+    model, and a mean taken in float32 is within about 1e-7 of the float64
+    one, far inside the tolerance. (Sharing is judged differently: its copies
+    go straight into a matmul, see :func:`check_share_kv_heads`.)
+    """
     run_checks(
         "mean-pooling key/value heads",
         fn,
