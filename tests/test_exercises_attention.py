@@ -1032,6 +1032,22 @@ CATALOGUE["check_attention"]["wrong"] += [
 CATALOGUE["check_attention"]["right"] += [attention_loop_over_heads]
 
 
+# --- from the expert reading of chapter 4 (reader s): a mask read as (keys,
+# queries), which only a square mask that is not symmetric can show
+def attention_mask_read_by_columns(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        if mask.ndim == 2 and mask.shape[0] == mask.shape[1]:
+            mask = mask.T
+        s = np.where(mask, s, -np.inf)
+    return safe_softmax(s) @ v
+
+
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_mask_read_by_columns, "mask_transposed")
+]
+
+
 # --- from the expert reading of chapter 4 (reader p, E1): the mask applied
 # after the softmax and the weights renormalised, which the checker accepted
 # (it agrees in exact arithmetic) -------------------------------------------
@@ -1208,5 +1224,5 @@ def test_a_pair_with_nan_on_the_fully_masked_row_is_accepted(capsys):
 def test_the_output_alone_is_judged_on_the_output(capsys):
     check_attention(good_attention)
     assert capsys.readouterr().out.strip() == (
-        "Correct: scaled dot-product attention passes all 5 cases."
+        "Correct: scaled dot-product attention passes all 6 cases."
     )

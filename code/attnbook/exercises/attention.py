@@ -618,6 +618,14 @@ def check_softmax(fn) -> None:
 # --- scaled dot-product attention ------------------------------------------
 
 
+def _square_transposed(mask):
+    """A square mask with its last two axes swapped (a mask of another shape
+    cannot be read transposed without a shape error)."""
+    if mask is None or mask.shape[-1] != mask.shape[-2]:
+        return mask
+    return np.swapaxes(mask, -1, -2)
+
+
 def _masked(s, mask, fill=-np.inf):
     """The scores with the masked ones (``mask`` False) set to ``fill``."""
     return s if mask is None else np.where(mask, s, fill)
@@ -832,6 +840,18 @@ ATTENTION_MISTAKES = [
         ),
     ),
     Mistake(
+        "mask_transposed",
+        "the mask is read transposed: its rows were taken as keys and its "
+        "columns as queries, so with the causal mask each query sees the "
+        "future instead of the past; a mask has shape (..., n_q, n_k), row i "
+        "for query i",
+        "use the mask as it is given: np.where(mask, s, -np.inf) with s of "
+        "shape (..., n_q, n_k)",
+        lambda q, k, v, mask=None: (
+            softmax(_masked(_scaled(q, k), _square_transposed(mask))) @ v
+        ),
+    ),
+    Mistake(
         "masked_row_nan",
         "a query whose every key is masked gets NaN (its maximum score is "
         "-inf, and -inf - (-inf) is NaN): the book's convention, and what "
@@ -975,6 +995,14 @@ def attention_cases() -> list[Case]:
                 np.array([[1.0], [5.0]]),
             ),
             {"mask": np.array([[True, False]])},
+        ),
+        # a square mask that is not symmetric: the only kind on which a mask
+        # read transposed (keys by queries) gives another answer
+        Case(
+            "a batch of 2, n_q = n_k = 4, d_k = 8, d_v = 5, with the causal "
+            "mask of shape (4, 4) (query i may see keys 0..i)",
+            (n(2, 4, 8), n(2, 4, 8), n(2, 4, 5)),
+            {"mask": np.tril(np.ones((4, 4), dtype=bool))},
         ),
     ]
 
