@@ -102,8 +102,9 @@ def test_mistakes_are_diagnosed(wrong, key):
 
 def test_unknown_mistake_and_wrong_shape_are_rejected():
     with pytest.raises(ExerciseError) as err:
+        # each sequence given the length of another
         check_padding_mask(
-            lambda lengths, n: np.ones((len(lengths), n, n), bool)
+            lambda lengths, n: good(np.asarray(lengths)[::-1], n)
         )
     assert err.value.mistake is None
     with pytest.raises(ExerciseError, match="shape"):
@@ -825,3 +826,86 @@ CATALOGUE["check_packed_block_mask"] = {
         (tiles_some_by_last_query, "some_last_query"),
     ],
 }
+
+
+# --- from the expert reading s of chapter 7 ----------------------------------
+# padding: the two slips it found rejected with the generic hint only
+
+
+def no_mask_at_all(lengths, n):
+    """Wrong: every key visible, padding included."""
+    return np.ones((len(lengths), n, n), dtype=bool)
+
+
+def longest_for_all(lengths, n):
+    """Wrong: every sequence given the longest length."""
+    longest = max(int(x) for x in lengths)
+    return loop_mask(lengths, n, lambda i, j, L, n: j < longest)
+
+
+CATALOGUE["check_padding_mask"]["wrong"] += [
+    (no_mask_at_all, "no_mask"),
+    (longest_for_all, "longest_length"),
+]
+
+
+# the block mask: 'full' tested with a strict inequality (E3), misdiagnosed
+# before as the ragged block padded; and the documents ignored
+
+
+def tiles_full_strict(lengths, block):
+    """Wrong: the book's solution with k_last < q_first ('the last key must
+    come before the first query'): a diagonal tile of one position, whose one
+    pair is visible, is called partial."""
+    lengths = np.asarray(lengths)
+    n = int(lengths.sum())
+    n_blocks = -(-n // block)
+    document = np.repeat(np.arange(len(lengths)), lengths)
+    start = (np.cumsum(lengths) - lengths)[document]
+    first = np.arange(n_blocks) * block
+    last = np.minimum(first + block, n) - 1
+    q_first, q_last = first[:, None], last[:, None]
+    k_first, k_last = first[None, :], last[None, :]
+    q = np.maximum(q_first, k_first)
+    some = (q <= q_last) & (start[np.minimum(q, n - 1)] <= k_last)
+    every = (k_last < q_first) & (document[k_first] == document[q_last])
+    return np.where(every, 2, np.where(some, 1, 0))
+
+
+def tiles_plain_causal(lengths, block):
+    """Wrong: the documents ignored, the tiles of the causal mask of n."""
+    n = int(sum(lengths))
+    n_blocks = math.ceil(n / block)
+    out = np.zeros((n_blocks, n_blocks), int)
+    for a in range(n_blocks):
+        size = min((a + 1) * block, n) - a * block
+        out[a, :a] = 2
+        out[a, a] = 2 if size == 1 else 1
+    return out
+
+
+CATALOGUE["check_packed_block_mask"]["wrong"] += [
+    (tiles_full_strict, "full_strict"),
+    (tiles_plain_causal, "no_documents"),
+]
+
+
+def test_the_strict_full_test_is_not_called_ragged_padding(monkeypatch):
+    """Without full_strict in the list, the strict answer matches
+    ragged_padded on the case that fails, but it is wrong on 'lengths [2,
+    3], block 1', where no block is ragged and ragged_padded gives the
+    reference: the checker names no mistake rather than a wrong one."""
+    from attnbook.exercises import masking
+
+    monkeypatch.setattr(
+        masking,
+        "BLOCK_MASK_MISTAKES",
+        [m for m in BLOCK_MASK_MISTAKES if m.key != "full_strict"],
+    )
+    with pytest.raises(ExerciseError) as err:
+        check_packed_block_mask(tiles_full_strict)
+    assert err.value.mistake is None, str(err.value)
+    # the padded ragged block itself is still named
+    with pytest.raises(ExerciseError) as err:
+        check_packed_block_mask(tiles_padded)
+    assert err.value.mistake == "ragged_padded"

@@ -13,6 +13,7 @@ import numpy as np
 from ..masks import packed_causal_mask
 from ..padding import key_padding_mask
 from ._framework import (
+    ExerciseError,
     FLOAT_MASK_DESCRIPTION,
     FLOAT_MASK_HINT,
     INT_MASK_DESCRIPTION,
@@ -116,6 +117,22 @@ PADDING_MISTAKES = [
         "compare the key index with each sequence's own length: lengths[:, "
         "None, None] broadcasts over b",
         _commit(lambda i, j, L, n: j < L.flat[0]),
+    ),
+    Mistake(
+        "longest_length",
+        "every sequence got the longest length: the mask hides only the "
+        "keys that every sequence pads, so the shorter sequences still see "
+        "their padding",
+        "compare the key index with each sequence's own length, j < "
+        "lengths[b], not with max(lengths)",
+        _commit(lambda i, j, L, n: j < L.max()),
+    ),
+    Mistake(
+        "no_mask",
+        "every entry is True: no key is hidden, so the real tokens attend "
+        "to the padding",
+        "key j of sequence b is real when j < lengths[b]: hide the others",
+        _commit(lambda i, j, L, n: j >= 0),
     ),
     Mistake(
         "head_axis",
@@ -349,6 +366,24 @@ def _boundary_off_by_one(lengths, block):
     )
 
 
+def _full_strict(lengths, block):
+    """A tile called full only when its last key comes *before* its first
+    query (k_last < q_first): a diagonal tile of one position, whose one pair
+    is visible, is called partial."""
+    _, _, first, last = _tile_bounds(lengths, block)
+    # k_last == q_first: a diagonal tile of one position
+    one_position = first[:, None] == last[None, :]
+    reference = _block_reference(lengths, block)
+    return np.where((reference == FULL) & one_position, PARTIAL, reference)
+
+
+def _no_documents(lengths, block):
+    """The documents ignored: the tiles of the plain causal mask of the
+    row."""
+    n = int(np.sum(lengths))
+    return _tile_classes(np.tril(np.ones((n, n), bool)), block)
+
+
 def _ragged_padded(lengths, block):
     return _tile_classes(_packed_dense(lengths), block, padding_masked=True)
 
@@ -418,6 +453,15 @@ BLOCK_MASK_MISTAKES = [
         "the packed mask is block-diagonal *and* causal within each "
         "document: key j is visible to query i only if j <= i",
         _no_causal,
+    ),
+    Mistake(
+        "no_documents",
+        "the documents are ignored: the tiles are those of the plain causal "
+        "mask of the whole row, so a query's tiles reach back into the "
+        "documents before its own",
+        "the packed mask is causal *and* block-diagonal: key j is visible "
+        "to query i only if j <= i and both lie in one document",
+        _no_documents,
     ),
     Mistake(
         "no_full_class",
@@ -490,6 +534,16 @@ BLOCK_MASK_MISTAKES = [
         "document of position p, or build the labels with "
         "np.repeat(np.arange(len(lengths)), lengths)",
         _boundary_off_by_one,
+    ),
+    Mistake(
+        "full_strict",
+        "a tile is called full only if its last key comes *before* its "
+        "first query (k_last < q_first): a diagonal tile of a single "
+        "position (block 1, or a ragged last block of one position) has its "
+        "one pair visible and is full",
+        "the hardest pair is (first query, last key); it may attend when "
+        "k_last <= q_first",
+        _full_strict,
     ),
     Mistake(
         "ragged_padded",
@@ -594,21 +648,65 @@ def check_packed_block_mask(fn) -> None:
     """
     __tracebackhide__ = True
     cases = block_mask_cases()
-    run_checks(
-        "packed block mask",
-        fn,
-        cases,
-        _block_reference,
-        BLOCK_MASK_MISTAKES,
-        # its "Correct" line waits for the memory check
-        quiet=True,
-    )
+    try:
+        _run_block_checks(fn, cases, BLOCK_MASK_MISTAKES)
+    except ExerciseError as err:
+        if err.mistake not in RAGGED_ONLY or not _wrong_without_ragged(
+            fn, cases
+        ):
+            raise
+        # a mistake of the ragged block cannot explain an answer that is
+        # wrong where no block is ragged: diagnose without those mistakes
+        _run_block_checks(
+            fn,
+            cases,
+            [m for m in BLOCK_MASK_MISTAKES if m.key not in RAGGED_ONLY],
+        )
     n = _check_block_memory(fn)
     print(
         f"Correct: packed block mask passes all {len(cases)} cases; on a "
         f"row of n = {n:,} in blocks of {BLOCK_MEMORY_BLOCK} it never "
         "needed the memory of the n x n mask."
     )
+
+
+# mistakes that change only the last, ragged block: where every block is whole
+# they give the reference's answer
+RAGGED_ONLY = ("ragged_padded", "floor_blocks")
+
+
+def _run_block_checks(fn, cases, mistakes) -> None:
+    __tracebackhide__ = True
+    run_checks(
+        "packed block mask",
+        fn,
+        cases,
+        _block_reference,
+        mistakes,
+        # its "Correct" line waits for the memory check
+        quiet=True,
+    )
+
+
+def _wrong_without_ragged(fn, cases) -> bool:
+    """Whether ``fn`` is wrong (or fails) on a case whose row fills whole
+    blocks."""
+    from ._framework import as_array, fresh, same
+
+    for case in cases:
+        lengths, block = case.args
+        if int(np.sum(lengths)) % block:
+            continue
+        given = fresh(case)
+        try:
+            with np.errstate(all="ignore"):
+                got = fn(*given.args, **given.kwargs)
+            right = same(as_array(got), _block_reference(*case.args))
+        except Exception:
+            right = False
+        if not right:
+            return True
+    return False
 
 
 def _check_block_memory(fn) -> int:
