@@ -892,3 +892,106 @@ def test_scores_clipped_instead_of_shifted_are_named():
 CATALOGUE["check_nadaraya_watson"]["wrong"] += [
     (nw_scores_clipped, "scores_clipped")
 ]
+
+
+# --- from the expert reading of chapter 12 (reading s, session 6) -----------
+
+
+def chunked_double_loop_no_state(phi_q, phi_k, v, chunk_size):
+    """Wrong: right values, only C x C weights at a time, but no running
+    state: each chunk of queries loops over every earlier chunk of keys,
+    O(n^2) work (accepted by the old checker)."""
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    for s in range(0, n, chunk_size):
+        e = min(s + chunk_size, n)
+        num, den = 0.0, 0.0
+        for t in range(0, e, chunk_size):
+            f = min(t + chunk_size, n)
+            w = phi_q[..., s:e, :] @ np.swapaxes(phi_k[..., t:f, :], -1, -2)
+            if t == s:
+                w = np.tril(w)
+            num = num + w @ v[..., t:f, :]
+            den = den + w.sum(-1)
+        out[..., s:e, :] = num / den[..., None]
+    return out
+
+
+def chunked_queries_against_all_keys(phi_q, phi_k, v, chunk_size):
+    """Wrong: right values, no state: each chunk's queries form their C x e
+    weights against every key up to the chunk's end, O(n^2) work (the old
+    checker called its C x n block a state per position)."""
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    for s in range(0, n, chunk_size):
+        e = min(s + chunk_size, n)
+        w = phi_q[..., s:e, :] @ np.swapaxes(phi_k[..., :e, :], -1, -2)
+        w = np.tril(w, k=s)
+        out[..., s:e, :] = (w @ v[..., :e, :]) / w.sum(-1)[..., None]
+    return out
+
+
+def chunked_queries_against_all_keys_float32(phi_q, phi_k, v, chunk_size):
+    """Wrong: the same in float32, the mask applied in place."""
+    fq, fk, vv = (np.asarray(x, np.float32) for x in (phi_q, phi_k, v))
+    n = fq.shape[-2]
+    out = np.empty(fq.shape[:-1] + vv.shape[-1:], np.float32)
+    for s in range(0, n, chunk_size):
+        e = min(s + chunk_size, n)
+        w = fq[..., s:e, :] @ np.swapaxes(fk[..., :e, :], -1, -2)
+        # zero the keys after each query, in place: key j > query s + r
+        later = np.arange(e)[None, :] > s + np.arange(e - s)[:, None]
+        w[..., later] = 0.0
+        out[..., s:e, :] = (w @ vv[..., :e, :]) / w.sum(-1)[..., None]
+    return out
+
+
+def test_a_chunked_answer_without_a_running_state_is_named():
+    """Fails on the old checker, which accepted the double loop and called
+    the query-chunk answer a state per position."""
+    for wrong in (
+        chunked_double_loop_no_state,
+        chunked_queries_against_all_keys,
+        chunked_queries_against_all_keys_float32,
+    ):
+        with pytest.raises(ExerciseError) as err:
+            check_chunked_causal_linear_attention(wrong)
+        assert err.value.mistake == "no_running_state", str(err.value)
+        assert "chunk_size = 64 (time)" in str(err.value)
+        assert "re-reads all earlier keys" in str(err.value)
+
+
+def test_the_memory_case_tells_a_chunk_block_from_n_states():
+    """A chunk's queries against every key (a C x n block of weights, its
+    masked copy and the output) pass the memory case, whose verdict is left
+    to the time check; the n states of the prefix sums are still named. The
+    old memory case (chunks of 64, a threshold of half the states) called the
+    block a state per position."""
+    from attnbook.exercises.perspectives import _check_chunked_memory
+
+    _check_chunked_memory(chunked_queries_against_all_keys)
+    _check_chunked_memory(chunked_queries_against_all_keys_float32)
+    with pytest.raises(ExerciseError) as err:
+        _check_chunked_memory(chunked_prefix_sums)
+    assert err.value.mistake == "state_per_position"
+
+
+def test_one_slow_length_measurement_does_not_reject_a_chunked_answer(
+    monkeypatch, capsys
+):
+    from attnbook.exercises import perspectives
+
+    # the length step: one slow try, then a fast one; then the chunk sizes
+    measured = iter([90.0, 14.0, 20.0])
+    monkeypatch.setattr(
+        perspectives, "work_growth", lambda *a, **k: next(measured)
+    )
+    check_chunked_causal_linear_attention(chunked_loop)
+    assert "Correct" in capsys.readouterr().out
+
+
+CHUNKED_WRONG += [
+    (chunked_double_loop_no_state, "no_running_state"),
+    (chunked_queries_against_all_keys, "no_running_state"),
+    (chunked_queries_against_all_keys_float32, "no_running_state"),
+]

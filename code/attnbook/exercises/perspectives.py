@@ -788,10 +788,10 @@ CHUNKED_CAUSAL_MISTAKES = [
 CHUNKED_CAUSAL_COST_MISTAKES = [
     Mistake(
         "state_per_position",
-        "the values are right, but your function stored a state per position "
-        "(the prefix sums of phi(k_j) v_j^T for every j, n x d_k x d_v "
-        "numbers): O(n d_k d_v) memory, where the point of the chunked form "
-        "is one d_k x d_v state",
+        "the values are right, but your function's peak memory was that of a "
+        "state per position (the prefix sums of phi(k_j) v_j^T for every j, "
+        "n x d_k x d_v numbers): O(n d_k d_v) memory, where the point of the "
+        "chunked form is one d_k x d_v state",
         "keep one running S (d_k x d_v) and z (d_k); inside a chunk use its "
         "C x C masked weights instead of per-position prefix sums",
         _causal_chunks,
@@ -812,6 +812,19 @@ CHUNKED_CAUSAL_COST_MISTAKES = [
         "form the chunk's C x C masked weights and advance the state once per "
         "chunk: with chunk_size = 64 that is one step of the loop per 64 "
         "positions",
+        _causal_chunks,
+    ),
+    Mistake(
+        "no_running_state",
+        "the values are right, but your function keeps no running state: "
+        "each chunk re-reads all earlier keys (a loop over the earlier "
+        "chunks, or the chunk's queries against every key before them), so "
+        "its work is O(n^2), although it stores only one chunk's weights at "
+        "a time",
+        "after a chunk's outputs, add its phi(K_c)^T V_c and the sum of its "
+        "phi(K_c) to one state S (d_k x d_v) and z (d_k); the next chunk "
+        "reads the whole past from S and z, in work that does not grow with "
+        "n",
         _causal_chunks,
     ),
 ]
@@ -884,13 +897,16 @@ def check_chunked_causal_linear_attention(fn) -> None:
     compared with the masked quadratic form in float64 on cases with a last
     chunk shorter than ``chunk_size``, one chunk longer than n, chunks of
     one, n = 1, batches and float32 inputs. Then the peak memory of one long
-    case (n = 4096, m = d_v = 16, chunk_size = 64) is measured: an answer that
+    case (n = 4096, m = d_v = 16, chunk_size = 16) is measured: an answer that
     stores a state per position (the prefix sums of every S_i) or the n x n
-    weights is rejected, though its values are right. Last, its CPU time on
-    n = 2048 with chunk_size = 1 and chunk_size = 64 is compared (a ratio of
-    process times, :func:`work_growth`): an answer that ignores the chunk size
-    and advances one position per step takes about as long with either, and
-    is rejected.
+    weights is rejected, though its values are right. Then its CPU time at
+    chunk_size = 64 is compared on n = 512 and n = 8192 (a ratio of process
+    times, :func:`work_growth`): an answer without a running state, whose
+    chunks re-read all earlier keys, does about 256 times the work at 16 times
+    the length, and is rejected. Last, its CPU time on n = 2048 with
+    chunk_size = 1 and chunk_size = 64 is compared: an answer that ignores
+    the chunk size and advances one position per step takes about as long
+    with either, and is rejected.
     """
     __tracebackhide__ = True
     run_checks(
@@ -904,18 +920,31 @@ def check_chunked_causal_linear_attention(fn) -> None:
         quiet=True,
     )
     _check_chunked_memory(fn)
+    _check_chunked_length(fn)
     _check_chunked_work(fn)
+    n_small, n_large, _ = CHUNK_LENGTH_STEP
     print(
         "Correct: chunked causal linear attention passes all "
         f"{len(chunked_causal_cases())} cases, on n = 4096 its memory "
-        "held no state per position and no n x n matrix, and its work fell "
-        "when the chunks grew."
+        "held no state per position and no n x n matrix, its CPU time grew "
+        f"like linear work from n = {n_small} to n = {n_large}, and its work "
+        "fell when the chunks grew."
     )
 
 
-def _check_chunked_memory(fn, n=4096, m=16, d_v=16, chunk_size=64) -> None:
+def _check_chunked_memory(fn, n=4096, m=16, d_v=16, chunk_size=16) -> None:
     """Reject an answer that stores n states (n m d_v numbers) or n x n
-    weights."""
+    weights.
+
+    The chunk is small so that the three sizes stand far apart: one chunk's
+    weights against every key (C x n, 512 KiB in float64) are an eighth of
+    the n states in float32 (n m d_v, 4 MiB), which are a sixteenth of the n
+    x n weights in float32 (64 MiB). A peak of at least the n states in
+    float32 is called a state per position (storing them takes that much,
+    in float64 twice, and a cumsum's temporary twice again); a chunk's
+    weights against every key, with a masked copy and the output, stay at
+    less than half of it, and so do several copies of the inputs.
+    """
     from ..bench import format_bytes, peak_memory
     from ._framework import ExerciseError
 
@@ -937,7 +966,7 @@ def _check_chunked_memory(fn, n=4096, m=16, d_v=16, chunk_size=64) -> None:
     mistake = None
     if peak >= square // 2:
         mistake = CHUNKED_CAUSAL_COST_MISTAKES[1]
-    elif peak >= states // 2:
+    elif peak >= states:
         mistake = CHUNKED_CAUSAL_COST_MISTAKES[0]
     if mistake is not None:
         raise ExerciseError(
@@ -954,6 +983,67 @@ def _check_chunked_memory(fn, n=4096, m=16, d_v=16, chunk_size=64) -> None:
             "chunked causal linear attention",
             case,
             "values differ from the reference on a long sequence",
+        )
+
+
+# The lengths compared at a fixed chunk size, and the growth of the CPU time
+# above which the work is called quadratic: 16 times the length is 16 times
+# the work of a running state (less where fixed costs weigh at the short
+# length), and 256 times that of an answer whose chunks re-read all earlier
+# keys. Measured here on a loaded 2-core AMD EPYC (load average 2.4-6, m =
+# d_v = 16, chunk_size = 64, the fastest of five runs, three tries each): over
+# 512 -> 8192 the right answers of the tests grew 9-22 times, the per-position
+# recurrence 12-18, a double loop over chunks without a state 138-264, a
+# chunk's queries against all earlier keys 158-273 (float64) and 162-186
+# (float32). Over 1024 -> 8192 the gap was narrower: 5-13 against 30-234.
+CHUNK_LENGTH_STEP = (512, 8192, 60.0)
+CHUNK_LENGTH_SIZE = 64
+CHUNK_LENGTH_TRIES = 3
+
+
+def _check_chunked_length(fn, m=16, d_v=16) -> None:
+    """Reject an answer whose work at a fixed chunk size grows
+    quadratically with n: one without a running state."""
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    rng = _rng(1215)
+    n_small, n_large, limit = CHUNK_LENGTH_STEP
+    phi_q, phi_k = (
+        elu_feature_map(rng.normal(size=(n_large, m))) for _ in "qk"
+    )
+    v = rng.normal(size=(n_large, d_v))
+
+    def make(n):
+        # fresh copies of the first n positions
+        return (
+            phi_q[:n].copy(),
+            phi_k[:n].copy(),
+            v[:n].copy(),
+            CHUNK_LENGTH_SIZE,
+        )
+
+    # A busy machine can slow one run of the long sequence: a growth above
+    # the limit is measured again, up to CHUNK_LENGTH_TRIES times in all,
+    # and only the smallest counts. Quadratic work exceeds the limit in every
+    # try.
+    growth = work_growth(fn, make, n_small, n_large, repeats=5)
+    for _ in range(CHUNK_LENGTH_TRIES - 1):
+        if growth <= limit:
+            break
+        growth = min(
+            growth, work_growth(fn, make, n_small, n_large, repeats=5)
+        )
+    if growth > limit:
+        ratio = n_large // n_small
+        raise ExerciseError(
+            "chunked causal linear attention",
+            f"n = {n_small} and n = {n_large}, m = d_v = {m}, "
+            f"chunk_size = {CHUNK_LENGTH_SIZE} (time)",
+            f"at {ratio} times the length your function took {growth:.0f} "
+            f"times the CPU time (a running state: about {ratio} times; "
+            f"every chunk against all earlier keys: {ratio**2})",
+            mistake=CHUNKED_CAUSAL_COST_MISTAKES[3],
         )
 
 
