@@ -1094,3 +1094,55 @@ def test_the_buffered_add_hint_never_recommends_h_transpose_g():
     for mistake in EMBEDDING_GRAD_MISTAKES:
         assert "H^T G itself" not in mistake.hint, mistake.key
         assert "take the product H^T G" not in mistake.hint, mistake.key
+
+
+# --- from the expert reading ch01-t: a total counted half, and the
+# transposed b divided by its (n, 1) norms ----------------------------------
+
+
+def ppmi_half_total(counts):
+    """Each unordered pair counted once: the total is half the matrix's sum
+    (a symmetric matrix counts each pair twice)."""
+    counts = np.asarray(counts, dtype=float)
+    total = counts.sum() / 2
+    expected = np.outer(counts.sum(axis=1), counts.sum(axis=0)) / total
+    with np.errstate(all="ignore"):
+        pmi = np.log(counts / expected)
+    return np.where(counts > 0, np.maximum(pmi, 0.0), 0.0)
+
+
+def cos_divides_transposed_b(a, b):
+    """keepdims on both sides, but b.T (d, n) divided by the (n, 1)
+    norms."""
+    na = np.linalg.norm(a, axis=1, keepdims=True)
+    nb = np.linalg.norm(b, axis=1, keepdims=True)
+    return (a / na) @ (b.T / nb)
+
+
+def test_a_halved_total_is_named_among_the_causes_of_the_shift():
+    """Same numbers as SPPMI with k = 2: the diagnosis and the hint name the
+    total counted half too, not only a - log k the student never wrote."""
+    with pytest.raises(ExerciseError) as info, np.errstate(all="ignore"):
+        check_ppmi(ppmi_half_total)
+    assert info.value.mistake == "shifted", str(info.value)
+    message = str(info.value)
+    diagnosis = message[: message.index("Hint:")]
+    hint = message[message.index("Hint:") :]
+    assert "SPPMI" in diagnosis and "half" in diagnosis, message
+    assert "log k" in hint and "halve the total" in hint, message
+
+
+def test_dividing_the_transposed_b_is_named():
+    with pytest.raises(ExerciseError) as info, np.errstate(all="ignore"):
+        check_cosine_similarity(cos_divides_transposed_b)
+    assert info.value.mistake == "no_keepdims_b_only", str(info.value)
+    message = str(info.value)
+    diagnosis = message[: message.index("Hint:")]
+    assert "transposed b" in diagnosis and "row norms of b" in diagnosis
+    assert "not b.T" in message[message.index("Hint:") :], message
+
+
+CATALOGUE["check_ppmi"]["wrong"] += [(ppmi_half_total, "shifted")]
+CATALOGUE["check_cosine_similarity"]["wrong"] += [
+    (cos_divides_transposed_b, "no_keepdims_b_only")
+]

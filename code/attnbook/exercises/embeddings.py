@@ -99,16 +99,22 @@ COSINE_MISTAKES = [
         ),
     ),
     # keepdims forgotten on one side only: on the square case the (m,)
-    # norms broadcast along the last axis and divide that side's columns
+    # norms broadcast along the last axis and divide that side's columns.
+    # Dividing the transposed side, b.T (d, n) / (n, 1) norms, gives the
+    # same numbers (and fails alike when d != n), so the diagnosis names
+    # both causes
     *(
         Mistake(
             f"no_keepdims_{side}_only",
-            f"the row norms of {side} have shape ({dim},) instead of "
-            f"({dim}, 1), so they divide {side}'s columns, not its rows "
-            f"(numpy broadcasts them along the last axis); {other}'s rows "
-            "are normalised correctly",
-            f"use keepdims=True for {side}'s norms too (or "
-            f"norms_{side}[:, None]), as you did for {other}'s",
+            f"{side}'s row norms divide its columns, not its rows: "
+            f"either the row norms of {side} have shape ({dim},) instead of "
+            f"({dim}, 1) (numpy broadcasts them along the last axis), or "
+            f"you divided the transposed {side}, {side}.T of shape "
+            f"(d, {dim}), by the ({dim}, 1) norms; {other}'s rows are "
+            "normalised correctly",
+            f"divide {side} itself, not {side}.T, by norms of shape "
+            f"({dim}, 1): keepdims=True (or norms_{side}[:, None]), as you "
+            f"did for {other}; transpose only after normalising",
             partial(_no_keepdims_one_side, side=side),
         )
         for side, other, dim in (("a", "b", "m"), ("b", "a", "n"))
@@ -317,13 +323,19 @@ PPMI_MISTAKES = [
         "exercise asks for max(0, PMI), unshifted",
         lambda n: np.zeros(np.shape(n)),
     ),
+    # a total N counted half gives the same numbers as a shift by log 2:
+    # log(N_wc (N / 2) / (N_w N_c)) = PMI - log 2
     Mistake(
         "shifted",
-        "your PMI is shifted down by log 2 before the clip: max(0, PMI - log "
-        "k) is the shifted PPMI "
-        "(SPPMI) of Levy & Goldberg 2014, with k = 2",
-        "the exercise asks for the unshifted PPMI, max(0, PMI): leave out the "
-        "- log k",
+        "your PMI is shifted down by log 2 before the clip, for one of two "
+        "causes: either you subtracted log k with k = 2 (max(0, PMI - log "
+        "k) is the shifted PPMI, SPPMI, of Levy & Goldberg 2014), or your "
+        "total N is half what it should be (each pair of a symmetric "
+        "matrix counted once instead of twice, or N / 2), since "
+        "log(N_wc (N / 2) / (N_w N_c)) = PMI - log 2",
+        "the exercise asks for the unshifted PPMI, max(0, PMI), with N the "
+        "sum of every entry of the matrix, counts.sum(): leave out any "
+        "- log k, and do not halve the total",
         lambda n: np.maximum(
             np.nan_to_num(
                 _pmi(n, _expected(n, n.sum(1), n.sum(0))),
@@ -870,10 +882,13 @@ def check_embedding_grad(fn) -> None:
     sum of ``grad_out`` over the positions that hold ``v``.
 
     Besides the values, the checker measures the memory of one large case
-    (:func:`_memory_case`): an answer that builds the one-hot matrix ``H``
-    (the product ``H^T G``, right values at the cost the lookup avoids) is
-    rejected. The measurement uses :mod:`tracemalloc` for numpy and torch's
-    profiler for torch, as :func:`check_linear_attention` does.
+    (:func:`_memory_case`): an answer whose peak reaches half of the one-hot
+    matrix ``H`` as booleans, so one that builds the whole ``H`` (the product
+    ``H^T G``, right values at the cost the lookup avoids), is rejected. A
+    product computed block by block over small chunks of ids stays below the
+    threshold and is not detected. The measurement uses :mod:`tracemalloc` for
+    numpy and torch's profiler for torch, as :func:`check_linear_attention`
+    does.
     """
     __tracebackhide__ = True
     cases = embedding_grad_cases()
