@@ -596,6 +596,67 @@ def ring_not_written(q, k_new, v_new, k_ring, v_ring, pos):
     return out, k_ring, v_ring
 
 
+def ring_window_no_upper_bound(q, k_new, v_new, k_ring, v_ring, pos):
+    # the sliding window's lower bound, key_pos > p - W, with the causal
+    # upper bound forgotten: in a chunk every query sees the later new
+    # tokens too
+    w, n = k_ring.shape[-2], q.shape[-2]
+    held = np.arange(max(0, pos - w + 1), pos)
+    keys = np.concatenate([k_ring[..., held % w, :], k_new], -2)
+    values = np.concatenate([v_ring[..., held % w, :], v_new], -2)
+    k_pos = np.concatenate([held, pos + np.arange(n)])
+    q_pos = (pos + np.arange(n))[:, None]
+    s = np.where(
+        k_pos > q_pos - w,
+        q @ np.swapaxes(keys, -1, -2) / np.sqrt(q.shape[-1]),
+        -np.inf,
+    )
+    e = np.exp(s - s.max(-1, keepdims=True))
+    out = (e / e.sum(-1, keepdims=True)) @ values
+    for i in range(max(0, n - w), n):
+        k_ring[..., (pos + i) % w, :] = k_new[..., i, :]
+        v_ring[..., (pos + i) % w, :] = v_new[..., i, :]
+    return out, k_ring, v_ring
+
+
+def ring_writes_chunk_at_once(q, k_new, v_new, k_ring, v_ring, pos):
+    # right outputs; the whole chunk written in one assignment, whose slots
+    # repeat when the chunk is longer than the window (numpy does not say
+    # which value a repeated index keeps)
+    out, _, _ = ring_good_gather_float32(
+        q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+    )
+    idx = (pos + np.arange(q.shape[-2])) % k_ring.shape[-2]
+    k_ring[..., idx, :] = k_new
+    v_ring[..., idx, :] = v_new
+    return out, k_ring, v_ring
+
+
+def ring_puts_chunk_along_axis(q, k_new, v_new, k_ring, v_ring, pos):
+    # the same write through np.put_along_axis, on new rings (copies)
+    out, _, _ = ring_good_gather_float32(
+        q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+    )
+    k_ring, v_ring = k_ring.copy(), v_ring.copy()
+    idx = ((pos + np.arange(q.shape[-2])) % k_ring.shape[-2])[:, None]
+    for ring, new in ((k_ring, k_new), (v_ring, v_new)):
+        np.put_along_axis(ring, np.broadcast_to(idx, new.shape), new, axis=-2)
+    return out, k_ring, v_ring
+
+
+def ring_good_duplicates_of_one_value(q, k_new, v_new, k_ring, v_ring, pos):
+    # right: the last min(n_new, W) tokens, each written twice, but with the
+    # same value, so whichever copy numpy keeps is the same
+    out, _, _ = ring_good_gather_float32(
+        q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+    )
+    w, n = k_ring.shape[-2], q.shape[-2]
+    last = np.repeat(np.arange(max(0, n - w), n), 2)
+    k_ring[..., (pos + last) % w, :] = k_new[..., last, :]
+    v_ring[..., (pos + last) % w, :] = v_new[..., last, :]
+    return out, k_ring, v_ring
+
+
 RING_WRONG = [
     (ring_nan_through_zero_weights, "reads_unwritten_slots"),
     (ring_write_then_gather, "overwrites_before_reading"),
@@ -605,6 +666,11 @@ RING_WRONG = [
     (window_loop(lambda w: w - 2), "window_one_too_narrow"),
     # the ring as it was, without the new token
     (window_loop(lambda w: w, hi=-1), "forgets_own_key"),
+    # the W - 1 before it, without itself
+    (window_loop(lambda w: w - 1, hi=-1), "misses_own_key_sees_w_minus_1"),
+    (ring_window_no_upper_bound, "no_upper_bound_in_chunk"),
+    (ring_writes_chunk_at_once, "repeated_slot_write"),
+    (ring_puts_chunk_along_axis, "repeated_slot_write"),
     (ring_rolled, "time_ordered_ring"),
     (ring_one_slice, "slice_past_the_end"),
     (ring_chunk_unmasked, "no_mask_in_chunk"),
@@ -620,10 +686,40 @@ def test_ring_right_solutions_pass_quietly(capsys):
         ring_good_gather_float32,
         ring_good_slot_order,
         ring_good_torch_token_by_token,
+        ring_good_duplicates_of_one_value,
     ):
         check_ring_decode_step(good)
     out = capsys.readouterr().out
-    assert out.count("Correct") == 3 and "Note" not in out
+    assert out.count("Correct") == 4 and "Note" not in out
+
+
+def test_a_slot_written_twice_in_one_assignment_is_named_with_its_step():
+    """numpy keeps the last value today, so outputs and rings are right: the
+    verdict says so and names the slot and the step."""
+    with pytest.raises(ExerciseError) as err:
+        check_ring_decode_step(ring_writes_chunk_at_once)
+    first = str(err.value).splitlines()[0]
+    assert err.value.case.startswith("a prompt of 6")
+    assert "the outputs are right" in first
+    assert "slot 0 of k_ring, in the step at pos = 0 with n_new = 6" in first
+
+
+def test_the_watched_ring_notes_only_clashing_repeated_writes():
+    from attnbook.exercises.kv_cache import _watched
+
+    log = []
+    ring = _watched(np.zeros((2, 4, 3)), log, 4, "k_ring")
+    ring[..., [1, 2], :] = 1.0  # distinct slots
+    ring[..., [3, 3], :] = 2.0  # repeated, one value
+    ring[0, :, 0] = np.arange(4.0)  # basic indexing
+    assert log == []
+    ring[..., [1, 2, 1], :] = np.arange(9.0).reshape(3, 3)
+    assert log == [("k_ring", 1)]
+    view = ring[1]
+    view[np.array([0, -4])] = np.ones((2, 3)) * [[1], [2]]
+    assert log[-1] == ("k_ring", 0)
+    # what it notes, it still writes
+    assert np.array_equal(np.asarray(ring)[1, 2], [3.0, 4.0, 5.0])
 
 
 @pytest.mark.parametrize("wrong, key", RING_WRONG)
@@ -745,6 +841,7 @@ CATALOGUE = {
             ring_good_gather_float32,
             ring_good_slot_order,
             ring_good_torch_token_by_token,
+            ring_good_duplicates_of_one_value,
         ],
         "wrong": RING_WRONG,
     },

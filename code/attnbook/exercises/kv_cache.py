@@ -377,8 +377,8 @@ RING_EXERCISE = "ring-buffer decoding step"
 
 def _window_attend(q, keys, values, q_pos, k_pos, lo, hi, scale=None):
     """Attention of queries at positions ``q_pos`` over keys at ``k_pos``: the
-    query at p sees the keys at p + lo .. p + hi (both ends included); a query
-    that sees no key gets zeros."""
+    query at p sees the keys at p + lo .. p + hi (both ends included; ``hi =
+    np.inf``: no upper bound); a query that sees no key gets zeros."""
     visible = (k_pos[None, :] >= q_pos[:, None] + lo) & (
         k_pos[None, :] <= q_pos[:, None] + hi
     )
@@ -496,6 +496,16 @@ def _slice_past_the_end(q, k_new, v_new, k_ring, v_ring, pos):
     return out, k_ring, v_ring
 
 
+def _writes_chunk_at_once(q, k_new, v_new, k_ring, v_ring, pos):
+    """Right outputs; writes every token of the chunk in one assignment,
+    into the rings it was given: a chunk longer than W repeats slots."""
+    out, _, _ = _ring_core(q, k_new, v_new, k_ring, v_ring, pos)
+    slots = (pos + np.arange(q.shape[-2])) % k_ring.shape[-2]
+    k_ring[..., slots, :] = k_new
+    v_ring[..., slots, :] = v_new
+    return out, k_ring, v_ring
+
+
 def _is_slice_assignment_error(err: Exception) -> bool:
     """numpy's complaint when a slice cut short at the end of an array is
     assigned a longer block."""
@@ -575,6 +585,15 @@ RING_MISTAKES = [
         _ring_mistake(lo_offset=-1, hi=-1),
     ),
     Mistake(
+        "misses_own_key_sees_w_minus_1",
+        "each query attends to the W - 1 positions before it but not to its "
+        "own key: its window p - W + 1 .. p - 1 stops one short of itself "
+        "(with W = 1 it sees nothing at all)",
+        "the query at p sees the keys at p - W + 1 .. p, itself included: "
+        "key_pos <= p, not key_pos < p",
+        _ring_mistake(hi=-1),
+    ),
+    Mistake(
         "forgets_to_write",
         "the new keys and values are never written into the ring, so later "
         "steps read stale (or unwritten) slots",
@@ -589,6 +608,28 @@ RING_MISTAKES = [
         "mask by position: the query at p sees keys at p - W + 1 .. p only, "
         "new ones included",
         _ring_mistake(chunk_causal=False),
+    ),
+    Mistake(
+        "no_upper_bound_in_chunk",
+        "inside a chunk each query sees the keys from its own window start "
+        "on (key_pos > p - W) with no upper bound: the later new tokens of "
+        "the chunk too, so the window's lower bound stands in for both",
+        "the query at p sees the keys at p - W + 1 .. p: bound it on both "
+        "sides, (key_pos > p - W) & (key_pos <= p)",
+        _ring_mistake(hi=np.inf),
+    ),
+    Mistake(
+        "repeated_slot_write",
+        "one assignment writes a slot more than once: a chunk longer than the "
+        "window written at once, slots (pos + np.arange(n_new)) % W, repeats "
+        "slots, and numpy does not guarantee which of the values assigned to "
+        "a repeated index is kept, so the ring may end up holding an earlier "
+        "token of the chunk instead of the last (today's numpy happens to "
+        "keep the last, which is why your rings came out right)",
+        "write only the last min(n_new, W) tokens of the chunk: last = "
+        "np.arange(max(0, n_new - W), n_new), then k_ring[..., (pos + last) "
+        "% W, :] = k_new[..., last, :]",
+        _writes_chunk_at_once,
     ),
     Mistake(
         "time_ordered_ring",
@@ -645,27 +686,113 @@ def _ring_after(k, v, window, n):
     return k_ring, v_ring
 
 
+class _WatchedRing(np.ndarray):
+    """A ring as the driver hands it to the reader's step: a numpy array that
+    notes, in ``_log``, every assignment through indexing (``ring[idx] =
+    value``, ``np.put_along_axis``) that writes one slot more than once with
+    different values. numpy leaves unspecified which of those values is kept
+    (for advanced assignments "there is in general no guarantee for the
+    iteration order"). Views, copies made by its methods (``.copy()``,
+    ``.astype``) and the results of arithmetic on it are watched too;
+    ``np.array(ring)``, ``np.concatenate``, ``np.where`` and writes through
+    torch are not."""
+
+    _log = None
+    _slots = None
+    _name = "the ring"
+
+    def __array_finalize__(self, obj):
+        self._log = getattr(obj, "_log", None)
+        self._slots = getattr(obj, "_slots", None)
+        self._name = getattr(obj, "_name", "the ring")
+
+    def __setitem__(self, index, value):
+        if (
+            self._log is not None
+            and self.ndim >= 2
+            and self.shape[-2] == self._slots
+        ):
+            slot = _repeated_slot(self.shape, index, value, self.dtype)
+            if slot is not None:
+                self._log.append((self._name, slot))
+        super().__setitem__(index, value)
+
+
+def _repeated_slot(shape, index, value, dtype):
+    """The slot (axis -2) of the first entry that ``a[index] = value`` on an
+    array of ``shape`` assigns more than once with different values, or None
+    (also when the assignment cannot be read: numpy then judges it)."""
+    try:
+        # which entry of the array each assigned element lands on
+        targets = np.arange(int(np.prod(shape))).reshape(shape)[index]
+        values = np.broadcast_to(
+            np.asarray(value).astype(dtype), np.shape(targets)
+        )
+    except Exception:
+        return None
+    targets, values = np.ravel(targets), np.ravel(values)
+    order = np.argsort(targets, kind="stable")
+    targets, values = targets[order], values[order]
+    again = targets[1:] == targets[:-1]
+    with np.errstate(invalid="ignore"):
+        equal = (values[1:] == values[:-1]) | (
+            np.isnan(values[1:]) & np.isnan(values[:-1])
+            if values.dtype.kind in "fc"
+            else False
+        )
+    clash = np.nonzero(again & ~equal)[0]
+    if clash.size == 0:
+        return None
+    return int(np.unravel_index(targets[clash[0]], shape)[-2])
+
+
+def _watched(ring, log, window, name):
+    ring = np.asarray(ring).view(_WatchedRing)
+    ring._log, ring._slots, ring._name = log, window, name
+    return ring
+
+
+class _RingRun(tuple):
+    """A driven run's ``(outputs, k_ring, v_ring)``, with ``repeated``: where
+    one assignment first wrote a slot more than once (a string), or None."""
+
+    repeated = None
+
+
+def _ring_run(out, k_ring, v_ring, repeated=None):
+    run = _RingRun((out, k_ring, v_ring))
+    run.repeated = repeated
+    return run
+
+
 def _drive(step):
     """``step`` run over a whole sequence: the driver owns the rings (filled,
     for the positions before ``start``, as a right step would have left them)
     and passes each chunk, then returns ``(outputs from position start on,
-    k_ring, v_ring)`` with the slots never written set to NaN."""
+    k_ring, v_ring)`` with the slots never written set to NaN, and with
+    ``repeated`` saying where an assignment first wrote a slot twice."""
 
     def run(q, k, v, window, chunks, start=0):
         __tracebackhide__ = True
         k_ring, v_ring = _ring_after(k, v, window, start)
-        outs, pos = [], start
+        outs, pos, log, repeated = [], start, [], None
         for n in chunks:
             chunk = slice(pos, pos + n)
             got = step(
                 q[..., chunk, :].copy(),
                 k[..., chunk, :].copy(),
                 v[..., chunk, :].copy(),
-                k_ring,
-                v_ring,
+                _watched(k_ring, log, window, "k_ring"),
+                _watched(v_ring, log, window, "v_ring"),
                 pos,
             )
             out, k_ring, v_ring = _ring_triple(got)
+            if log and repeated is None:
+                name, slot = log[0]
+                repeated = (
+                    f"slot {slot} of {name}, in the step at pos = {pos} with "
+                    f"n_new = {n} on a ring of W = {window}"
+                )
             outs.append(out)
             pos += n
         out = np.concatenate(outs, axis=-2).astype(np.float64)
@@ -675,7 +802,7 @@ def _drive(step):
         for ring in (k_ring, v_ring):
             if ring.shape[-2] == window:
                 ring[..., unwritten, :] = np.nan
-        return out, k_ring, v_ring
+        return _ring_run(out, k_ring, v_ring, repeated)
 
     return run
 
@@ -709,7 +836,7 @@ def _ring_reference(q, k, v, window, chunks, start=0):
     k_ring, v_ring = _ring_after(
         k.astype(np.float64), v.astype(np.float64), window, n
     )
-    return out, k_ring, v_ring
+    return _ring_run(out, k_ring, v_ring)
 
 
 def _sliding_window(n, window):
@@ -766,7 +893,12 @@ def ring_cases() -> list[Case]:
 
 
 def _same_ring_run(got, expected) -> bool:
-    return all(same(g, e) for g, e in zip(got, expected))
+    """The same outputs and rings, and a slot written twice in one assignment
+    in both runs or in neither."""
+    twice = [getattr(r, "repeated", None) is not None for r in (got, expected)]
+    return twice[0] == twice[1] and all(
+        same(g, e) for g, e in zip(got, expected)
+    )
 
 
 def _positions(flags):
@@ -814,6 +946,12 @@ def _ring_problem(got, expected, case: Case) -> str:
             "differs from sliding-window attention ("
             + "; ".join(details)
             + ")"
+        )
+    if getattr(got, "repeated", None) is not None:
+        return (
+            "the outputs are right, but one assignment wrote a slot more "
+            f"than once with different values ({got.repeated}): which value "
+            "numpy keeps is not specified"
         )
     return (
         "the outputs are right, but after the last step the ring's slots do "
