@@ -147,3 +147,33 @@ def test_checked_outputs_show_no_negative_zero(path):
             assert not NEGATIVE_ZERO.search(text), (
                 f"code cell {i} prints a negative zero: {text[:300]}"
             )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_solution_code_is_folded(path):
+    """The introduction promises that solutions are folded: after the
+    Solutions heading, every code cell's source is folded (hide-input), except
+    the one-line calls that show the package's own source."""
+    cells = load(path)["cells"]
+    start = next(
+        (
+            i
+            for i, c in enumerate(cells)
+            if c["cell_type"] == "markdown"
+            and re.search(r"^#+ Solutions", source(c), re.M)
+        ),
+        None,
+    )
+    assert start is not None, f"{path.name} has no Solutions heading"
+    open_cells = [
+        source(c).splitlines()[0]
+        for c in cells[start:]
+        if c["cell_type"] == "code"
+        and not source(c).lstrip().startswith("attnbook.show_source")
+        and not {"hide-input", "hide-cell"}
+        & set(c["metadata"].get("tags", []))
+    ]
+    assert not open_cells, (
+        f"solution code cells shown open in {path.name} (tag them "
+        f"hide-input): {open_cells}"
+    )
