@@ -332,7 +332,8 @@ def attention_in_place(q, k, v, mask=None):
     q /= np.sqrt(q.shape[-1])
     s = q @ np.swapaxes(k, -1, -2)
     if mask is not None:
-        s[..., ~np.broadcast_to(mask, s.shape[-2:])] = -np.inf
+        # broadcast to the scores' whole shape: a mask may have batch axes
+        s[~np.broadcast_to(mask, s.shape)] = -np.inf
     return safe_softmax(s) @ v
 
 
@@ -1013,10 +1014,13 @@ def attention_mask_added(q, k, v, mask=None):
 def attention_loop_over_heads(q, k, v, mask=None):
     # right: one matrix at a time over the leading axes
     out = np.empty(q.shape[:-1] + v.shape[-1:], dtype=np.result_type(q, v))
-    full = np.ones((q.shape[-2], k.shape[-2]), bool) if mask is None else mask
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    full = np.ones((n_q, n_k), bool) if mask is None else mask
+    # one (n_q, n_k) mask per matrix: a mask may have batch axes
+    full = np.broadcast_to(full, q.shape[:-2] + (n_q, n_k))
     for idx in np.ndindex(q.shape[:-2]):
         s = q[idx] @ k[idx].T / np.sqrt(q.shape[-1])
-        out[idx] = safe_softmax(np.where(full, s, -np.inf)) @ v[idx]
+        out[idx] = safe_softmax(np.where(full[idx], s, -np.inf)) @ v[idx]
     return out
 
 
@@ -1224,5 +1228,127 @@ def test_a_pair_with_nan_on_the_fully_masked_row_is_accepted(capsys):
 def test_the_output_alone_is_judged_on_the_output(capsys):
     check_attention(good_attention)
     assert capsys.readouterr().out.strip() == (
-        "Correct: scaled dot-product attention passes all 6 cases."
+        "Correct: scaled dot-product attention passes all 7 cases."
     )
+
+
+# --- from the expert reading of chapter 4 (s6, reader t, E4 and section 3):
+# every masked case of check_attention had a 2-D mask, so a mask taken from
+# the first batch element only (A-W7) and boolean indexing, which does not
+# broadcast (A-W6), passed all six cases; and a softmax shifted by the first
+# row's maximum (W7) got the generic hint only.
+
+
+def attention_mask_of_the_first_sequence(q, k, v, mask=None):
+    # "the mask is the same for the whole batch"
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.ndim > 2:
+            m = m[(0,) * (m.ndim - 2)]
+        s = np.where(m, s, -np.inf)
+    return safe_softmax(s) @ v
+
+
+def attention_mask_broadcast_to_one_matrix(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(np.broadcast_to(mask, s.shape[-2:]), s, -np.inf)
+    return safe_softmax(s) @ v
+
+
+def attention_boolean_indexing(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s[..., ~mask] = -np.inf
+    return safe_softmax(s) @ v
+
+
+def attention_boolean_indexing_no_ellipsis(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s[~mask] = -np.inf
+    return safe_softmax(s) @ v
+
+
+def attention_torch_boolean_indexing(q, k, v, mask=None):
+    q_t, k_t, v_t = (torch.from_numpy(np.asarray(a)) for a in (q, k, v))
+    s = q_t @ k_t.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if mask is not None:
+        s[..., ~torch.from_numpy(np.asarray(mask))] = float("-inf")
+    return torch.nan_to_num(torch.softmax(s, dim=-1)) @ v_t
+
+
+def attention_boolean_indexing_broadcast(q, k, v, mask=None):
+    """Right: boolean indexing with the mask broadcast to the scores' whole
+    shape first."""
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s[~np.broadcast_to(mask, s.shape)] = -np.inf
+    return safe_softmax(s) @ v
+
+
+def attention_masked_fill_torch(q, k, v, mask=None):
+    """Right: torch's masked_fill, which broadcasts the mask, and the rows
+    of a query that sees no key set to 0 afterwards."""
+    q_t, k_t, v_t = (torch.from_numpy(np.asarray(a)) for a in (q, k, v))
+    s = q_t @ k_t.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if mask is not None:
+        s = s.masked_fill(~torch.from_numpy(np.asarray(mask)), float("-inf"))
+    return torch.nan_to_num(torch.softmax(s, dim=-1)) @ v_t
+
+
+def softmax_first_row_max(x):
+    # "subtract the max": of the first row, for every row
+    m = x.reshape(-1, x.shape[-1])[0].max()
+    e = np.exp(x - m)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_first_matrix_max(x):
+    m = np.max(x[0])
+    return np.exp(x - m) / np.sum(np.exp(x - m), axis=-1, keepdims=True)
+
+
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_mask_of_the_first_sequence, "mask_not_batched"),
+    (attention_mask_broadcast_to_one_matrix, "mask_not_batched"),
+    (attention_boolean_indexing, "mask_boolean_index"),
+    (attention_boolean_indexing_no_ellipsis, "mask_boolean_index"),
+    (attention_torch_boolean_indexing, "mask_boolean_index"),
+]
+CATALOGUE["check_attention"]["right"] += [
+    attention_boolean_indexing_broadcast,
+    attention_masked_fill_torch,
+]
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_first_row_max, "first_row_max"),
+    (softmax_first_matrix_max, "first_row_max"),
+]
+
+
+def test_a_padding_mask_that_differs_across_the_batch_is_a_case():
+    """The last case's mask has leading axes, differs between the two
+    sequences, and hides a key the other sequence may see."""
+    from attnbook.exercises.attention import attention_cases
+
+    case = attention_cases()[-1]
+    mask = case.kwargs["mask"]
+    assert mask.shape == (2, 1, 1, 5) and mask.dtype == bool
+    assert not np.array_equal(mask[0], mask[1])
+    q, k, v = case.args
+    assert q.shape[:2] == (2, 3)
+
+
+def test_the_first_sequences_mask_is_named_on_the_padding_case():
+    with pytest.raises(ExerciseError) as err:
+        check_attention(attention_mask_of_the_first_sequence)
+    assert "padding mask of shape (2, 1, 1, 5)" in str(err.value)
+    assert "not broadcast over the batch" in str(err.value)
+
+
+def test_boolean_indexing_is_named_by_its_index_error():
+    with pytest.raises(ExerciseError) as err:
+        check_attention(attention_boolean_indexing)
+    assert "IndexError" in str(err.value)
+    assert "np.where(mask, s, -np.inf)" in str(err.value)

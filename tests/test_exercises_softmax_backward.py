@@ -425,3 +425,74 @@ def test_a_float32_mistake_is_named_whatever_dtype_it_returns(returned):
     with pytest.raises(ExerciseError) as err:
         check_attention_backward(wrong)
     assert err.value.mistake == "no_scale_in_dk"
+
+
+# --- from the expert reading of chapter 4 (s6, reader t, section 3): three
+# plausible slips got the generic hint only, no diagnosis (B-W2, B-W4,
+# B-W10).
+
+
+def backward_row_term_mean(q, k, v, d_out, mask=None):
+    """The row term taken as the mean of dP over the keys."""
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - d_p.mean(axis=-1, keepdims=True))
+    c = np.sqrt(q.shape[-1])
+    return (
+        d_s @ k / c,
+        np.swapaxes(d_s, -1, -2) @ q / c,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+def backward_dk_scaled_twice(q, k, v, d_out, mask=None):
+    """dS scaled once for d_q and d_k, then d_k scaled again."""
+    c = 1 / np.sqrt(q.shape[-1])
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True)) * c
+    return (
+        d_s @ k,
+        np.swapaxes(d_s, -1, -2) @ q * c,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+def backward_dq_scaled_twice(q, k, v, d_out, mask=None):
+    c = 1 / np.sqrt(q.shape[-1])
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))
+    return (
+        d_s @ k * c / np.sqrt(q.shape[-1]),
+        (np.swapaxes(d_s, -1, -2) @ q * c),
+        np.swapaxes(p, -1, -2) @ d_out,
+    )
+
+
+def backward_scale_one_over_d_everywhere(q, k, v, d_out, mask=None):
+    """1/d_k as the scale, in the forward pass and in the backward."""
+    c = 1 / q.shape[-1]
+    s = q @ np.swapaxes(k, -1, -2) * c
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    o = p @ v
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - (d_out * o).sum(axis=-1, keepdims=True))
+    return (
+        d_s @ k * c,
+        np.swapaxes(d_s, -1, -2) @ q * c,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+CATALOGUE["check_attention_backward"]["wrong"] += [
+    (backward_row_term_mean, "row_term_mean"),
+    (backward_dk_scaled_twice, "dk_scaled_twice"),
+    (backward_dq_scaled_twice, "dq_scaled_twice"),
+    (backward_scale_one_over_d_everywhere, "forward_scale_by_dk"),
+]

@@ -214,6 +214,24 @@ SOFTMAX_MISTAKES = [
             / np.exp(x - x.max()).sum(axis=-1, keepdims=True)
         ),
     ),
+    # one maximum for every row again, taken from the first row (or, x[0],
+    # from the first matrix of a batch)
+    *[
+        Mistake(
+            "first_row_max",
+            "every row is shifted by the maximum of the first row (or of the "
+            "first matrix of a batch), not by its own: a row far above that "
+            "number overflows (inf / inf), one far below it underflows to "
+            "all zeros (0 / 0), and the result is NaN",
+            "subtract each row's own maximum: x - x.max(axis=-1, "
+            "keepdims=True), one number per row",
+            lambda x, first=first: _shifted_by(x, first(x).max()),
+        )
+        for first in (
+            lambda x: np.reshape(x, (-1, np.shape(x)[-1]))[0],
+            lambda x: np.asarray(x)[0],
+        )
+    ],
     Mistake(
         "shift_not_max",
         _SHIFT_NOT_MAX,
@@ -642,6 +660,34 @@ def _attention_with(scores_fn, weights_fn=softmax):
     return attention
 
 
+def _first_batch_mask(mask):
+    """The mask of the first batch element, for the whole batch (a mask of
+    one or two axes is returned as it is)."""
+    if mask is None or np.ndim(mask) <= 2:
+        return mask
+    return mask[(0,) * (np.ndim(mask) - 2)]
+
+
+def _boolean_indexed(q, k, v, mask=None):
+    """The masked scores set by boolean indexing, s[..., ~mask] = -inf: right
+    for a mask of the shape of the scores' last axes, an IndexError for one
+    that must broadcast."""
+    s = _scaled(q, k)
+    if mask is not None:
+        s[..., ~mask] = -np.inf
+    return softmax(s) @ v
+
+
+def _is_boolean_index_error(err: Exception) -> bool:
+    """Whether ``err`` is numpy's or torch's complaint that a boolean index
+    does not fit the array it indexes."""
+    text = str(err)
+    return isinstance(err, IndexError) and (
+        "boolean index did not match" in text
+        or ("shape of the mask" in text and "indexed tensor" in text)
+    )
+
+
 def _renormalised(w):
     """Each row of ``w`` divided by its sum (a row summing to 0 stays 0)."""
     z = w.sum(-1, keepdims=True)
@@ -852,6 +898,39 @@ ATTENTION_MISTAKES = [
         ),
     ),
     Mistake(
+        "mask_not_batched",
+        "the mask is not broadcast over the batch: every batch element got "
+        "the mask of the first (or the mask was broadcast to one (n_q, n_k) "
+        "matrix), but a mask of shape (..., n_q, n_k) may differ along its "
+        "leading axes: a padding mask (B, 1, 1, n_k) hides other keys in "
+        "each sequence",
+        "use the mask as it is given, np.where(mask, s, -np.inf) with s of "
+        "shape (..., n_q, n_k): numpy broadcasts it over the batch and the "
+        "heads; broadcast it to s.shape if you must, never to (n_q, n_k), "
+        "and do not take its first element",
+        lambda q, k, v, mask=None: (
+            softmax(_masked(_scaled(q, k), _first_batch_mask(mask))) @ v
+        ),
+        # np.broadcast_to(mask, (n_q, n_k)): a mask with leading axes
+        raises=lambda err: (
+            isinstance(err, ValueError)
+            and "more dimensions than allowed by the axis remapping"
+            in str(err)
+        ),
+    ),
+    Mistake(
+        "mask_boolean_index",
+        "boolean indexing s[..., ~mask] = -inf does not broadcast: the mask "
+        "must have exactly the shape of the axes it indexes, so a mask with "
+        "axes of size 1 (a padding mask (B, 1, 1, n_k)) or fewer axes than "
+        "the scores (s[~mask] with a 2-D mask on a batch) raises IndexError",
+        "use np.where(mask, s, -np.inf), which broadcasts the mask against "
+        "the scores (..., n_q, n_k), or index with np.broadcast_to(mask, "
+        "s.shape)",
+        _boolean_indexed,
+        raises=_is_boolean_index_error,
+    ),
+    Mistake(
         "masked_row_nan",
         "a query whose every key is masked gets NaN (its maximum score is "
         "-inf, and -inf - (-inf) is NaN): the book's convention, and what "
@@ -1003,6 +1082,18 @@ def attention_cases() -> list[Case]:
             "mask of shape (4, 4) (query i may see keys 0..i)",
             (n(2, 4, 8), n(2, 4, 8), n(2, 4, 5)),
             {"mask": np.tril(np.ones((4, 4), dtype=bool))},
+        ),
+        # last too: a mask whose leading axes differ across the batch, as a
+        # padding mask's do (one row of real keys per sequence, broadcast
+        # over the heads and the queries). A mask taken from the first
+        # sequence only, or boolean indexing s[..., ~mask] (which does not
+        # broadcast), passes every 2-D mask above.
+        Case(
+            "a padding mask of shape (2, 1, 1, 5) for a batch of 2 "
+            "sequences x 3 heads, n_q = 3, n_k = 5, d_k = 4, d_v = 3: "
+            "sequence 0 has 3 real keys, sequence 1 has 4",
+            (n(2, 3, 3, 4), n(2, 3, 5, 4), n(2, 3, 5, 3)),
+            {"mask": np.arange(5) < np.array([3, 4]).reshape(2, 1, 1, 1)},
         ),
     ]
 

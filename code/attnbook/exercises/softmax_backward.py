@@ -67,13 +67,16 @@ def _grads(
     nan_rows=False,
     use_mask=True,
     scale_power=0.5,
+    forward_power=0.5,
+    dq_twice=False,
+    dk_twice=False,
 ):
     """A backward pass with one of the classic slips (``rule`` for the
     softmax's VJP, the flags for the rest); with the defaults, the right
     one."""
     q, k, v, d_out = (np.asarray(a, np.float64) for a in (q, k, v, d_out))
     scale = q.shape[-1] ** -scale_power
-    s = q @ _t(k) / np.sqrt(q.shape[-1])
+    s = q @ _t(k) / q.shape[-1] ** forward_power
     if mask is not None and use_mask:
         s = np.where(mask, s, -np.inf)
     if nan_rows:
@@ -97,14 +100,16 @@ def _grads(
         d_s = p * ((p * d_p).sum(-1, keepdims=True) - d_p)
     elif rule == "unweighted_row_term":
         d_s = p * (d_p - d_p.sum(-1, keepdims=True))
+    elif rule == "row_term_mean":
+        d_s = p * (d_p - d_p.mean(-1, keepdims=True))
     elif rule == "scores_for_weights":
         s_safe = np.where(np.isfinite(s), s, 0.0)
         d_s = s_safe * (d_p - (s_safe * d_p).sum(-1, keepdims=True))
     else:
         d_s = p * (d_p - (p * d_p).sum(rows, keepdims=True))
-    d_q = d_s @ k * (scale if scale_q else 1.0)
+    d_q = d_s @ k * (scale if scale_q else 1.0) * (scale if dq_twice else 1.0)
     d_k = (d_s if dk_untransposed and square else _t(d_s)) @ q
-    d_k = d_k * (scale if scale_k else 1.0)
+    d_k = d_k * (scale if scale_k else 1.0) * (scale if dk_twice else 1.0)
     return d_q, d_k, d_v
 
 
@@ -168,6 +173,17 @@ ATTENTION_BACKWARD_MISTAKES = [
         _commit(rule="unweighted_row_term"),
     ),
     Mistake(
+        "row_term_mean",
+        "the row term subtracted from dP is its plain mean over the keys, "
+        "(1/n_k) sum_j dP_ij, not its weighted sum sum_j P_ij dP_ij: the "
+        "two are equal for every dP only where a query's weights are "
+        "uniform",
+        "(J^T g)_j = p_j (g_j - sum_i p_i g_i): weight the sum by the "
+        "softmax's output, (P * dP).sum(-1, keepdims=True), or use "
+        "(d_out * output).sum(-1, keepdims=True)",
+        _commit(rule="row_term_mean"),
+    ),
+    Mistake(
         "row_term_over_queries",
         "the row term sum(P * dP) is summed over the queries (axis -2), not "
         "over each query's keys: each row's softmax couples only that row's "
@@ -209,6 +225,33 @@ ATTENTION_BACKWARD_MISTAKES = [
         "d_q = dS @ k / sqrt(d_k), like d_k = swapaxes(dS, -1, -2) @ q / "
         "sqrt(d_k)",
         _commit(scale_q=False),
+    ),
+    Mistake(
+        "dk_scaled_twice",
+        "d_k carries the factor 1/sqrt(d_k) twice (it is divided by d_k; "
+        "d_q is right): the scores are q k^T / sqrt(d_k), linear in k, so "
+        "the chain rule brings the scale once",
+        "d_k = swapaxes(dS, -1, -2) @ q / sqrt(d_k): if dS already holds "
+        "the scale, do not apply it again",
+        _commit(dk_twice=True),
+    ),
+    Mistake(
+        "dq_scaled_twice",
+        "d_q carries the factor 1/sqrt(d_k) twice (it is divided by d_k; "
+        "d_k is right): the scores are q k^T / sqrt(d_k), linear in q, so "
+        "the chain rule brings the scale once",
+        "d_q = dS @ k / sqrt(d_k): if dS already holds the scale, do not "
+        "apply it again",
+        _commit(dq_twice=True),
+    ),
+    Mistake(
+        "forward_scale_by_dk",
+        "the scale is 1/d_k instead of 1/sqrt(d_k) in the forward pass as "
+        "well as in the backward: these are the gradients of another "
+        "function, attention whose scores are q k^T / d_k",
+        "recompute the forward pass with S = q k^T / sqrt(d_k), as in "
+        "eq. ch4-attention, and use that same scale for d_q and d_k",
+        _commit(forward_power=1.0, scale_power=1.0),
     ),
     Mistake(
         "scale_by_dk",
