@@ -514,6 +514,42 @@ def merge_online_divides_by_zero(
     tl.store(LSE + row, m + tl.log(mass))
 
 
+# --- from the expert reading of chapter 10 (snap-t2) -------------------------
+# The chapter's solution, its shift dropped but its guarded division kept,
+# was rejected with the generic hint: the not_shifted reference divided
+# without the guard, so its unseen rows were NaN where the reader's are 0.
+
+
+@triton.jit
+def merge_unshifted_guarded(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    w = tl.exp(lse_s)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, tl.log(total))
+
+
 CATALOGUE = {
     "check_merge_kernel": {
         "right": [merge_run_by_run, merge_shares_base2],
@@ -529,6 +565,7 @@ CATALOGUE = {
             (merge_load_unmasked, "load_past_d_head"),
             (merge_total_unguarded, "unseen_row_zero_total"),
             (merge_online_divides_by_zero, "unseen_row_zero_total"),
+            (merge_unshifted_guarded, "not_shifted"),
         ],
     },
 }
@@ -608,3 +645,9 @@ def test_the_watch_is_removed_after_the_launch():
         check_merge_kernel(merge_load_unmasked)
     assert "create_masked_load" not in vars(interpreter_builder)
     assert "create_masked_store" not in vars(interpreter_builder)
+
+
+def test_a_guarded_division_without_the_shift_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(merge_unshifted_guarded)
+    assert err.value.mistake == "not_shifted", str(err.value)

@@ -783,3 +783,52 @@ def test_counting_only_the_diagonal_blocks_is_named(wrong):
         check_key_blocks(wrong)
     assert err.value.mistake == "diagonal_only"
     assert "fully visible to every row" in str(err.value)
+
+
+# --- from the expert reading of chapter 10 (snap-t2) -------------------------
+# Rounding down and then capping the count at the key blocks that exist was
+# named as the cache offset counted in whole blocks: the cap makes it right on
+# the ragged cases where plain rounding down is wrong, so floor_not_ceil was
+# ruled out and offset_in_blocks, which agrees there, was named. Counting the
+# softmax's exponentials got only the generic hint.
+
+
+def blocks_floor_capped(n_q, n_k, block_q, block_k):
+    """The reader's wrong answer: the keys to cover rounded down, the count
+    then capped at the number of key blocks."""
+    return [
+        min(
+            ((b + 1) * block_q + n_k - n_q) // block_k,
+            math.ceil(n_k / block_k),
+        )
+        for b in range(math.ceil(n_q / block_q))
+    ]
+
+
+def flops_with_exponentials(batch, heads, n, d, causal=False, mode="fwd"):
+    """The products and one FLOP per exponential (a score each)."""
+    forward = batch * heads * (4 * n * n * d + n * n)
+    forward = forward * (0.5 if causal else 1.0)
+    return forward * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+
+
+CATALOGUE["check_key_blocks"]["wrong"] += [
+    (blocks_floor_capped, "floor_not_ceil")
+]
+CATALOGUE["check_benchmark_flops"]["wrong"] += [
+    (flops_with_exponentials, "exponentials_counted")
+]
+
+
+def test_rounding_down_then_capping_is_named_as_rounding_down():
+    with pytest.raises(ExerciseError) as err:
+        check_key_blocks(blocks_floor_capped)
+    assert err.value.mistake == "floor_not_ceil", str(err.value)
+    assert "rounding down" in str(err.value)
+    assert "offset" not in str(err.value).split("Diagnosis")[1]
+
+
+def test_counting_the_exponentials_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_benchmark_flops(flops_with_exponentials)
+    assert err.value.mistake == "exponentials_counted", str(err.value)

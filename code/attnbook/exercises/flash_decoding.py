@@ -274,6 +274,17 @@ def _not_shifted(o_part, lse_part):
     return _joined(out, torch.log(total))
 
 
+def _not_shifted_guarded(o_part, lse_part):
+    # the same, with the division guarded as the chapter's solution guards
+    # it (tl.where(total == 0, 1, total)): a row whose weights all underflow
+    # or are all exp(-inf) comes out 0 instead of NaN
+    w = torch.exp(lse_part.float())
+    total = w.sum(0)
+    safe = torch.where(total == 0, torch.ones_like(total), total)
+    out = (w[..., None] * o_part.float()).sum(0) / safe[:, None]
+    return _joined(out, torch.log(total))
+
+
 def _unseen_row_nan(o_part, lse_part):
     ref = merged(o_part, lse_part)
     ref[torch.isneginf(lse_part).all(0).numpy()] = np.nan
@@ -374,6 +385,15 @@ MERGE_MISTAKES = [
         "subtract m = max_s lse_s first: the weights exp(lse_s - m) are at "
         "most 1, and the merged log-sum-exp is m + log(sum_s exp(lse_s - m))",
         _not_shifted,
+    ),
+    Mistake(
+        "not_shifted",
+        "the weights exp(lse_s) were not shifted by the largest "
+        "log-sum-exp: float32's exp overflows past 88.7 (the division by "
+        "the total is guarded, but the weights themselves are inf)",
+        "subtract m = max_s lse_s first: the weights exp(lse_s - m) are at "
+        "most 1, and the merged log-sum-exp is m + log(sum_s exp(lse_s - m))",
+        _not_shifted_guarded,
     ),
     Mistake(
         "unseen_row_nan",

@@ -182,6 +182,21 @@ BLOCK_COUNT_MISTAKES = [
         "cdiv(min(a0 + block_q, n_k), block_k)",
         _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq, n_k) // bk),
     ),
+    # the same slip with the cap applied after rounding, at the key blocks
+    # that exist: right on a ragged last block that the last query block runs
+    # past, so the cases that tell it from offset_in_blocks are others
+    Mistake(
+        "floor_not_ceil",
+        "the keys to cover were divided by block_k rounding down: a partly "
+        "covered last block is dropped",
+        "a block that holds even one visible key is visited: round up, "
+        "cdiv(min(a0 + block_q, n_k), block_k)",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: min(
+                (a0 + bq) // bk, _cdiv(n_k, bk)
+            )
+        ),
+    ),
     Mistake(
         "round_not_ceil",
         "the keys to cover were divided by block_k rounding to the nearest "
@@ -492,6 +507,17 @@ FLOPS_MISTAKES = [
             * (n * (n + 1) / 2 if causal else n * n)
             * d
             * _MODE_FACTOR[mode]
+        ),
+    ),
+    Mistake(
+        "exponentials_counted",
+        "the softmax's exponentials are counted, one FLOP per score (B H "
+        "n^2 more in the forward)",
+        "count only the matrix products, 4 B H n^2 d for the forward, as "
+        "the FlashAttention papers do: the B H n^2 exponentials are 4d "
+        "times fewer operations, and benchmarks leave them out",
+        _flops_with(
+            lambda b, h, n, d: 4.0 * b * h * n * n * d + 1.0 * b * h * n * n
         ),
     ),
 ]
