@@ -814,6 +814,17 @@ def grad_rows_from_ids(ids, grad_out, vocab_size):
     return grad
 
 
+def grad_table_one_row_short(ids, grad_out, vocab_size):
+    """Allocates vocab_size - 1 rows (reading s6-u: it was named as sized
+    from the ids, which give the same rows on the first case)."""
+    d = grad_out.shape[-1]
+    grad = np.zeros((vocab_size - 1, d), dtype=grad_out.dtype)
+    flat = ids.reshape(-1)
+    keep = flat < vocab_size - 1
+    np.add.at(grad, flat[keep], grad_out.reshape(-1, d)[keep])
+    return grad
+
+
 def grad_bincount_unflattened(ids, grad_out, vocab_size):
     return np.stack(
         [
@@ -946,6 +957,7 @@ EMBEDDING_GRAD_WRONG = [
     (grad_per_sentence, "per_sentence"),
     (grad_loop_over_sentences, "loop_over_first_axis"),
     (grad_rows_from_ids, "rows_up_to_largest_id"),
+    (grad_table_one_row_short, "rows_one_short"),
     (grad_bincount_unflattened, "not_flattened"),
     (grad_descent_step, "negated"),
     (grad_product_reshaped_by_count, "empty_reshape"),

@@ -619,6 +619,11 @@ def _rows_up_to_largest_id(ids, grad_out, vocab_size):
     return embedding_grad(flat_ids, g, vocab_size)[: flat_ids.max() + 1]
 
 
+def _rows_one_short(ids, grad_out, vocab_size):
+    flat_ids, g = _flat(ids, grad_out)
+    return embedding_grad(flat_ids, g, vocab_size)[: vocab_size - 1]
+
+
 def _raises(ids, grad_out, vocab_size):
     """A mistake recognised by the error it raises, not by an output."""
     raise RuntimeError("recognised by its exception")
@@ -706,6 +711,17 @@ EMBEDDING_GRAD_MISTAKES = [
         "-1, d), so that the loop runs over single tokens (or use "
         "np.add.at, which takes ids of any shape)",
         _loop_over_first_axis,
+    ),
+    # before rows_up_to_largest_id: on the first two cases the largest id is
+    # vocab_size - 2, so the two give the same rows there, and the third case
+    # (every id present) tells them apart
+    Mistake(
+        "rows_one_short",
+        "the result has vocab_size - 1 rows: an off-by-one in the "
+        "allocation, such as np.zeros((vocab_size - 1, d))",
+        "the gradient has one row per entry of the vocabulary, ids 0 to "
+        "vocab_size - 1: np.zeros((vocab_size, d))",
+        _rows_one_short,
     ),
     Mistake(
         "rows_up_to_largest_id",
