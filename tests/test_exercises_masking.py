@@ -909,3 +909,64 @@ def test_the_strict_full_test_is_not_called_ragged_padding(monkeypatch):
     with pytest.raises(ExerciseError) as err:
         check_packed_block_mask(tiles_padded)
     assert err.value.mistake == "ragged_padded"
+
+
+# --- from the expert reading of chapter 7 (reader u, C1): two other ways to
+# index one past the end of an array, named by the same diagnosis, whose
+# wording now covers them
+def tiles_one_block_too_many(lengths, block):
+    """n // block + 1 blocks, as if n were never a multiple of the block."""
+    lengths = np.asarray(lengths)
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    n = len(doc)
+    n_blocks = n // block + 1
+    out = np.zeros((n_blocks, n_blocks), dtype=np.int64)
+    for a in range(n_blocks):
+        q_lo, q_hi = a * block, min((a + 1) * block, n) - 1
+        for c in range(a + 1):
+            k_lo, k_hi = c * block, min((c + 1) * block, n) - 1
+            full = doc[k_lo] == doc[q_hi] and k_hi <= q_lo
+            out[a, c] = 2 if full else 1
+    return out
+
+
+def tiles_labels_with_empty_documents(lengths, block):
+    """Starts of the non-empty documents, indexed by labels that count the
+    empty ones too."""
+    lengths = np.asarray(lengths)
+    n = int(lengths.sum())
+    n_blocks = -(-n // block)
+    document = np.repeat(np.arange(len(lengths)), lengths)
+    kept = lengths[lengths > 0]
+    starts = np.cumsum(kept) - kept
+    start = starts[document]
+    first = np.arange(n_blocks) * block
+    last = np.minimum(first + block, n) - 1
+    q = np.maximum(first[:, None], first[None, :])
+    some = (q <= last[:, None]) & (
+        start[np.minimum(q, n - 1)] <= last[None, :]
+    )
+    every = (last[None, :] <= first[:, None]) & (
+        document[first[None, :]] == document[last[:, None]]
+    )
+    return np.where(every, 2, np.where(some, 1, 0))
+
+
+@pytest.mark.parametrize(
+    "wrong, cause",
+    [
+        (tiles_one_block_too_many, "a block count that is not ceil"),
+        (tiles_labels_with_empty_documents, "labels that count the empty"),
+    ],
+)
+def test_index_one_past_the_end_names_each_cause(wrong, cause):
+    with pytest.raises(ExerciseError) as err:
+        check_packed_block_mask(wrong)
+    assert err.value.mistake == "index_at_n"
+    assert cause in str(err.value)
+
+
+CATALOGUE["check_packed_block_mask"]["wrong"] += [
+    (tiles_one_block_too_many, "index_at_n"),
+    (tiles_labels_with_empty_documents, "index_at_n"),
+]

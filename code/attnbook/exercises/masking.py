@@ -583,13 +583,18 @@ BLOCK_MASK_MISTAKES = [
     ),
     Mistake(
         "index_at_n",
-        "an index one past the last position (index n of an array of n "
-        "positions): a document boundary used as a position. A zero-length "
-        "document at the end of the row starts at n, and so does the end of "
-        "the last document",
+        "an index one past the end of an array (index k of an array of k "
+        "entries). Most often a document boundary used as a position: a "
+        "zero-length document at the end of the row starts at n, and so does "
+        "the end of the last document. It can also be an array of blocks or "
+        "documents counted differently from the indices into it (a block "
+        "count that is not ceil(n / block), or labels that count the empty "
+        "documents used on an array of the non-empty ones)",
         "positions run from 0 to n - 1: label them with "
         "np.repeat(np.arange(len(lengths)), lengths), which skips "
-        "zero-length documents, or drop those first (lengths[lengths > 0])",
+        "zero-length documents, or drop those first (lengths[lengths > 0]); "
+        "there are ceil(n / block) blocks, and every array indexed by a "
+        "label must be built from the same list of documents",
         _raise_index_error,
         raises=_index_at_n,
     ),
