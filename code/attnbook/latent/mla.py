@@ -29,8 +29,8 @@ it.
 
 Chapter 12 (latent attention and shared caches) shows
 :meth:`MultiHeadLatentAttention.forward`,
-:meth:`MultiHeadLatentAttention.attend_decompressed` and
-:meth:`MultiHeadLatentAttention.attend_absorbed`.
+:meth:`MultiHeadLatentAttention.attend_decompressed`, and
+:func:`absorbed_attention` in the solution of its exercise.
 """
 
 from __future__ import annotations
@@ -240,8 +240,8 @@ class MultiHeadLatentAttention(nn.Module):
         return attend(q, k, v, mask, scale=self.scale)
 
     def attend_absorbed(self, q_nope, q_rope, latent, k_rope, mask=None):
-        """The same attention over the latents themselves: W_UK absorbed into
-        the query, W_UV applied after the weighted sum.
+        """The same attention over the latents themselves
+        (:func:`absorbed_attention` with this layer's W_UK and W_UV).
 
         Arguments and result as :meth:`attend_decompressed`; no key or value
         of a head is ever formed.
@@ -250,16 +250,9 @@ class MultiHeadLatentAttention(nn.Module):
         # W_UK^(i): (h, d_nope, d_latent); W_UV^(i): (h, d_v, d_latent)
         w_uk = self.k_up.weight.view(h, self.d_nope, d_latent)
         w_uv = self.v_up.weight.view(h, self.d_v, d_latent)
-        # the absorbed query W_UK^(i)T q^(i): (b, h, n, d_latent)
-        q_latent = torch.einsum("bhnd,hdc->bhnc", q_nope, w_uk)
-        # one key per position for all heads: [c_t, k_rope_t], (b, 1, n_k,
-        # d_latent + d_rope); the values are the latents
-        q = torch.cat([q_latent, q_rope], dim=-1)
-        k = torch.cat([latent, k_rope], dim=-1)
-        # (b, h, n, d_latent): the weighted sum of latents
-        mixed = attend(q, k, latent, mask, scale=self.scale)
-        # W_UV^(i) times it: (b, h, n, d_v)
-        return torch.einsum("bhnc,hvc->bhnv", mixed, w_uv)
+        return absorbed_attention(
+            q_nope, q_rope, latent, k_rope, w_uk, w_uv, self.scale, mask
+        )
 
     def queries(self, x):
         """(b, n, d_model) -> (b, n, n_heads * (d_nope + d_rope)), through
@@ -310,6 +303,30 @@ class MultiHeadLatentAttention(nn.Module):
                 f"({b}, 1, {self.d_latent}, {self.d_rope}); got {got}"
             )
         return b, n, m, kv_cache.length
+
+
+def absorbed_attention(
+    q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale: float, mask=None
+):
+    """Latent attention with W_UK absorbed into the queries and W_UV applied
+    after the weighted sum: no head's key or value is formed.
+
+    q_nope: (b, h, n, d_nope); q_rope: (b, h, n, d_rope); latent: (b, 1, n_k,
+    d_latent); k_rope: (b, 1, n_k, d_rope); w_uk: (h, d_nope, d_latent);
+    w_uv: (h, d_v, d_latent); scale: that of the decompressed scores,
+    ``1 / sqrt(d_nope + d_rope)``; mask: bool, broadcastable to (b, h, n,
+    n_k), or None. Returns (b, h, n, d_v).
+    """
+    # the absorbed query W_UK^(i)T q^(i): (b, h, n, d_latent)
+    q_latent = torch.einsum("bhnd,hdc->bhnc", q_nope, w_uk)
+    # one key per position for all heads, [c_t, k_rope_t]: (b, 1, n_k,
+    # d_latent + d_rope); the values are the latents themselves
+    q = torch.cat([q_latent, q_rope], dim=-1)
+    k = torch.cat([latent, k_rope], dim=-1)
+    # (b, h, n, d_latent): the weighted sum of latents
+    mixed = attend(q, k, latent, mask, scale=scale)
+    # W_UV^(i) times it: (b, h, n, d_v)
+    return torch.einsum("bhnc,hvc->bhnv", mixed, w_uv)
 
 
 def from_deepseek(attention) -> MultiHeadLatentAttention:
