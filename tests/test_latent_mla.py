@@ -352,3 +352,12 @@ def test_latent_cache_refuses_overflow_and_mismatched_shapes():
     with pytest.raises(ValueError, match="same positions"):
         cache.update(latent[:, :, :1], key)
     assert cache.length == 2
+
+
+def test_from_deepseek_refuses_scaled_rope():
+    attention = reference(seed=21)
+    attention.config.rope_parameters = dict(
+        attention.config.rope_parameters, rope_type="yarn"
+    )
+    with pytest.raises(ValueError, match="got 'yarn'"):
+        from_deepseek(attention)

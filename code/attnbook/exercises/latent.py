@@ -294,7 +294,7 @@ def decode_cases() -> list[Case]:
         ),
         Case("a single cached position (n = 1)", case(2, 2, 1, 6, 4, 4, 2)),
         Case(
-            "scores in the thousands (queries scaled by 400)",
+            "scores up to about 800 (queries scaled by 400)",
             case(3, 3, 6, 8, 4, 6, 5, size=400.0),
         ),
         Case(

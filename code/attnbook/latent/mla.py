@@ -336,11 +336,19 @@ def from_deepseek(attention) -> MultiHeadLatentAttention:
 
     DeepSeek's ``kv_a_proj_with_mqa`` holds W_DKV and W_KR stacked (the
     latent's rows first), and ``kv_b_proj`` holds each head's W_UK and W_UV
-    stacked per head. Biases (``attention_bias``) are not supported.
+    stacked per head. Biases (``attention_bias``) and scaled RoPE (a
+    ``rope_type`` other than ``"default"``, such as DeepSeek-V3's YaRN) are
+    not supported.
     """
     config = attention.config
     if getattr(config, "attention_bias", False):
         raise ValueError("attention_bias=True is not supported")
+    rope_type = config.rope_parameters.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(
+            "only rope_type 'default' is supported (a scaled RoPE, such as "
+            f"YaRN, changes the frequencies and the scale); got {rope_type!r}"
+        )
     h, d_nope, d_v = (
         config.num_attention_heads,
         config.qk_nope_head_dim,
