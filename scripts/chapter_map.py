@@ -104,16 +104,36 @@ def _is_package(name: str) -> bool:
 
 def tests_for(modules) -> list[str]:
     """tests/test_<last part of the module name>.py (and test_exercises_<x>.py
-    for checkers) that exist."""
+    for checkers) that exist; for a module of a subpackage,
+    test_<subpackage>_<module>.py first (``attnbook.latent.cost``:
+    test_latent_cost.py, not test_cost.py, which tests ``attnbook.cost``)."""
     names = []
     for m in modules:
         last = m.rsplit(".", 1)[-1]
-        stem = (
-            f"test_exercises_{last}" if ".exercises." in m else f"test_{last}"
-        )
-        if (ROOT / "tests" / f"{stem}.py").exists():
-            names.append(stem)
+        if ".exercises." in m:
+            stems = [f"test_exercises_{last}"]
+        else:
+            inner = m.removeprefix("attnbook.").removeprefix("experiments.")
+            stems = [f"test_{inner.replace('.', '_')}", f"test_{last}"]
+        found = [s for s in stems if (ROOT / "tests" / f"{s}.py").exists()]
+        names += found[:1]
     return sorted(set(names))
+
+
+def chapter_numbers() -> dict[str, str]:
+    """The number of each chapter in the reading order of _toc.yml (its
+    numbered parts, counted continuously), by file stem: a chapter keeps its
+    file name when later chapters are inserted before it."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    stems = [
+        chapter["file"].removeprefix("book/")
+        for part in toc.get("parts", [])
+        if part.get("numbered")
+        for chapter in part.get("chapters", [])
+    ]
+    return {stem: f"{i:02d}" for i, stem in enumerate(stems, 1)}
 
 
 def short(module: str) -> str:
@@ -126,7 +146,12 @@ def short(module: str) -> str:
 
 def rows() -> list[list[str]]:
     table = []
-    for path in sorted(BOOK.glob("[0-9][0-9]-*.ipynb")):
+    numbers = chapter_numbers()
+    paths = sorted(
+        BOOK.glob("[0-9][0-9]-*.ipynb"),
+        key=lambda p: numbers.get(p.stem, p.stem[:2]),
+    )
+    for path in paths:
         nb = json.loads(path.read_text())
         shows = {m for m, _ in shown(nb)}
         uses = used(nb) | shows
@@ -155,7 +180,7 @@ def rows() -> list[list[str]]:
 
         table.append(
             [
-                path.stem[:2],
+                numbers.get(path.stem, path.stem[:2]),
                 cell(shows - experiments),
                 cell(also),
                 cell(experiments),

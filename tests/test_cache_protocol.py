@@ -29,7 +29,7 @@ STANDARD = {
     "device": "cpu",
 }
 # required arguments beyond the standard ones: a value to build with
-EXAMPLES = {"window": 3}
+EXAMPLES = {"window": 3, "d_latent": D_HEAD, "d_rope": D_HEAD}
 # a prefill, decode steps and chunks: MAX_LEN positions in all
 CHUNKS = (3, 1, 1, 4, 1, 2)
 # of the largest |key|: a lossy (quantised) cache's reconstruction

@@ -41,6 +41,8 @@ TORCH_MODULES = [
     "gqa.py",
     "heads.py",
     "kv_cache.py",
+    "latent/latent_cache.py",
+    "latent/mla.py",
     "minilm.py",
     "model_shapes.py",
     "multihead.py",

@@ -145,33 +145,49 @@ class MultiHeadAttention(nn.Module):
     def _check_inputs(self, x, context) -> tuple[int, int, int]:
         """Raise unless x is (batch, n, d_model) and context (batch, m,
         d_model); return b, n, m."""
-        if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"x must have shape (batch, n, d_model={self.d_model}); got "
-                f"{tuple(x.shape)}"
-            )
-        if context is None:
-            return x.shape[0], x.shape[1], x.shape[1]
-        if (
-            context.ndim != 3
-            or context.shape[-1] != self.d_model
-            or context.shape[0] != x.shape[0]
-        ):
-            raise ValueError(
-                f"context must have shape (batch={x.shape[0]}, m, "
-                f"d_model={self.d_model}) "
-                f"to match x {tuple(x.shape)}; got {tuple(context.shape)}"
-            )
-        return x.shape[0], x.shape[1], context.shape[1]
+        return check_layer_inputs(x, context, self.d_model)
 
     def _check_mask(self, mask, batch: int, n_q: int, n_k: int, device):
         """The user's mask as a boolean tensor on ``device``, checked against
         the scores' shape."""
-        if mask is None:
-            return None
-        mask = torch.as_tensor(mask, device=device)
-        _validate.mask_shape(mask, (batch, self.n_heads, n_q, n_k))
-        return mask
+        return check_layer_mask(mask, (batch, self.n_heads, n_q, n_k), device)
+
+
+def check_layer_inputs(x, context, d_model: int) -> tuple[int, int, int]:
+    """Raise unless x is (batch, n, d_model) and context, when given, (batch,
+    m, d_model); return ``(batch, n, m)`` (``m = n`` without a context).
+
+    The input check of :class:`MultiHeadAttention` and of the layers built
+    beside it from the same pieces (:mod:`attnbook.latent`).
+    """
+    if x.ndim != 3 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"x must have shape (batch, n, d_model={d_model}); got "
+            f"{tuple(x.shape)}"
+        )
+    if context is None:
+        return x.shape[0], x.shape[1], x.shape[1]
+    if (
+        context.ndim != 3
+        or context.shape[-1] != d_model
+        or context.shape[0] != x.shape[0]
+    ):
+        raise ValueError(
+            f"context must have shape (batch={x.shape[0]}, m, "
+            f"d_model={d_model}) "
+            f"to match x {tuple(x.shape)}; got {tuple(context.shape)}"
+        )
+    return x.shape[0], x.shape[1], context.shape[1]
+
+
+def check_layer_mask(mask, scores_shape: tuple[int, ...], device):
+    """A user's mask as a boolean tensor on ``device``, checked to broadcast
+    to ``scores_shape`` (batch, n_heads, n_q, n_k); None stays None."""
+    if mask is None:
+        return None
+    mask = torch.as_tensor(mask, device=device)
+    _validate.mask_shape(mask, scores_shape)
+    return mask
 
 
 @contextlib.contextmanager

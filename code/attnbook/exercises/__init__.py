@@ -24,6 +24,7 @@ from .flash import check_blockwise_attention_backward
 from .gqa_decode import check_grouped_decode_step
 from .kv_cache import check_kv_cache_step
 from .kv_cache import check_ring_decode_step
+from .latent import check_absorbed_decode_step, check_sharing_map
 from .masking import check_padding_mask
 from .multihead import check_strided_to_blocked
 from .perspectives import check_chunked_causal_linear_attention
@@ -46,6 +47,7 @@ __all__ = [
     "NotAttemptedError",
     "run_checks",
     "check_alibi_bias",
+    "check_absorbed_decode_step",
     "check_attention",
     "check_attention_backward",
     "check_blockwise_attention_backward",
@@ -79,6 +81,7 @@ __all__ = [
     "check_score_std",
     "check_shaw_attention",
     "check_share_kv_heads",
+    "check_sharing_map",
     "check_softmax",
     "check_split_qkv",
     "check_strided_to_blocked",
@@ -118,6 +121,7 @@ def __getattr__(name):
 #: them; its solution may (tests/test_exercise_order.py). An empty entry: no
 #: single function of the package answers the exercise.
 ANSWERS: dict[str, tuple[str, ...]] = {
+    "check_absorbed_decode_step": ("attnbook.latent.mla.absorbed_attention",),
     "check_alibi_bias": ("attnbook.positional.alibi_bias",),
     "check_attention": ("attnbook.attention.scaled_dot_product_attention",),
     # the package's backward pass is chapter 9's, blocked and from the saved
@@ -177,6 +181,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # (shaw_relative_index), not the attention
     "check_shaw_attention": (),
     "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),
+    "check_sharing_map": ("attnbook.latent.sharing.reuse_last_of_type",),
     "check_softmax": ("attnbook.softmax.softmax",),
     "check_split_qkv": (),
     # no function of the package converts a strided layer's weights

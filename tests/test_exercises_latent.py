@@ -1,0 +1,272 @@
+"""The latent-attention checkers reject each classic mistake and pass correct
+solutions.
+
+The wrong solutions are written here independently of the checkers' Mistake
+functions, the way a reader might write them: loops, dictionaries, index
+searches, torch instead of numpy.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import ExerciseError, NotAttemptedError
+from attnbook.exercises.latent import (
+    check_absorbed_decode_step,
+    check_sharing_map,
+)
+
+# --- the sharing map ---------------------------------------------------------
+
+
+def sharing_by_search(layer_types, n_shared):
+    """Correct: search backwards from the first sharing layer."""
+    first = len(layer_types) - n_shared
+    sources = list(range(first))
+    for i in range(first, len(layer_types)):
+        j = first - 1
+        while layer_types[j] != layer_types[i]:
+            j -= 1
+        sources.append(j)
+    return sources
+
+
+def sharing_numpy(layer_types, n_shared):
+    """Correct, in numpy: the last index of each type among the makers."""
+    types = np.array(layer_types)
+    first = len(types) - n_shared
+    out = np.arange(len(types))
+    for i in range(first, len(types)):
+        out[i] = np.flatnonzero(types[:first] == types[i])[-1]
+    return out
+
+
+def sharing_first_of_type(layer_types, n_shared):
+    first = len(layer_types) - n_shared
+    return list(range(first)) + [
+        layer_types.index(layer_types[i])
+        for i in range(first, len(layer_types))
+    ]
+
+
+def sharing_ignores_type(layer_types, n_shared):
+    first = len(layer_types) - n_shared
+    return [min(i, first - 1) for i in range(len(layer_types))]
+
+
+def sharing_chain(layer_types, n_shared):
+    first = len(layer_types) - n_shared
+    last = {}
+    sources = []
+    for i, kind in enumerate(layer_types):
+        sources.append(i if i < first else last[kind])
+        last[kind] = i
+    return sources
+
+
+def sharing_starts_early(layer_types, n_shared):
+    first = len(layer_types) - n_shared - 1
+    last = {kind: i for i, kind in enumerate(layer_types[:first])}
+    return [i if i < first else last[k] for i, k in enumerate(layer_types)]
+
+
+def sharing_starts_late(layer_types, n_shared):
+    first = len(layer_types) - n_shared + 1
+    last = {kind: i for i, kind in enumerate(layer_types[:first])}
+    return [i if i < first else last[k] for i, k in enumerate(layer_types)]
+
+
+def sharing_none(layer_types, n_shared):
+    return list(range(len(layer_types)))
+
+
+@pytest.mark.parametrize("fn", [sharing_by_search, sharing_numpy])
+def test_sharing_correct_solutions_pass(fn, capsys):
+    check_sharing_map(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fn, key",
+    [
+        (sharing_first_of_type, "first_of_type"),
+        (sharing_ignores_type, "type_ignored"),
+        (sharing_chain, "chain"),
+        (sharing_starts_early, "one_too_many"),
+        (sharing_starts_late, "one_too_few"),
+        (sharing_none, "no_sharing"),
+    ],
+)
+def test_sharing_mistakes_are_diagnosed(fn, key):
+    with pytest.raises(ExerciseError) as err:
+        check_sharing_map(fn)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value)
+
+
+def test_sharing_stub_is_not_attempted():
+    def stub(layer_types, n_shared):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_sharing_map(stub)
+
+
+# --- the absorbed decoding step ----------------------------------------------
+
+
+def softmax(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def decode_by_heads(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    """Correct: one head at a time, absorbed."""
+    d = q_nope.shape[1] + q_rope.shape[1]
+    out = []
+    for i in range(q_nope.shape[0]):
+        q_latent = w_uk[i].T @ q_nope[i]
+        s = (latents @ q_latent + rope_keys @ q_rope[i]) / np.sqrt(d)
+        out.append(w_uv[i] @ (softmax(s) @ latents))
+    return np.stack(out)
+
+
+def decode_torch(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    """Correct, in torch: one key per position [c, k_rope], the absorbed
+    query [W_UK^T q_nope, q_rope], float64 throughout."""
+    t = [
+        torch.as_tensor(a, dtype=torch.float64)
+        for a in (q_nope, q_rope, latents, rope_keys, w_uk, w_uv)
+    ]
+    q_nope, q_rope, latents, rope_keys, w_uk, w_uv = t
+    q = torch.cat([torch.einsum("hd,hdc->hc", q_nope, w_uk), q_rope], -1)
+    k = torch.cat([latents, rope_keys], -1)
+    scale = (q_nope.shape[1] + q_rope.shape[1]) ** -0.5
+    weights = torch.softmax(q @ k.T * scale, dim=-1)
+    return torch.einsum("hc,hvc->hv", weights @ latents, w_uv).numpy()
+
+
+def decode_decompressed(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    """Correct too: decompress every head's keys and values first (the
+    exercise asks for the absorbed step, but the outputs are the same)."""
+    keys = np.einsum("nc,hdc->hnd", latents, w_uk)
+    values = np.einsum("nc,hvc->hnv", latents, w_uv)
+    d = q_nope.shape[1] + q_rope.shape[1]
+    s = np.einsum("hd,hnd->hn", q_nope, keys) + q_rope @ rope_keys.T
+    return np.einsum("hn,hnv->hv", softmax(s / np.sqrt(d)), values)
+
+
+def decode_latent_scale(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    q_latent = np.einsum("hd,hdc->hc", q_nope, w_uk)
+    q = np.concatenate([q_latent, q_rope], axis=1)
+    k = np.concatenate([latents, rope_keys], axis=1)
+    w = softmax(q @ k.T / np.sqrt(q.shape[1]))
+    return np.einsum("hc,hvc->hv", w @ latents, w_uv)
+
+
+def decode_no_rope(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    d = q_nope.shape[1] + q_rope.shape[1]
+    q_latent = np.einsum("hd,hdc->hc", q_nope, w_uk)
+    w = softmax(q_latent @ latents.T / np.sqrt(d))
+    return np.einsum("hc,hvc->hv", w @ latents, w_uv)
+
+
+def decode_nope_scale(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    out = []
+    for i in range(q_nope.shape[0]):
+        s = latents @ (w_uk[i].T @ q_nope[i]) + rope_keys @ q_rope[i]
+        out.append(w_uv[i] @ (softmax(s / np.sqrt(q_nope.shape[1])) @ latents))
+    return np.stack(out)
+
+
+def decode_unscaled(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    s = (
+        np.einsum("hd,hdc,nc->hn", q_nope, w_uk, latents)
+        + q_rope @ rope_keys.T
+    )
+    return np.einsum("hc,hvc->hv", softmax(s) @ latents, w_uv)
+
+
+def decode_head_zero(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    d = q_nope.shape[1] + q_rope.shape[1]
+    q_latent = q_nope @ w_uk[0]
+    s = (q_latent @ latents.T + q_rope @ rope_keys.T) / np.sqrt(d)
+    return np.einsum("hc,hvc->hv", softmax(s) @ latents, w_uv)
+
+
+def decode_naive_softmax(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    d = q_nope.shape[1] + q_rope.shape[1]
+    s = (
+        np.einsum("hd,hdc,nc->hn", q_nope, w_uk, latents)
+        + q_rope @ rope_keys.T
+    )
+    e = np.exp(s / np.sqrt(d))
+    return np.einsum(
+        "hc,hvc->hv", (e / e.sum(1, keepdims=True)) @ latents, w_uv
+    )
+
+
+@pytest.mark.parametrize(
+    "fn", [decode_by_heads, decode_torch, decode_decompressed]
+)
+def test_decode_correct_solutions_pass(fn, capsys):
+    check_absorbed_decode_step(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fn, key",
+    [
+        (decode_latent_scale, "latent_scale"),
+        (decode_no_rope, "no_rope"),
+        (decode_nope_scale, "nope_scale"),
+        (decode_unscaled, "no_scale"),
+        (decode_head_zero, "one_head_matrices"),
+        (decode_naive_softmax, "unstable_softmax"),
+    ],
+)
+def test_decode_mistakes_are_diagnosed(fn, key):
+    with pytest.raises(ExerciseError) as err:
+        check_absorbed_decode_step(fn)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value)
+
+
+def test_decode_stub_is_not_attempted():
+    def stub(*args):
+        raise NotImplementedError
+
+    with pytest.raises(NotAttemptedError):
+        check_absorbed_decode_step(stub)
+
+
+def test_decode_unknown_mistake_gets_no_diagnosis():
+    with pytest.raises(ExerciseError) as err:
+        check_absorbed_decode_step(lambda *a: 2 * decode_by_heads(*a))
+    assert err.value.mistake is None
+
+
+CATALOGUE = {
+    "check_sharing_map": {
+        "right": [sharing_by_search, sharing_numpy],
+        "wrong": [
+            (sharing_first_of_type, "first_of_type"),
+            (sharing_ignores_type, "type_ignored"),
+            (sharing_chain, "chain"),
+            (sharing_starts_early, "one_too_many"),
+            (sharing_starts_late, "one_too_few"),
+            (sharing_none, "no_sharing"),
+        ],
+    },
+    "check_absorbed_decode_step": {
+        "right": [decode_by_heads, decode_torch, decode_decompressed],
+        "wrong": [
+            (decode_latent_scale, "latent_scale"),
+            (decode_no_rope, "no_rope"),
+            (decode_nope_scale, "nope_scale"),
+            (decode_unscaled, "no_scale"),
+            (decode_head_zero, "one_head_matrices"),
+            (decode_naive_softmax, "unstable_softmax"),
+        ],
+    },
+}
