@@ -995,3 +995,84 @@ CHUNKED_WRONG += [
     (chunked_queries_against_all_keys, "no_running_state"),
     (chunked_queries_against_all_keys_float32, "no_running_state"),
 ]
+
+
+# --- from the expert reading of chapter 12, session 6 ------------------------
+
+
+def nw_nearest_below(threshold):
+    """Wrong: the nearest training point's y whenever the bandwidth is below
+    ``threshold``, the stable estimate otherwise: the limit h -> 0 taken as
+    the estimate at small h. The old checker accepted it at a threshold of
+    0.01 (its near-tie case was at h = 0.01 exactly, and every case below
+    had one clearly nearest point)."""
+
+    def nw(x_query, x_train, y_train, h):
+        x_query, x_train, y_train = (
+            np.asarray(a, float) for a in (x_query, x_train, y_train)
+        )
+        dist = np.abs(np.subtract.outer(x_query, x_train))
+        if h < threshold:
+            return y_train[dist.argmin(axis=1)]
+        s = -(dist**2) / (2 * h * h)
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        return (w / w.sum(axis=1, keepdims=True)) @ y_train
+
+    return nw
+
+
+@pytest.mark.parametrize("threshold", [0.002, 0.01, 0.1])
+def test_the_nearest_point_below_a_bandwidth_is_named(threshold, capsys):
+    with pytest.raises(ExerciseError) as err:
+        check_nadaraya_watson(nw_nearest_below(threshold))
+    assert err.value.mistake == "nearest_fallback", str(err.value)
+    assert "h = 0.001" in str(err.value)
+    assert "Correct" not in capsys.readouterr().out
+
+
+def test_the_near_tie_case_underflows_and_is_far_from_the_nearest_y():
+    """Both kernel values of the near-tie case underflow in float64, and its
+    estimate is far (beyond the tolerance) from the nearest point's y."""
+    from attnbook.exercises.perspectives import nadaraya_watson_cases
+
+    (case,) = [c for c in nadaraya_watson_cases() if "equally near" in c.name]
+    x_query, x_train, y_train, h = case.args
+    assert h < 0.01
+    scores = -(np.subtract.outer(x_query, x_train) ** 2) / (2 * h * h)
+    assert np.all(np.exp(scores) == 0)
+    estimate = good_nw(x_query, x_train, y_train, h)
+    nearest = y_train[np.abs(np.subtract.outer(x_query, x_train)).argmin(1)]
+    assert np.all(np.abs(estimate - nearest) > 0.2)
+
+
+def nw_float32_in_place_pair(x_query, x_train, y_train, h):
+    """Right: float32, the scores computed in place, returning (estimate,
+    weights)."""
+    xq, xt, yt = (
+        np.asarray(a, np.float32) for a in (x_query, x_train, y_train)
+    )
+    s = xq[:, None] - xt[None, :]
+    s *= s
+    s /= -2 * np.float32(h) ** 2
+    s -= s.max(axis=1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=1, keepdims=True)
+    return s @ yt, s
+
+
+def nw_torch_transposed(x_query, x_train, y_train, h):
+    """Right: torch, training points along dim 0, softmax over dim 0."""
+    s = -(
+        (torch.as_tensor(x_train)[:, None] - torch.as_tensor(x_query)[None, :])
+        ** 2
+    ) / (2 * h**2)
+    return (torch.softmax(s, dim=0).T @ torch.as_tensor(y_train)).numpy()
+
+
+CATALOGUE["check_nadaraya_watson"]["right"] += [
+    nw_float32_in_place_pair,
+    nw_torch_transposed,
+]
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [
+    (nw_nearest_below(0.01), "nearest_fallback"),
+]

@@ -612,20 +612,26 @@ def nadaraya_watson_cases() -> list[Case]:
                 0.005,
             ),
         ),
-        # log-kernels -800 and -800.4: both underflow, yet the farther point
-        # keeps weight 1 / (1 + e^0.4) = 0.40, so the nearest point's y (the
-        # limit h -> 0) is not the estimate (20.40 here, not 20). Scores of
-        # -800 carry a float32 rounding of about 1e-4, which moves a right
-        # float32 answer by about 2e-5: the responses are offset to 20, so that
-        # the tolerance (relative 1e-5: 2e-4 here) admits it.
+        # log-kernels -762.9 and -764.1: both underflow, yet the farther point
+        # keeps weight 1 / (1 + e^1.19) = 0.23, so the nearest point's y (the
+        # limit h -> 0) is not the estimate (20.23 here, not 20). At h = 0.001,
+        # the smallest bandwidth of the cases, so that a solution that returns
+        # the nearest y below some bandwidth and the estimate above it is named
+        # as the nearest-point patch at any threshold above 0.001 (a near-tie
+        # at a larger h would be right in such a solution and keep the
+        # diagnosis from being named). The inputs are dyadic (0.5 -+ 5/128, +
+        # 2^-15), exact in float32; scores of -763 still carry a float32
+        # rounding of about 1e-4, which moves a right float32 answer by up to
+        # about 2e-5: the responses are offset to 20, so that the tolerance
+        # (relative 1e-5: 2e-4 here) admits it.
         Case(
             "every exp underflows, two training points almost equally near "
-            "(0.4 and 0.4001), h = 0.01",
+            "(at 0.0390625 and 0.0390930), h = 0.001",
             (
                 np.array([0.5]),
-                np.array([0.1, 0.9001]),
+                np.array([0.5 - 5 / 128, 0.5 + 5 / 128 + 2.0**-15]),
                 np.array([20.0, 21.0]),
-                0.01,
+                0.001,
             ),
         ),
     ]

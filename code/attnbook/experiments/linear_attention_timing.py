@@ -67,38 +67,40 @@ def time_against_softmax(
     return {name: [t for t in ts if t < math.inf] for name, ts in best.items()}
 
 
-def steps_and_bumps(
-    per_token, jump: float = 1.5, stay: float = 1.2
-) -> list[tuple[str, int]]:
+def steps_and_bumps(per_token, jump: float = 1.5) -> list[tuple[str, int]]:
     """The steps and the isolated bumps of a row of per-token times, in order
     of length: ``("step", i)`` or ``("bump", i)`` for indices ``0 < i <
     len(per_token) - 1``.
 
-    A *bump* is a time above those of both neighbours. A *step* at ``i`` is a
-    time more than ``jump`` times the last earlier time that is not a bump,
-    with every time from ``i`` on more than ``stay`` times the median of the
-    earlier times that are not bumps: an earlier bump neither hides a step nor
-    makes one. A step is reported as a step even where it is also above both
-    neighbours.
+    The reference of ``i`` is the last earlier time that is not a bump. A
+    *step* at ``i`` is a time more than ``jump`` times its reference that
+    stays up: every later time is also more than ``jump`` times that
+    reference. A *bump* is a time above those of both neighbours that is not
+    a step. Bumps are left out of the references of later times, so that an
+    earlier bump does not hide a step; and a time is not a step if any later
+    time falls back to ``jump`` times its reference or below, so that a
+    disturbed timing followed by the old level is a bump, not a step. A step
+    may still be above both neighbours: a time that jumps, then falls back to
+    a level still more than ``jump`` times the reference.
     """
     times = [float(t) for t in per_token]
     if any(not math.isfinite(t) or t <= 0 for t in times):
         raise ValueError(
             f"per-token times must be positive and finite, got {times}"
         )
-    bumps = {
-        i
-        for i in range(1, len(times) - 1)
-        if times[i - 1] < times[i] > times[i + 1]
-    }
+    jump = float(jump)
+    if not jump > 1:
+        raise ValueError(f"jump must be greater than 1, got {jump}")
     found, disturbed = [], set()
     for i in range(1, len(times) - 1):
-        earlier = [times[j] for j in range(i) if j not in disturbed]
-        if times[i] > jump * earlier[-1] and min(times[i:]) > stay * float(
-            np.median(earlier)
+        reference = next(
+            times[j] for j in range(i - 1, -1, -1) if j not in disturbed
+        )
+        if times[i] > jump * reference and min(times[i + 1 :]) > (
+            jump * reference
         ):
             found.append(("step", i))
-        elif i in bumps:
+        elif times[i - 1] < times[i] > times[i + 1]:
             found.append(("bump", i))
             disturbed.add(i)
     return found
