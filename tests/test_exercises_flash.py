@@ -1302,3 +1302,130 @@ def test_backward_stub_is_not_attempted():
 
     with pytest.raises(NotAttemptedError):
         check_blockwise_attention_backward(stub)
+
+
+# --- from the expert reading of chapter 9, session 6 -------------------------
+
+
+def online_buffer_8192(scores):
+    """Right: reads 8192 scores at a time into an array, merges the buffer's
+    state into (m, l) and drops the buffer (the expert reader's answer; a
+    constant 192 KiB, which the old checker's absolute limit of 150 KiB
+    rejected as "stored the scores")."""
+    import itertools
+
+    m, l, stream = -math.inf, 0.0, iter(scores)
+    while True:
+        block = np.fromiter(itertools.islice(stream, 8192), float)
+        if block.size == 0:
+            return m, l
+        block_max = block.max()
+        if block_max == -math.inf:
+            continue
+        block_sum = np.exp(block - block_max).sum()
+        new = max(m, block_max)
+        l = l * math.exp(m - new) + block_sum * math.exp(block_max - new)
+        m = new
+
+
+def online_stored_float16(scores):
+    # the row kept in float16 (2 bytes a score, the smallest float), then two
+    # passes over it
+    row = np.fromiter(scores, dtype=np.float64).astype(np.float16)
+    m = float(row.max())
+    return m, float(np.exp(row.astype(np.float64) - m).sum())
+
+
+CATALOGUE["check_online_softmax"]["right"].append(online_buffer_8192)
+
+
+def test_online_buffer_of_fixed_size_is_accepted(capsys):
+    """The memory test judges the growth with the stream's length, not an
+    absolute size: a buffer of 8192 scores holds the same at 25,000 and
+    100,000 scores."""
+    check_online_softmax(online_buffer_8192)
+    assert "reads a long stream once" in capsys.readouterr().out
+
+
+def test_online_row_stored_in_float16_is_rejected_by_its_growth():
+    """The smallest stored row, 2 bytes a score, grows past the threshold of
+    1 byte per extra score (its values fail the cases first, so the memory
+    test is called alone)."""
+    from attnbook.exercises.flash import _check_one_pass_memory
+
+    with pytest.raises(ExerciseError, match="stored the scores") as err:
+        _check_one_pass_memory(online_stored_float16)
+    message = str(err.value)
+    assert "on a stream of 25,000" in message
+    assert "keep only m and l" in message
+
+
+def bwd_causal_dense_without_lse(
+    q, k, v, out, lse, d_out, causal=False, block_k=64
+):
+    """Wrong: blockwise and right without the mask; with causal=True it forms
+    the dense n_q x n_k scores and normalises them itself, ignoring lse (the
+    expert reader's w_dense_causal; the old checker probed lse and memory
+    without the mask only, and accepted it)."""
+    if not causal:
+        return bwd_good_two_loops(q, k, v, out, lse, d_out, False, block_k)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    s = tau * q @ np.swapaxes(k, -1, -2)
+    s = np.where(_visible(n_q, n_k, slice(None)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dv = np.swapaxes(p, -1, -2) @ d_out
+    dp = d_out @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    return tau * ds @ k, tau * np.swapaxes(ds, -1, -2) @ q, dv
+
+
+def bwd_whole_causal_mask(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: blockwise, but it builds the boolean mask of the whole n_q x n_k
+    score matrix before the loop and slices each tile's columns from it (the
+    expert reader's w_fullmask: 1 byte per entry, which the old 3x growth
+    test let through)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    whole = _visible(n_q, n_k, slice(None)) if causal else None
+    big_d = np.sum(d_out * out, -1, keepdims=True)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        k_j, v_j = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(k_j, -1, -2)
+        if causal:
+            s = np.where(whole[:, cols], s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        ds = p * (d_out @ np.swapaxes(v_j, -1, -2) - big_d)
+        dq += tau * ds @ k_j
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+CATALOGUE["check_blockwise_attention_backward"]["wrong"] += [
+    (bwd_causal_dense_without_lse, "lse_ignored"),
+    (bwd_whole_causal_mask, "square_array"),
+]
+
+
+def test_backward_causal_path_is_probed_for_lse():
+    with pytest.raises(ExerciseError) as err:
+        check_blockwise_attention_backward(bwd_causal_dense_without_lse)
+    assert err.value.mistake == "lse_ignored"
+    assert "causal" in err.value.case
+
+
+def test_backward_whole_boolean_mask_is_rejected_by_its_memory():
+    with pytest.raises(ExerciseError) as err:
+        check_blockwise_attention_backward(bwd_whole_causal_mask)
+    assert err.value.mistake == "square_array"
+    assert "1.0 bytes per query-key pair" in str(err.value)
+
+
+def test_backward_success_names_both_paths(capsys):
+    check_blockwise_attention_backward(bwd_good_two_loops)
+    said = capsys.readouterr().out
+    assert "without and with the causal mask" in said
+    assert "no part growing as n_q n_k" in said

@@ -80,6 +80,26 @@ def test_gpu_table_and_roofline():
         )
 
 
+def test_shared_memory_one_block_can_use():
+    """From an expert reading of chapter 9: its intensity exercise asks
+    whether one thread block's tiles fit, and compared them with the SM's
+    228 KiB; one block can address 227 KiB on the H100 (163 on the A100),
+    since CUDA reserves 1 KiB per block (the CUDA guide's table of compute
+    capabilities)."""
+    from attnbook.kernels.time_model import T4
+
+    per_block = {g.name: g.shared_per_block // 1024 for g in GPUS}
+    assert per_block == {
+        "A100 SXM4 40GB": 163,
+        "A100 SXM4 80GB": 163,
+        "H100 SXM5 80GB": 227,
+    }
+    for gpu in GPUS:
+        assert gpu.shared_per_block == gpu.shared_per_sm - 1024
+    # compute capability 7.5: no reserve, a block may use all 64 KiB
+    assert T4.shared_per_block == T4.shared_per_sm == 64 * 1024
+
+
 def test_traffic_intensity():
     assert Traffic(flops=10.0, bytes=4.0).intensity == 2.5
 

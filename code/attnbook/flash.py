@@ -170,13 +170,15 @@ def flash_attention_numpy(
 
 
 def usable_cpus() -> int:
-    """The number of logical CPUs this process may run on.
+    """The number of logical CPUs in this process's affinity mask.
 
     ``os.cpu_count()`` counts the machine's CPUs; a container, a CI runner or
-    ``taskset`` may allow the process fewer (its CPU affinity), and more
-    threads than that only take turns. Python 3.13's
-    ``os.process_cpu_count()`` answers this; before it, the affinity mask
-    (``os.sched_getaffinity``, Linux), else ``os.cpu_count()``.
+    ``taskset`` may shrink the mask, and more threads than that only take
+    turns. Python 3.13's ``os.process_cpu_count()`` answers this; before it,
+    the affinity mask (``os.sched_getaffinity``, Linux), else
+    ``os.cpu_count()``. A CPU quota (cgroup ``cpu.max``, ``docker --cpus``)
+    leaves the mask whole, so there this counts every CPU and ``workers``
+    should be set by hand.
     """
     if hasattr(os, "process_cpu_count"):
         return os.process_cpu_count() or 1

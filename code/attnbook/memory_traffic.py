@@ -44,6 +44,10 @@ class GPU:
     # peak float16 tensor-core flop/s (fp32 accumulate)
     fp16_flops: float
     sources: tuple[str, ...]  # bibliography keys of the figures
+    # the most shared memory one thread block can use: the carve-out less
+    # the 1 KiB CUDA reserves per block on compute capability 8.0 and later
+    # (the CUDA programming guide, nvidia2024cudaguide)
+    shared_per_block: int
 
     @property
     def ridge_point(self) -> float:
@@ -71,6 +75,7 @@ GPUS = (
         108,
         312 * TB,
         ("nvidia2020a100", "nvidia2021a100datasheet"),
+        shared_per_block=163 * KB,
     ),
     GPU(
         "A100 SXM4 80GB",
@@ -81,6 +86,7 @@ GPUS = (
         108,
         312 * TB,
         ("nvidia2020a100", "nvidia2021a100datasheet"),
+        shared_per_block=163 * KB,
     ),
     GPU(
         "H100 SXM5 80GB",
@@ -91,6 +97,7 @@ GPUS = (
         132,
         989.4 * TB,
         ("nvidia2022h100", "nvidia2023h100datasheet"),
+        shared_per_block=227 * KB,
     ),
 )
 

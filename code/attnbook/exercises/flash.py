@@ -615,27 +615,38 @@ def check_online_softmax(fn) -> None:
     )
 
 
-def _check_one_pass_memory(fn, n: int = 100_000) -> None:
-    """Reject an answer that keeps the scores: a one-pass state needs O(1)
-    memory, a stored row O(n)."""
+def _check_one_pass_memory(
+    fn, short: int = 25_000, long: int = 100_000
+) -> None:
+    """Reject an answer whose memory grows with the stream: a one-pass state
+    needs O(1) memory, and so does a buffer of a fixed number of scores merged
+    into it (of any size up to the short stream); a stored row needs O(n).
+
+    The peak is measured (by tracemalloc, which is deterministic) on a stream
+    of ``short`` and of ``long`` scores; the answer is rejected when the peak
+    grew by more than one byte per extra score. A stored row grows by 2 bytes
+    per score in float16, 8 as a float64 array or a list."""
     from ..bench import format_bytes, peak_memory
 
     __tracebackhide__ = True
-    x = np.random.default_rng(11).normal(scale=3, size=n)
-    # built before measuring: the row is the checker's
-    stream = ScoreStream(x)
-    out, peak = peak_memory(fn, stream)
-    case = f"a stream of {n:,} scores (memory)"
-    # a stored row: 200 KB in float16, 400 KB in float32, 800 KB in float64,
-    # more as a list (so the message names no size per score)
-    if peak > 150 * 1024:
+    peaks = []
+    for n in (short, long):
+        x = np.random.default_rng(11).normal(scale=3, size=n)
+        # built before measuring: the row is the checker's
+        out, peak = peak_memory(fn, ScoreStream(x))
+        peaks.append(peak)
+    case = f"streams of {short:,} and {long:,} scores (memory)"
+    if peaks[1] - peaks[0] > long - short:
         raise ExerciseError(
             "online softmax",
             case,
-            f"your function's peak memory was {format_bytes(peak)} on a "
-            f"stream of {n:,} scores, where a state of two numbers does not "
-            "grow with the stream: it stored the scores, so that it could "
-            "read them twice",
+            f"your function's peak memory was {format_bytes(peaks[1])} on a "
+            f"stream of {long:,} scores, against "
+            f"{format_bytes(peaks[0])} on a stream of {short:,}: it grew "
+            "with the stream, where a state of two numbers does not (nor a "
+            "buffer of a fixed number of scores, up to "
+            f"{short:,}): it stored the scores, so that it could read them "
+            "twice (or kept more of them than the short stream holds)",
             hint="keep only m and l: the loop that reads each score must "
             "update both at once",
         )
@@ -644,7 +655,7 @@ def _check_one_pass_memory(fn, n: int = 100_000) -> None:
     if not _same_pair(_as_pair(out), np.array(_reference_state(x)), rtol=1e-3):
         raise ExerciseError(
             "online softmax",
-            case,
+            f"a stream of {long:,} scores",
             "the state differs from the reference on a long row",
         )
 
@@ -1019,10 +1030,14 @@ def check_blockwise_attention_backward(fn) -> None:
     The reference is the dense formula in float64. The checker then calls
     ``fn`` once more with ``lse`` raised by log 2: P = exp(S - L) halves, and
     so does dV = P^T dO; an answer that does not recompute P from ``lse``
-    returns the same dV, and is rejected. Last, on two long inputs it
-    measures memory (numpy's arrays with tracemalloc, torch's allocations with
-    its profiler when torch is loaded): from n = 512 to 1024 an n_q x n_k
-    array grows 4x, a pass over key blocks about 2x.
+    returns the same dV, and is rejected; this on a case without the causal
+    mask and on a causal one. Last, on inputs of n = 256, 512 and 1024, with
+    and without the causal mask, it measures memory (numpy's arrays with
+    tracemalloc, torch's allocations with its profiler when torch is loaded):
+    from n = 512 to 1024 an n_q x n_k float array grows 4x, a pass over key
+    blocks about 2x; and the part of the peak that grows as n_q n_k must be
+    under half a byte per query-key pair (a boolean mask of the whole score
+    matrix: 1 byte).
     """
     __tracebackhide__ = True
     run_checks(
@@ -1041,8 +1056,10 @@ def check_blockwise_attention_backward(fn) -> None:
     print(
         f"Correct: attention backward passes all {len(backward_cases())} "
         "cases; its dV halved when lse was raised by log 2 (P is recomputed "
-        "from lse); and its peak memory grew at most 3x from n = 512 to "
-        "1024 (an n x n array: 4x)."
+        "from lse), without and with the causal mask; and, without and with "
+        "it, its peak memory grew at most 3x from n = 512 to 1024 (an n x n "
+        "float array: 4x), with no part growing as n_q n_k (a boolean n x n "
+        "mask: 1 byte per query-key pair)."
     )
 
 
@@ -1066,9 +1083,21 @@ DENSE_MATRIX = Mistake(
     _backward_reference,
 )
 
+SQUARE_ARRAY = Mistake(
+    "square_array",
+    "your function holds an array of n_q x n_k entries of a small type (a "
+    "boolean mask of the whole score matrix takes 1 byte per entry): part of "
+    "its memory grows as n_q n_k, where a pass over blocks of keys holds "
+    "n_q x block_k at a time",
+    "build each tile's causal mask from the tile's own keys (key j is "
+    "visible to query i when j <= i + n_k - n_q), not by slicing a mask of "
+    "the whole score matrix",
+    _backward_reference,
+)
 
-# what the checker names after the values: the two cost mistakes
-BACKWARD_COST_MISTAKES = [LSE_IGNORED, DENSE_MATRIX]
+
+# what the checker names after the values: the cost mistakes
+BACKWARD_COST_MISTAKES = [LSE_IGNORED, DENSE_MATRIX, SQUARE_ARRAY]
 
 
 def _check_backward_uses_lse(fn) -> None:
@@ -1079,31 +1108,40 @@ def _check_backward_uses_lse(fn) -> None:
     from ._framework import pristine
 
     __tracebackhide__ = True
-    case = backward_cases()[0]
-    q, k, v, out, lse, d_out = case.args
-    expected = _backward_reference(*case.args, **case.kwargs)
-    shifted = (q, k, v, out, lse + np.log(2.0), d_out)
-    got = _as_grads(fn(*pristine(shifted), **case.kwargs))
-    dv, dv_expected = got[2], expected[2]
-    if dv.shape == dv_expected.shape and same(
-        dv, dv_expected, rtol=1e-4, atol=1e-5
-    ):
-        raise ExerciseError(
-            "attention backward",
-            f"{case.name}, with lse raised by log 2",
-            "dV is the same as with the true lse, where P = exp(S - L) and "
-            "dV = P^T dO halve",
-            mistake=LSE_IGNORED,
-        )
+    # a case without the mask and a batched causal one: an answer may take
+    # another path when causal=True
+    for case in (backward_cases()[0], backward_cases()[2]):
+        q, k, v, out, lse, d_out = case.args
+        expected = _backward_reference(*case.args, **case.kwargs)
+        shifted = (q, k, v, out, lse + np.log(2.0), d_out)
+        got = _as_grads(fn(*pristine(shifted), **case.kwargs))
+        dv, dv_expected = got[2], expected[2]
+        if dv.shape == dv_expected.shape and same(
+            dv, dv_expected, rtol=1e-4, atol=1e-5
+        ):
+            raise ExerciseError(
+                "attention backward",
+                f"{case.name}, with lse raised by log 2",
+                "dV is the same as with the true lse, where P = exp(S - L) "
+                "and dV = P^T dO halve",
+                mistake=LSE_IGNORED,
+            )
 
 
 def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
-    """Reject a backward pass whose memory grows as n_q n_k: the peak at n =
-    1024 over the peak at n = 512 is about 2 for key blocks, 4 for a dense n x
-    n array; the threshold is 3. The peak is tracemalloc's (numpy's arrays)
-    or, when torch is loaded, the largest allocation torch's profiler saw,
-    whichever is larger. Returns the growth and the words for what was
-    measured."""
+    """Reject a backward pass that holds an array of n_q x n_k entries, with
+    and without the causal mask (n_q = n_k = n).
+
+    Two tests on the peaks at n = 256, 512 and 1024. The growth from 512 to
+    1024 is about 2 for key blocks, 4 for a dense float array; the threshold
+    is 3. A boolean n x n mask (1 byte per entry) next to float tiles can
+    stay under it, so the peak is also split as a + b n + c n^2: the second
+    difference P(4n) - 3 P(2n) + 2 P(n) = 6 c n^2 gives c, the bytes per
+    (query, key) pair, 0 for key blocks, 1 for a boolean mask, 8 for float64;
+    the threshold is 1/2. The peak is tracemalloc's (numpy's arrays) or, when
+    torch is loaded, the largest allocation torch's profiler saw, whichever
+    is larger. Returns the largest growth from 512 to 1024 and the words for
+    what was measured."""
 
     from ..bench import format_bytes, peak_memory
 
@@ -1112,36 +1150,55 @@ def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
 
     # an answer can use torch only if torch has been imported
     with_torch = torch_profiler_ready()
-    peaks = []
-    for n in (512, 1024):
-        # random arrays of the right shapes: only the memory is judged here,
-        # so no forward pass is needed to make out and lse
-        rng = np.random.default_rng(26)
-        args = [rng.normal(size=(n, 16)) for _ in range(5)]
-        args.insert(4, rng.normal(size=n) + 3.0)  # lse, one per query
-        kwargs = {"causal": False, "block_k": block_k}
-        _, peak = peak_memory(fn, *args, **kwargs)
-        if with_torch:
-            from .perspectives import largest_torch_allocation
+    sizes = (256, 512, 1024)
+    growths = []
+    for causal in (False, True):
+        peaks = []
+        for n in sizes:
+            # random arrays of the right shapes: only the memory is judged
+            # here, so no forward pass is needed to make out and lse
+            rng = np.random.default_rng(26)
+            args = [rng.normal(size=(n, 16)) for _ in range(5)]
+            args.insert(4, rng.normal(size=n) + 3.0)  # lse, one per query
+            kwargs = {"causal": causal, "block_k": block_k}
+            _, peak = peak_memory(fn, *args, **kwargs)
+            if with_torch:
+                from .perspectives import largest_torch_allocation
 
-            _, torch_largest = largest_torch_allocation(
-                lambda *a: fn(*a, **kwargs), *args
+                _, torch_largest = largest_torch_allocation(
+                    lambda *a: fn(*a, **kwargs), *args
+                )
+                peak = max(peak, torch_largest)
+            peaks.append(max(peak, 1))
+        mask = "causal, " if causal else ""
+        growth = peaks[2] / peaks[1]
+        if growth > 3:
+            raise ExerciseError(
+                "attention backward",
+                f"{mask}n_q = n_k = 512 and 1024, d = 16, blocks of 64 keys "
+                "(memory)",
+                f"your function's peak memory grew {growth:.1f}x, from "
+                f"{format_bytes(peaks[1])} to {format_bytes(peaks[2])}, when "
+                "n doubled",
+                mistake=DENSE_MATRIX,
             )
-            peak = max(peak, torch_largest)
-        peaks.append(max(peak, 1))
-    growth = peaks[1] / peaks[0]
-    if growth > 3:
-        raise ExerciseError(
-            "attention backward",
-            "n_q = n_k = 512 and 1024, d = 16, blocks of 64 keys (memory)",
-            f"your function's peak memory grew {growth:.1f}x, from "
-            f"{format_bytes(peaks[0])} to {format_bytes(peaks[1])}, when n "
-            "doubled",
-            mistake=DENSE_MATRIX,
+        per_pair = (peaks[2] - 3 * peaks[1] + 2 * peaks[0]) / (
+            6 * sizes[0] ** 2
         )
+        if per_pair > 0.5:
+            listed = ", ".join(format_bytes(p) for p in peaks)
+            raise ExerciseError(
+                "attention backward",
+                f"{mask}n_q = n_k = 256, 512 and 1024, d = 16, blocks of 64 "
+                "keys (memory)",
+                f"your function's peak memory ({listed}) has a part that "
+                f"grows as n_q n_k, {per_pair:.1f} bytes per query-key pair",
+                mistake=SQUARE_ARRAY,
+            )
+        growths.append(growth)
     seen = (
         "numpy's arrays by tracemalloc, torch's allocations by its profiler"
         if with_torch
         else "numpy's arrays, by tracemalloc"
     )
-    return growth, seen
+    return max(growths), seen

@@ -113,6 +113,8 @@ T4 = GPU(
     40,
     65 * TB,
     ("nvidia2018turing", "nvidia2019t4datasheet"),
+    # compute capability 7.5: a block may use all 64 KiB
+    shared_per_block=64 * KB,
 )
 _A100, _H100 = (
     next(g for g in GPUS if g.name.startswith(name))
