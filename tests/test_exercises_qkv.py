@@ -1123,6 +1123,24 @@ def realise_fixed_gap(x, pi):
     return 2.0 * x_pinv, x_pinv @ _one_hot_rows(pi).T  # "2 is plenty"
 
 
+def realise_fixed_gap_five(x, pi):
+    # the reading's fixed raw gap 5, no sqrt(d_k): its weight at n = 3 is
+    # 0.8997, which three decimals printed as "0.900" beside "at least 0.9
+    # asked"; before the scale it would be 0.987
+    x_pinv = np.linalg.pinv(x)
+    return 5.0 * x_pinv, x_pinv @ _one_hot_rows(pi).T
+
+
+def realise_at_the_exact_bound(x, pi):
+    # the book's bound with no room: scaled gap exactly ln(9 (n - 1)), so
+    # every weight is exactly 0.9 in exact arithmetic (0.8999999999999998
+    # computed); the checker before the tolerance rejected it
+    n = len(pi)
+    x_pinv = np.linalg.pinv(np.asarray(x, dtype=np.float64))
+    gap = math.sqrt(n) * math.log(9 * max(n - 1, 1))
+    return gap * x_pinv, x_pinv @ _one_hot_rows(pi).T
+
+
 def realise_torch_linear_layout(x, pi):
     # nn.Linear(d_model, d_k).weight has shape (d_k, d_model)
     w_q, w_k = realise_lstsq(x, pi)
@@ -1142,6 +1160,7 @@ REALISE_WRONG = [
     (realise_transposed_pattern, "transposed_pattern"),
     (realise_without_sqrt_d_k, "too_weak_after_scale"),
     (realise_fixed_gap, "margin_too_small"),
+    (realise_fixed_gap_five, "too_weak_after_scale"),
     (realise_torch_linear_layout, "transposed_weights"),
     (realise_queries_and_keys, "returned_q_and_k"),
 ]
@@ -1149,6 +1168,7 @@ REALISE_RIGHT = [
     realise_lstsq,
     realise_torch_float32,
     realise_d_k_is_d_model,
+    realise_at_the_exact_bound,
 ]
 
 
@@ -1175,6 +1195,29 @@ def test_realise_pattern_names_its_own_mistakes(mistake):
     with pytest.raises(ExerciseError) as info:
         check_realise_pattern(mistake.commit)
     assert info.value.mistake == mistake.key
+
+
+def test_realise_pattern_prints_a_weight_just_short_with_its_shortfall():
+    # "0.900 ... (at least 0.9 asked)" read as a contradiction: the weight
+    # is printed with six digits, and how far short it is
+    with pytest.raises(ExerciseError) as info:
+        check_realise_pattern(realise_fixed_gap_five)
+    message = str(info.value)
+    assert "weight 0.8996" in message and "short of the 0.9" in message
+    assert "weight 0.900 " not in message
+
+
+def test_the_exact_bound_is_exactly_0_9_up_to_rounding():
+    # what the tolerance is for: the weights of the exact-bound answer are
+    # 0.9 to within a few ulps, not a real shortfall
+    for case in realise_pattern_cases():
+        x, pi = case.args
+        w_q, w_k = realise_at_the_exact_bound(x, pi)
+        s = (x @ w_q) @ (x @ w_k).T / math.sqrt(w_q.shape[1])
+        s = s - s.max(axis=-1, keepdims=True)
+        a = np.exp(s) / np.exp(s).sum(axis=-1, keepdims=True)
+        on_target = a[np.arange(len(pi)), pi]
+        assert np.all(np.abs(on_target - 0.9) < 1e-12) or len(pi) == 1
 
 
 def test_no_tied_weights_realise_the_swap():
