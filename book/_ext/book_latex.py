@@ -197,7 +197,15 @@ class PrintFixes(SphinxPostTransform):
         for section in list(self.document.findall(nodes.section)):
             if not any(_is_solution(child) for child in section.children):
                 continue
-            for child in section.children:
+            # a solution's cells sit beside it in the section, or inside it
+            # when the solution is gated ({solution-start} ... {solution-end})
+            inside = [
+                cell
+                for child in section.children
+                if _is_solution(child)
+                for cell in child.findall(nodes.container)
+            ]
+            for child in [*section.children, *inside]:
                 if (
                     isinstance(child, nodes.container)
                     and "tag_hide-input" in child["classes"]
