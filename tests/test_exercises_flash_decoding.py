@@ -550,6 +550,109 @@ def merge_unshifted_guarded(
     tl.store(LSE + row, tl.log(total))
 
 
+# --- from the expert reading of chapter 10 (u) -------------------------------
+# A shift clamped to a constant keeps -inf - (-inf) out of the empty row, but
+# a row whose log-sum-exps all lie far below the constant has every weight
+# underflow to 0 in float32. The old checker passed the clamps at 0 and at 30:
+# no case had a row whose largest log-sum-exp was far below 0.
+
+
+@triton.jit
+def merge_shift_clamped_at_0(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the empty row guarded by clamping the shift at 0
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.maximum(tl.max(lse_s, 0), 0.0)
+    w = tl.exp(lse_s - m)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, m + tl.log(total))
+
+
+@triton.jit
+def merge_shift_clamped_at_30(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the same clamp at 30 (any constant far above the row's scores)
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.maximum(tl.max(lse_s, 0), 30.0)
+    w = tl.exp(lse_s - m)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, m + tl.log(total))
+
+
+@triton.jit
+def merge_shift_clamped_unguarded(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the clamp at 0, and the division left unguarded
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.maximum(tl.max(lse_s, 0), 0.0)
+    w = tl.exp(lse_s - m)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / total
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, m + tl.log(total))
+
+
 CATALOGUE = {
     "check_merge_kernel": {
         "right": [merge_run_by_run, merge_shares_base2],
@@ -566,6 +669,9 @@ CATALOGUE = {
             (merge_total_unguarded, "unseen_row_zero_total"),
             (merge_online_divides_by_zero, "unseen_row_zero_total"),
             (merge_unshifted_guarded, "not_shifted"),
+            (merge_shift_clamped_at_0, "shift_clamped"),
+            (merge_shift_clamped_at_30, "shift_clamped"),
+            (merge_shift_clamped_unguarded, "shift_clamped"),
         ],
     },
 }
@@ -651,3 +757,22 @@ def test_a_guarded_division_without_the_shift_is_named():
     with pytest.raises(ExerciseError) as err:
         check_merge_kernel(merge_unshifted_guarded)
     assert err.value.mistake == "not_shifted", str(err.value)
+
+
+def test_a_row_far_below_zero_is_merged_by_the_book():
+    """The case the clamps fail on: the chapter's guarded shift gets the first
+    row, (-150, -160, -inf), right (log-sum-exp -150 + log(1 + e^-10))."""
+    import math
+
+    import torch
+
+    from attnbook.exercises.flash_decoding import launch, merge_cases
+
+    (case,) = [c for c in merge_cases() if "far below 0" in c.name]
+    o_part, lse_part = case.args
+    assert float(lse_part.max()) <= -120.0
+    out, lse = launch(merge_book)(o_part, lse_part)
+    assert math.isclose(
+        float(lse[0]), -150.0 + math.log1p(math.exp(-10.0)), rel_tol=1e-6
+    )
+    assert bool(torch.isfinite(out).all()) and float(out.abs().max()) > 0

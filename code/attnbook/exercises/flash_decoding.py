@@ -196,12 +196,26 @@ def launch(kernel):
     return merge
 
 
-def _case(name, n_splits, n_rows, d_head, seed, spread=2.0, empty=None):
+def _case(
+    name,
+    n_splits,
+    n_rows,
+    d_head,
+    seed,
+    spread=2.0,
+    empty=None,
+    centre=0.0,
+    first_row=None,
+):
     gen = torch.Generator().manual_seed(seed)
     o_part = torch.randn(n_splits, n_rows, d_head, generator=gen)
-    lse_part = spread * (2 * torch.rand(n_splits, n_rows, generator=gen) - 1)
+    lse_part = centre + spread * (
+        2 * torch.rand(n_splits, n_rows, generator=gen) - 1
+    )
     if empty is not None:
         lse_part[empty] = float("-inf")
+    if first_row is not None:
+        lse_part[:, 0] = torch.tensor(first_row)
     return Case(name, (o_part, lse_part))
 
 
@@ -232,6 +246,20 @@ def merge_cases() -> list[Case]:
             32,
             3,
             spread=120.0,
+        ),
+        # every run's log-sum-exp far below 0: float32's exp(lse_s - c)
+        # underflows to 0 for any constant shift c >= 0 (below about -104),
+        # so only the row's own maximum works as the shift
+        _case(
+            "log-sum-exps all far below 0 (uniform in -220 .. -120; the "
+            "first row (-150, -160, -inf)): three runs, 4 rows, d = 40",
+            3,
+            4,
+            40,
+            5,
+            spread=50.0,
+            centre=-170.0,
+            first_row=(-150.0, -160.0, float("-inf")),
         ),
         _case(
             "empty runs (log-sum-exp -inf) and a row that no run saw: five "
@@ -283,6 +311,27 @@ def _not_shifted_guarded(o_part, lse_part):
     safe = torch.where(total == 0, torch.ones_like(total), total)
     out = (w[..., None] * o_part.float()).sum(0) / safe[:, None]
     return _joined(out, torch.log(total))
+
+
+def _shift_clamped(guarded: bool):
+    # the shift clamped to a constant, tl.maximum(m, 0.0), in float32 as the
+    # kernel computes it: right while a row's largest log-sum-exp is above
+    # about -87; below about -104 every weight underflows to 0, and the row
+    # gets output 0 (or 0 / 0 without the guarded division) and
+    # log-sum-exp -inf
+    def merge(o_part, lse_part):
+        lse = lse_part.float()
+        shift = torch.clamp(lse.max(0).values, min=0.0)
+        w = torch.exp(lse - shift)
+        total = w.sum(0)
+        if guarded:
+            total_safe = torch.where(total == 0, torch.ones_like(total), total)
+        else:
+            total_safe = total
+        out = (w[..., None] * o_part.float()).sum(0) / total_safe[:, None]
+        return _joined(out, shift + torch.log(total))
+
+    return merge
 
 
 def _unseen_row_nan(o_part, lse_part):
@@ -394,6 +443,29 @@ MERGE_MISTAKES = [
         "subtract m = max_s lse_s first: the weights exp(lse_s - m) are at "
         "most 1, and the merged log-sum-exp is m + log(sum_s exp(lse_s - m))",
         _not_shifted_guarded,
+    ),
+    Mistake(
+        "shift_clamped",
+        "the shift was clamped to a constant (tl.maximum(m, 0.0)) instead "
+        "of guarded: where every run's log-sum-exp lies far below the "
+        "constant (below about -104 for 0), every weight exp(lse_s - c) "
+        "underflows to 0 in float32, and the row comes out with output 0 and "
+        "log-sum-exp -inf",
+        "shift by the row's own maximum m, and replace it by 0 only where "
+        "it is -inf: tl.where(m == float('-inf'), 0.0, m)",
+        _shift_clamped(guarded=True),
+    ),
+    Mistake(
+        "shift_clamped",
+        "the shift was clamped to a constant (tl.maximum(m, 0.0)) instead "
+        "of guarded: where every run's log-sum-exp lies far below the "
+        "constant (below about -104 for 0), every weight exp(lse_s - c) "
+        "underflows to 0 in float32, and the row comes out with output NaN (0 "
+        "/ "
+        "0) and log-sum-exp -inf",
+        "shift by the row's own maximum m, and replace it by 0 only where "
+        "it is -inf: tl.where(m == float('-inf'), 0.0, m)",
+        _shift_clamped(guarded=False),
     ),
     Mistake(
         "unseen_row_nan",
