@@ -938,8 +938,9 @@ ATTENTION_MISTAKES = [
         "this CPU, is zero weights and a zero output",
         "subtract each row's maximum only where it is finite, e.g. m = "
         "s.max(-1, keepdims=True); np.exp(s - np.where(np.isfinite(m), m, "
-        "0)), and divide only where the sum is positive (your my_softmax "
-        "does both)",
+        "0)), and divide only where the sum is positive (attnbook.softmax "
+        "does both; a my_softmax that passed exercise 1 may not, since that "
+        "exercise has no row that is entirely -inf)",
         _attention_with(_scaled, _nan_rows_softmax),
     ),
     Mistake(
@@ -950,7 +951,7 @@ ATTENTION_MISTAKES = [
         "all 0 and its weights uniform; the answer there is a zero output "
         "(a query that may see no key gets nothing from them)",
         "set the masked scores to -inf (np.where(mask, s, -np.inf)) and give "
-        "a row whose maximum is -inf zero weights, as your my_softmax does",
+        "a row whose maximum is -inf zero weights, as attnbook.softmax does",
         lambda q, k, v, mask=None: (
             softmax(_masked(_scaled(q, k), mask, -1e9)) @ v
         ),
