@@ -633,8 +633,8 @@ PACKED_HINT = (
     "offsets = [0, l_0, l_0 + l_1, ...] (note the leading 0)"
 )
 PACKED_CROSS_HINT = (
-    "print your attention weights for the first case (query lengths [3, 1], "
-    "context lengths [3, 1]): each query's row must be 0 outside its own "
+    "print your attention weights for the failing case above: each query's "
+    "row must be 0 outside its own "
     "context sequence and sum to 1. Query sequence b is "
     "x[q_offsets[b]:q_offsets[b + 1]] and its context "
     "context[k_offsets[b]:k_offsets[b + 1]], with offsets = [0, l_0, "
@@ -1167,9 +1167,9 @@ REALISE_MISTAKES = [
     Mistake(
         "transpose_for_pseudo_inverse",
         "you used x.T where x's pseudo-inverse belongs: your weights "
-        "realise the pattern for tokens with orthonormal rows, and work "
-        "only when x @ x.T is (close to) a multiple of I, not for these "
-        "tokens, whose rows are far from orthonormal",
+        "realise the pattern for tokens with orthogonal rows, and work "
+        "only when x @ x.T is (close to) diagonal, not for these tokens, "
+        "whose rows share a common direction",
         "to make X W equal a chosen Q, take W = X^+ Q with X^+ = "
         "np.linalg.pinv(x) (shape (d_model, n)): X X^+ = I_n because the "
         "rows of X are linearly independent; X X^T is not I",
