@@ -127,9 +127,10 @@ def layers_of(config) -> list[LayerFootprint]:
 
 @dataclass(frozen=True)
 class PublishedModel:
-    """A released model: its ``transformers`` configuration class, the
-    published sizes its defaults lack (``overrides``), and ``source``, the
-    bibliography key of the paper or model card that gives them."""
+    """A model to size (a released one, or a layout labelled as not one): its
+    ``transformers`` configuration class, the published sizes its defaults
+    lack (``overrides``), and ``source``, the bibliography key of the paper
+    or model card that gives them."""
 
     name: str
     config_class: str
