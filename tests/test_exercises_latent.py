@@ -12,8 +12,10 @@ import torch
 
 from attnbook.exercises import ExerciseError, NotAttemptedError
 from attnbook.exercises.latent import (
+    _decode_reference,
     check_absorbed_decode_step,
     check_sharing_map,
+    decode_cases,
 )
 
 # --- the sharing map ---------------------------------------------------------
@@ -206,6 +208,62 @@ def decode_naive_softmax(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
     )
 
 
+def decode_global_max(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    """Wrong: the softmax subtracts the maximum over all heads."""
+    d = q_nope.shape[1] + q_rope.shape[1]
+    s = (
+        np.einsum("hd,hdc,nc->hn", q_nope, w_uk, latents)
+        + q_rope @ rope_keys.T
+    ) / np.sqrt(d)
+    e = np.exp(s - s.max())
+    return np.einsum(
+        "hc,hvc->hv", (e / e.sum(1, keepdims=True)) @ latents, w_uv
+    )
+
+
+def _largest_scores(case):
+    """Each head's largest scaled score, in float64: (h,)."""
+    q_nope, q_rope, latents, rope_keys, w_uk, _ = (
+        np.asarray(a, dtype=np.float64) for a in case.args
+    )
+    s = (
+        np.einsum("hd,hdc,nc->hn", q_nope, w_uk, latents)
+        + q_rope @ rope_keys.T
+    )
+    return s.max(axis=1) / np.sqrt(q_nope.shape[1] + q_rope.shape[1])
+
+
+def test_decode_large_case_overflows_exp_in_every_head():
+    """exp overflows float64 above 709.78: every head of the large case must
+    pass 720, so that the unstable softmax fails on each head, not by luck on
+    one; and its name gives the real values."""
+    (case,) = [c for c in decode_cases() if c.name.startswith("large")]
+    largest = _largest_scores(case)
+    assert np.all(largest > 720)
+    for value in np.sort(largest):
+        assert f"{value:.0f}" in case.name
+
+
+def test_decode_heads_far_apart_case_underflows_the_lower_head():
+    """exp underflows float64 below about -745: head 1's weights vanish when
+    head 0's maximum is subtracted, so a global maximum gives 0 / 0."""
+    (case,) = [c for c in decode_cases() if c.name.startswith("heads far")]
+    largest = _largest_scores(case)
+    assert largest[0] - largest[1] > 2 * 745
+    assert f"{largest[0]:.0f}" in case.name
+    assert np.all(np.isfinite(_decode_reference(*case.args)))
+
+
+def test_decode_reference_is_float64_on_float32_inputs():
+    """The reference computes in float64 even from float32 arrays."""
+    (case,) = [c for c in decode_cases() if c.name.startswith("float32")]
+    assert all(a.dtype == np.float32 for a in case.args)
+    as64 = [a.astype(np.float64) for a in case.args]
+    np.testing.assert_array_equal(
+        _decode_reference(*case.args), _decode_reference(*as64)
+    )
+
+
 @pytest.mark.parametrize(
     "fn", [decode_by_heads, decode_torch, decode_decompressed]
 )
@@ -223,6 +281,7 @@ def test_decode_correct_solutions_pass(fn, capsys):
         (decode_unscaled, "no_scale"),
         (decode_head_zero, "one_head_matrices"),
         (decode_naive_softmax, "unstable_softmax"),
+        (decode_global_max, "global_max"),
     ],
 )
 def test_decode_mistakes_are_diagnosed(fn, key):
@@ -267,6 +326,7 @@ CATALOGUE = {
             (decode_unscaled, "no_scale"),
             (decode_head_zero, "one_head_matrices"),
             (decode_naive_softmax, "unstable_softmax"),
+            (decode_global_max, "global_max"),
         ],
     },
 }

@@ -109,3 +109,13 @@ def test_bad_sizes_are_named():
         kv_layer(8, 128, window=0)
     with pytest.raises(ValueError, match="bytes_per_element"):
         cache_bytes([kv_layer(1, 1)], 1, 0)
+
+
+def test_gemma_rows_say_what_they_are():
+    """Gemma4TextConfig's defaults (30 layers, no shared layer) are no
+    released Gemma 4 model, and the row must say so; the Gemma 3n row is
+    the E4B layout its docstring names."""
+    by_config = {m.config_class: m.name for m in PUBLISHED}
+    assert "not a released checkpoint" in by_config["Gemma4TextConfig"]
+    assert by_config["Gemma4TextConfig"].startswith("Gemma-4-style layout")
+    assert "Gemma 3n E4B" in by_config["Gemma3nTextConfig"]

@@ -7,8 +7,10 @@ cache must reuse one of its own attention type (a sliding-window layer's cache
 holds only the window), and the last such layer *before* the shared ones. The
 absorbed step has the mistakes of the derivation: the scale taken from the
 length of the absorbed query instead of the key it stands for, the rotary part
-forgotten, one head's matrices used for all, the up-projection applied before
-the weighted sum or not at all.
+forgotten, the scores unscaled or scaled by sqrt(d_nope), one head's matrices
+used for all, and a softmax that overflows or that subtracts one maximum for
+all heads instead of each head's own. That the absorbed step never forms a
+head's keys or values is not checked: only the outputs are compared.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ def _absorbed(
     rope=True,
     heads_uk=None,
     stable=True,
+    global_max=False,
 ):
     """The reference and its mistakes: one decoding step of MLA, in numpy.
 
@@ -198,7 +201,10 @@ def _absorbed(
         else scale_dim(d_nope, d_rope, d_c)
     )
     scores = scores / np.sqrt(dim)
-    if stable:
+    if global_max:
+        e = np.exp(scores - scores.max())
+        weights = e / e.sum(axis=-1, keepdims=True)
+    elif stable:
         weights = _softmax(scores)
     else:
         e = np.exp(scores)
@@ -208,7 +214,9 @@ def _absorbed(
 
 
 def _decode_reference(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
-    return _absorbed(q_nope, q_rope, latents, rope_keys, w_uk, w_uv)
+    """The reference, in float64 whatever the case's dtype."""
+    arrays = (q_nope, q_rope, latents, rope_keys, w_uk, w_uv)
+    return _absorbed(*(np.asarray(a, dtype=np.float64) for a in arrays))
 
 
 def _mistake(**wrong):
@@ -266,12 +274,23 @@ DECODE_MISTAKES = [
         "subtract each row's maximum score before np.exp",
         _mistake(stable=False),
     ),
+    Mistake(
+        "global_max",
+        "the softmax subtracts one maximum, over all heads, instead of each "
+        "head's own: a head whose scores lie far below another's underflows "
+        "to 0 / 0",
+        "subtract each row's maximum (s.max(axis=-1, keepdims=True)), not "
+        "s.max()",
+        _mistake(global_max=True),
+    ),
 ]
 
 
 def decode_cases() -> list[Case]:
     def case(seed, h, n, d_c, d_rope, d_nope, d_v, size=1.0, dtype=None):
         g = np.random.default_rng(seed)
+        # one scale for all heads, or one per head
+        size = np.reshape(np.asarray(size, dtype=np.float64), (-1, 1))
         arrays = (
             g.normal(size=(h, d_nope)) * size,
             g.normal(size=(h, d_rope)) * size,
@@ -294,8 +313,14 @@ def decode_cases() -> list[Case]:
         ),
         Case("a single cached position (n = 1)", case(2, 2, 1, 6, 4, 4, 2)),
         Case(
-            "scores up to about 800 (queries scaled by 400)",
-            case(3, 3, 6, 8, 4, 6, 5, size=400.0),
+            "large scores: each head's largest is 871, 1161 or 1425 "
+            "(queries scaled by 800)",
+            case(3, 3, 6, 8, 4, 6, 5, size=800.0),
+        ),
+        Case(
+            "heads far apart: head 0's largest score is 3528, head 1's 0.8 "
+            "(head 0's queries scaled by 1000)",
+            case(6, 2, 6, 8, 4, 6, 5, size=[1000.0, 1.0]),
         ),
         Case(
             "float32 inputs, h = 2, n = 9, d_c = 16, d_rope = 8",

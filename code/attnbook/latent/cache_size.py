@@ -127,9 +127,10 @@ def layers_of(config) -> list[LayerFootprint]:
 
 @dataclass(frozen=True)
 class PublishedModel:
-    """A released model: its ``transformers`` configuration class, the
-    published sizes its defaults lack (``overrides``), and ``source``, the
-    bibliography key of the paper or model card that gives them."""
+    """A model to size (a released one, or a layout labelled as not one): its
+    ``transformers`` configuration class, the published sizes its defaults
+    lack (``overrides``), and ``source``, the bibliography key of the paper
+    or model card that gives them."""
 
     name: str
     config_class: str
@@ -154,10 +155,12 @@ class PublishedModel:
 #: Grattafiori et al. (2024), Table 3 (32 and 80 layers, 8 key/value heads of
 #: 128). Qwen3-8B: Yang et al. (2025), Table 1 (36 layers, 32 query and 8
 #: key/value heads of 128). gpt-oss-20b: 24 layers, the rest as 120b (OpenAI
-#: 2025). Gemma 3n and Gemma 4: the defaults of transformers' Gemma3nTextConfig
-#: and Gemma4TextConfig, whose docstrings name the checkpoints
-#: google/gemma-3n-E4B and google/gemma-4-e2b-it; they are the configurations
-#: as transformers 5.23 ships them, not checked against a released file.
+#: 2025). Gemma 3n E4B and the Gemma-4-style layout: the defaults of
+#: transformers' Gemma3nTextConfig and Gemma4TextConfig, as transformers 5.23
+#: ships them. The first is the layout its docstring names, Gemma 3n E4B (35
+#: layers, 2 key/value heads of 256, window 512, 15 shared layers), not
+#: checked here against the released file; the second (30 layers, no
+#: shared layer) is no released Gemma 4 checkpoint.
 PUBLISHED = (
     PublishedModel("Llama-2-7B", "LlamaConfig", (), "touvron2023llama"),
     PublishedModel(
@@ -192,13 +195,14 @@ PUBLISHED = (
     ),
     PublishedModel("DeepSeek-V3", "DeepseekV3Config", (), "deepseekai2024v3"),
     PublishedModel(
-        "Gemma 3n (transformers defaults)",
+        "Gemma 3n E4B (transformers defaults)",
         "Gemma3nTextConfig",
         (),
         "wolf2020transformers",
     ),
     PublishedModel(
-        "Gemma 4 (transformers defaults)",
+        "Gemma-4-style layout (transformers defaults; not a released "
+        "checkpoint)",
         "Gemma4TextConfig",
         (),
         "wolf2020transformers",
