@@ -15,14 +15,17 @@ module's own (float32) rotary embedding gives the same.
 
 import pytest
 import torch
-import transformers
-from transformers.cache_utils import DynamicCache
-from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
 
-from attnbook.kv_cache import KVCache
-from attnbook.latent.latent_cache import LatentCache
-from attnbook.latent.mla import MultiHeadLatentAttention, from_deepseek
-from attnbook.multihead import MultiHeadAttention
+# DeepSeek-V3, Gemma 3n and Gemma 4 are in transformers 5 (the minimum
+# environment of `make test-minimum` has 4.38, without them)
+transformers = pytest.importorskip("transformers", minversion="5.0")
+from transformers.cache_utils import DynamicCache  # noqa: E402
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # noqa: E402
+
+from attnbook.kv_cache import KVCache  # noqa: E402
+from attnbook.latent.latent_cache import LatentCache  # noqa: E402
+from attnbook.latent.mla import MultiHeadLatentAttention, from_deepseek  # noqa: E402
+from attnbook.multihead import MultiHeadAttention  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
