@@ -82,7 +82,91 @@ def sharing_none(layer_types, n_shared):
     return list(range(len(layer_types)))
 
 
-@pytest.mark.parametrize("fn", [sharing_by_search, sharing_numpy])
+def sharing_tuple(layer_types, n_shared):
+    """Correct, as a tuple filled backwards: a dict keeps each type's last
+    maker."""
+    first = len(layer_types) - n_shared
+    last = {}
+    for i in range(first):
+        last[layer_types[i]] = i
+    return tuple(
+        i if i < first else last[layer_types[i]]
+        for i in range(len(layer_types))
+    )
+
+
+def sharing_torch(layer_types, n_shared):
+    """Correct, as a torch tensor of int64."""
+    return torch.as_tensor(sharing_by_search(layer_types, n_shared))
+
+
+def sharing_generator(layer_types, n_shared):
+    """Correct, as a generator."""
+    first = len(layer_types) - n_shared
+    for i, kind in enumerate(layer_types):
+        if i < first:
+            yield i
+        else:
+            yield max(j for j in range(first) if layer_types[j] == kind)
+
+
+def sharing_sliding_to_previous(layer_types, n_shared):
+    """Full layers look up their type; sliding ones take the layer just before
+    the sharing ones (right only when that layer is a sliding one)."""
+    first = len(layer_types) - n_shared
+    sources = []
+    for i, kind in enumerate(layer_types):
+        if i < first:
+            sources.append(i)
+        elif kind == "full_attention":
+            sources.append(
+                max(j for j in range(first) if layer_types[j] == kind)
+            )
+        else:
+            sources.append(first - 1)
+    return sources
+
+
+def sharing_generator_first_of_type(layer_types, n_shared):
+    """A generator with the first-of-type slip: read once by the checker."""
+    first = len(layer_types) - n_shared
+    seen = {}
+    for i, kind in enumerate(layer_types):
+        if i < first:
+            seen.setdefault(kind, i)
+            yield i
+        else:
+            yield seen[kind]
+
+
+def sharing_none_for_own(layer_types, n_shared):
+    """None for a layer that makes its own cache."""
+    first = len(layer_types) - n_shared
+    last = {kind: i for i, kind in enumerate(layer_types[:first])}
+    return [None if i < first else last[k] for i, k in enumerate(layer_types)]
+
+
+def sharing_half_off(layer_types, n_shared):
+    """Floats, the sharing layers' sources off by 0.5 (int() would truncate
+    them to the right answer)."""
+    first = len(layer_types) - n_shared
+    last = {kind: i for i, kind in enumerate(layer_types[:first])}
+    return [
+        float(i) if i < first else last[k] + 0.5
+        for i, k in enumerate(layer_types)
+    ]
+
+
+SHARING_RIGHT = [
+    sharing_by_search,
+    sharing_numpy,
+    sharing_tuple,
+    sharing_torch,
+    sharing_generator,
+]
+
+
+@pytest.mark.parametrize("fn", SHARING_RIGHT)
 def test_sharing_correct_solutions_pass(fn, capsys):
     check_sharing_map(fn)
     assert "Correct" in capsys.readouterr().out
@@ -93,10 +177,12 @@ def test_sharing_correct_solutions_pass(fn, capsys):
     [
         (sharing_first_of_type, "first_of_type"),
         (sharing_ignores_type, "type_ignored"),
+        (sharing_sliding_to_previous, "sliding_to_previous"),
         (sharing_chain, "chain"),
         (sharing_starts_early, "one_too_many"),
         (sharing_starts_late, "one_too_few"),
         (sharing_none, "no_sharing"),
+        (sharing_generator_first_of_type, "first_of_type"),
     ],
 )
 def test_sharing_mistakes_are_diagnosed(fn, key):
@@ -104,6 +190,48 @@ def test_sharing_mistakes_are_diagnosed(fn, key):
         check_sharing_map(fn)
     assert err.value.mistake == key
     assert "Diagnosis" in str(err.value)
+
+
+def test_sharing_cases_include_a_full_last_maker():
+    """A case whose last cache-making layer is a full-attention one (Gemma
+    3n E4B's layout): there the sliding sharers' source is not the layer just
+    before the sharing ones."""
+    from attnbook.exercises.latent import sharing_cases
+
+    assert any(
+        case.args[0][len(case.args[0]) - case.args[1] - 1] == "full_attention"
+        for case in sharing_cases()
+        if case.args[1] > 0
+    )
+
+
+def test_sharing_generator_is_reported_with_what_it_yielded():
+    with pytest.raises(ExerciseError) as err:
+        check_sharing_map(sharing_generator_first_of_type)
+    assert "got []" not in str(err.value)
+    assert "got [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 5" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "fn, named",
+    [
+        (sharing_none_for_own, "entry 0 of your map is None"),
+        (sharing_half_off, "entry 0 of your map is 0.0 (a float)"),
+    ],
+)
+def test_sharing_non_integer_entries_are_named(fn, named):
+    """None or a float where a layer index belongs: a verdict naming the
+    entry (not a crash, and not int()'s truncation accepting 9.5 as 9)."""
+    with pytest.raises(ExerciseError) as err:
+        check_sharing_map(fn)
+    assert named in str(err.value)
+    assert "not a layer index" in str(err.value)
+
+
+def test_sharing_non_sequence_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_sharing_map(lambda layer_types, n_shared: 3)
+    assert "not a sequence of layer indices" in str(err.value)
 
 
 def test_sharing_stub_is_not_attempted():
@@ -307,14 +435,16 @@ def test_decode_unknown_mistake_gets_no_diagnosis():
 
 CATALOGUE = {
     "check_sharing_map": {
-        "right": [sharing_by_search, sharing_numpy],
+        "right": SHARING_RIGHT,
         "wrong": [
             (sharing_first_of_type, "first_of_type"),
             (sharing_ignores_type, "type_ignored"),
+            (sharing_sliding_to_previous, "sliding_to_previous"),
             (sharing_chain, "chain"),
             (sharing_starts_early, "one_too_many"),
             (sharing_starts_late, "one_too_few"),
             (sharing_none, "no_sharing"),
+            (sharing_generator_first_of_type, "first_of_type"),
         ],
     },
     "check_absorbed_decode_step": {

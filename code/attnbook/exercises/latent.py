@@ -15,6 +15,8 @@ head's keys or values is not checked: only the outputs are compared.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ._framework import Case, Mistake, as_array, run_checks
@@ -64,6 +66,17 @@ def _nearest_of_type(layer_types, n_shared):
     return sources
 
 
+def _sliding_to_previous(layer_types, n_shared):
+    """Only full-attention layers look up their own type; every sliding one
+    reuses the last layer before the sharing ones, whatever its type."""
+    first = _first_shared(layer_types, n_shared)
+    last_of = {kind: i for i, kind in enumerate(layer_types[:first])}
+    return [
+        i if i < first else (last_of[kind] if kind == _F else first - 1)
+        for i, kind in enumerate(layer_types)
+    ]
+
+
 def _shifted(shift: int):
     def wrong(layer_types, n_shared):
         return _reference_sources(layer_types, n_shared + shift)
@@ -91,6 +104,15 @@ SHARING_MISTAKES = [
         "a layer reuses a cache of its own attention type: look up the last "
         "earlier layer whose type equals its own",
         _previous_layer,
+    ),
+    Mistake(
+        "sliding_to_previous",
+        "a sliding-window layer that shares reuses the last layer before the "
+        "sharing ones whatever its type: when that layer is a full-attention "
+        "one, the sliding layer reads a full layer's cache",
+        "look up every sharing layer's own type, sliding ones too: the last "
+        "layer that makes a cache need not be a sliding one",
+        _sliding_to_previous,
     ),
     Mistake(
         "chain",
@@ -139,7 +161,67 @@ def sharing_cases() -> list[Case]:
             "6 layers, alternating, the last 3 share",
             ([_S, _F] * 3, 3),
         ),
+        Case(
+            "35 layers, 4:1, the last 15 share (Gemma 3n E4B): the last "
+            "layer that makes a cache is a full one",
+            (([_S] * 4 + [_F]) * 7, 15),
+        ),
     ]
+
+
+class _NotASourceMap:
+    """What the reader returned, when it is not a list of layer indices: no
+    comparison accepts it, and ``problem`` says why."""
+
+    def __init__(self, problem: str):
+        self.problem = problem
+
+
+def _as_sources(out):
+    """The reader's map as a list of Python ints, read once (a generator can
+    be read only once); a ``_NotASourceMap`` naming the first entry that is
+    not an integer (None, a float) or a return value that is not a
+    sequence."""
+    try:
+        entries = list(out)
+    except TypeError:
+        return _NotASourceMap(
+            f"your function returned {out!r}, not a sequence of layer "
+            "indices (one per layer)"
+        )
+    sources = []
+    for i, entry in enumerate(entries):
+        try:
+            sources.append(operator.index(entry))
+        except TypeError:
+            what = (
+                "None"
+                if entry is None
+                else f"{entry!r} (a {type(entry).__name__})"
+            )
+            return _NotASourceMap(
+                f"entry {i} of your map is {what}, not a layer "
+                "index: every layer, sharing or not, gets the integer index "
+                "of the layer whose cache it uses (itself when it makes its "
+                "own)"
+                + (
+                    "; a float is not one, even a whole one: make the "
+                    "indices ints (int(), .astype(int))"
+                    if isinstance(entry, (float, np.floating))
+                    else ""
+                )
+            )
+    return sources
+
+
+def _same_sources(got, want) -> bool:
+    return not isinstance(got, _NotASourceMap) and got == want
+
+
+def _describe_sources(got, want, case) -> str:
+    if isinstance(got, _NotASourceMap):
+        return got.problem
+    return f"expected {want}, got {got}"
 
 
 def check_sharing_map(fn) -> None:
@@ -153,10 +235,9 @@ def check_sharing_map(fn) -> None:
         sharing_cases(),
         _reference_sources,
         SHARING_MISTAKES,
-        compare=lambda got, want: [int(s) for s in got] == want,
-        describe=lambda got, want, case: (
-            f"expected {want}, got {[int(s) for s in got]}"
-        ),
+        compare=_same_sources,
+        postprocess=_as_sources,
+        describe=_describe_sources,
     )
 
 
