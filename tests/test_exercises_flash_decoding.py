@@ -653,9 +653,157 @@ def merge_shift_clamped_unguarded(
     tl.store(LSE + row, m + tl.log(total))
 
 
+# --- from the checker review of chapter 10 (chk-ch10) ------------------------
+# E1: a kernel masked by the whole tensor's bounds, not by its row's, stores
+# BLOCK_D - d_head values into the next row but never past the end of OUT.
+# The interpreter runs the programs in order, so the next row's program
+# overwrites them, and the old checker printed "Correct"; on a GPU the two
+# programs race. E2 and E4: wrong kernels the checker named, with a
+# description that did not fit them.
+
+
+@triton.jit
+def merge_masked_by_tensor_bounds(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the reviewer's kernel: "stay inside OUT" taken for the mask
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits)
+        & (row * d_head + c[None, :] < n_rows * d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - shift)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(
+        OUT + row * d_head + c, out, mask=row * d_head + c < n_rows * d_head
+    )
+    tl.store(LSE + row, shift + tl.log(total))
+
+
+@triton.jit
+def merge_runs_unmasked(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the outputs loaded with the column mask only: the padded runs
+    # s >= n_splits are read past the last run
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=c[None, :] < d_head,
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - shift)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, shift + tl.log(total))
+
+
+@triton.jit
+def merge_shares_unguarded(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the merged lse first (its shift guarded), then the shares
+    # exp(lse_s - lse) with no division: the unseen row's lse is -inf
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    lse = shift + tl.log(tl.sum(tl.exp(lse_s - shift), 0))
+    w = tl.exp(lse_s - lse)
+    tl.store(
+        OUT + row * d_head + c, tl.sum(w[:, None] * o, 0), mask=c < d_head
+    )
+    tl.store(LSE + row, lse)
+
+
+@triton.jit
+def merge_rows_reversed(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Right: program p merges row n_rows - 1 - p. Every row is still
+    stored by one program only, so nothing races."""
+    row = n_rows - 1 - tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - shift)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, shift + tl.log(total))
+
+
 CATALOGUE = {
     "check_merge_kernel": {
-        "right": [merge_run_by_run, merge_shares_base2],
+        "right": [merge_run_by_run, merge_shares_base2, merge_rows_reversed],
         "wrong": [
             (merge_padding_zero, "padding_counted"),
             (merge_unshifted, "not_shifted"),
@@ -672,6 +820,9 @@ CATALOGUE = {
             (merge_shift_clamped_at_0, "shift_clamped"),
             (merge_shift_clamped_at_30, "shift_clamped"),
             (merge_shift_clamped_unguarded, "shift_clamped"),
+            (merge_masked_by_tensor_bounds, "store_into_other_row"),
+            (merge_runs_unmasked, "load_past_d_head"),
+            (merge_shares_unguarded, "unseen_row_zero_total"),
         ],
     },
 }
@@ -776,3 +927,29 @@ def test_a_row_far_below_zero_is_merged_by_the_book():
         float(lse[0]), -150.0 + math.log1p(math.exp(-10.0)), rel_tol=1e-6
     )
     assert bool(torch.isfinite(out).all()) and float(out.abs().max()) > 0
+
+
+def test_a_store_into_the_next_row_is_named_a_race():
+    """The reviewer's kernel never stores past the end of OUT, and its
+    numbers are right under the interpreter: only the record of which
+    program stored each element finds it."""
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(merge_masked_by_tensor_bounds)
+    assert err.value.mistake == "store_into_other_row", str(err.value)
+    assert "programs 0 and 1 both stored to OUT[1, 0]" in str(err.value)
+    assert "race" in str(err.value)
+
+
+def test_an_unmasked_run_is_said_to_spoil_the_numbers_too():
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(merge_runs_unmasked)
+    assert err.value.mistake == "load_past_d_head"
+    assert "0 x NaN" in str(err.value)
+    assert "so the numbers are right" not in str(err.value)
+
+
+def test_unguarded_shares_get_a_hint_that_fits_them():
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(merge_shares_unguarded)
+    assert err.value.mistake == "unseen_row_zero_total"
+    assert "exp(lse_s - lse)" in str(err.value)

@@ -57,6 +57,12 @@ class PastTheEnd(RuntimeError):
         super().__init__(f"the kernel {verb} memory {where}")
 
 
+class StoreRace(RuntimeError):
+    """Two programs of the reader's kernel stored to the same element of OUT
+    or LSE: on a GPU the programs run in parallel, in no fixed order, and
+    the element ends up with whichever store came last."""
+
+
 def _ranges(named: dict) -> list[tuple[str, int, int]]:
     """(name, first byte, one past the last byte) of each tensor."""
     return [
@@ -77,16 +83,52 @@ def _outside(ptrs, mask, itemsize: int, ranges) -> bool:
     return not inside.all()
 
 
+def _element(addr: int, named: dict) -> str:
+    """The element of ``named``'s tensors at byte address ``addr``, as
+    ``OUT[1, 0]``."""
+    for name, t in named.items():
+        offset = addr - t.data_ptr()
+        if 0 <= offset < t.numel() * t.element_size():
+            index = np.unravel_index(offset // t.element_size(), t.shape)
+            return f"{name}[{', '.join(str(int(i)) for i in index)}]"
+    return f"address {addr}"
+
+
 class _BoundsChecked:
     """Under Triton's interpreter, refuse a masked-in load or store outside
     the given tensors before it touches memory (the interpreter reads and
-    writes raw addresses, and would corrupt the heap)."""
+    writes raw addresses, and would corrupt the heap), and record which
+    program stored each element: :meth:`race` names an element that two
+    programs stored (the interpreter runs the programs one after another,
+    so the numbers cannot show such a race)."""
 
     def __init__(self, loads: dict, stores: dict):
         self.loads = _ranges({**loads, **stores})
         self.stores = _ranges(stores)
         self.load_names = ", ".join([*loads, *stores])
         self.store_names = ", ".join(stores)
+        self.store_tensors = stores
+        self.owner: dict[int, int] = {}
+        self.clash: tuple[int, int, int] | None = None
+
+    def _record(self, ptrs, mask, program: int) -> None:
+        addr = np.asarray(ptrs, dtype=np.uint64)
+        active = np.broadcast_to(np.asarray(mask, dtype=bool), addr.shape)
+        for a in addr[active].astype(np.int64).ravel().tolist():
+            first = self.owner.setdefault(a, program)
+            if first != program and self.clash is None:
+                self.clash = (a, first, program)
+
+    def race(self) -> StoreRace | None:
+        """The first element that two programs stored, as an error."""
+        if self.clash is None:
+            return None
+        addr, first, second = self.clash
+        where = _element(addr, self.store_tensors)
+        return StoreRace(
+            f"programs {first} and {second} both stored to {where}: a store "
+            "reaches another row's part of OUT or LSE"
+        )
 
     def __enter__(self):
         if os.environ.get("TRITON_INTERPRET") != "1":
@@ -116,6 +158,10 @@ class _BoundsChecked:
             size = ptrs.get_element_ty().primitive_bitwidth // 8
             if _outside(ptrs.data, mask.data, size, checker.stores):
                 raise PastTheEnd("store", f"outside {checker.store_names}")
+            # inside the outputs the store is safe: let it happen, and name
+            # a race after the launch (a store past the end, found later in
+            # the same launch, is the mistake to name first)
+            checker._record(ptrs.data, mask.data, builder.grid_idx[0])
             return store(ptrs, value, mask, *args, **kwargs)
 
         builder.create_masked_load = masked_load
@@ -142,7 +188,10 @@ def launch(kernel):
     row, say) reads or writes the guard, not freed memory. Under the
     interpreter such an access is refused before it happens; on a GPU a
     store into the guard is found after the launch. Either raises
-    :class:`PastTheEnd`."""
+    :class:`PastTheEnd`. Under the interpreter, an element of OUT or LSE
+    stored by two programs (a store that reaches another row) raises
+    :class:`StoreRace` after the launch; on a GPU such a race is not
+    watched."""
 
     def merge(o_part, lse_part):
         n_splits, n_rows, d_head = o_part.shape
@@ -191,6 +240,9 @@ def launch(kernel):
             and lse_out_buf[n_rows:].isnan().all()
         ):
             raise PastTheEnd("store", "past the end of OUT or LSE")
+        race = checked.race()
+        if race is not None:
+            raise race
         return out.cpu(), lse.cpu()
 
     return merge
@@ -391,6 +443,10 @@ def _past_the_end(kind: str):
     return recognise
 
 
+def _store_race(err: Exception) -> bool:
+    return isinstance(err, StoreRace)
+
+
 MERGE_MISTAKES = [
     Mistake(
         "store_past_d_head",
@@ -407,12 +463,30 @@ MERGE_MISTAKES = [
         raises=_past_the_end("store"),
     ),
     Mistake(
+        "store_into_other_row",
+        "a store reaches the next row: on a GPU the programs race. Two "
+        "programs stored to the same element of OUT (or LSE), so a program "
+        "writes outside its own row, e.g. a store masked by the tensor's "
+        "bounds (row * d_head + c < n_rows * d_head) instead of the row's "
+        "(c < d_head). The interpreter runs the programs one after another, "
+        "so the row's own program overwrites the stray values and the "
+        "numbers look right; on a GPU the programs run in parallel, in no "
+        "fixed order, and the element keeps whichever store came last",
+        "each program stores only its own row: OUT + row * d_head + c with "
+        "mask=c < d_head, and LSE + row",
+        _raises,
+        raises=_store_race,
+    ),
+    Mistake(
         "load_past_d_head",
         "a load ran past the end of its tensor: O_PART loaded without the "
-        "mask c < d_head (or a run s >= n_splits loaded unmasked) reads past "
-        "the last row. The values only reach columns that are never stored, "
-        "so the numbers are right, but the read is out of bounds: on a GPU it "
-        "can fault or read another allocation",
+        "mask c < d_head reads past the last row, and a run s >= n_splits "
+        "loaded unmasked reads past the last run. The read is out of "
+        "bounds: on a GPU it can fault or read another allocation. Without "
+        "the column mask the stray values only reach columns that are never "
+        "stored; without the run mask they reach every stored column, "
+        "weighted by exp(-inf) = 0, and 0 x NaN or 0 x inf is NaN, so the "
+        "numbers can be wrong too",
         "load O_PART with mask=(s[:, None] < n_splits) & (c[None, :] < "
         "d_head), other=0.0: the mask is needed for memory safety, not only "
         "for the numbers",
@@ -478,12 +552,15 @@ MERGE_MISTAKES = [
     ),
     Mistake(
         "unseen_row_zero_total",
-        "a row that no run saw has output NaN (its log-sum-exp, -inf, is "
-        "right): the shift is guarded, but every weight is 0, so the "
-        "output is 0 / 0",
-        "divide by 1 where the total weight is 0 (tl.where(total == 0, 1, "
-        "total)): the sum of the weighted outputs is 0 there, so the "
-        "output is 0, as merge_splits gives",
+        "a row that no run saw has output NaN while its log-sum-exp, -inf, "
+        "is right: a 0 / 0 or -inf - (-inf) on the output's path was not "
+        "guarded. Either the shift is guarded but not the division (every "
+        "weight is 0, and the output is 0 / 0), or the weights are "
+        "exp(lse_s - lse) with the merged lse = -inf unguarded",
+        "guard each step that sees the row's -inf or 0: divide by 1 where "
+        "the total weight is 0 (tl.where(total == 0, 1, total)), and form "
+        "exp(lse_s - lse) with 0 in place of lse where it is -inf; the "
+        "output is then 0, as merge_splits gives",
         _unseen_row_zero_total,
     ),
     Mistake(
