@@ -586,6 +586,17 @@ def blocks_first_row_plus_width(n_q, n_k, block_q, block_k):
     ]
 
 
+def blocks_offset_in_query_blocks(n_q, n_k, block_q, block_k):
+    """Rounds the cache offset down to whole query blocks (reader chk-ch10's
+    E3: it was named first_row_plus_width)."""
+    return [
+        math.ceil(
+            min((b + 1 + (n_k - n_q) // block_q) * block_q, n_k) / block_k
+        )
+        for b in range(math.ceil(n_q / block_q))
+    ]
+
+
 def blocks_as_generator(n_q, n_k, block_q, block_k):
     """Correct, but returned as a generator."""
     offset = n_k - n_q
@@ -599,6 +610,7 @@ CATALOGUE["check_key_blocks"]["wrong"] += [
     (blocks_clamped_at_n_k, "clamp_at_n_k"),
     (blocks_capped_at_whole_blocks, "cap_drops_ragged"),
     (blocks_first_row_plus_width, "first_row_plus_width"),
+    (blocks_offset_in_query_blocks, "offset_in_query_blocks"),
 ]
 CATALOGUE["check_key_blocks"]["right"] += [blocks_as_generator]
 
@@ -642,7 +654,7 @@ def test_session_3_mistakes_are_named(wrong, key):
 def test_a_right_count_returned_as_a_generator_is_accepted(capsys):
     check_key_blocks(blocks_as_generator)
     assert capsys.readouterr().out.startswith(
-        "Correct: causal key blocks passes all 7 cases."
+        "Correct: causal key blocks passes all 8 cases."
     )
 
 

@@ -161,6 +161,21 @@ BLOCK_COUNT_MISTAKES = [
             )
         ),
     ),
+    # the offset moved into whole QUERY blocks before converting to key
+    # blocks: right when n_k - n_q is a multiple of block_q
+    Mistake(
+        "offset_in_query_blocks",
+        "the cache offset n_k - n_q was counted in whole query blocks "
+        "(rounded down), right only when it is a multiple of block_q",
+        "add the offset to the query positions first, then convert positions "
+        "to blocks: "
+        "cdiv(min(q_block * block_q + block_q + n_k - n_q, n_k), block_k)",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: _cdiv(
+                min((qb + 1 + (n_k - n_q) // bq) * bq, n_k), bk
+            )
+        ),
+    ),
     Mistake(
         "clamp_to_n_q",
         "the count is clamped to n_q, the number of queries, instead of n_k, "
@@ -316,6 +331,15 @@ def block_count_cases() -> list[Case]:
             "n_q = n_k = 65 (the last query block hangs past the end), "
             "block_q = 64, block_k = 16",
             (65, 65, 64, 16),
+        ),
+        # an offset (17) smaller than block_q but not a multiple of it:
+        # rounding it down to whole query blocks drops it (4 blocks), and
+        # the first row's key block plus block_q / block_k blocks gives 5;
+        # the right count is 6
+        Case(
+            "64 new queries after 17 cached keys: n_q = 64, n_k = 81, "
+            "block_q = 64, block_k = 16",
+            (64, 81, 64, 16),
         ),
     ]
 
