@@ -567,6 +567,13 @@ def std_query_mean_only(mu_q, cov_q, mu_k, cov_k):
     return np.sqrt(var)
 
 
+def std_key_mean_only(mu_q, cov_q, mu_k, cov_k):
+    # thought only the key's mean moves the score against varying queries
+    var = np.einsum("...ij,...ji->...", cov_q, cov_k)
+    var = var + np.einsum("...i,...ij,...j->...", mu_k, cov_q, mu_k)
+    return np.sqrt(var)
+
+
 def std_traces_multiplied(mu_q, cov_q, mu_k, cov_k):
     tq = np.diagonal(cov_q, axis1=-2, axis2=-1).sum(-1)
     tk = np.diagonal(cov_k, axis1=-2, axis2=-1).sum(-1)
@@ -678,6 +685,14 @@ def test_each_score_std_mistake_is_rejected_and_named(key):
         check_score_std(WRONG_STDS[key])
     assert err.value.mistake == key, str(err.value)
     assert "Hint:" in str(err.value)
+
+
+def test_keeping_only_the_key_mean_term_is_named_too():
+    """Reader ch03-v: the diagnosis names either mean term alone, so a
+    solution that keeps mu_k^T Cq mu_k (not mu_q^T Ck mu_q) is named."""
+    with pytest.raises(ExerciseError) as err:
+        check_score_std(std_key_mean_only)
+    assert err.value.mistake == "one_mean_term", str(err.value)
 
 
 def test_trace_over_batch_message_says_what_np_trace_computes():

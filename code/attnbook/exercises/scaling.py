@@ -401,6 +401,15 @@ SCORE_STD_MISTAKES = [
         "mu_k",
         lambda mq, cq, mk, ck: np.sqrt(_trace(cq, ck) + _quad(mq, ck)),
     ),
+    # the same slip with the other mean kept (reader ch03-v)
+    Mistake(
+        "one_mean_term",
+        "only one of the two mean terms is there (mu_q^T Ck mu_q or mu_k^T Cq "
+        "mu_k)",
+        "both q and k have means: q . k has the cross terms mu_q . b AND a . "
+        "mu_k",
+        lambda mq, cq, mk, ck: np.sqrt(_trace(cq, ck) + _quad(mk, cq)),
+    ),
     Mistake(
         "trace_product",
         "you multiplied the traces, trace(Cq) trace(Ck), instead of taking "
