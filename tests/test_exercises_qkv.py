@@ -1141,6 +1141,41 @@ def realise_at_the_exact_bound(x, pi):
     return gap * x_pinv, x_pinv @ _one_hot_rows(pi).T
 
 
+def realise_at_the_exact_bound_in_float32(x, pi):
+    # the reading's answer: the exact-bound gap, computed in the dtype of the
+    # tokens handed over (np.linalg.pinv keeps float32); its weights on the
+    # float32 case are 0.9 to within a few 1e-8, which the checker with a
+    # float64 tolerance of 1e-9 rejected as too_weak_after_scale
+    n = len(pi)
+    x_pinv = np.linalg.pinv(x)
+    gap = x.dtype.type(math.sqrt(n) * math.log(9 * max(n - 1, 1)))
+    return gap * x_pinv, x_pinv @ _one_hot_rows(pi).astype(x.dtype).T
+
+
+def realise_at_the_exact_bound_all_float32(x, pi):
+    # the same, with every case cast to float32 first
+    return realise_at_the_exact_bound_in_float32(np.asarray(x, np.float32), pi)
+
+
+def realise_just_below_the_bound_in_float32(x, pi):
+    # float32 throughout, and a gap 1e-4 below the exact bound: a shortfall
+    # of about 3e-5 in weight, far above float32 rounding, still rejected
+    x = np.asarray(x, np.float32)
+    n = len(pi)
+    x_pinv = np.linalg.pinv(x)
+    bound = math.sqrt(n) * math.log(9 * max(n - 1, 1))
+    gap = np.float32(0.9999 * bound)
+    return gap * x_pinv, x_pinv @ _one_hot_rows(pi).astype(np.float32).T
+
+
+def realise_mean_centred(x, pi):
+    # centres the tokens before the pseudo-inverse: wrong (X X_c^+ is not
+    # I), and it never uses x.T
+    n = len(pi)
+    x_pinv = np.linalg.pinv(x - x.mean(axis=0))
+    return _gap(n, n) * x_pinv, x_pinv @ _one_hot_rows(pi).T
+
+
 def realise_torch_linear_layout(x, pi):
     # nn.Linear(d_model, d_k).weight has shape (d_k, d_model)
     w_q, w_k = realise_lstsq(x, pi)
@@ -1163,12 +1198,15 @@ REALISE_WRONG = [
     (realise_fixed_gap_five, "too_weak_after_scale"),
     (realise_torch_linear_layout, "transposed_weights"),
     (realise_queries_and_keys, "returned_q_and_k"),
+    (realise_just_below_the_bound_in_float32, "too_weak_after_scale"),
 ]
 REALISE_RIGHT = [
     realise_lstsq,
     realise_torch_float32,
     realise_d_k_is_d_model,
     realise_at_the_exact_bound,
+    realise_at_the_exact_bound_in_float32,
+    realise_at_the_exact_bound_all_float32,
 ]
 
 
@@ -1218,6 +1256,40 @@ def test_the_exact_bound_is_exactly_0_9_up_to_rounding():
         a = np.exp(s) / np.exp(s).sum(axis=-1, keepdims=True)
         on_target = a[np.arange(len(pi)), pi]
         assert np.all(np.abs(on_target - 0.9) < 1e-12) or len(pi) == 1
+
+
+def test_the_float32_exact_bound_is_short_by_rounding_only():
+    # what the float32 tolerance of 1e-6 is for: the exact-bound answer in
+    # float32 falls short by under 1e-7 on every case, and a gap 1e-4 below
+    # the bound by more than 1e-5
+    from attnbook.exercises.qkv import (
+        PATTERN_TOLERANCE_FLOAT32,
+        _pattern_weights,
+    )
+
+    for case in realise_pattern_cases():
+        x, pi = case.args
+        x = np.asarray(x, np.float32)
+        rows = np.arange(len(pi))
+        exact = _pattern_weights(
+            x, *realise_at_the_exact_bound_all_float32(x, pi)
+        )[rows, pi]
+        assert np.all(0.9 - exact < PATTERN_TOLERANCE_FLOAT32 / 10)
+        if len(pi) > 1:
+            short = _pattern_weights(
+                x, *realise_just_below_the_bound_in_float32(x, pi)
+            )[rows, pi]
+            assert 0.9 - short.min() > 10 * PATTERN_TOLERANCE_FLOAT32
+
+
+def test_an_answer_that_never_uses_x_transposed_is_not_told_it_did():
+    # mean-centred tokens before the pseudo-inverse: wrong, and right on
+    # orthonormal tokens; the checker once named it
+    # transpose_for_pseudo_inverse ("you used x.T ...")
+    with pytest.raises(ExerciseError) as info:
+        check_realise_pattern(realise_mean_centred)
+    assert info.value.mistake is None, str(info.value)
+    assert "x.T" not in str(info.value) and "Hint" in str(info.value)
 
 
 def test_no_tied_weights_realise_the_swap():

@@ -1068,8 +1068,22 @@ def check_packed_cross_attention(fn) -> None:
 PATTERN_WEIGHT = 0.9
 # an answer whose weight is exactly 0.9 in exact arithmetic (a gap of exactly
 # sqrt(d_k) ln(9 (n - 1))) computes to 0.8999999999999998: it meets the bound,
-# and falls short only by rounding
+# and falls short only by rounding. The tolerance follows the precision of the
+# inputs: in float32 (tokens given, or weights returned) the same answer
+# rounds to a few 1e-8 short, so float32 gets 1e-6
 PATTERN_TOLERANCE = 1e-9
+PATTERN_TOLERANCE_FLOAT32 = 1e-6
+
+
+def _pattern_tolerance(*arrays) -> float:
+    """PATTERN_TOLERANCE, or PATTERN_TOLERANCE_FLOAT32 when any of
+    ``arrays`` (the tokens, the reader's weights) is a float narrower than
+    float64."""
+    for a in arrays:
+        dtype = as_array(a).dtype
+        if np.issubdtype(dtype, np.floating) and dtype.itemsize < 8:
+            return PATTERN_TOLERANCE_FLOAT32
+    return PATTERN_TOLERANCE
 
 
 def _pattern_tokens(rng, n, d_model, shared=3.0):
@@ -1094,10 +1108,10 @@ def _pattern_weights(x, w_q, w_k, scale=True):
     return softmax(s, axis=-1)
 
 
-def _realises(weights, pi) -> bool:
+def _realises(weights, pi, tolerance=PATTERN_TOLERANCE) -> bool:
     rows = np.arange(len(pi))
     on_target = weights[rows, np.asarray(pi)]
-    return bool(np.all(on_target >= PATTERN_WEIGHT - PATTERN_TOLERANCE))
+    return bool(np.all(on_target >= PATTERN_WEIGHT - tolerance))
 
 
 def _argmax_right(weights, pi) -> bool:
@@ -1179,12 +1193,13 @@ REALISE_MISTAKES = [
         "too_weak_after_scale",
         "your scores pick key pi[i] in every row, and would give it weight "
         ">= 0.9 before the 1/sqrt(d_k) scale, but not after it: the scaled "
-        "gap must reach ln(9 (n - 1)), so the raw gap must both be "
-        "multiplied by sqrt(d_k) and grow with n",
+        "gap (the raw gap divided by sqrt(d_k)) falls short of the "
+        "ln(9 (n - 1)) it must reach",
         "the weights are softmax(S / sqrt(d_k)), with d_k = w_q.shape[1]: "
         "row i needs S[i, pi[i]] above each other score of the row by "
-        "sqrt(d_k) ln(9 (n - 1)) (then e^g / (e^g + n - 1) >= 0.9); a gap "
-        "fixed in advance fails once n or d_k grows",
+        "sqrt(d_k) ln(9 (n - 1)) (then e^g / (e^g + n - 1) >= 0.9); a raw "
+        "gap that is not multiplied by sqrt(d_k), or is fixed in advance "
+        "and does not grow with n, or falls just below the bound, fails",
         lambda x, pi: _pattern_pinv(x, pi, gap_scale=False),
     ),
     Mistake(
@@ -1292,35 +1307,67 @@ def _gram_form(w_q, w_k) -> bool:
     return bool(np.linalg.eigvalsh((m + m.T) / 2).min() >= -1e-9 * size)
 
 
-def _diagnose_pattern(fn, case, w_q, w_k, weights):
+def _row_coefficients(x, w):
+    """M with x.T @ M the part of ``w`` in the row space of ``x``: M = (x
+    x^T)^-1 x w, (n, d_k). An answer that uses x.T for the pseudo-inverse
+    has w = x.T @ M with M the queries (or keys) it meant, whatever x."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.linalg.solve(x @ x.T, x @ w)
+
+
+def _same_coefficients(x, w, probe_x, probe_w) -> bool:
+    """Whether ``w`` (on x) and ``probe_w`` (on orthonormal rows probe_x
+    spanning the same space) combine the rows with one set of coefficients,
+    as x.T @ M and probe_x.T @ M do."""
+    if w.shape != probe_w.shape:
+        return False
+    got = _row_coefficients(x, w)
+    meant = np.asarray(probe_x, dtype=np.float64) @ probe_w
+    size = max(float(np.abs(meant).max()), 1e-300)
+    return bool(np.allclose(got, meant, rtol=0, atol=1e-3 * size))
+
+
+def _diagnose_pattern(fn, case, w_q, w_k, weights, tolerance):
     """The mistake the reader's weights show on ``case``, or None."""
     x, pi = case.args
     n, d_model = np.shape(x)
     if np.allclose(w_q, w_k, rtol=1e-6, atol=1e-9) or _gram_form(w_q, w_k):
         return _PATTERN_MISTAKE["tied_weights"]
-    if _realises(_pattern_weights(x, w_k, w_q), pi):
+    if _realises(_pattern_weights(x, w_k, w_q), pi, tolerance):
         return _PATTERN_MISTAKE["transposed_pattern"]
     # run the reader's function on tokens with orthonormal rows spanning the
-    # same space: an answer right there and wrong here treats x.T as x^+
+    # same space: an answer right there, wrong here, and built on x as x.T
+    # @ M with the same M as there, treats x.T as x^+
     probe = Case(case.name, (_orthonormal_like(x), list(pi)))
     try:
         with np.errstate(all="ignore"):
-            pair = _pattern_pair(fn(*fresh(probe).args))
-        orthonormal_right = pair[0].shape[0] == d_model and _realises(
-            _pattern_weights(probe.args[0], *pair), pi
-        )
+            out = fn(*fresh(probe).args)
+            pair = _pattern_pair(out)
+            probe_tolerance = _pattern_tolerance(probe.args[0], *out)
+            transpose_used = (
+                pair[0].shape[0] == d_model
+                and _realises(
+                    _pattern_weights(probe.args[0], *pair),
+                    pi,
+                    probe_tolerance,
+                )
+                and _same_coefficients(x, w_q, probe.args[0], pair[0])
+                and _same_coefficients(x, w_k, probe.args[0], pair[1])
+            )
     except Exception:
-        orthonormal_right = False
-    if orthonormal_right:
+        transpose_used = False
+    if transpose_used:
         return _PATTERN_MISTAKE["transpose_for_pseudo_inverse"]
     if _argmax_right(weights, pi):
-        if _realises(_pattern_weights(x, w_q, w_k, scale=False), pi):
+        if _realises(
+            _pattern_weights(x, w_q, w_k, scale=False), pi, tolerance
+        ):
             return _PATTERN_MISTAKE["too_weak_after_scale"]
         return _PATTERN_MISTAKE["margin_too_small"]
     return None
 
 
-def _shape_mistake(x, pi, w_q, w_k):
+def _shape_mistake(x, pi, w_q, w_k, tolerance=PATTERN_TOLERANCE):
     """The mistake a pair of the wrong shapes shows, and what is wrong."""
     n, d_model = np.shape(x)
     problem = (
@@ -1331,7 +1378,7 @@ def _shape_mistake(x, pi, w_q, w_k):
         w_q.shape == w_k.shape
         and w_q.shape[1] == d_model
         and w_q.shape[0] != d_model
-        and _realises(_pattern_weights(x, w_q.T, w_k.T), pi)
+        and _realises(_pattern_weights(x, w_q.T, w_k.T), pi, tolerance)
     ):
         return _PATTERN_MISTAKE["transposed_weights"], problem
     if (
@@ -1347,7 +1394,8 @@ def check_realise_pattern(fn) -> None:
     """Check ``fn(x, pi)`` returns ``(w_q, w_k)``, each ``(d_model, d_k)``
     with one ``d_k`` of the reader's choice, such that ``softmax((x w_q)(x
     w_k)^T / sqrt(d_k))`` puts weight >= 0.9 on ``(i, pi[i])`` for every
-    query i (to within 1e-9, so that an answer exactly at the bound passes
+    query i (to within 1e-9, or 1e-6 when the tokens or the returned
+    weights are float32, so that an answer exactly at the bound passes
     despite rounding).
 
     x: (n, d_model), n <= d_model, rows linearly independent (not
@@ -1366,6 +1414,7 @@ def check_realise_pattern(fn) -> None:
             with np.errstate(all="ignore"):
                 out = fn(*given.args)
             w_q, w_k = _pattern_pair(out)
+            tolerance = _pattern_tolerance(x, *out)
         except NotImplementedError:
             raise NotAttemptedError(
                 exercise,
@@ -1392,7 +1441,7 @@ def check_realise_pattern(fn) -> None:
             or w_k.shape[0] != d_model
             or w_q.shape[1] != w_k.shape[1]
         ):
-            mistake, problem = _shape_mistake(x, pi, w_q, w_k)
+            mistake, problem = _shape_mistake(x, pi, w_q, w_k, tolerance)
             raise ExerciseError(exercise, case.name, problem, mistake=mistake)
         if not (np.all(np.isfinite(w_q)) and np.all(np.isfinite(w_k))):
             raise ExerciseError(
@@ -1404,7 +1453,7 @@ def check_realise_pattern(fn) -> None:
             )
         with np.errstate(all="ignore"):
             weights = _pattern_weights(x, w_q, w_k)
-        if _realises(weights, pi):
+        if _realises(weights, pi, tolerance):
             continue
         rows = np.arange(n)
         on_target = weights[rows, np.asarray(pi)]
@@ -1412,13 +1461,13 @@ def check_realise_pattern(fn) -> None:
         # enough digits that a weight just under 0.9 does not print as 0.9
         worst_weight = float(on_target[worst])
         shortfall = PATTERN_WEIGHT - worst_weight
-        n_short = int(np.sum(on_target < PATTERN_WEIGHT - PATTERN_TOLERANCE))
+        n_short = int(np.sum(on_target < PATTERN_WEIGHT - tolerance))
         problem = (
             f"query {worst} puts weight {worst_weight:.6f} on key "
             f"{pi[worst]}, {shortfall:.1e} short of the {PATTERN_WEIGHT} "
             f"asked; {n_short} of {n} queries fall short"
         )
-        mistake = _diagnose_pattern(fn, case, w_q, w_k, weights)
+        mistake = _diagnose_pattern(fn, case, w_q, w_k, weights, tolerance)
         raise ExerciseError(
             exercise,
             case.name,
