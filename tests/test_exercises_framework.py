@@ -660,3 +660,28 @@ def test_a_size_mismatch_on_matrices_still_gets_the_keepdims_hint_alone():
         )
     hint = _hint(str(err.value))
     assert hint.startswith("a reduction along an axis") and ".T" not in hint
+
+
+def test_a_transposed_2d_pair_is_named_as_operand_order_not_batches():
+    """Checker reading chk-mla, E5: (h, n) + (n, h) from a product with its
+    operands in the wrong order was answered with the batch and keepdims
+    hints (the case had a 3-axis input). The hint now names the operand
+    order; a genuine batch error keeps the batch hint (test above)."""
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(3, 4))
+    keys = rng.normal(size=(7, 4))
+    stack = rng.normal(size=(2, 4, 4))  # a 3-axis input, as in the MLA case
+
+    def wrong(q, keys, stack):
+        return q @ keys.T + keys @ q.T
+
+    with pytest.raises(ExerciseError) as err:
+        run_checks(
+            "scores",
+            wrong,
+            [Case("3 queries, 7 keys", (q, keys, stack))],
+            lambda q, keys, stack: 2 * q @ keys.T,
+        )
+    hint = _hint(str(err.value))
+    assert "(3, 7) and (7, 3)" in hint and "wrong order" in hint
+    assert "keepdims" not in hint and ".T reverses every axis" not in hint

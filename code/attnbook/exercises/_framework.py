@@ -13,6 +13,7 @@ Every chapter's checker runs on it; no chapter shows it.
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -518,6 +519,17 @@ def is_broadcast_error(err: Exception) -> bool:
     )
 
 
+def _transposed_pair(text: str) -> tuple[tuple, tuple] | None:
+    """The two shapes of numpy's broadcast error when they are 2-D and each
+    is the other reversed ((3, 7) against (7, 3)), else None: a product whose
+    operands came in the wrong order, not a batch or a lost axis."""
+    found = re.findall(r"\((\d+),\s*(\d+)\)", text.split("shapes", 1)[-1])
+    if len(found) != 2:
+        return None
+    a, b = (tuple(int(v) for v in pair) for pair in found)
+    return (a, b) if a == b[::-1] and a != b else None
+
+
 _TRANSPOSE_HINT = (
     "on a batch of matrices (3 or more axes), .T reverses every axis; "
     "transpose the last two axes only: k.transpose(-1, -2) in torch, "
@@ -572,6 +584,14 @@ def error_hint(err: Exception, inputs=()) -> str | None:
             "(n, d) needs one of them transposed)"
         )
     if is_broadcast_error(err):
+        swapped = _transposed_pair(text)
+        if swapped:
+            return (
+                f"arrays of shapes {swapped[0]} and {swapped[1]} were "
+                "combined elementwise: one is the transpose of the other, so "
+                "one product has its operands in the wrong order (y @ x.T "
+                "where x @ y.T was meant) or lacks a transpose"
+            )
         if batched:
             # a batched matmul after k.T fails on its batch axes, with the
             # same message as a reduction that lost its axis
