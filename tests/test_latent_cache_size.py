@@ -122,3 +122,21 @@ def test_gemma_rows_say_what_they_are():
     assert "not a released checkpoint" in by_config["Gemma4TextConfig"]
     assert by_config["Gemma4TextConfig"].startswith("Gemma-4-style layout")
     assert "Gemma 3n E4B" in by_config["Gemma3nTextConfig"]
+
+
+def test_gemma_rows_name_their_configuration_class_as_source():
+    """The Gemma rows are the defaults of transformers' configuration
+    classes: the table names the class and the library's version, not a
+    paper; the other rows print their bibliography key."""
+    import transformers
+
+    for model in PUBLISHED:
+        label = model.source_label()
+        if model.config_class.startswith("Gemma"):
+            assert model.library_defaults
+            assert label == (
+                f"{model.config_class}, transformers "
+                f"{transformers.__version__}"
+            )
+        else:
+            assert not model.library_defaults and label == model.source

@@ -76,3 +76,58 @@ def test_decode_bytes_by_hand():
         mla_decode_bytes(1000, 128, 512, 64, 128, 128, False)
         == (1000 * 576 + 2 * 1000 * 128 * 320) * 2
     )
+
+
+def test_decode_bytes_with_weights_and_batch_by_hand():
+    # DeepSeek-V3, 32768 positions, bf16. W_UK and W_UV of 128 heads: 128
+    # x 512 x (128 + 128) numbers, read once per step whatever the batch
+    weights = 128 * 512 * 256 * 2
+    assert weights == 32 * 2**20
+    cache = 32768 * 576 * 2
+    sizes = (32768, 128, 512, 64, 128, 128)
+    assert mla_decode_bytes(*sizes, True, include_weights=True) == (
+        cache + weights
+    )
+    # a batch of 8: eight caches, one read of the weights
+    assert mla_decode_bytes(*sizes, True, batch=8, include_weights=True) == (
+        8 * cache + weights
+    )
+    assert mla_decode_bytes(*sizes, True, batch=8) == 8 * cache
+    # the decompressed path reads the same weights to decompress
+    heads = 2 * 32768 * 128 * 320 * 2
+    assert mla_decode_bytes(*sizes, False, batch=3, include_weights=True) == (
+        3 * (cache + heads) + weights
+    )
+    # fp8: every number one byte
+    assert (
+        mla_decode_bytes(
+            *sizes, True, bytes_per_element=1, include_weights=True
+        )
+        == (cache + weights) / 2
+    )
+
+
+def test_decode_intensity_at_batch_one_is_about_half_the_cache_only_one():
+    # the reader's hand count: 9.16 GFLOP over 68 MiB at batch 1, about 128
+    # flops per byte; the cache alone gives about 243, approached by a large
+    # batch
+    v3 = dict(n_heads=128, d_latent=512, d_rope=64, d_nope=128, d_v=128)
+    flops = mla_attention_flops(1, 32768, absorbed=True, **v3)
+    alone = flops / mla_decode_bytes(32768, absorbed=True, **v3)
+    batch_1 = flops / mla_decode_bytes(
+        32768, absorbed=True, include_weights=True, **v3
+    )
+    big = (
+        1024
+        * flops
+        / mla_decode_bytes(
+            32768, absorbed=True, batch=1024, include_weights=True, **v3
+        )
+    )
+    assert round(alone) == 243 and round(batch_1) == 128
+    assert batch_1 < big < alone and alone - big < 1
+
+
+def test_decode_bytes_rejects_a_bad_batch():
+    with pytest.raises(ValueError, match="batch"):
+        mla_decode_bytes(10, 2, 4, 2, 3, 3, True, batch=0)

@@ -130,17 +130,31 @@ class PublishedModel:
     """A model to size (a released one, or a layout labelled as not one): its
     ``transformers`` configuration class, the published sizes its defaults
     lack (``overrides``), and ``source``, the bibliography key of the paper
-    or model card that gives them."""
+    or model card that gives them. ``library_defaults`` marks a row whose
+    sizes are only the defaults of the configuration class as ``transformers``
+    ships them, which no paper describes; its ``source`` is then the library's
+    key."""
 
     name: str
     config_class: str
     overrides: tuple = ()
     source: str = ""
+    library_defaults: bool = False
 
     def config(self):
         import transformers
 
         return getattr(transformers, self.config_class)(**dict(self.overrides))
+
+    def source_label(self) -> str:
+        """Where the sizes come from, as chapter 12's table prints it: the
+        bibliography key, or for a row of library defaults the configuration
+        class and the installed ``transformers`` version."""
+        if not self.library_defaults:
+            return self.source
+        import transformers
+
+        return f"{self.config_class}, transformers {transformers.__version__}"
 
     def layers(self) -> list[LayerFootprint]:
         return layers_of(self.config())
@@ -199,6 +213,7 @@ PUBLISHED = (
         "Gemma3nTextConfig",
         (),
         "wolf2020transformers",
+        library_defaults=True,
     ),
     PublishedModel(
         "Gemma-4-style layout (transformers defaults; not a released "
@@ -206,5 +221,6 @@ PUBLISHED = (
         "Gemma4TextConfig",
         (),
         "wolf2020transformers",
+        library_defaults=True,
     ),
 )

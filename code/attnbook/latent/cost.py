@@ -18,10 +18,15 @@ value ``d_v``. A multiply-add is two flops. The projections of the new tokens
 
 The decompressed path pays per cached position, the absorbed one per query.
 :func:`crossover_queries` is the number of queries at which they cost the
-same. Chapter 12 (latent attention and shared caches) shows
-:func:`mla_attention_flops` and :func:`crossover_queries`;
-``tests/test_latent_cost.py`` checks the counts against PyTorch's flop counter
-run on the layer.
+same. :func:`mla_decode_bytes` counts the bytes a decoding step moves: the
+cache of every sequence of a batch, and optionally the up-projections
+``W_UK`` and ``W_UV``, read once per step for the whole batch.
+
+Chapter 12 (latent attention and shared caches) shows
+:func:`mla_attention_flops` and uses :func:`crossover_queries` and
+:func:`mla_decode_bytes`; ``tests/test_latent_cost.py`` checks the flop counts
+against PyTorch's flop counter run on the layer, and the byte counts against
+counts by hand.
 """
 
 from __future__ import annotations
@@ -96,17 +101,25 @@ def mla_decode_bytes(
     d_v: int,
     absorbed: bool,
     bytes_per_element: float = 2,
+    batch: int = 1,
+    include_weights: bool = False,
 ) -> float:
-    """Bytes one decoding step moves through memory for the attention over
-    ``n_k`` positions (weights left out).
+    """Bytes one decoding step moves through memory for the attention of
+    ``batch`` sequences, each over its own ``n_k`` cached positions.
 
-    Absorbed: the cache is read once, ``n_k (d_c + d_R)`` numbers.
-    Decompressed: the cache is read, and every head's keys and values are
-    written and read back, ``n_k h (d_nope + d_R + d_v)`` numbers each way.
+    Per sequence, absorbed: its cache is read once, ``n_k (d_c + d_R)``
+    numbers. Decompressed: the cache is read, and every head's keys and
+    values are written and read back, ``n_k h (d_nope + d_R + d_v)`` numbers
+    each way. With ``include_weights``, add the up-projections ``W_UK`` and
+    ``W_UV`` of every head, ``h d_c (d_nope + d_v)`` numbers, which either
+    path must read, once per step whatever the batch. The projections of the
+    new tokens (queries, latents, output), which both paths share, are left
+    out, as in :func:`mla_attention_flops`.
     """
     n_k = _validate.positive_int("n_k", n_k)
+    batch = _validate.positive_int("batch", batch)
     cache = n_k * (d_latent + d_rope)
-    if absorbed:
-        return cache * bytes_per_element
-    heads = n_k * n_heads * (d_nope + d_rope + d_v)
-    return (cache + 2 * heads) * bytes_per_element
+    if not absorbed:
+        cache += 2 * n_k * n_heads * (d_nope + d_rope + d_v)
+    weights = n_heads * d_latent * (d_nope + d_v) if include_weights else 0
+    return (batch * cache + weights) * bytes_per_element
