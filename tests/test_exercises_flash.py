@@ -868,11 +868,11 @@ def bwd_good_einsum_float32(
     return dq, dk, dv
 
 
-def bwd_good_one_key_at_a_time(
-    q, k, v, out, lse, d_out, causal=False, block_k=64
-):
-    """Right: blocks of one key (block_k only bounds them), in place on the
-    inputs' float64 copies."""
+def bwd_one_key_at_a_time(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong since the exercise asks for blocks of block_k keys (an expert
+    reading of chapter 9, session 7): blocks of one key whatever block_k says,
+    in place on the inputs' float64 copies. Its values are right; its peak
+    memory is the same at every block_k."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     q = q.astype(float)
     q *= 1 / math.sqrt(q.shape[-1])  # scaled in place: dQ = tau dS K
@@ -1196,7 +1196,6 @@ CATALOGUE["check_blockwise_attention_backward"] = {
     "right": [
         bwd_good_two_loops,
         bwd_good_einsum_float32,
-        bwd_good_one_key_at_a_time,
     ],
 }
 
@@ -1211,7 +1210,9 @@ def test_backward_mistakes_are_named(wrong, key):
 def test_backward_right_solutions_pass(capsys):
     for right in CATALOGUE["check_blockwise_attention_backward"]["right"]:
         check_blockwise_attention_backward(right)
-    assert capsys.readouterr().out.count("Correct") == 3
+    assert capsys.readouterr().out.count("Correct") == len(
+        CATALOGUE["check_blockwise_attention_backward"]["right"]
+    )
 
 
 def test_backward_dense_answer_is_rejected_by_its_memory():
@@ -1429,3 +1430,113 @@ def test_backward_success_names_both_paths(capsys):
     said = capsys.readouterr().out
     assert "without and with the causal mask" in said
     assert "no part growing as n_q n_k" in said
+
+
+# --- from the expert reading of chapter 9, session 7 -------------------------
+
+
+def bwd_fixed_blocks_of_32(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: right values, but always blocks of 32 keys, whatever block_k
+    says (the expert reader's answer that the old checker accepted: the
+    gradients do not depend on the block size, and the memory was measured
+    at block_k = 64 only)."""
+    return bwd_good_two_loops(q, k, v, out, lse, d_out, causal, block_k=32)
+
+
+def bwd_good_torch_blocks(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Right: torch in float64, blocks of block_k keys, the mask with
+    masked_fill (the expert reader's C3)."""
+    import torch
+
+    q, k, v, out, lse, d_out = (
+        torch.as_tensor(np.asarray(x, np.float64))
+        for x in (q, k, v, out, lse, d_out)
+    )
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = (d_out * out).sum(-1, keepdim=True)
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    last = torch.arange(n_q)[:, None] + (n_k - n_q)
+    for j0 in range(0, n_k, block_k):
+        j1 = min(j0 + block_k, n_k)
+        k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]
+        s = tau * q @ k_j.transpose(-1, -2)
+        if causal:
+            hidden = torch.arange(j0, j1) > last
+            s = s.masked_fill(hidden, float("-inf"))
+        p = torch.exp(s - lse[..., None])
+        dv[..., j0:j1, :] += p.transpose(-1, -2) @ d_out
+        ds = p * (d_out @ v_j.transpose(-1, -2) - big_d)
+        dq += tau * ds @ k_j
+        dk[..., j0:j1, :] += tau * ds.transpose(-1, -2) @ q
+    return dq.numpy(), dk.numpy(), dv.numpy()
+
+
+def bwd_good_query_blocks_of_7(
+    q, k, v, out, lse, d_out, causal=False, block_k=64
+):
+    """Right: blocks of 7 queries outside, of block_k keys inside, the mask
+    as a product with the weights, in-place adds (the expert reader's C4)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = 1 / np.sqrt(q.shape[-1])
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    big_d = np.einsum("...ic,...ic->...i", d_out, out)[..., None]
+    for i0 in range(0, n_q, 7):
+        rows = slice(i0, min(i0 + 7, n_q))
+        for cols in _key_blocks(n_k, block_k):
+            s = tau * np.einsum(
+                "...id,...jd->...ij", q[..., rows, :], k[..., cols, :]
+            )
+            p = np.exp(np.minimum(s - lse[..., rows, None], 0))
+            if causal:
+                p = p * _visible(n_q, n_k, cols)[rows]
+            np.add(
+                dv[..., cols, :],
+                np.swapaxes(p, -1, -2) @ d_out[..., rows, :],
+                out=dv[..., cols, :],
+            )
+            dp = d_out[..., rows, :] @ np.swapaxes(v[..., cols, :], -1, -2)
+            ds = p * (dp - big_d[..., rows, :])
+            dq[..., rows, :] += tau * ds @ k[..., cols, :]
+            dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q[..., rows, :]
+    return dq, dk, dv
+
+
+CATALOGUE["check_blockwise_attention_backward"]["wrong"] += [
+    (bwd_fixed_blocks_of_32, "block_k_ignored"),
+    (bwd_one_key_at_a_time, "block_k_ignored"),
+]
+CATALOGUE["check_blockwise_attention_backward"]["right"] += [
+    bwd_good_torch_blocks,
+    bwd_good_query_blocks_of_7,
+]
+
+
+@pytest.mark.parametrize(
+    "wrong", [bwd_fixed_blocks_of_32, bwd_one_key_at_a_time]
+)
+def test_backward_fixed_block_size_is_rejected_as_ignoring_block_k(wrong):
+    """Right values, and a peak memory that does not grow with n_q n_k: the
+    old checker accepted both. Their peaks are the same at block_k = 16 and
+    256."""
+    with pytest.raises(ExerciseError) as err:
+        check_blockwise_attention_backward(wrong)
+    assert err.value.mistake == "block_k_ignored"
+    assert "block_k = 16 and 256" in err.value.case
+
+
+def test_backward_right_solutions_grow_with_block_k():
+    """Each right answer's peak grows by at least one float32 row of the 240
+    extra keys from block_k = 16 to 256, the torch one's too."""
+    import torch  # noqa: F401  (loaded: the profiler's path is taken)
+
+    from attnbook.exercises.flash import _check_backward_follows_block_k
+
+    for right in CATALOGUE["check_blockwise_attention_backward"]["right"]:
+        low, high = _check_backward_follows_block_k(right)
+        assert high - low >= 4 * 240, right.__name__
+
+
+def test_backward_success_says_it_follows_block_k(capsys):
+    check_blockwise_attention_backward(bwd_good_einsum_float32)
+    assert "it grew with block_k" in capsys.readouterr().out

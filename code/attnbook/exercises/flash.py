@@ -1037,7 +1037,9 @@ def check_blockwise_attention_backward(fn) -> None:
     from n = 512 to 1024 an n_q x n_k float array grows 4x, a pass over key
     blocks about 2x; and the part of the peak that grows as n_q n_k must be
     under half a byte per query-key pair (a boolean mask of the whole score
-    matrix: 1 byte).
+    matrix: 1 byte). Its peak must also grow from block_k = 16 to 256 (64
+    queries, 1024 keys): the values are the same for every block size, so
+    only the memory shows an answer whose blocks ignore block_k.
     """
     __tracebackhide__ = True
     run_checks(
@@ -1053,13 +1055,15 @@ def check_blockwise_attention_backward(fn) -> None:
     )
     _check_backward_uses_lse(fn)
     _check_backward_memory(fn)
+    _check_backward_follows_block_k(fn)
     print(
         f"Correct: attention backward passes all {len(backward_cases())} "
         "cases; its dV halved when lse was raised by log 2 (P is recomputed "
         "from lse), without and with the causal mask; and, without and with "
         "it, its peak memory grew at most 3x from n = 512 to 1024 (an n x n "
         "float array: 4x), with no part growing as n_q n_k (a boolean n x n "
-        "mask: 1 byte per query-key pair)."
+        "mask: 1 byte per query-key pair); and it grew with block_k (its "
+        "tiles follow the blocks of keys)."
     )
 
 
@@ -1096,8 +1100,25 @@ SQUARE_ARRAY = Mistake(
 )
 
 
+BLOCK_K_IGNORED = Mistake(
+    "block_k_ignored",
+    "your function's peak memory is the same with block_k = 16 and with "
+    "block_k = 256: its tiles do not follow block_k (blocks of a fixed "
+    "size, whatever the argument says)",
+    "take the keys in blocks of block_k: for j0 in range(0, n_k, block_k) "
+    "with cols = slice(j0, min(j0 + block_k, n_k)), and compute each tile "
+    "of S, P, dP and dS on those columns at once",
+    _backward_reference,
+)
+
+
 # what the checker names after the values: the cost mistakes
-BACKWARD_COST_MISTAKES = [LSE_IGNORED, DENSE_MATRIX, SQUARE_ARRAY]
+BACKWARD_COST_MISTAKES = [
+    LSE_IGNORED,
+    DENSE_MATRIX,
+    SQUARE_ARRAY,
+    BLOCK_K_IGNORED,
+]
 
 
 def _check_backward_uses_lse(fn) -> None:
@@ -1202,3 +1223,61 @@ def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
         else "numpy's arrays, by tracemalloc"
     )
     return max(growths), seen
+
+
+# the two block sizes of the block_k test, and its input: few queries, many
+# keys, so that the arrays that do not depend on the block (dQ, D and their
+# temporaries, n_q x d) stay small next to one tile row of 256 keys
+BLOCK_K_PROBE = (16, 256)
+BLOCK_K_PROBE_SHAPE = (64, 1024, 8)  # n_q, n_k, d
+
+
+def _check_backward_follows_block_k(fn) -> tuple[int, int]:
+    """Reject a backward pass whose tiles do not follow ``block_k``.
+
+    Its values cannot tell: the gradients are the same for every block size.
+    Its memory can: a tile of ``block_k`` keys holds at least one row of
+    them, in float32 at least 4 bytes a key, so from block_k = 16 to 256 the
+    peak grows by at least 4 x 240 = 960 bytes (by about n_q x 240 x 8 bytes
+    for each float64 tile of all n_q queries). An answer that always uses
+    blocks of one fixed size has the same peak at both. The peak is
+    tracemalloc's or, when torch is loaded, the largest allocation torch's
+    profiler saw, whichever is larger. Returns the two peaks."""
+    from ..bench import format_bytes, peak_memory
+
+    __tracebackhide__ = True
+    from .perspectives import torch_profiler_ready
+
+    with_torch = torch_profiler_ready()
+    n_q, n_k, d = BLOCK_K_PROBE_SHAPE
+    rng = np.random.default_rng(27)
+    q, out, d_out = (rng.normal(size=(n_q, d)) for _ in range(3))
+    k, v = (rng.normal(size=(n_k, d)) for _ in range(2))
+    lse = rng.normal(size=n_q) + 3.0
+    args = (q, k, v, out, lse, d_out)
+    peaks = []
+    for block_k in BLOCK_K_PROBE:
+        kwargs = {"causal": False, "block_k": block_k}
+        _, peak = peak_memory(fn, *args, **kwargs)
+        if with_torch:
+            from .perspectives import largest_torch_allocation
+
+            _, torch_largest = largest_torch_allocation(
+                lambda *a: fn(*a, **kwargs), *args
+            )
+            peak = max(peak, torch_largest)
+        peaks.append(peak)
+    low, high = BLOCK_K_PROBE
+    least_growth = 4 * (high - low)
+    if peaks[1] - peaks[0] < least_growth:
+        raise ExerciseError(
+            "attention backward",
+            f"n_q = {n_q}, n_k = {n_k}, d = {d}, block_k = {low} and "
+            f"{high} (memory)",
+            f"your function's peak memory was {format_bytes(peaks[0])} with "
+            f"block_k = {low} and {format_bytes(peaks[1])} with block_k = "
+            f"{high}; a tile of {high} keys holds at least one row of them, "
+            f"{least_growth} bytes more in float32",
+            mistake=BLOCK_K_IGNORED,
+        )
+    return peaks[0], peaks[1]
