@@ -863,3 +863,23 @@ CATALOGUE = {
         "wrong": STRIDED_WRONG,
     },
 }
+
+
+def test_a_split_returned_as_a_generator_is_accepted(capsys):
+    """Reader ch05-x, C1: q, k, v = fn(...) unpacks a generator as well as a
+    tuple, so a right split returned as a generator is right."""
+
+    def split_as_generator(qkv, n_heads):
+        b, n, _ = qkv.shape
+        parts = qkv.reshape(b, n, 3, n_heads, -1).transpose(2, 0, 3, 1, 4)
+        return (part for part in parts)
+
+    check_split_qkv(split_as_generator)
+    assert "passes all" in capsys.readouterr().out
+
+
+def test_a_missing_return_is_named():
+    """Reader ch05-x, C1: None was reported as "got ()"."""
+    with pytest.raises(ExerciseError) as err:
+        check_multihead_attention(lambda *args: None)
+    assert "returned None (a missing `return`?)" in str(err.value)

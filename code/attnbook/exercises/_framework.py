@@ -755,6 +755,13 @@ def _additive_as_bool(out) -> np.ndarray:
 def difference(got, expected, case: Case | None = None) -> str:
     """What differs between two arrays: the shape, non-finite values, or the
     largest difference."""
+    if got is None:
+        return "your function returned None (a missing `return`?)"
+    if inspect.isgenerator(got):
+        return (
+            "your function returned a generator, not the values: build "
+            "them with a list or a tuple, e.g. tuple(... for ...)"
+        )
     got_a, expected_a = as_array(got), as_array(expected)
     if got_a.shape != expected_a.shape:
         return f"expected shape {expected_a.shape}, got {got_a.shape}"

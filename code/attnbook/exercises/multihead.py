@@ -11,6 +11,7 @@ cases as tensors, where torch is installed.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import numpy as np
 
@@ -107,6 +108,9 @@ def _stack(out):
     """The reader returns (q, k, v); the checker compares them stacked. A
     return value that is not three tensors of one shape becomes an
     :class:`Unusable` that says what it is."""
+    if inspect.isgenerator(out):
+        # q, k, v = fn(...) unpacks a generator as well as a tuple
+        out = tuple(out)
     if not isinstance(out, (tuple, list)):
         return Unusable(
             "not a tuple",
