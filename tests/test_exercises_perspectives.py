@@ -1076,3 +1076,57 @@ CATALOGUE["check_nadaraya_watson"]["right"] += [
 CATALOGUE["check_nadaraya_watson"]["wrong"] += [
     (nw_nearest_below(0.01), "nearest_fallback"),
 ]
+
+
+# --- from the expert reading ch12-v (session 7) ------------------------------
+
+
+def nw_column_max(x_query, x_train, y_train, h):
+    """Wrong: the maximum subtracted is each training point's over the
+    queries (axis 0), not each query's over the training points."""
+    s = -(np.subtract.outer(x_query, x_train) ** 2) / (2 * h * h)
+    w = np.exp(s - s.max(axis=0))
+    return (w * y_train).sum(1) / w.sum(1)
+
+
+def chunked_mask_one_above(phi_q, phi_k, v, chunk_size):
+    """Wrong: the chunk's weights masked with np.tril(w, 1): each query sees
+    the next key of its chunk too."""
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
+    z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
+    for a in range(0, n, chunk_size):
+        b = min(a + chunk_size, n)
+        fq, fk, vc = phi_q[..., a:b, :], phi_k[..., a:b, :], v[..., a:b, :]
+        w = np.tril(fq @ np.swapaxes(fk, -1, -2), 1)
+        out[..., a:b, :] = (w @ vc + fq @ s) / (
+            w.sum(-1) + (fq @ z[..., None])[..., 0]
+        )[..., None]
+        s = s + np.swapaxes(fk, -1, -2) @ vc
+        z = z + fk.sum(-2)
+    return out
+
+
+@pytest.mark.parametrize(
+    "check, wrong, key",
+    [
+        (check_nadaraya_watson, nw_column_max, "column_shift"),
+        (
+            check_chunked_causal_linear_attention,
+            chunked_mask_one_above,
+            "mask_one_above_diagonal",
+        ),
+    ],
+)
+def test_the_slips_the_reader_found_unnamed_are_named(check, wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check(wrong)
+    assert err.value.mistake == key, str(err.value)
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [
+    (nw_column_max, "column_shift"),
+]
+CHUNKED_WRONG += [(chunked_mask_one_above, "mask_one_above_diagonal")]

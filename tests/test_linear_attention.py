@@ -372,8 +372,10 @@ def test_an_earlier_bump_does_not_hide_a_step():
     # a run of chapter 12 (us per token of linear attention): a disturbed
     # timing at n = 512, then a step at n = 4096 that stays up
     per_token = [1.30, 2.69, 1.34, 1.33, 2.38, 2.76, 3.80, 3.39]
+    # (1.33 at n = 2048, below 1.34 and 2.38, is a dip)
     assert steps_and_bumps(per_token) == [
         ("bump", 1),
+        ("dip", 3),
         ("step", 4),
         ("bump", 6),
     ]
@@ -387,8 +389,12 @@ def test_steps_and_bumps_on_clean_rows():
     assert steps_and_bumps([4.0, 2.0, 1.0, 1.0]) == []
     assert steps_and_bumps([1.0, 3.0, 1.0, 1.0]) == [("bump", 1)]
     assert steps_and_bumps([1.0, 1.0, 2.0, 2.0, 2.1]) == [("step", 2)]
-    # a step that is also above both neighbours is a step
-    assert steps_and_bumps([1.0, 1.0, 3.0, 2.0, 2.2]) == [("step", 2)]
+    # a step that is also above both neighbours is a step (the 2.0 after
+    # it, below 3.0 and 2.2, is a dip)
+    assert steps_and_bumps([1.0, 1.0, 3.0, 2.0, 2.2]) == [
+        ("step", 2),
+        ("dip", 3),
+    ]
     # up by 1.5x but falling back below 1.5x the earlier level: no step
     assert steps_and_bumps([1.0, 1.0, 1.6, 1.1, 1.1]) == [("bump", 2)]
     with pytest.raises(ValueError, match="positive and finite"):
@@ -432,13 +438,64 @@ def test_a_bump_before_a_later_step_is_not_a_step():
         ("bump", 5),
     ]
     assert ("step", 1) in previous_steps_and_bumps(causal)
-    # the non-causal row of the same run is classified as before
+    # the non-causal row of the same run: the same step and last bump; since
+    # dips are recognised, 1.65 at n = 2048 (below 2.03 and 4.36) is the
+    # disturbed timing, a dip, rather than 2.03 at n = 1024 a bump
     linear = [1.20, 1.61, 2.03, 1.65, 4.36, 5.55, 6.22, 5.48]
-    assert (
-        steps_and_bumps(linear)
-        == previous_steps_and_bumps(linear)
-        == [("bump", 2), ("step", 4), ("bump", 6)]
-    )
+    assert previous_steps_and_bumps(linear) == [
+        ("bump", 2),
+        ("step", 4),
+        ("bump", 6),
+    ]
+    assert steps_and_bumps(linear) == [("dip", 3), ("step", 4), ("bump", 6)]
+
+
+def bumps_only_steps_and_bumps(per_token, jump=1.5):
+    """The rule before the expert reading ch12-v: bumps (above both
+    neighbours) were left out of the references, dips were not
+    recognised."""
+    times = list(per_token)
+    found, disturbed = [], set()
+    for i in range(1, len(times) - 1):
+        reference = next(
+            times[j] for j in range(i - 1, -1, -1) if j not in disturbed
+        )
+        if times[i] > jump * reference and min(times[i + 1 :]) > (
+            jump * reference
+        ):
+            found.append(("step", i))
+        elif times[i - 1] < times[i] > times[i + 1]:
+            found.append(("bump", i))
+            disturbed.add(i)
+    return found
+
+
+def test_a_dip_is_disturbed_and_fakes_no_bump_or_step():
+    """The committed run the reader of ch12-v checked (us per token of
+    linear attention): n = 2048 ran faster than n = 1024 in total time, a
+    dip. The old rule called the normal n = 1024 a bump and took the dip as
+    the reference of n = 4096, a "step" of 2.6x; against n = 1024, n = 4096
+    is 1.24x, no step."""
+    per_token = [1.87, 2.28, 2.69, 1.31, 3.34, 3.59, 4.14, 4.22]
+    assert steps_and_bumps(per_token) == [("dip", 3)]
+    assert bumps_only_steps_and_bumps(per_token) == [
+        ("bump", 2),
+        ("step", 4),
+    ]
+    # a dip after a bump is a dip, and the bump is still a bump
+    assert steps_and_bumps([2.0, 5.0, 1.9, 3.0]) == [("bump", 1), ("dip", 2)]
+    # the time after a bump is compared with the bump's reference: no dip
+    assert steps_and_bumps([1.0, 1.1, 10.0, 1.2, 1.3]) == [("bump", 2)]
+    # a dip is left out of the references: a return to the earlier level
+    # is no step
+    back = [1.0, 1.0, 0.5, 1.4, 1.45, 1.5]
+    assert steps_and_bumps(back) == [("dip", 2)]
+    assert bumps_only_steps_and_bumps(back) == [("step", 3)]
+    # and a real step after a dip is still measured from before the dip
+    assert steps_and_bumps([1.0, 1.0, 0.5, 1.6, 1.7, 1.8]) == [
+        ("dip", 2),
+        ("step", 3),
+    ]
 
 
 @pytest.mark.parametrize("causal", [False, True])

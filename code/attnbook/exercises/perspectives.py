@@ -1,5 +1,5 @@
-"""Checkers for linear attention and the Nadaraya-Watson estimator (chapter
-12)."""
+"""Checkers for linear attention and the Nadaraya-Watson estimator (the
+perspectives chapter)."""
 
 from __future__ import annotations
 
@@ -577,6 +577,17 @@ NADARAYA_WATSON_MISTAKES = [
         "along the training points)",
         _gaussian_nw(_gauss, shift_axis=None),
     ),
+    Mistake(
+        "column_shift",
+        "each training point's largest log-kernel value over the queries "
+        "(axis 0) is subtracted, not each query's own: the shift differs "
+        "from one training point to the next, so it no longer cancels in a "
+        "query's ratio",
+        "a shift cancels only if it is the same for every term of one "
+        "query's sum: subtract each query's maximum over the training "
+        "points (axis=-1, keepdims=True), the axis you normalise over",
+        _gaussian_nw(_gauss, shift_axis=0),
+    ),
 ]
 
 
@@ -683,7 +694,8 @@ def _causal_chunks(
     """Chunked causal linear attention with switchable mistakes:
     ``state_first`` adds the chunk to the state before reading it,
     ``normaliser`` "causal" or "all" (z over every key), ``diagonal``
-    "inclusive", "strict" (j < i) or "none" (no mask inside the chunk),
+    "inclusive", "strict" (j < i), "next" (j <= i + 1) or "none" (no mask
+    inside the chunk),
     ``carry`` False resets the state per chunk, ``ragged`` False leaves a
     last, partial chunk at zero, ``masked_normaliser`` False takes the
     normaliser's chunk part from the unmasked C x C weights."""
@@ -692,7 +704,7 @@ def _causal_chunks(
     out = np.zeros(phi_q.shape[:-1] + v.shape[-1:])
     s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
     z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
-    offset = {"inclusive": 0, "strict": -1}.get(diagonal)
+    offset = {"inclusive": 0, "strict": -1, "next": 1}.get(diagonal)
     stop = n if ragged else n - n % chunk_size
     for start in range(0, stop, chunk_size):
         sl = slice(start, min(start + chunk_size, n))
@@ -765,6 +777,14 @@ CHUNKED_CAUSAL_MISTAKES = [
         "own key",
         "causal attention includes j = i: np.tril(w), not np.tril(w, -1)",
         lambda *a: _causal_chunks(*a, diagonal="strict"),
+    ),
+    Mistake(
+        "mask_one_above_diagonal",
+        "inside a chunk the mask keeps j <= i + 1: each query but a chunk's "
+        "last sees the next key of its chunk",
+        "causal attention keeps j <= i: np.tril(w) (offset 0), not "
+        "np.tril(w, 1)",
+        lambda *a: _causal_chunks(*a, diagonal="next"),
     ),
     Mistake(
         "state_reset",

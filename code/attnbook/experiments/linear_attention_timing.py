@@ -68,20 +68,26 @@ def time_against_softmax(
 
 
 def steps_and_bumps(per_token, jump: float = 1.5) -> list[tuple[str, int]]:
-    """The steps and the isolated bumps of a row of per-token times, in order
-    of length: ``("step", i)`` or ``("bump", i)`` for indices ``0 < i <
-    len(per_token) - 1``.
+    """The steps, the isolated bumps and the dips of a row of per-token times,
+    in order of length: ``("step", i)``, ``("bump", i)`` or ``("dip", i)``
+    for indices ``0 < i < len(per_token) - 1``.
 
-    The reference of ``i`` is the last earlier time that is not a bump. A
-    *step* at ``i`` is a time more than ``jump`` times its reference that
-    stays up: every later time is also more than ``jump`` times that
-    reference. A *bump* is a time above those of both neighbours that is not
-    a step. Bumps are left out of the references of later times, so that an
-    earlier bump does not hide a step; and a time is not a step if any later
-    time falls back to ``jump`` times its reference or below, so that a
-    disturbed timing followed by the old level is a bump, not a step. A step
-    may still be above both neighbours: a time that jumps, then falls back to
-    a level still more than ``jump`` times the reference.
+    The reference of ``i`` is the last earlier time that is neither a bump
+    nor a dip. A *step* at ``i`` is a time more than ``jump`` times its
+    reference that stays up: every later time is also more than ``jump``
+    times that reference. A *bump* is a time, not a step, above the previous
+    time and the next one (and, when the next time is below both of its own
+    neighbours, also above the time after that). A *dip* is a time, not a
+    step, below the previous time (its reference, when the previous time is
+    a bump) and the next one. Bumps and dips are disturbed timings (a dip
+    may also be the lowest point of times that first fall, then rise): they
+    are left out of the references of later times, so that an earlier bump
+    does not hide a step and an earlier dip does not fake one; and a time is
+    not a step if any later time falls back to ``jump`` times its reference
+    or below, so that a disturbed timing followed by the old level is a
+    bump, not a step. A step may still be above both neighbours: a time that
+    jumps, then falls back to a level still more than ``jump`` times the
+    reference.
     """
     times = [float(t) for t in per_token]
     if any(not math.isfinite(t) or t <= 0 for t in times):
@@ -96,11 +102,20 @@ def steps_and_bumps(per_token, jump: float = 1.5) -> list[tuple[str, int]]:
         reference = next(
             times[j] for j in range(i - 1, -1, -1) if j not in disturbed
         )
+        # a bump just before is left out of a dip's neighbours
+        before = reference if ("bump", i - 1) in found else times[i - 1]
+        after = times[i + 1]
+        if i + 2 < len(times) and after < min(times[i], times[i + 2]):
+            # the next time is a dip: compare with the one after it
+            after = times[i + 2]
         if times[i] > jump * reference and min(times[i + 1 :]) > (
             jump * reference
         ):
             found.append(("step", i))
-        elif times[i - 1] < times[i] > times[i + 1]:
+        elif times[i - 1] < times[i] > max(after, times[i + 1]):
             found.append(("bump", i))
+            disturbed.add(i)
+        elif before > times[i] < times[i + 1]:
+            found.append(("dip", i))
             disturbed.add(i)
     return found
