@@ -15,6 +15,9 @@ from attnbook.experiments.uptrain import (
     heldout_loss_by_position,
     heldout_starts,
     heldout_window_losses,
+    unigram_log_probs,
+    unigram_loss,
+    unigram_window_losses,
     uptrain,
     uptrain_over_seeds,
 )
@@ -349,3 +352,63 @@ def test_bootstrap_mean_interval():
             bootstrap_mean_interval(bad)
     with pytest.raises(ValueError, match="level"):
         bootstrap_mean_interval(samples, level=1.0)
+
+
+def test_unigram_loss_against_a_hand_count():
+    """Trained on "abracadabra" over the vocabulary a, b, c, d, r, z: counts
+    5, 2, 1, 1, 2, 0, plus one each, out of 11 + 6 = 17."""
+    vocab = "abcdrz"
+    train = torch.tensor([vocab.index(c) for c in "abracadabra"])
+    by_hand = np.log(np.array([6, 3, 2, 2, 3, 1]) / 17)
+    assert np.allclose(unigram_log_probs(train, 6).numpy(), by_hand)
+    # "zab": z unseen in training, a and b seen
+    zab = torch.tensor([5, 0, 1])
+    expected = -(np.log(1 / 17) + np.log(6 / 17) + np.log(3 / 17)) / 3
+    assert unigram_loss(train, zab, 6) == pytest.approx(expected, rel=1e-12)
+    # smoothing 0.5: counts + 0.5 out of 11 + 3
+    assert unigram_loss(train, zab, 6, smoothing=0.5) == pytest.approx(
+        -(np.log(0.5 / 14) + np.log(5.5 / 14) + np.log(2.5 / 14)) / 3,
+        rel=1e-12,
+    )
+    # numpy ids work too
+    assert unigram_loss(train.numpy(), zab.numpy(), 6) == pytest.approx(
+        expected, rel=1e-12
+    )
+
+
+def test_unigram_window_losses_score_the_targets_of_the_heldout_windows():
+    """The same windows and predicted characters as heldout_window_losses: a
+    loop over heldout_starts, by hand."""
+    gen = torch.Generator().manual_seed(0)
+    train = torch.randint(5, (200,), generator=gen)
+    tokens = torch.randint(7, (300,), generator=gen)
+    counts = np.bincount(train.numpy(), minlength=7) + 1.0
+    log_p = np.log(counts / counts.sum())
+    got = unigram_window_losses(
+        train, tokens, 7, n_windows=5, length=20, seed=4
+    )
+    assert got.shape == (5,) and got.dtype == np.float64
+    expected = [
+        -log_p[tokens[s + 1 : s + 21].numpy()].mean()
+        for s in heldout_starts(tokens, n_windows=5, length=20, seed=4)
+    ]
+    assert np.allclose(got, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "train, tokens, vocab_size, smoothing, match",
+    [
+        ([0, 1, 7], [0, 1], 5, 1.0, "train_tokens holds ids from 0 to 7"),
+        ([0, 1], [-1, 1], 5, 1.0, "eval_tokens holds ids from -1"),
+        ([[0, 1]], [0, 1], 5, 1.0, "train_tokens must be a non-empty 1-D"),
+        ([0, 1], [], 5, 1.0, "eval_tokens must be a non-empty 1-D"),
+        ([0.0, 1.0], [0, 1], 5, 1.0, "dtype torch.float"),
+        ([0, 1], [0, 1], 5, 0.0, "smoothing must be positive"),
+        ([0, 1], [0, 1], 0, 1.0, "vocab_size"),
+    ],
+)
+def test_unigram_loss_errors(train, tokens, vocab_size, smoothing, match):
+    with pytest.raises(ValueError, match=match):
+        unigram_loss(
+            torch.tensor(train), torch.tensor(tokens), vocab_size, smoothing
+        )

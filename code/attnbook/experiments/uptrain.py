@@ -5,7 +5,9 @@ Ainslie et al. (2023) convert a multi-head checkpoint to grouped-query
 attention and then continue its pre-training for a small fraction of the
 original steps, which they call *uptraining*. :func:`uptrain` does that for
 :class:`attnbook.gpt.TinyGPT` on the text it was trained on;
-:func:`heldout_loss` measures the result on text it never saw.
+:func:`heldout_loss` measures the result on text it never saw, and
+:func:`unigram_loss` gives the baseline of a model that ignores context (the
+characters' frequencies in the training text).
 
 The uptraining windows should be as long as the text the model is judged on:
 the tiny GPT has learned absolute positions, and a window of 128 characters
@@ -173,6 +175,75 @@ def heldout_starts(
         )
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(len(tokens) - length - 1, (n_windows,), generator=gen)
+
+
+def unigram_log_probs(train_tokens, vocab_size: int, smoothing: float = 1.0):
+    """Log-probabilities (vocab_size,) float64 of a unigram model fitted on
+    ``train_tokens``: a token's count plus ``smoothing``, normalised.
+
+    With ``smoothing=1`` (add-one, or Laplace, smoothing) a token never seen
+    in training still gets a finite loss. The model ignores context: it is the
+    baseline that any model that reads the preceding characters has to beat.
+    """
+    train_tokens = _unigram_tokens("train_tokens", train_tokens, vocab_size)
+    if not smoothing > 0:
+        raise ValueError(f"smoothing must be positive; got {smoothing!r}")
+    counts = (
+        torch.bincount(train_tokens, minlength=vocab_size).double() + smoothing
+    )
+    return (counts / counts.sum()).log()
+
+
+def unigram_loss(
+    train_tokens, eval_tokens, vocab_size: int, smoothing: float = 1.0
+) -> float:
+    """Cross-entropy (nats per token) on ``eval_tokens`` of the unigram model
+    of :func:`unigram_log_probs` fitted on ``train_tokens``."""
+    log_probs = unigram_log_probs(train_tokens, vocab_size, smoothing)
+    eval_tokens = _unigram_tokens("eval_tokens", eval_tokens, vocab_size)
+    return -log_probs[eval_tokens].mean().item()
+
+
+def unigram_window_losses(
+    train_tokens,
+    tokens,
+    vocab_size: int,
+    n_windows: int = 32,
+    length: int = 256,
+    seed: int = 0,
+    smoothing: float = 1.0,
+) -> np.ndarray:
+    """The unigram model's loss on each of :func:`heldout_window_losses`'
+    windows of ``tokens``: (n_windows,) float64, nats per token.
+
+    The same arguments give the same windows, and the same ``length``
+    predicted characters per window, as :func:`heldout_window_losses`, so the
+    differences of the two are a paired comparison on identical text.
+    """
+    log_probs = unigram_log_probs(train_tokens, vocab_size, smoothing)
+    tokens = _unigram_tokens("tokens", tokens, vocab_size)
+    starts = heldout_starts(tokens, n_windows, length, seed)
+    # (n_windows, length): the characters the windows predict
+    _, targets = text_windows(tokens, starts, length)
+    return (-log_probs[targets]).mean(dim=1).numpy()
+
+
+def _unigram_tokens(name: str, tokens, vocab_size: int):
+    """``tokens`` as a 1-D int64 tensor with ids in ``[0, vocab_size)``."""
+    vocab_size = _validate.positive_int("vocab_size", vocab_size)
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim != 1 or tokens.numel() == 0 or tokens.is_floating_point():
+        raise ValueError(
+            f"{name} must be a non-empty 1-D tensor of token ids; got shape "
+            f"{tuple(tokens.shape)} and dtype {tokens.dtype}"
+        )
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"{name} holds ids from {low} to {high}, outside [0, "
+            f"vocab_size={vocab_size})"
+        )
+    return tokens.long()
 
 
 def heldout_loss_by_position(
