@@ -1102,6 +1102,10 @@ def test_the_buffered_add_hint_never_recommends_h_transpose_g():
     assert "take the product H^T G" not in hint
     assert "one-hot rows" not in hint
     assert "np.add.at" in hint and "not the product H^T G" in hint
+    # the hint names the method, not the answer's line (student reading
+    # ch0102: one wrong try handed over np.add.at(grad, ids.reshape(-1), ...))
+    for mistake in [*EMBEDDING_GRAD_MISTAKES, ONE_HOT_MISTAKE]:
+        assert "np.add.at(" not in mistake.hint, mistake.key
     # no hint of the checker recommends H^T G as the thing to compute
     for mistake in EMBEDDING_GRAD_MISTAKES:
         assert "H^T G itself" not in mistake.hint, mistake.key

@@ -760,11 +760,54 @@ def packed_cross_context_cut_by_x_lengths(
     return np.concatenate(out)
 
 
+def packed_cross_blocked_mask(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    """The student reading ch0102's likely first try: the chapter's function
+    with a mask in nn.MultiheadAttention's convention (True = blocked)."""
+    seq_q = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    seq_k = np.repeat(np.arange(len(context_lengths)), context_lengths)
+    blocked = seq_q[:, None] != seq_k[None, :]
+    return single_head_attention(
+        x, w_q, w_k, w_v, context=context, mask=blocked
+    )[0]
+
+
+def packed_cross_context_end_included(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    """Block by block, the context sliced up to its end offset included."""
+    out = []
+    q_start, c_start = 0, 0
+    for ql, cl in zip(x_lengths, context_lengths):
+        xb = x[q_start : q_start + ql]
+        cb = context[c_start : c_start + cl + 1]
+        q, k, v = xb @ w_q, cb @ w_k, cb @ w_v
+        out.append(_softmax_rows(q @ k.T / math.sqrt(q.shape[1])) @ v)
+        q_start, c_start = q_start + ql, c_start + cl
+    return np.concatenate(out)
+
+
+def packed_cross_blocked_mask_used_right(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    """Right: a True-means-blocked mask, used as such (filled with -inf)."""
+    seq_q = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    seq_k = np.repeat(np.arange(len(context_lengths)), context_lengths)
+    blocked = seq_q[:, None] != seq_k[None, :]
+    scores = (x @ w_q) @ (context @ w_k).T / math.sqrt(w_q.shape[1])
+    scores[blocked] = -np.inf
+    return _softmax_rows(scores) @ (context @ w_v)
+
+
 PACKED_CROSS_NEW = [
     (packed_cross_mask_after_softmax, "mask_after_softmax"),
     (packed_cross_np_split, "split_with_sizes"),
     (packed_cross_over_sqrt_d_v, "scale_by_sqrt_d_v"),
     (packed_cross_context_cut_by_x_lengths, "context_offsets_from_x_lengths"),
+    # the student reading ch0102
+    (packed_cross_blocked_mask, "inverted_mask"),
+    (packed_cross_context_end_included, "blocks_one_too_long"),
 ]
 
 
@@ -854,6 +897,7 @@ def test_the_fifth_readings_right_answers_stay_accepted():
     if importlib.util.find_spec("scipy") is not None:
         check_packed_scores(packed_scores_block_diag)
     check_packed_cross_attention(packed_cross_split_at_offsets)
+    check_packed_cross_attention(packed_cross_blocked_mask_used_right)
 
 
 def packed_cross_loop(x, context, x_lengths, context_lengths, w_q, w_k, w_v):
@@ -1025,6 +1069,7 @@ CATALOGUE["check_packed_cross_attention"] = {
         packed_cross_masked,
         packed_cross_torch,
         packed_cross_split_at_offsets,
+        packed_cross_blocked_mask_used_right,
     ],
     "wrong": [(_packed_cross_wrong(k), k) for k in PACKED_CROSS_KINDS]
     + PACKED_CROSS_NEW,

@@ -648,11 +648,11 @@ EMBEDDING_GRAD_MISTAKES = [
         "its positions (the last): `grad[ids] += g` is a fancy-index "
         "assignment, which reads grad[ids], adds g, and writes each repeated "
         "row once, so the repeats overwrite each other instead of adding up",
-        "accumulate with np.add.at(grad, ids.reshape(-1), "
-        "g.reshape(-1, d)) (unbuffered: every occurrence adds), or "
-        "np.bincount(ids.reshape(-1), weights=g[:, k], minlength=V) for each "
-        "column k of the flattened g, or torch's index_add_; not the product "
-        "H^T G, whose one-hot H the exercise rules out",
+        "you need an unbuffered add, in which every occurrence of a row "
+        "adds: numpy's np.add.at does that (read its documentation), as "
+        "does np.bincount with weights, one column at a time, or torch's "
+        "index_add_; flatten the batch axes first; not the product H^T G, "
+        "whose one-hot H the exercise rules out",
         _last_write_wins,
     ),
     Mistake(
@@ -820,9 +820,9 @@ ONE_HOT_MISTAKE = Mistake(
     "(one row of vocab_size entries per token): the product H^T G of the "
     "chapter's check, which is what the lookup exists to avoid",
     "add each row of grad_out into the row of the gradient that its token "
-    "selects, without H: np.add.at(grad, ids.reshape(-1), "
-    "grad_out.reshape(-1, d)) (unbuffered, so repeated tokens add up), "
-    "np.bincount per column, or torch's index_add_",
+    "selects, without H: an unbuffered add, such as numpy's np.add.at "
+    "(so that repeated tokens add up), np.bincount with weights per "
+    "column, or torch's index_add_",
     lambda ids, grad_out, vocab_size: embedding_grad(
         ids, grad_out, vocab_size
     ),

@@ -950,6 +950,32 @@ PACKED_CROSS_MISTAKES = [
         ),
     ),
     Mistake(
+        "inverted_mask",
+        "your mask is inverted: each query attends to every context token "
+        "EXCEPT those of its own sequence. True marked the pairs to block, "
+        "as in PyTorch's nn.MultiheadAttention (where True means may NOT "
+        "attend)",
+        "in this book, as in PyTorch's scaled_dot_product_attention, a "
+        "boolean mask is True where a query MAY attend: True where the "
+        "query's sequence index equals the key's (==, not !=), or invert "
+        "your mask with ~mask",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            x @ w_q, c @ w_k, c @ w_v, ~_same_sequence(lx, lc)
+        ),
+    ),
+    Mistake(
+        "blocks_one_too_long",
+        "each query sequence's context block takes one token too many: the "
+        "first token of the next context sequence is attended to as well "
+        "(an end included in the slice)",
+        "context sequence b is context[k_offsets[b]:k_offsets[b + 1]], the "
+        "end excluded, with k_offsets = [0, c_0, c_0 + c_1, ...] from "
+        "context_lengths",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            x @ w_q, c @ w_k, c @ w_v, _context_one_too_long(lx, lc)
+        ),
+    ),
+    Mistake(
         "scale_by_sqrt_d_v",
         "the scores are divided by sqrt(d_v), the width of the values, not "
         "sqrt(d_k)",
@@ -963,6 +989,18 @@ PACKED_CROSS_MISTAKES = [
         ),
     ),
 ]
+
+
+def _context_one_too_long(lengths_q, lengths_k):
+    """(T_q, T_k) bool: query sequence b may attend to its context sliced
+    with an inclusive end, context[k_offsets[b]:k_offsets[b + 1] + 1], so the
+    first token of the next context sequence too."""
+    offsets = np.concatenate([[0], np.cumsum(lengths_k)]).astype(int)
+    seg_q = _segments(lengths_q)
+    allowed = np.zeros((len(seg_q), int(offsets[-1])), dtype=bool)
+    for b in range(len(lengths_k)):
+        allowed[seg_q == b, offsets[b] : offsets[b + 1] + 1] = True
+    return allowed
 
 
 def _context_offsets_from_x(x, c, lx, lc, w_q, w_k, w_v):
