@@ -1,6 +1,7 @@
 """The length-extrapolation experiment: tasks, the tiny model's attention,
 training and evaluation."""
 
+import itertools
 import math
 
 import numpy as np
@@ -24,6 +25,34 @@ def test_shifted_copy_targets():
     assert (targets[:, :3] == E.IGNORE).all()
     assert torch.equal(targets[:, 3:], tokens[:, :6])
     assert task.best_loss(tokens, targets) == 0.0
+
+
+def test_order_blind_loss_matches_an_enumeration_of_every_sequence():
+    # The best order-blind prediction at t gives each value its count among
+    # tokens 0..t-1, over t; average its loss over every sequence of a small
+    # vocabulary, each equally likely.
+    vocab, shift, n = 3, 2, 6
+    task = E.ShiftedCopy(vocab=vocab, shift=shift)
+    losses = []
+    for seq in itertools.product(range(vocab), repeat=n):
+        for t in range(shift, n):
+            count = seq[:t].count(seq[t - shift])
+            losses.append(-math.log(count / t))
+    assert task.order_blind_loss(n) == pytest.approx(
+        np.mean(losses), rel=1e-12
+    )
+    # at t = shift = 1 the one visible other token is the target: zero loss
+    assert E.ShiftedCopy(vocab=16, shift=1).order_blind_loss(2) == 0.0
+    # it rises with the length and stays below a uniform guess
+    book = E.ShiftedCopy()
+    values = [book.order_blind_loss(m) for m in (32, 64, 128)]
+    assert values == sorted(values)
+    assert values[-1] < math.log(16)
+
+
+def test_order_blind_loss_rejects_a_length_with_nothing_to_score():
+    with pytest.raises(ValueError, match="n=3, shift=3"):
+        E.ShiftedCopy().order_blind_loss(3)
 
 
 def test_markov_text_follows_its_table():

@@ -100,6 +100,17 @@ def test_pair_frequencies():
     assert P.pair_frequencies(2).shape == (1,)
 
 
+def test_last_pair_frequency_is_base_to_the_minus_d_minus_2_over_d():
+    # What the docstring states: the last pair turns at base^(-(d-2)/d), ten
+    # times 1/base at d = 8 and close to 1/base only for a large d.
+    base = 10000.0
+    for d in (2, 8, 32, 128, 4096):
+        last = P.pair_frequencies(d, base)[-1]
+        assert last == pytest.approx(base ** (-(d - 2) / d), rel=1e-12)
+    assert P.pair_frequencies(8, base)[-1] == pytest.approx(10 / base)
+    assert P.pair_frequencies(4096, base)[-1] * base < 1.01
+
+
 # --- RoPE --------------------------------------------------------------------
 
 

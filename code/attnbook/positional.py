@@ -64,8 +64,9 @@ def pair_frequencies(d: int, base: float = 10000.0) -> np.ndarray:
     """Angular frequency of each of the ``d / 2`` feature pairs: ``base ** (-2
     i / d)``.
 
-    Returns ``(d // 2,)`` float64, from 1 radian per position (pair 0) down to
-    nearly ``1 / base`` (the last pair), in geometric progression.
+    Returns ``(d // 2,)`` float64, in geometric progression from 1 radian per
+    position (pair 0) down to ``base ** (-(d - 2) / d)`` (the last pair), which
+    is close to ``1 / base`` only when ``d`` is large.
     """
     d = _even_dim("d", d)
     base = _positive_float("base", base)

@@ -77,6 +77,37 @@ class ShiftedCopy:
         """The loss of the exact rule: zero."""
         return 0.0
 
+    def order_blind_loss(self, n: int) -> float:
+        """The expected loss on sequences of ``n`` tokens of the best
+        prediction that ignores the order of the tokens.
+
+        At position ``t`` the query sees the tokens ``0..t`` and knows its own.
+        The tokens are independent and uniform, so, given only which tokens
+        the other ``t`` positions hold, the target (one of them) is equally
+        likely to be any of them: the best order-blind prediction gives each
+        token value its count among them, divided by ``t``. The target's value
+        has ``1 + K`` copies there, ``K ~ Binomial(t - 1, 1 / vocab)``, so the
+        expected loss at ``t`` is ``E[log t - log(1 + K)]``; this averages it
+        over the scored positions ``shift..n - 1``. No model that sees only
+        which tokens are present (NoPE with one layer) has a lower expected
+        loss.
+        """
+        n = positive_int("n", n)
+        if n <= self.shift:
+            raise ValueError(
+                f"order_blind_loss needs n > shift to score a position; got "
+                f"n={n}, shift={self.shift}"
+            )
+        p = 1.0 / self.vocab
+        per_position = []
+        for t in range(self.shift, n):
+            k = np.arange(t)
+            pmf = np.array(
+                [math.comb(t - 1, int(j)) for j in k], dtype=np.float64
+            ) * (p**k * (1.0 - p) ** (t - 1 - k))
+            per_position.append(float(np.sum(pmf * (np.log(t) - np.log1p(k)))))
+        return float(np.mean(per_position))
+
 
 @dataclass(frozen=True)
 class MarkovText:
