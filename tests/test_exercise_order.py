@@ -1,7 +1,8 @@
 """No chapter shows the answer to an exercise before the exercise.
 
 ``attnbook.exercises.ANSWERS`` names, for each checker, the package functions
-whose source would answer its exercise. A chapter that shows one of them with
+whose source would answer its exercise, or all of it but the last step (the
+log-softmax for the softmax). A chapter that shows one of them with
 ``attnbook.show_source`` before the exercise that asks for it gives the answer
 away; the solutions, after the exercise, may show it.
 """

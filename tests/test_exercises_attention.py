@@ -1352,3 +1352,57 @@ def test_boolean_indexing_is_named_by_its_index_error():
         check_attention(attention_boolean_indexing)
     assert "IndexError" in str(err.value)
     assert "np.where(mask, s, -np.inf)" in str(err.value)
+
+
+# --- from the student reading of chapters 3 and 4 (section 5): a mask read
+# transposed with .T fails with a shape error on the first masked case, which
+# is not square; it is named there too, not only on the causal case ---------
+
+
+def attention_mask_dot_T(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        # "rows are keys": the mask read as (n_k, n_q)
+        s = np.where(mask.T, s, -np.inf)
+    return safe_softmax(s) @ v
+
+
+def attention_mask_swapaxes_weights_pair(q, k, v, mask=None):
+    s = np.einsum("...qd,...kd->...qk", q, k) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(np.swapaxes(mask, -1, -2), s, -np.inf)
+    w = safe_softmax(s)
+    return w @ v, w
+
+
+@pytest.mark.parametrize(
+    "fn", [attention_mask_dot_T, attention_mask_swapaxes_weights_pair]
+)
+def test_a_transposed_mask_is_named_on_the_non_square_case(fn):
+    with pytest.raises(ExerciseError) as err:
+        check_attention(fn)
+    assert err.value.mistake == "mask_transposed", str(err.value)
+    assert "n_q = 3, n_k = 5" in err.value.case
+    assert "read transposed" in str(err.value)
+
+
+def test_other_broadcast_errors_are_not_named_a_transposed_mask():
+    """A softmax that lost its keepdims fails with a broadcast error on a
+    batch too; that is not the mask."""
+
+    def attention_no_keepdims(q, k, v, mask=None):
+        s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+        if mask is not None:
+            s = np.where(mask, s, -np.inf)
+        e = np.exp(s - s.max(axis=-1))
+        return e / e.sum(axis=-1) @ v
+
+    with pytest.raises(ExerciseError) as err:
+        check_attention(attention_no_keepdims)
+    assert err.value.mistake != "mask_transposed", str(err.value)
+
+
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_mask_dot_T, "mask_transposed"),
+    (attention_mask_swapaxes_weights_pair, "mask_transposed"),
+]

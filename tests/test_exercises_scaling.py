@@ -695,6 +695,24 @@ def test_keeping_only_the_key_mean_term_is_named_too():
     assert err.value.mistake == "one_mean_term", str(err.value)
 
 
+@pytest.mark.parametrize(
+    "fn, missing, present",
+    [
+        (std_query_mean_only, "mu_k^T Cq mu_k", "mu_q^T Ck mu_q"),
+        (std_key_mean_only, "mu_q^T Ck mu_q", "mu_k^T Cq mu_k"),
+    ],
+)
+def test_one_mean_term_names_the_term_that_is_missing(fn, missing, present):
+    """Student ch03/04 (section 5): the diagnosis of one missing mean term
+    says which one is missing, not both candidates."""
+    with pytest.raises(ExerciseError) as err:
+        check_score_std(fn)
+    assert err.value.mistake == "one_mean_term", str(err.value)
+    message = str(err.value)
+    assert f"mean term {missing} is missing" in message, message
+    assert f"mean term {present} is missing" not in message, message
+
+
 def test_trace_over_batch_message_says_what_np_trace_computes():
     """The diagnosis describes np.trace on a stack correctly: the diagonal
     over the first two axes (head index = row index), summed, one number per
@@ -732,3 +750,4 @@ CATALOGUE["check_score_std"] = {
     "wrong": [(WRONG_STDS[key], key) for key in sorted(WRONG_STDS)],
 }
 CATALOGUE["check_score_std"]["wrong"] += [(std_of_the_whole_stack, "scalar")]
+CATALOGUE["check_score_std"]["wrong"] += [(std_key_mean_only, "one_mean_term")]

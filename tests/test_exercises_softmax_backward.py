@@ -496,3 +496,41 @@ CATALOGUE["check_attention_backward"]["wrong"] += [
     (backward_dq_scaled_twice, "dq_scaled_twice"),
     (backward_scale_one_over_d_everywhere, "forward_scale_by_dk"),
 ]
+
+
+# --- from the student reading of chapters 3 and 4 (section 5): the right
+# gradients returned in another order, which the square first case lets
+# through by shape ------------------------------------------------------------
+
+
+def backward_values_first(q, k, v, d_out, mask=None):
+    """Right gradients, returned "in the order the forward pass ends": d_v,
+    d_k, d_q."""
+    d_q, d_k, d_v = backward_with_output_trick(q, k, v, d_out, mask)
+    return d_v, d_k, d_q
+
+
+def backward_keys_first(q, k, v, d_out, mask=None):
+    """Right gradients in einsum, d_k and d_q swapped."""
+    d_q, d_k, d_v = backward_einsum(q, k, v, d_out, mask)
+    return [d_k, d_q, d_v]
+
+
+@pytest.mark.parametrize(
+    "fn, named",
+    [
+        (backward_values_first, "(d_v, d_k, d_q)"),
+        (backward_keys_first, "(d_k, d_q, d_v)"),
+    ],
+)
+def test_gradients_in_the_wrong_order_are_named(fn, named):
+    with pytest.raises(ExerciseError) as err:
+        check_attention_backward(fn)
+    assert err.value.mistake == "wrong_order", str(err.value)
+    assert f"you returned {named}" in str(err.value)
+
+
+CATALOGUE["check_attention_backward"]["wrong"] += [
+    (backward_values_first, "wrong_order"),
+    (backward_keys_first, "wrong_order"),
+]

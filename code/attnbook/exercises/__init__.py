@@ -116,7 +116,8 @@ def __getattr__(name):
 
 
 #: For each checker, the package functions whose source would answer its
-#: exercise as it stands (copied, with at most names changed). A chapter does
+#: exercise as it stands (copied, with at most names changed), or all but
+#: its last step (log_softmax's for the softmax's). A chapter does
 #: not show them (``attnbook.show_source``) before the exercise that asks for
 #: them; its solution may (tests/test_exercise_order.py). An empty entry: no
 #: single function of the package answers the exercise.
@@ -175,14 +176,23 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # exercise asks for the attention over a ring passed in, in numpy
     "check_ring_decode_step": (),
     "check_rope_attention": (),
-    "check_scaled_scores": (),
+    # the package's scores; chapter 3 calls it before the exercise, which
+    # asks for the batched case that its RecallAttention.score_table (2-D)
+    # does not show
+    "check_scaled_scores": ("attnbook.attention.attention_scores",),
     "check_score_std": ("attnbook.scaling.score_std",),
     # no package function computes it; the chapter shows the index
     # (shaw_relative_index), not the attention
     "check_shaw_attention": (),
     "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),
     "check_sharing_map": ("attnbook.latent.sharing.reuse_last_of_type",),
-    "check_softmax": ("attnbook.softmax.softmax",),
+    # logsumexp and log_softmax shift by the same maximum with the same
+    # helper: their source is the answer but for the last division
+    "check_softmax": (
+        "attnbook.softmax.softmax",
+        "attnbook.softmax.logsumexp",
+        "attnbook.softmax.log_softmax",
+    ),
     "check_split_qkv": (),
     # no function of the package converts a strided layer's weights
     "check_strided_to_blocked": (),

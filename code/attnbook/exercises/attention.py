@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ..attention import scaled_dot_product_attention
@@ -644,6 +646,26 @@ def _square_transposed(mask):
     return np.swapaxes(mask, -1, -2)
 
 
+def _mask_read_transposed(err: Exception) -> bool:
+    """Whether ``err`` is numpy's broadcast error between a 2-D mask read
+    transposed, (n_k, n_q), and scores of shape (..., n_q, n_k) with n_q !=
+    n_k. The checker's first cases have no mask, so a function that reaches
+    the masked ones computes scores of the right shape: a 2-D operand whose
+    reverse ends another operand's shape is the mask read the wrong way."""
+    if not is_broadcast_error(err):
+        return False
+    text = str(err).split("shapes", 1)[-1]
+    shapes = [
+        tuple(int(v) for v in re.findall(r"\d+", group))
+        for group in re.findall(r"\(([\d,\s]*)\)", text)
+    ]
+    return any(
+        len(a) == 2 and a[0] != a[1] and len(b) >= 2 and b[-2:] == a[::-1]
+        for a in shapes
+        for b in shapes
+    )
+
+
 def _masked(s, mask, fill=-np.inf):
     """The scores with the masked ones (``mask`` False) set to ``fill``."""
     return s if mask is None else np.where(mask, s, fill)
@@ -889,13 +911,16 @@ ATTENTION_MISTAKES = [
         "mask_transposed",
         "the mask is read transposed: its rows were taken as keys and its "
         "columns as queries, so with the causal mask each query sees the "
-        "future instead of the past; a mask has shape (..., n_q, n_k), row i "
-        "for query i",
+        "future instead of the past, and a mask of shape (n_q, n_k) with n_q "
+        "!= n_k, read as (n_k, n_q), does not fit the scores; a mask has "
+        "shape (..., n_q, n_k), row i for query i",
         "use the mask as it is given: np.where(mask, s, -np.inf) with s of "
         "shape (..., n_q, n_k)",
         lambda q, k, v, mask=None: (
             softmax(_masked(_scaled(q, k), _square_transposed(mask))) @ v
         ),
+        # on a mask that is not square, mask.T no longer fits the scores
+        raises=_mask_read_transposed,
     ),
     Mistake(
         "mask_not_batched",

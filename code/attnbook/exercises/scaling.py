@@ -395,19 +395,21 @@ SCORE_STD_MISTAKES = [
     ),
     Mistake(
         "one_mean_term",
-        "only one of the two mean terms is there (mu_q^T Ck mu_q or mu_k^T Cq "
-        "mu_k)",
+        "the key's mean term mu_k^T Cq mu_k is missing: only the query's, "
+        "mu_q^T Ck mu_q, is there",
         "both q and k have means: q . k has the cross terms mu_q . b AND a . "
-        "mu_k",
+        "mu_k, and a . mu_k (the key's mean against the query's variation a) "
+        "has variance mu_k^T Cq mu_k",
         lambda mq, cq, mk, ck: np.sqrt(_trace(cq, ck) + _quad(mq, ck)),
     ),
     # the same slip with the other mean kept (reader ch03-v)
     Mistake(
         "one_mean_term",
-        "only one of the two mean terms is there (mu_q^T Ck mu_q or mu_k^T Cq "
-        "mu_k)",
+        "the query's mean term mu_q^T Ck mu_q is missing: only the key's, "
+        "mu_k^T Cq mu_k, is there",
         "both q and k have means: q . k has the cross terms mu_q . b AND a . "
-        "mu_k",
+        "mu_k, and mu_q . b (the query's mean against the key's variation b) "
+        "has variance mu_q^T Ck mu_q",
         lambda mq, cq, mk, ck: np.sqrt(_trace(cq, ck) + _quad(mk, cq)),
     ),
     Mistake(

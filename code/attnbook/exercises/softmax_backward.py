@@ -282,6 +282,36 @@ ATTENTION_BACKWARD_MISTAKES = [
     ),
 ]
 
+_GRADIENT_NAMES = ("d_q", "d_k", "d_v")
+
+
+def _in_order(order):
+    """The right gradients, returned in ``order`` (indices into (d_q, d_k,
+    d_v))."""
+
+    def commit(q, k, v, d_out, mask=None):
+        grads = _grads(q, k, v, d_out, mask)
+        return tuple(grads[i] for i in order)
+
+    return commit
+
+
+# the right gradients returned in another order: on the square first case
+# (every gradient of shape (4, 3)) only their values tell
+ATTENTION_BACKWARD_MISTAKES += [
+    Mistake(
+        "wrong_order",
+        "the three gradients are right but returned in the wrong order: "
+        "you returned ("
+        + ", ".join(_GRADIENT_NAMES[i] for i in order)
+        + "), the exercise asks for (d_q, d_k, d_v)",
+        "return the gradient of each input in the order of the arguments q, "
+        "k, v: return d_q, d_k, d_v",
+        _in_order(order),
+    )
+    for order in ((0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
+]
+
 # what the memory check names: not a function of the values (they are right)
 ATTENTION_BACKWARD_COST_MISTAKES = [
     Mistake(
