@@ -79,9 +79,7 @@ def run_reference(theirs, x, q_latent, monkeypatch):
     causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
     with monkeypatch.context() as m:
         m.setattr(torch.Tensor, "topk", recording)
-        indices = theirs(
-            x, q_latent, rotary(n), causal, torch.arange(n)[None]
-        )
+        indices = theirs(x, q_latent, rotary(n), causal, torch.arange(n)[None])
     return seen[-1], indices.long()
 
 
@@ -100,10 +98,7 @@ def inputs(seed=1, batch=2, n=N):
 
 def selected_sets(indices, valid):
     return [
-        [
-            set(row[ok].tolist())
-            for row, ok in zip(indices[b], valid[b])
-        ]
+        [set(row[ok].tolist()) for row, ok in zip(indices[b], valid[b])]
         for b in range(indices.shape[0])
     ]
 
@@ -156,9 +151,7 @@ def test_scores_and_selection_equal_deepseek_v32(monkeypatch, float64_scores):
     # most rows have no tie at the boundary: the sets are compared there
     assert as_sets >= 2 * N - 4
     # a query at position t < k - 1 has t + 1 keys, all selected
-    assert valid.sum(-1)[0].tolist() == [
-        min(t + 1, TOPK) for t in range(N)
-    ]
+    assert valid.sum(-1)[0].tolist() == [min(t + 1, TOPK) for t in range(N)]
 
 
 def test_unpatched_deepseek_v32_agrees_to_float32(monkeypatch):

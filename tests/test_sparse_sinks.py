@@ -150,9 +150,7 @@ def test_output_is_plain_attention_scaled_and_its_norm_shrinks():
     z = q @ k.transpose(-2, -1) / 2.0
     kept = sink_scale(z, sinks, mask)
     torch.testing.assert_close(got, kept[..., None] * plain)
-    torch.testing.assert_close(
-        got.norm(dim=-1), kept * plain.norm(dim=-1)
-    )
+    torch.testing.assert_close(got.norm(dim=-1), kept * plain.norm(dim=-1))
     lse = torch.logsumexp(z.masked_fill(~mask, -math.inf), dim=-1)
     merged, _ = merge_splits(
         torch.stack([plain, torch.zeros_like(plain)]),
@@ -164,9 +162,7 @@ def test_output_is_plain_attention_scaled_and_its_norm_shrinks():
 def test_a_sink_of_minus_infinity_is_plain_attention():
     q, k, v, _ = random_heads(2)
     sinks = torch.full((3,), -math.inf, dtype=torch.float64)
-    torch.testing.assert_close(
-        sink_attention(q, k, v, sinks), attend(q, k, v)
-    )
+    torch.testing.assert_close(sink_attention(q, k, v, sinks), attend(q, k, v))
 
 
 def test_a_fully_masked_row_gives_zero():
@@ -196,7 +192,7 @@ def test_the_layer_without_sinks_window_or_rope_learns_gradients():
     ],
 )
 def test_bad_input_is_named(call, named):
-    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(
-        ")", r"\)"
-    )):
+    with pytest.raises(
+        ValueError, match=named.replace("(", r"\(").replace(")", r"\)")
+    ):
         call()

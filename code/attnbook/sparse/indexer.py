@@ -68,9 +68,7 @@ def causal_topk(scores, k: int, offset: int | None = None):
     """
     n_q, n_k = scores.shape[-2], scores.shape[-1]
     if isinstance(k, bool) or int(k) != k or k <= 0 or k > n_k:
-        raise ValueError(
-            f"k must be an integer in [1, n_k={n_k}]; got k={k}"
-        )
+        raise ValueError(f"k must be an integer in [1, n_k={n_k}]; got k={k}")
     offset = n_k - n_q if offset is None else offset
     if offset < 0:
         raise ValueError(

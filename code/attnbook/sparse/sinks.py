@@ -61,9 +61,9 @@ def sink_attention(
     k_s = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)
     v_s = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)
     # (1, h, 1, n_k + 1): 0 on the real keys, s_h on the sink
-    bias = torch.cat(
-        [sinks.new_zeros(h, n_k), sinks[:, None]], dim=-1
-    )[None, :, None, :]
+    bias = torch.cat([sinks.new_zeros(h, n_k), sinks[:, None]], dim=-1)[
+        None, :, None, :
+    ]
     if mask is not None:
         mask = torch.as_tensor(mask, device=q.device)
         full = mask.expand(*mask.shape[:-2], n_q, n_k)
@@ -133,7 +133,12 @@ class SinkAttention(MultiHeadAttention):
             ).to(q.device)
             mask = window if mask is None else mask & window
         return sink_attention(
-            q, k, v, self.sinks, mask, scale=1 / math.sqrt(self.d_head),
+            q,
+            k,
+            v,
+            self.sinks,
+            mask,
+            scale=1 / math.sqrt(self.d_head),
             return_weights=True,
         )
 
