@@ -152,3 +152,11 @@ def wrong_arity(b, h, q_idx):
 def test_bad_input_is_named(call, named):
     with pytest.raises(ValueError, match=named):
         call()
+
+
+def test_a_window_of_n_is_causal():
+    q, k, v = heads(5)
+    torch.testing.assert_close(
+        flex.flex_attend(q, k, v, flex.sliding_window(N)),
+        flex.flex_attend(q, k, v, flex.causal),
+    )

@@ -196,3 +196,20 @@ def test_bad_input_is_named(call, named):
         ValueError, match=named.replace("(", r"\(").replace(")", r"\)")
     ):
         call()
+
+
+def test_without_sinks_or_window_the_layer_is_multi_head_attention():
+    """The layer it generalises: sinks at -inf, no window, no RoPE."""
+    from attnbook import MultiHeadAttention
+
+    torch.manual_seed(0)
+    plain = MultiHeadAttention(16, 4, 2).double()
+    ours = SinkAttention(16, 4, 2).double()
+    ours.load_state_dict({**plain.state_dict(), "sinks": ours.sinks})
+    with torch.no_grad():
+        ours.sinks.fill_(-math.inf)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ours(x, is_causal=True), plain(x, is_causal=True)
+        )
