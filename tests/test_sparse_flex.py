@@ -160,3 +160,31 @@ def test_a_window_of_n_is_causal():
         flex.flex_attend(q, k, v, flex.sliding_window(N)),
         flex.flex_attend(q, k, v, flex.causal),
     )
+
+
+@pytest.mark.parametrize(
+    "name", ["causal", "sliding", "document", "prefix-LM"]
+)
+def test_block_sparse_attend_reads_only_kept_tiles_and_equals_attend(name):
+    """The tile loop equals dense attention with the explicit mask."""
+    mask_mod, mask = CASES[name]
+    q, k, v = heads(6)
+    blocks = flex.block_mask(mask_mod, None, None, N, N, 16)
+    got = flex.block_sparse_attend(q, k, v, blocks, mask_mod)
+    torch.testing.assert_close(got, attend(q, k, v, mask))
+
+
+def test_block_sparse_attend_skips_empty_tiles():
+    q, k, v = heads(7, n=64)
+    calls = []
+
+    def window(b, h, q_idx, kv_idx):
+        calls.append((int(q_idx.min()), int(kv_idx.min())))
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < 16)
+
+    blocks = flex.block_mask(flex.sliding_window(16), None, None, 64, 64, 16)
+    flex.block_sparse_attend(q, k, v, blocks, window)
+    # 4 query blocks: the diagonal tile and the one before (partial); none
+    # further back
+    assert all(qi - ki <= 16 for qi, ki in calls)
+    assert len(calls) == 4 + 3

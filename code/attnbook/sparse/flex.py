@@ -234,3 +234,63 @@ def flex_attend(
         torch.stack([lse, sink_lse]),
     )
     return merged
+
+
+def block_sparse_attend(q, k, v, mask, mask_mod, scale=None):
+    """Attention that reads only the tiles a ``BlockMask`` keeps: what the
+    compiled FlexAttention kernel does, written as a loop in eager torch.
+
+    q: (b, h, n_q, d), k, v: (b, h, n_k, d); mask: a ``BlockMask`` made for
+    ``mask_mod`` with ``batch`` and ``heads`` None (:func:`block_mask`). For
+    each block of queries it gathers the key blocks the mask lists, full ones
+    unmasked and partial ones masked by ``mask_mod``, and attends over them
+    (:func:`attnbook.attend`). Work: the number of kept tiles times
+    ``block_size ** 2 * d``, so a window of ``w`` costs ``O(n w d)`` where
+    causal attention costs ``O(n^2 d)``. Returns (b, h, n_q, d).
+    """
+    from ..torch_attention import attend
+
+    check_mask_mod(mask_mod)
+    size_q, size_k = mask.BLOCK_SIZE
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if mask.shape[-2:] != (n_q, n_k) or mask.shape[:2] != (1, 1):
+        raise ValueError(
+            f"the BlockMask is for shape {tuple(mask.shape)}; need (1, 1, "
+            f"{n_q}, {n_k}) (batch and heads None)"
+        )
+    partial_n, partial_idx = mask.kv_num_blocks[0, 0], mask.kv_indices[0, 0]
+    if mask.full_kv_num_blocks is None:
+        full_n = torch.zeros_like(partial_n)
+        full_idx = partial_idx[:, :0]
+    else:
+        full_n = mask.full_kv_num_blocks[0, 0]
+        full_idx = mask.full_kv_indices[0, 0]
+    out = q.new_zeros(*q.shape[:-1], v.shape[-1])
+    for i in range(len(partial_n)):
+        rows = torch.arange(i * size_q, min((i + 1) * size_q, n_q))
+        blocks = [(j, True) for j in full_idx[i, : full_n[i]].tolist()]
+        blocks += [(j, False) for j in partial_idx[i, : partial_n[i]].tolist()]
+        if not blocks:
+            continue
+        cols = [
+            torch.arange(j * size_k, min((j + 1) * size_k, n_k))
+            for j, _ in blocks
+        ]
+        keys = torch.cat(cols)
+        allowed = torch.cat(
+            [
+                torch.ones(len(rows), len(c), dtype=torch.bool)
+                if is_full
+                else mask_mod(0, 0, rows[:, None], c[None, :])
+                for (_, is_full), c in zip(blocks, cols)
+            ],
+            dim=1,
+        )
+        out[..., rows, :] = attend(
+            q[..., rows, :],
+            k[..., keys, :],
+            v[..., keys, :],
+            allowed,
+            scale=scale,
+        )
+    return out
