@@ -31,11 +31,16 @@ import warnings
 
 import torch
 from torch.nn.attention.flex_attention import (
-    AuxRequest,
     create_block_mask,
     create_mask,
     flex_attention,
 )
+
+try:
+    # torch >= 2.9; before it, return_lse=True (deprecated since)
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # pragma: no cover - older torch
+    AuxRequest = None
 
 from ..torch_attention import merge_splits
 
@@ -210,16 +215,22 @@ def flex_attend(
     with warnings.catch_warnings():
         # eager mode is what the tests want: no advice to compile
         warnings.filterwarnings("ignore", "flex_attention called without")
-        out, aux = flex_attention(
-            q,
-            k,
-            v,
-            score_mod=score_mod,
-            block_mask=mask,
-            return_aux=AuxRequest(lse=True),
-        )
+        if AuxRequest is None:
+            out, lse = flex_attention(
+                q, k, v, score_mod=score_mod, block_mask=mask, return_lse=True
+            )
+        else:
+            out, aux = flex_attention(
+                q,
+                k,
+                v,
+                score_mod=score_mod,
+                block_mask=mask,
+                return_aux=AuxRequest(lse=True),
+            )
+            lse = aux.lse
     # natural log; a row without keys has lse -inf and output 0
-    lse = aux.lse.to(out.dtype)
+    lse = lse.to(out.dtype)
     if sinks is None:
         return out
     sinks = torch.as_tensor(sinks, dtype=out.dtype)
