@@ -22,6 +22,9 @@ adds ``exp(s_h)`` to the softmax's denominator, which no ``score_mod`` (it
 changes existing scores) and no ``mask_mod`` can express; :func:`flex_attend`
 adds it afterwards from the log-sum-exp FlexAttention returns, by the merge of
 attention states (:func:`attnbook.torch_attention.merge_splits`).
+
+Chapter 13 (sparse attention) shows :func:`sliding_window` and
+:func:`block_sparse_attend`.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ through :func:`attnbook.attend` with the selection as a mask.
 query latent, one key from the token through a LayerNorm, RoPE on the first
 ``d_rope`` features, head weights from the token), so that the two can share
 weights.
+
+Chapter 13 (sparse attention) shows :func:`indexer_scores` and, in a
+solution, :func:`causal_topk`.
 """
 
 from __future__ import annotations

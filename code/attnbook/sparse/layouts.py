@@ -15,6 +15,8 @@ before each full one. From that list:
   per token, and the attention flops of the token at position ``n - 1``
   (scores and weighted sum: ``4 d_head`` flops per head per key read), both
   through :mod:`attnbook.latent.cache_size`'s layers.
+
+Chapter 13 (sparse attention) shows :func:`cost_per_token`.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ an empty run whose log-sum-exp is ``s_h``.
 :class:`SinkAttention` is :class:`attnbook.MultiHeadAttention` with sinks, and
 optionally a sliding window and RoPE, on the ``attention`` hook: gpt-oss's
 attention layer (:func:`from_gpt_oss` copies one from ``transformers``).
+
+Chapter 13 (sparse attention) shows :func:`sink_attention`.
 """
 
 from __future__ import annotations
