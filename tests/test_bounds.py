@@ -52,6 +52,8 @@ MINILM_USERS = {
     # DeepSeek-V3's attention (transformers 5; not in make test-minimum)
     "attnbook/latent/cache_size.py",
     "book/12-latent-attention.ipynb",
+    # gpt-oss's and DeepSeek-V3.2's attention, Gemma 3's configuration
+    "book/13-sparse-attention.ipynb",
 }
 
 # (regular expression over the code, package, the release that introduced it)
@@ -59,6 +61,7 @@ NEWEST_APIS = [
     (r"enable_gqa\s*=", "torch", "2.5"),
     (r"torch\.nn\.attention\.bias|causal_lower_right", "torch", "2.2"),
     (r"sdpa_kernel|SDPBackend", "torch", "2.2"),
+    (r"flex_attention", "torch", "2.5"),
     (r"get_cpu_capability", "torch", "2.1"),
     (r"FlopCounterMode", "torch", "2.1"),
     (r"torch\.func\.", "torch", "2.0"),

@@ -47,6 +47,9 @@ TORCH_MODULES = [
     "model_shapes.py",
     "multihead.py",
     "quantized_cache.py",
+    "sparse/flex.py",
+    "sparse/indexer.py",
+    "sparse/sinks.py",
     "torch_attention.py",
 ]
 

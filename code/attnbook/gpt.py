@@ -12,7 +12,7 @@ tying, Press & Wolf 2017). The package ships weights trained by
 Chapter 5 (multi-head attention) reads its heads; chapter 7 (masking) runs it
 under other masks (``mask``, ``is_causal``); chapter 8 (the KV cache) shows
 :meth:`TinyGPT.generate`; chapter 11 (grouped-query attention) converts it to
-fewer key/value heads; chapter 13 reads its attention.
+fewer key/value heads; chapter 14 reads its attention.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from .qkv import (
 from .qkv import check_realise_pattern
 from .softmax_backward import check_attention_backward
 from .relative_positions import check_shaw_attention
+from .sparse import check_causal_topk, check_packed_sliding_mask_mod
 
 __all__ = [
     "Case",
@@ -55,6 +56,7 @@ __all__ = [
     "check_benchmark_flops",
     "check_causal_mask",
     "check_chunked_causal_linear_attention",
+    "check_causal_topk",
     "check_cosine_similarity",
     "check_cross_attention",
     "check_dot_variance",
@@ -70,6 +72,7 @@ __all__ = [
     "check_online_softmax",
     "check_packed_block_mask",
     "check_packed_cross_attention",
+    "check_packed_sliding_mask_mod",
     "check_packed_scores",
     "check_padding_mask",
     "check_pool_kv_heads",
@@ -134,6 +137,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_attention_scores": (),
     "check_benchmark_flops": ("attnbook.cost.benchmark_flops",),
     "check_causal_mask": ("attnbook.masks.causal_mask",),
+    "check_causal_topk": ("attnbook.sparse.indexer.causal_topk",),
     "check_chunked_causal_linear_attention": (
         "attnbook.linear_attention.attention_from_features",
     ),
@@ -166,6 +170,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # chapter 2 shows single_head_attention, which takes a mask; the exercise
     # is to build the mask of the packed layout, which no function shows
     "check_packed_cross_attention": (),
+    # the package has the document and the window as two mask_mods
+    # (attnbook.sparse.flex), not their combination
+    "check_packed_sliding_mask_mod": (),
     "check_packed_scores": (),
     "check_padding_mask": ("attnbook.padding.key_padding_mask",),
     "check_pool_kv_heads": ("attnbook.gqa.pool_kv_heads",),

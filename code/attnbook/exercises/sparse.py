@@ -1,0 +1,373 @@
+"""Checkers for sparse attention (chapter 13): a FlexAttention ``mask_mod``
+for a packed, sliding, causal batch, and the indexer's causal top-k.
+
+The mask's mistakes are those of combining three conditions: one left out
+(causality, the document, the window), the window one too wide, the
+conditions joined by "or", and Python's ``and`` where FlexAttention traces
+tensors (it needs ``&``). The top-k's mistakes are those of forgetting that a
+query may select only the keys at or before it: the future not masked before
+the top-k, masked only after it (a query keeps fewer than ``k`` keys), the
+slots of a query with fewer than ``k`` admissible keys filled with future
+keys, and the smallest scores taken instead of the largest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._framework import Case, Mistake, run_checks, same_mask
+
+# --- a mask_mod for a packed, sliding, causal batch --------------------------
+
+
+def _dense(mask_mod, n: int) -> np.ndarray:
+    """The (n, n) boolean mask a ``mask_mod`` means, evaluated as
+    FlexAttention evaluates it (``create_mask``: traced with vmap)."""
+    import torch
+
+    from ..sparse.flex import dense_mask
+
+    mask = dense_mask(mask_mod, 1, 1, n, n)[0, 0]
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"your mask_mod returns {mask.dtype} values; a mask_mod returns "
+            "booleans (a comparison, combined with & and |)"
+        )
+    return mask.numpy()
+
+
+def _as_dense(factory):
+    """A checker's function: ``factory(doc_ids, window)`` builds a mask_mod;
+    the result compared is its dense mask."""
+
+    def run(doc_ids, window):
+        return _dense(factory(doc_ids, window), len(doc_ids))
+
+    return run
+
+
+def _reference_packed_sliding(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        causal = kv_idx <= q_idx
+        near = q_idx - kv_idx < window
+        return same & causal & near
+
+    return mask_mod
+
+
+def _without(condition: str):
+    def factory(doc_ids, window):
+        def mask_mod(b, h, q_idx, kv_idx):
+            parts = {
+                "same": doc_ids[q_idx] == doc_ids[kv_idx],
+                "causal": kv_idx <= q_idx,
+                "near": (q_idx - kv_idx).abs() < window,
+            }
+            if condition != "causal":
+                # causal present: the window is one-sided anyway
+                parts["near"] = q_idx - kv_idx < window
+            kept = [v for k, v in parts.items() if k != condition]
+            return kept[0] & kept[1]
+
+        return mask_mod
+
+    return factory
+
+
+def _window_plus_one(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return same & (kv_idx <= q_idx) & (q_idx - kv_idx <= window)
+
+    return mask_mod
+
+
+def _or_joined(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        causal = kv_idx <= q_idx
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return (same & causal) | (causal & (q_idx - kv_idx < window))
+
+    return mask_mod
+
+
+def _python_and(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        return doc_ids[q_idx] == doc_ids[kv_idx] and kv_idx <= q_idx
+
+    return mask_mod
+
+
+def _is_control_flow_error(err: Exception) -> bool:
+    return isinstance(err, RuntimeError) and "control flow" in str(err)
+
+
+def _is_arity_error(err: Exception) -> bool:
+    return isinstance(err, ValueError) and "a mask_mod takes 4" in str(err)
+
+
+def _three_arguments(doc_ids, window):
+    def mask_mod(q_idx, kv_idx, h):
+        return kv_idx <= q_idx
+
+    return mask_mod
+
+
+PACKED_SLIDING_MISTAKES = [
+    Mistake(
+        "no_causal",
+        "the mask is not causal: a query reads the keys after it, within the "
+        "window, in its document",
+        "add kv_idx <= q_idx: a decoder never reads the future",
+        _as_dense(_without("causal")),
+    ),
+    Mistake(
+        "crosses_documents",
+        "a query reads the end of the document packed before its own: the "
+        "document condition is missing",
+        "add doc_ids[q_idx] == doc_ids[kv_idx]",
+        _as_dense(_without("same")),
+    ),
+    Mistake(
+        "no_window",
+        "a query reads its whole document: the window is missing",
+        "add q_idx - kv_idx < window (the query and the window - 1 keys "
+        "before it)",
+        _as_dense(_without("near")),
+    ),
+    Mistake(
+        "window_plus_one",
+        "the window holds window + 1 keys: q_idx - kv_idx <= window",
+        "a window of w keys, the query's own included, is q_idx - kv_idx < w",
+        _as_dense(_window_plus_one),
+    ),
+    Mistake(
+        "or_joined",
+        "the conditions are joined by |: a query reads its whole document, "
+        "and the window's keys in the document before",
+        "every condition must hold: join them with &",
+        _as_dense(_or_joined),
+    ),
+    Mistake(
+        "python_and",
+        "Python's `and` on tensors: FlexAttention traces the mask_mod with "
+        "tensors, and `and` asks for the truth of a tensor",
+        "combine the conditions with & (and | for or), in parentheses",
+        _as_dense(_python_and),
+        raises=_is_control_flow_error,
+    ),
+    Mistake(
+        "wrong_arity",
+        "the mask_mod does not take the four arguments (b, h, q_idx, kv_idx)",
+        "define mask_mod(b, h, q_idx, kv_idx), even if b and h go unused",
+        _as_dense(_three_arguments),
+        raises=_is_arity_error,
+    ),
+]
+
+
+def packed_sliding_cases() -> list[Case]:
+    import torch
+
+    def docs(*lengths):
+        return torch.repeat_interleave(
+            torch.arange(len(lengths)), torch.tensor(lengths)
+        )
+
+    return [
+        Case("three documents 5, 9, 6; window 4", (docs(5, 9, 6), 4)),
+        Case("one document of 12; window 3", (docs(12), 3)),
+        Case(
+            "documents 2, 7, 3, 8; window 5 (longer than two documents)",
+            (docs(2, 7, 3, 8), 5),
+        ),
+        Case("documents 4, 4, 4; window 1 (itself only)", (docs(4, 4, 4), 1)),
+        Case(
+            "documents 6, 10; window 16 (wider than both)", (docs(6, 10), 16)
+        ),
+    ]
+
+
+def check_packed_sliding_mask_mod(fn) -> None:
+    """Check ``fn(doc_ids, window)`` returns a ``mask_mod(b, h, q_idx,
+    kv_idx)`` that lets a query read the keys of its own document at or
+    before it and fewer than ``window`` positions back; doc_ids: (n,) int
+    tensor, the document of each packed position."""
+    run_checks(
+        "a mask_mod for a packed, sliding, causal batch",
+        _as_dense(fn),
+        packed_sliding_cases(),
+        _as_dense(_reference_packed_sliding),
+        PACKED_SLIDING_MISTAKES,
+        compare=same_mask,
+    )
+
+
+# --- the indexer's causal top-k ----------------------------------------------
+
+
+def _future_masked(scores):
+    n_q, n_k = scores.shape
+    t = np.arange(n_q)[:, None] + (n_k - n_q)
+    return np.where(np.arange(n_k)[None, :] <= t, scores, -np.inf)
+
+
+def _selected(order, n_k, k, counts):
+    """A boolean (n_q, n_k) selection: the first ``counts[t]`` of row t's
+    ``order`` (at most k)."""
+    mask = np.zeros((order.shape[0], n_k), dtype=bool)
+    for t, row in enumerate(order):
+        mask[t, row[: min(k, counts[t])]] = True
+    return mask
+
+
+def _reference_topk(scores, k):
+    n_q, n_k = scores.shape
+    masked = _future_masked(scores)
+    order = np.argsort(-masked, axis=-1, kind="stable")
+    counts = np.arange(n_q) + (n_k - n_q) + 1
+    return _selected(order, n_k, k, counts)
+
+
+def _unmasked(scores, k):
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    return _selected(order, scores.shape[1], k, [k] * scores.shape[0])
+
+
+def _masked_after(scores, k):
+    n_q, n_k = scores.shape
+    chosen = _unmasked(scores, k)
+    return chosen & np.isfinite(_future_masked(scores))
+
+
+def _padded_with_future(scores, k):
+    """torch's topk over the masked scores, every slot kept: where a query
+    has fewer than k admissible keys, topk fills the rest with -inf (future)
+    keys, in its own order."""
+    import torch
+
+    masked = torch.as_tensor(_future_masked(scores))
+    indices = masked.topk(k, dim=-1).indices
+    out = torch.zeros(masked.shape, dtype=torch.bool)
+    return out.scatter(-1, indices, True).numpy()
+
+
+def _smallest(scores, k):
+    n_q, n_k = scores.shape
+    masked = np.where(np.isfinite(_future_masked(scores)), scores, np.inf)
+    order = np.argsort(masked, axis=-1, kind="stable")
+    counts = np.arange(n_q) + (n_k - n_q) + 1
+    return _selected(order, n_k, k, counts)
+
+
+def _queries_first(scores, k):
+    """Causal as if the queries were the first n_q keys (PyTorch's
+    is_causal), not the last."""
+    n_q, n_k = scores.shape
+    allowed = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None]
+    masked = np.where(allowed, scores, -np.inf)
+    order = np.argsort(-masked, axis=-1, kind="stable")
+    return _selected(order, n_k, k, np.arange(n_q) + 1)
+
+
+def _one_fewer(scores, k):
+    return (
+        _reference_topk(scores, k - 1)
+        if k > 1
+        else _reference_topk(scores, k) & False
+    )
+
+
+TOPK_MISTAKES = [
+    Mistake(
+        "future_selected",
+        "the future is not masked before the top-k: a query selects keys "
+        "after it",
+        "set the scores of keys s > t to -inf BEFORE taking the top k",
+        _unmasked,
+    ),
+    Mistake(
+        "masked_after",
+        "the future is masked after the top-k: a query whose best keys lie "
+        "in its future keeps fewer than k keys",
+        "mask first, then select: the k best among the admissible keys",
+        _masked_after,
+    ),
+    Mistake(
+        "padded_with_future",
+        "a query with fewer than k admissible keys fills its k slots with "
+        "masked (future) keys",
+        "query t (t + 1 keys at or before it) selects min(k, t + 1) keys: "
+        "drop the slots whose score is -inf",
+        _padded_with_future,
+    ),
+    Mistake(
+        "smallest",
+        "the k smallest scores are selected, not the k largest",
+        "sort in decreasing order (or take topk's largest)",
+        _smallest,
+    ),
+    Mistake(
+        "queries_first",
+        "the queries are taken as the FIRST n_q positions: with fewer queries "
+        "than keys (decoding), the last query sees only the first n_q keys",
+        "the queries are the last n_q of the n_k positions: query i sits at "
+        "i + n_k - n_q",
+        _queries_first,
+    ),
+    Mistake(
+        "one_fewer",
+        "k - 1 keys are selected",
+        "select k keys (where a query has that many)",
+        _one_fewer,
+    ),
+]
+
+
+def topk_cases() -> list[Case]:
+    rng = np.random.default_rng(0)
+    rising = np.tile(np.arange(8.0), (8, 1))
+    return [
+        Case(
+            "8 queries, 8 keys, k = 3; the future scores highest",
+            (rising, 3),
+        ),
+        Case(
+            "10 queries, 10 keys, random scores, k = 4",
+            (rng.standard_normal((10, 10)), 4),
+        ),
+        Case(
+            "3 queries, the last 3 of 9 keys (decoding), k = 2",
+            (rng.standard_normal((3, 9)), 2),
+        ),
+        Case(
+            "6 queries, 6 keys, k = 6 (every admissible key)",
+            (rng.standard_normal((6, 6)), 6),
+        ),
+        Case(
+            "12 queries, 12 keys, k = 1",
+            (rng.standard_normal((12, 12)), 1),
+        ),
+    ]
+
+
+def _as_selection(out):
+    out = np.asarray(out.detach().cpu() if hasattr(out, "detach") else out)
+    return out
+
+
+def check_causal_topk(fn) -> None:
+    """Check ``fn(scores, k)`` returns the boolean selection (n_q, n_k): for
+    each query (the last n_q of the n_k positions) the ``min(k, t + 1)`` keys
+    of largest score among those at or before it; scores: float64 (n_q,
+    n_k), no ties."""
+    run_checks(
+        "the indexer's causal top-k",
+        fn,
+        topk_cases(),
+        _reference_topk,
+        TOPK_MISTAKES,
+        compare=same_mask,
+        postprocess=_as_selection,
+    )

@@ -1,0 +1,224 @@
+"""The sparse-attention checkers reject each classic mistake and pass correct
+solutions.
+
+The wrong solutions are written here independently of the checkers' Mistake
+functions, the way a reader might write them: helper functions, torch's
+topk, loops, numpy.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import ExerciseError
+from attnbook.exercises.sparse import (
+    check_causal_topk,
+    check_packed_sliding_mask_mod,
+)
+
+# --- the packed, sliding, causal mask_mod ------------------------------------
+
+
+def packed_sliding(doc_ids, window):
+    """Correct: three named conditions."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same_doc = doc_ids[q_idx] == doc_ids[kv_idx]
+        past = kv_idx <= q_idx
+        recent = kv_idx > q_idx - window
+        return same_doc & past & recent
+
+    return mask_mod
+
+
+def packed_sliding_composed(doc_ids, window):
+    """Correct: torch's and_masks over two mask_mods."""
+    from torch.nn.attention.flex_attention import and_masks
+
+    def document(b, h, q_idx, kv_idx):
+        return doc_ids[q_idx] == doc_ids[kv_idx]
+
+    def sliding(b, h, q_idx, kv_idx):
+        distance = q_idx - kv_idx
+        return (distance >= 0) & (distance < window)
+
+    return and_masks(document, sliding)
+
+
+def packed_sliding_no_causal(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        close = (q_idx - kv_idx).abs() < window
+        return (doc_ids[q_idx] == doc_ids[kv_idx]) & close
+
+    return mask_mod
+
+
+def packed_sliding_across(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (kv_idx > q_idx - window)
+
+    return mask_mod
+
+
+def packed_sliding_whole_document(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc_ids[q_idx] == doc_ids[kv_idx]) & (kv_idx <= q_idx)
+
+    return mask_mod
+
+
+def packed_sliding_wide(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return same & (kv_idx <= q_idx) & (kv_idx >= q_idx - window)
+
+    return mask_mod
+
+
+def packed_sliding_or(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        past = kv_idx <= q_idx
+        return past & (
+            (doc_ids[q_idx] == doc_ids[kv_idx]) | (kv_idx > q_idx - window)
+        )
+
+    return mask_mod
+
+
+def packed_sliding_python_and(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (
+            doc_ids[q_idx] == doc_ids[kv_idx]
+            and kv_idx <= q_idx
+            and q_idx - kv_idx < window
+        )
+
+    return mask_mod
+
+
+def packed_sliding_two_args(doc_ids, window):
+    def mask_mod(q_idx, kv_idx):
+        return kv_idx <= q_idx
+
+    return mask_mod
+
+
+# --- the causal top-k --------------------------------------------------------
+
+
+def topk_torch(scores, k):
+    """Correct, with torch.topk and a validity mask."""
+    s = torch.as_tensor(scores)
+    n_q, n_k = s.shape
+    t = torch.arange(n_q)[:, None] + (n_k - n_q)
+    allowed = torch.arange(n_k)[None, :] <= t
+    top = s.masked_fill(~allowed, float("-inf")).topk(k, dim=-1)
+    keep = torch.isfinite(top.values)
+    out = torch.zeros(n_q, n_k, dtype=torch.bool)
+    for row in range(n_q):
+        out[row, top.indices[row][keep[row]]] = True
+    return out
+
+
+def topk_loop(scores, k):
+    """Correct, in plain loops over the admissible keys of each query."""
+    n_q, n_k = scores.shape
+    out = np.zeros((n_q, n_k), dtype=bool)
+    for i in range(n_q):
+        position = i + n_k - n_q
+        ranked = sorted(range(position + 1), key=lambda s: -scores[i, s])
+        out[i, ranked[:k]] = True
+    return out
+
+
+def topk_unmasked(scores, k):
+    idx = np.argsort(scores, axis=-1)[:, ::-1][:, :k]
+    out = np.zeros(scores.shape, dtype=bool)
+    np.put_along_axis(out, idx, True, axis=-1)
+    return out
+
+
+def topk_mask_after(scores, k):
+    n_q, n_k = scores.shape
+    return topk_unmasked(scores, k) & np.tri(n_q, n_k, n_k - n_q, dtype=bool)
+
+
+def topk_keeps_padding(scores, k):
+    s = torch.as_tensor(scores)
+    n_q, n_k = s.shape
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    idx = s.masked_fill(~allowed, float("-inf")).topk(k, dim=-1).indices
+    return torch.zeros(n_q, n_k, dtype=torch.bool).scatter(-1, idx, True)
+
+
+def topk_smallest(scores, k):
+    n_q, n_k = scores.shape
+    out = np.zeros((n_q, n_k), dtype=bool)
+    for i in range(n_q):
+        position = i + n_k - n_q
+        ranked = sorted(range(position + 1), key=lambda s: scores[i, s])
+        out[i, ranked[:k]] = True
+    return out
+
+
+def topk_queries_first(scores, k):
+    n_q, n_k = scores.shape
+    out = np.zeros((n_q, n_k), dtype=bool)
+    for i in range(n_q):
+        ranked = sorted(range(i + 1), key=lambda s: -scores[i, s])
+        out[i, ranked[:k]] = True
+    return out
+
+
+CATALOGUE = {
+    "check_packed_sliding_mask_mod": {
+        "right": [packed_sliding, packed_sliding_composed],
+        "wrong": [
+            (packed_sliding_no_causal, "no_causal"),
+            (packed_sliding_across, "crosses_documents"),
+            (packed_sliding_whole_document, "no_window"),
+            (packed_sliding_wide, "window_plus_one"),
+            (packed_sliding_or, "or_joined"),
+            (packed_sliding_python_and, "python_and"),
+            (packed_sliding_two_args, "wrong_arity"),
+        ],
+    },
+    "check_causal_topk": {
+        "right": [topk_torch, topk_loop],
+        "wrong": [
+            (topk_unmasked, "future_selected"),
+            (topk_mask_after, "masked_after"),
+            (topk_keeps_padding, "padded_with_future"),
+            (topk_smallest, "smallest"),
+            (topk_queries_first, "queries_first"),
+        ],
+    },
+}
+CHECKERS = {
+    "check_packed_sliding_mask_mod": check_packed_sliding_mask_mod,
+    "check_causal_topk": check_causal_topk,
+}
+
+
+@pytest.mark.parametrize(
+    "name, fn",
+    [(name, fn) for name in CATALOGUE for fn in CATALOGUE[name]["right"]],
+)
+def test_correct_solutions_pass(name, fn, capsys):
+    CHECKERS[name](fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name, fn, key",
+    [
+        (name, fn, key)
+        for name in CATALOGUE
+        for fn, key in CATALOGUE[name]["wrong"]
+    ],
+)
+def test_mistakes_are_diagnosed(name, fn, key):
+    with pytest.raises(ExerciseError) as err:
+        CHECKERS[name](fn)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value)
