@@ -231,6 +231,7 @@ def test_every_ppmi_mistake_is_tested():
         "context_smoothing",
         "add_one",
         "shifted",
+        "clipped_above",
     }
 
 
@@ -1162,3 +1163,37 @@ CATALOGUE["check_ppmi"]["wrong"] += [(ppmi_half_total, "shifted")]
 CATALOGUE["check_cosine_similarity"]["wrong"] += [
     (cos_divides_transposed_b, "no_keepdims_b_only")
 ]
+
+
+# --- from reader ch01-w: PPMI clipped to [0, 1] was accepted ----------------
+
+
+def ppmi_clipped_to_one(counts):
+    """PPMI clipped to [0, 1], the habitual np.clip(x, 0, 1)."""
+    return np.clip(loop_ppmi(counts), 0.0, 1.0)
+
+
+def ppmi_only_above_one(counts):
+    """Keeps only PMI values of 1 or more."""
+    with np.errstate(all="ignore"):
+        pmi = np.asarray(loop_ppmi(counts, clip=False))
+    return np.where(pmi >= 1.0, pmi, 0.0)
+
+
+CATALOGUE["check_ppmi"]["wrong"] += [
+    (ppmi_clipped_to_one, "clipped_above"),
+]
+
+
+def test_ppmi_clipped_to_one_is_rejected_and_named():
+    with pytest.raises(ExerciseError) as err:
+        check_ppmi(ppmi_clipped_to_one)
+    assert err.value.mistake == "clipped_above"
+
+
+def test_ppmi_kept_only_above_one_is_not_called_all_zero():
+    """Reader ch01-w, E2: no case had PPMI of 1 or more, so this answer was
+    all zeros and named all_zero, blaming causes the reader did not have."""
+    with pytest.raises(ExerciseError) as err:
+        check_ppmi(ppmi_only_above_one)
+    assert err.value.mistake != "all_zero"

@@ -287,6 +287,15 @@ def _pmi(counts, expected, log=np.log):
 
 PPMI_MISTAKES = [
     Mistake(
+        "clipped_above",
+        "the values were clipped to [0, 1]: PPMI has no upper bound (the "
+        "normalised PMI, NPMI, lies in [-1, 1], but this is not it)",
+        "PPMI is max(0, PMI), clipped below only: np.maximum(pmi, 0), not "
+        "np.clip(pmi, 0, 1); a pair seen together e times more often than "
+        "chance has PPMI 1, and more often, more",
+        lambda n: np.minimum(ppmi(n), 1.0),
+    ),
+    Mistake(
         "no_clip",
         "negative PMI values are kept (and never-seen pairs give log 0 = "
         "-inf)",
@@ -546,7 +555,21 @@ def ppmi_cases() -> list[Case]:
             "context 4 neither (a zero column)",
             (with_unused,),
         ),
+        # strongly associated pairs (a heavy diagonal): six PPMI values
+        # above 1, as in the chapter's own matrix (PPMI[bank, fee] = 1.35),
+        # so an answer clipped to [0, 1] is caught (reader ch01-w)
+        Case(
+            "a (6, 6) matrix of strongly associated pairs (a heavy "
+            "diagonal), one pair never seen: PPMI values above 1",
+            (_associated_counts(),),
+        ),
     ]
+
+
+def _associated_counts() -> np.ndarray:
+    counts = np.diag([5.0, 4, 6, 3, 2, 7]) + 1
+    counts[0, 5] = 0.0
+    return counts
 
 
 def check_ppmi(fn) -> None:
