@@ -349,6 +349,50 @@ def decode_global_max(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
     )
 
 
+def decode_rope_unscaled(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    """Wrong: the rotary part is added after the latent part is scaled."""
+    d = q_nope.shape[1] + q_rope.shape[1]
+    q_latent = np.einsum("hd,hdc->hc", q_nope, w_uk)
+    s = q_latent @ latents.T / np.sqrt(d) + q_rope @ rope_keys.T
+    return np.einsum("hc,hvc->hv", softmax(s) @ latents, w_uv)
+
+
+def decode_head_zero_uv(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    """Wrong: every head's weighted latent goes through head 0's W_UV."""
+    d = q_nope.shape[1] + q_rope.shape[1]
+    out = []
+    for i in range(q_nope.shape[0]):
+        s = latents @ (w_uk[i].T @ q_nope[i]) + rope_keys @ q_rope[i]
+        out.append(w_uv[0] @ (softmax(s / np.sqrt(d)) @ latents))
+    return np.stack(out)
+
+
+def decode_softmax_over_heads(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    """Wrong: the softmax normalises each position over the heads."""
+    d = q_nope.shape[1] + q_rope.shape[1]
+    s = (
+        np.einsum("hd,hdc,nc->hn", q_nope, w_uk, latents)
+        + q_rope @ rope_keys.T
+    ) / np.sqrt(d)
+    e = np.exp(s - s.max(axis=0))
+    w = e / e.sum(axis=0)
+    return np.einsum("hc,hvc->hv", w @ latents, w_uv)
+
+
+def decode_softmax_over_all(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    """Wrong, in torch: one softmax over every score of every head."""
+    t = [
+        torch.as_tensor(a, dtype=torch.float64)
+        for a in (q_nope, q_rope, latents, rope_keys, w_uk, w_uv)
+    ]
+    q_nope, q_rope, latents, rope_keys, w_uk, w_uv = t
+    d = q_nope.shape[1] + q_rope.shape[1]
+    q_latent = torch.einsum("hd,hdc->hc", q_nope, w_uk)
+    s = (q_latent @ latents.T + q_rope @ rope_keys.T) / d**0.5
+    w = torch.softmax(s.flatten(), dim=0).reshape(s.shape)
+    return torch.einsum("hc,hvc->hv", w @ latents, w_uv).numpy()
+
+
 def _largest_scores(case):
     """Each head's largest scaled score, in float64: (h,)."""
     q_nope, q_rope, latents, rope_keys, w_uk, _ = (
@@ -410,6 +454,10 @@ def test_decode_correct_solutions_pass(fn, capsys):
         (decode_head_zero, "one_head_matrices"),
         (decode_naive_softmax, "unstable_softmax"),
         (decode_global_max, "global_max"),
+        (decode_rope_unscaled, "rope_unscaled"),
+        (decode_head_zero_uv, "one_head_uv"),
+        (decode_softmax_over_heads, "softmax_over_heads"),
+        (decode_softmax_over_all, "softmax_over_all"),
     ],
 )
 def test_decode_mistakes_are_diagnosed(fn, key):
@@ -457,6 +505,10 @@ CATALOGUE = {
             (decode_head_zero, "one_head_matrices"),
             (decode_naive_softmax, "unstable_softmax"),
             (decode_global_max, "global_max"),
+            (decode_rope_unscaled, "rope_unscaled"),
+            (decode_head_zero_uv, "one_head_uv"),
+            (decode_softmax_over_heads, "softmax_over_heads"),
+            (decode_softmax_over_all, "softmax_over_all"),
         ],
     },
 }

@@ -7,10 +7,12 @@ cache must reuse one of its own attention type (a sliding-window layer's cache
 holds only the window), and the last such layer *before* the shared ones. The
 absorbed step has the mistakes of the derivation: the scale taken from the
 length of the absorbed query instead of the key it stands for, the rotary part
-forgotten, the scores unscaled or scaled by sqrt(d_nope), one head's matrices
-used for all, and a softmax that overflows or that subtracts one maximum for
-all heads instead of each head's own. That the absorbed step never forms a
-head's keys or values is not checked: only the outputs are compared.
+forgotten or left unscaled, the scores unscaled or scaled by sqrt(d_nope), one
+head's W_UK or W_UV used for all, a softmax that overflows or that subtracts
+one maximum for all heads instead of each head's own, and a softmax taken over
+the heads or over the whole array instead of over each head's positions. That
+the absorbed step never forms a head's keys or values is not checked: only the
+outputs are compared.
 """
 
 from __future__ import annotations
@@ -262,19 +264,25 @@ def _absorbed(
     heads_uk=None,
     stable=True,
     global_max=False,
+    rope_scaled=True,
+    heads_uv=None,
+    softmax_axis=-1,
 ):
     """The reference and its mistakes: one decoding step of MLA, in numpy.
 
     q_nope (h, d_nope), q_rope (h, d_rope), latents (n, d_c), rope_keys (n,
     d_rope), w_uk (h, d_nope, d_c), w_uv (h, d_v, d_c) -> (h, d_v).
+    ``softmax_axis``: -1 (each head over its positions), 0 (over the heads)
+    or None (over the whole (h, n) array).
     """
     d_nope, d_rope = q_nope.shape[-1], q_rope.shape[-1]
     w_k = w_uk if heads_uk is None else heads_uk(w_uk)
     # (h, d_c): W_UK^(i)T q^(i)
     q_latent = np.einsum("hd,hdc->hc", q_nope, w_k)
     scores = q_latent @ latents.T
-    if rope:
-        scores = scores + q_rope @ rope_keys.T
+    rope_scores = q_rope @ rope_keys.T
+    if rope and rope_scaled:
+        scores = scores + rope_scores
     d_c = latents.shape[-1]
     dim = (
         d_nope + d_rope
@@ -282,7 +290,12 @@ def _absorbed(
         else scale_dim(d_nope, d_rope, d_c)
     )
     scores = scores / np.sqrt(dim)
-    if global_max:
+    if rope and not rope_scaled:
+        scores = scores + rope_scores
+    if softmax_axis != -1:
+        e = np.exp(scores - scores.max(axis=softmax_axis, keepdims=True))
+        weights = e / e.sum(axis=softmax_axis, keepdims=True)
+    elif global_max:
         e = np.exp(scores - scores.max())
         weights = e / e.sum(axis=-1, keepdims=True)
     elif stable:
@@ -290,8 +303,9 @@ def _absorbed(
     else:
         e = np.exp(scores)
         weights = e / e.sum(axis=-1, keepdims=True)
+    w_v = w_uv if heads_uv is None else heads_uv(w_uv)
     # (h, d_c): the weighted sum of latents, then W_UV^(i): (h, d_v)
-    return np.einsum("hc,hvc->hv", weights @ latents, w_uv)
+    return np.einsum("hc,hvc->hv", weights @ latents, w_v)
 
 
 def _decode_reference(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
@@ -363,6 +377,37 @@ DECODE_MISTAKES = [
         "subtract each row's maximum (s.max(axis=-1, keepdims=True)), not "
         "s.max()",
         _mistake(global_max=True),
+    ),
+    Mistake(
+        "rope_unscaled",
+        "only the latent part of the score is scaled: the rotary part "
+        "(q_rope . rope_key) is added after the division",
+        "the scale divides the whole score, latent part plus rotary part: add "
+        "the two, then divide by sqrt(d_nope + d_rope)",
+        _mistake(rope_scaled=False),
+    ),
+    Mistake(
+        "one_head_uv",
+        "every head's weighted latent is mapped back with head 0's W_UV",
+        "each head has its own W_UV^(i): contract head i's weighted latent "
+        "with w_uv[i] (np.einsum('hc,hvc->hv', ..., w_uv))",
+        _mistake(heads_uv=lambda w: np.broadcast_to(w[:1], w.shape)),
+    ),
+    Mistake(
+        "softmax_over_heads",
+        "the softmax runs over the heads (axis 0), not over each head's "
+        "cached positions: the weights of a position sum to 1 across heads",
+        "each head's weights over the n positions sum to 1: take the softmax "
+        "along the last axis of the (h, n) scores (axis=-1)",
+        _mistake(softmax_axis=0),
+    ),
+    Mistake(
+        "softmax_over_all",
+        "the softmax runs over the whole (h, n) array: all the weights of all "
+        "heads together sum to 1",
+        "each head has its own softmax: normalise along the last axis of the "
+        "(h, n) scores (axis=-1, keepdims=True), not over the whole array",
+        _mistake(softmax_axis=None),
     ),
 ]
 

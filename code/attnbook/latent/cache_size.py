@@ -93,7 +93,7 @@ def layers_of(config) -> list[LayerFootprint]:
     DeepSeek-V2/V3 (``kv_lora_rank``): latent layers. Gemma 3n and Gemma 4:
     the last ``num_kv_shared_layers`` layers are shared (the rule of
     :func:`attnbook.latent.sharing.reuse_last_of_type`), Gemma 4's full
-    layers have their own head size and key/value heads
+    layers can have their own head size and number of key/value heads
     (``per_layer_config``), and its sliding layers hold ``sliding_window``
     positions. Others (Llama, Qwen3, gpt-oss): keys and values of
     ``num_key_value_heads`` heads of ``head_dim``, windowed on the layers
