@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from attnbook.exercises import ExerciseError, NotAttemptedError
 from attnbook.exercises.positional import (
+    ALIBI_MISTAKES,
     check_alibi_bias,
     check_rope_attention,
     visible_relative,
@@ -287,6 +288,20 @@ def test_alibi_mistakes_are_diagnosed(wrong, key):
         check_alibi_bias(wrong)
     assert err.value.mistake == key
     assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+def test_alibi_missing_slope_hint_does_not_point_to_the_forbidden_package():
+    """ex-ch6-alibi forbids attnbook.positional, so the missing-slope hint
+    must send the reader to the slope rule of eq-ch6-alibi-slopes, not to
+    alibi_slopes; no other ALiBi hint may name that function either."""
+    with pytest.raises(ExerciseError) as err:
+        check_alibi_bias(lambda h, n: loop_bias(h, n, slopes=[1.0] * h))
+    assert err.value.mistake == "missing_slope"
+    hint = str(err.value).split("Hint: ", 1)[1]
+    assert "eq-ch6-alibi-slopes" in hint
+    assert "alibi_slopes" not in hint
+    for mistake in ALIBI_MISTAKES:
+        assert "alibi_slopes" not in mistake.hint, mistake.key
 
 
 def test_alibi_reversed_slopes_message_numbers_heads_from_one():

@@ -259,8 +259,9 @@ ALIBI_MISTAKES = [
     Mistake(
         "missing_slope",
         "every head has the same bias -(i - j): the per-head slope is missing",
-        "multiply each head's distance matrix by its own slope from "
-        "alibi_slopes",
+        "multiply each head r's distance matrix by its own slope m_r (the "
+        "rule under eq-ch6-alibi-slopes: the exercise forbids "
+        "attnbook.positional, so compute the slopes yourself)",
         lambda h, n: -np.ones((h, 1, 1)) * _distance(n),
     ),
     Mistake(
@@ -279,7 +280,7 @@ ALIBI_MISTAKES = [
         "BLOOM and transformers) uses a different rule",
         "for such h, the authors' code (get_slopes) takes the slopes of the "
         "largest power of two p < h, then every "
-        "other slope of 2p: alibi_slopes(12) = slopes(8) + "
+        "other slope of 2p: for h = 12, slopes(8) + "
         "slopes(16)[0::2][:4]",
         lambda h, n: -_geometric(h)[:, None, None] * _distance(n),
     ),
