@@ -6,9 +6,11 @@ autograd Function.
 the kernels of :mod:`attnbook.kernels.device` with the configurations
 :data:`attnbook.kernels.launch.POLICY` chooses. Layout: ``q (batch, heads, n_q,
 d)``, ``k`` and ``v (batch, n_kv_heads, n_k, d)`` with ``heads`` a multiple of
-``n_kv_heads`` (grouped-query attention). Any strides whose last one is 1 are
-read in place: a (batch, n, heads, d) tensor passed as ``x.transpose(1, 2)`` is
-not copied. Without a CUDA GPU the kernels run under Triton's interpreter on
+``n_kv_heads`` (grouped-query attention). Any dense layout whose last stride
+is 1 is read in place: a (batch, n, heads, d) tensor passed as
+``x.transpose(1, 2)`` is not copied; a tensor that is not dense (q, k, v
+sliced from a fused QKV projection) is copied before each launch that reads
+it. Without a CUDA GPU the kernels run under Triton's interpreter on
 CPU tensors
 (:func:`attnbook.kernels.interpreter.use_interpreter_without_cuda`).
 """
@@ -204,10 +206,11 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _rows_of(x):
     """``x`` itself when its last dimension is contiguous (the kernels index
-    rows by a stride and columns by 1), so that a (batch, n, heads, d) tensor
-    seen as (batch, heads, n, d) through ``.transpose(1, 2)`` is read in place;
-    a copy only otherwise. ``torch.empty_like`` of the result has the same
-    strides (it is dense), which the kernels rely on for O, dQ, dK and dV."""
+    rows by a stride and columns by 1) and it is dense, so that a (batch, n,
+    heads, d) tensor seen as (batch, heads, n, d) through ``.transpose(1, 2)``
+    is read in place; a copy otherwise. ``torch.empty_like`` of the result has
+    the same strides (it is dense), which the kernels rely on for O, dQ, dK and
+    dV."""
     if x.stride(-1) != 1 or torch.empty_like(x).stride() != x.stride():
         return x.contiguous()
     return x
@@ -256,7 +259,8 @@ def flash_forward(
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    # any strides; a copy only if columns are not adjacent
+    # any dense layout in place; a copy if the columns are not adjacent or
+    # the tensor is not dense (see _rows_of)
     q, k, v = (_rows_of(t) for t in (q, k, v))
     # q's strides (see _rows_of)
     out = torch.empty_like(q)
