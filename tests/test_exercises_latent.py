@@ -512,3 +512,30 @@ CATALOGUE = {
         ],
     },
 }
+
+
+def sharing_full_to_previous(layer_types, n_shared):
+    """Sliding layers look up their type; full ones take the layer just
+    before the sharing ones (reader mla-d: the mirror of
+    sliding_to_previous, named since it is a partial 'type ignored')."""
+    first = len(layer_types) - n_shared
+    out = []
+    for i, kind in enumerate(layer_types):
+        if i < first:
+            out.append(i)
+        elif kind == "full_attention":
+            out.append(first - 1)
+        else:
+            out.append(max(j for j in range(first) if layer_types[j] == kind))
+    return out
+
+
+CATALOGUE["check_sharing_map"]["wrong"].append(
+    (sharing_full_to_previous, "full_to_previous")
+)
+
+
+def test_full_layers_taking_the_previous_layer_are_named():
+    with pytest.raises(ExerciseError) as err:
+        check_sharing_map(sharing_full_to_previous)
+    assert err.value.mistake == "full_to_previous"

@@ -79,6 +79,18 @@ def _sliding_to_previous(layer_types, n_shared):
     ]
 
 
+def _full_to_previous(layer_types, n_shared):
+    """The mirror of _sliding_to_previous: every full-attention layer that
+    shares reuses the last layer before the sharing ones, whatever its type
+    (reader mla-d)."""
+    first = _first_shared(layer_types, n_shared)
+    last_of = {kind: i for i, kind in enumerate(layer_types[:first])}
+    return [
+        i if i < first else (last_of[kind] if kind != _F else first - 1)
+        for i, kind in enumerate(layer_types)
+    ]
+
+
 def _shifted(shift: int):
     def wrong(layer_types, n_shared):
         return _reference_sources(layer_types, n_shared + shift)
@@ -115,6 +127,15 @@ SHARING_MISTAKES = [
         "look up every sharing layer's own type, sliding ones too: the last "
         "layer that makes a cache need not be a sliding one",
         _sliding_to_previous,
+    ),
+    Mistake(
+        "full_to_previous",
+        "a full-attention layer that shares reuses the last layer before the "
+        "sharing ones whatever its type: when that layer is a sliding-window "
+        "one, the full layer reads a window's cache",
+        "look up every sharing layer's own type, full ones too: the last "
+        "layer that makes a cache need not be a full-attention one",
+        _full_to_previous,
     ),
     Mistake(
         "chain",
