@@ -1228,7 +1228,7 @@ def test_a_pair_with_nan_on_the_fully_masked_row_is_accepted(capsys):
 def test_the_output_alone_is_judged_on_the_output(capsys):
     check_attention(good_attention)
     assert capsys.readouterr().out.strip() == (
-        "Correct: scaled dot-product attention passes all 7 cases."
+        "Correct: scaled dot-product attention passes all 8 cases."
     )
 
 
@@ -1328,11 +1328,12 @@ CATALOGUE["check_softmax"]["wrong"] += [
 
 
 def test_a_padding_mask_that_differs_across_the_batch_is_a_case():
-    """The last case's mask has leading axes, differs between the two
-    sequences, and hides a key the other sequence may see."""
+    """The padding case's mask (the last but one) has leading axes, differs
+    between the two sequences, and hides a key the other sequence may
+    see."""
     from attnbook.exercises.attention import attention_cases
 
-    case = attention_cases()[-1]
+    (case,) = [c for c in attention_cases() if "padding mask" in c.name]
     mask = case.kwargs["mask"]
     assert mask.shape == (2, 1, 1, 5) and mask.dtype == bool
     assert not np.array_equal(mask[0], mask[1])
@@ -1406,3 +1407,127 @@ CATALOGUE["check_attention"]["wrong"] += [
     (attention_mask_dot_T, "mask_transposed"),
     (attention_mask_swapaxes_weights_pair, "mask_transposed"),
 ]
+
+
+# --- from the expert reading of chapter 4 (s7, reader v, E3 and E4): a
+# softmax that flushes the weights below 1e-5 to zero, and attention with a
+# finite fill for -inf (fully masked rows zeroed), passed every case of the
+# old checkers: no float64 softmax case held a weight between about 1e-300
+# and 1e-5, and no attention case had a visible score far below 0.
+
+
+def softmax_flushing_below_1e_8(x):
+    """E3: "weights this small are noise"; rows no longer sum to 1."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    p = e / e.sum(axis=-1, keepdims=True)
+    return np.where(p < 1e-8, 0, p)
+
+
+def softmax_flushing_below_1e_5_loop(x):
+    """E3 with the largest threshold the old checker let through, row by
+    row, with the fully masked rows left as NaN."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    for idx in np.ndindex(x.shape[:-1]):
+        e = np.exp(x[idx] - x[idx].max())
+        p = e / e.sum()
+        p[p < 1e-5] = 0.0
+        out[idx] = p
+    return out
+
+
+def attention_fill_minus_15(q, k, v, mask=None):
+    """E4: masked scores -15, queries that see no key given zeros."""
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is None:
+        return safe_softmax(s) @ v
+    s = np.where(mask, s, -15.0)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    w = e / e.sum(axis=-1, keepdims=True)
+    w = np.where(np.any(mask, axis=-1, keepdims=True), w, 0.0)
+    return w @ v
+
+
+def attention_fill_minus_1e9_pair(q, k, v, mask=None):
+    """E4 with the -1e9 of many codebases, returning (output, weights)."""
+    s = np.einsum("...qd,...kd->...qk", q, k) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -1e9)
+    w = safe_softmax(s)
+    if mask is not None:
+        seen = np.broadcast_to(mask, s.shape).any(axis=-1, keepdims=True)
+        w = w * seen
+    return w @ v, w
+
+
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_flushing_below_1e_8, "flushed_small_weights"),
+    (softmax_flushing_below_1e_5_loop, "flushed_small_weights"),
+]
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_fill_minus_15, "finite_mask_fill"),
+    (attention_fill_minus_1e9_pair, "finite_mask_fill"),
+]
+
+
+@pytest.mark.parametrize(
+    "fn", [softmax_flushing_below_1e_8, softmax_flushing_below_1e_5_loop]
+)
+def test_flushed_small_weights_are_named_on_the_last_case(fn):
+    with pytest.raises(ExerciseError) as err:
+        check_softmax(fn)
+    assert err.value.mistake == "flushed_small_weights", str(err.value)
+    assert "[[0, -12, -25]]" in err.value.case
+
+
+def test_flushing_only_below_float64_atol_is_not_a_mistake(capsys):
+    """Zeroing weights below 1e-13 changes no weight by more than the
+    float64 atol 1e-12: accepted, as float32 rounding is."""
+
+    def flush_below_1e_13(x):
+        return np.where((p := good_softmax(x)) < 1e-13, 0.0, p)
+
+    check_softmax(flush_below_1e_13)
+    assert "passes all 10 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "fn", [attention_fill_minus_15, attention_fill_minus_1e9_pair]
+)
+def test_a_finite_mask_fill_is_named_on_a_low_visible_score(fn):
+    with pytest.raises(ExerciseError) as err:
+        check_attention(fn)
+    assert err.value.mistake == "finite_mask_fill", str(err.value)
+    assert "a visible key far below 0" in err.value.case
+
+
+def test_a_fill_below_every_visible_score_is_accepted(capsys):
+    """np.finfo(float64).min as the fill, the dead queries zeroed: exact
+    zeros at every masked key, so it is right."""
+
+    def attention_finfo_min_fill(q, k, v, mask=None):
+        s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+        if mask is None:
+            return safe_softmax(s) @ v
+        w = safe_softmax(np.where(mask, s, np.finfo(np.float64).min))
+        return np.where(np.any(mask, -1, keepdims=True), w, 0.0) @ v
+
+    check_attention(attention_finfo_min_fill)
+    assert "passes all 8 cases" in capsys.readouterr().out
+
+
+def test_returned_weights_must_be_exactly_zero_at_masked_keys():
+    """A pair whose output is the reference's but whose weights leak 1e-20
+    onto the masked keys is rejected: a masked key's weight is exactly 0."""
+    from attnbook.attention import scaled_dot_product_attention
+
+    def attention_leaky_weights(q, k, v, mask=None):
+        out, w = scaled_dot_product_attention(q, k, v, mask=mask)
+        if mask is not None:
+            hidden = ~np.broadcast_to(mask, w.shape)
+            w = np.where(hidden & np.any(~hidden, -1, keepdims=True), 1e-20, w)
+        return out, w
+
+    with pytest.raises(ExerciseError) as err:
+        check_attention(attention_leaky_weights)
+    assert err.value.mistake == "weights_not_softmax", str(err.value)

@@ -751,3 +751,44 @@ CATALOGUE["check_score_std"] = {
 }
 CATALOGUE["check_score_std"]["wrong"] += [(std_of_the_whole_stack, "scalar")]
 CATALOGUE["check_score_std"]["wrong"] += [(std_key_mean_only, "one_mean_term")]
+
+
+# --- from the student reading of chapters 3 and 4 (s7, section 5): an einsum
+# written for matrices failed on the batch with numpy's error and no hint --
+
+
+def scores_einsum_for_matrices(q, k):
+    return np.einsum("qd,kd->qk", q, k) / np.sqrt(q.shape[-1])
+
+
+def scores_einsum_for_a_batch(q, k):
+    # written for (batch, n, d): refuses the matrices of the first case
+    return np.einsum("bqd,bkd->bqk", q, k) / np.sqrt(q.shape[-1])
+
+
+def scores_einsum_for_matrices_in_torch(q, k):
+    q, k = torch.from_numpy(q), torch.from_numpy(k)
+    return torch.einsum("qd,kd->qk", q, k) / q.shape[-1] ** 0.5
+
+
+WRONG_SCORES["einsum_without_ellipsis"] = scores_einsum_for_matrices
+CATALOGUE["check_scaled_scores"]["wrong"] += [
+    (scores_einsum_for_matrices, "einsum_without_ellipsis"),
+    (scores_einsum_for_a_batch, "einsum_without_ellipsis"),
+    (scores_einsum_for_matrices_in_torch, "einsum_without_ellipsis"),
+]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        scores_einsum_for_matrices,
+        scores_einsum_for_a_batch,
+        scores_einsum_for_matrices_in_torch,
+    ],
+)
+def test_an_einsum_without_ellipsis_is_named_with_a_hint(fn):
+    with pytest.raises(ExerciseError) as err:
+        check_scaled_scores(fn)
+    assert err.value.mistake == "einsum_without_ellipsis", str(err.value)
+    assert "'...qd,...kd->...qk'" in str(err.value)

@@ -177,3 +177,73 @@ def test_solution_code_is_folded(path):
         f"solution code cells shown open in {path.name} (tag them "
         f"hide-input): {open_cells}"
     )
+
+
+# Chapters whose Solutions still print the package's source of an answer
+# unfolded, beside the solutions (to be tagged hide-output); the test fails
+# (strict xfail) once a chapter is fixed, so that it leaves this list.
+ANSWER_SOURCES_OPEN = {
+    "06-positional-encodings",
+    "09-flash-attention",
+    "10-flash-attention-gpu",
+    "11-grouped-query-attention",
+    "12-latent-attention",
+    "12-perspectives",
+    "13-sparse-attention",
+}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            nb,
+            marks=pytest.mark.xfail(
+                strict=True, reason="answer sources not yet folded"
+            ),
+        )
+        if nb.stem in ANSWER_SOURCES_OPEN
+        else nb
+        for nb in NOTEBOOKS
+    ],
+    ids=IDS,
+)
+def test_answer_sources_in_solutions_are_folded(path):
+    """After the Solutions heading, a show_source of a function that answers
+    an exercise (attnbook.exercises.ANSWERS) is folded: its output too (the
+    source), by hide-output or hide-cell, unless the cell lies inside a gated
+    solution ({solution-start} ... {solution-end}), which folds it all. The
+    PDF prints it (book/_ext/book_latex.py, item 2)."""
+    import attnbook.exercises as exercises
+
+    answers = {
+        dotted.rpartition(".")[2]
+        for names in exercises.ANSWERS.values()
+        for dotted in names
+    }
+    cells = load(path)["cells"]
+    start = next(
+        i
+        for i, c in enumerate(cells)
+        if c["cell_type"] == "markdown"
+        and re.search(r"^#+ Solutions", source(c), re.M)
+    )
+    gated, open_cells = False, []
+    for i, cell in enumerate(cells[start:], start):
+        text = source(cell)
+        if cell["cell_type"] == "markdown":
+            for mark in re.findall(r"\{solution-(start|end)\}", text):
+                gated = mark == "start"
+            continue
+        shown = set(re.findall(r"show_source\((?:[\w.]*\.)?(\w+)\)", text))
+        tags = set(cell["metadata"].get("tags", []))
+        if (
+            shown & answers
+            and not gated
+            and not {"hide-output", "hide-cell"} & tags
+        ):
+            open_cells.append((i, sorted(shown & answers)))
+    assert not open_cells, (
+        f"{path.name} prints the source of an answer unfolded in its "
+        f"Solutions (tag the cells hide-output): {open_cells}"
+    )

@@ -12,7 +12,9 @@ by them. Item 5 is the HTML book's link to the PDF.
    below", and the HTML folds that cell's source (``hide-input``) so that a
    reader on the page meets the answer only on request;
    sphinx-jupyterbook-latex drops hidden sources from the PDF altogether. In a
-   section that holds solutions, a hidden source is printed. (Elsewhere
+   section that holds solutions, a hidden source is printed, and so is a
+   hidden output (``hide-output``: the package's source of an answer, shown
+   by ``show_source`` beside a solution, is folded on the page). (Elsewhere
    ``hide-input`` hides plotting code, and the PDF keeps hiding it: the figure
    is what the reader needs.)
 3. Long lines fit the page. Code and outputs are set in ``\\small`` monospace,
@@ -206,11 +208,11 @@ class PrintFixes(SphinxPostTransform):
                 for cell in child.findall(nodes.container)
             ]
             for child in [*section.children, *inside]:
-                if (
-                    isinstance(child, nodes.container)
-                    and "tag_hide-input" in child["classes"]
-                ):
-                    child["classes"].remove("tag_hide-input")
+                if not isinstance(child, nodes.container):
+                    continue
+                for tag in ("tag_hide-input", "tag_hide-output"):
+                    if tag in child["classes"]:
+                        child["classes"].remove(tag)
 
     def plain_proofs(self) -> None:
         for box in list(self.document.findall(nodes.admonition)):

@@ -129,6 +129,15 @@ def _nan_hidden(x, where, dtype=None):
     return e / e.sum(-1, keepdims=True)
 
 
+def _flushed(x, threshold, renormalise):
+    """A stable softmax whose weights below ``threshold`` are set to 0, the
+    rows renormalised where ``renormalise``."""
+    e = _exp_rows(x)
+    p = e / e.sum(-1, keepdims=True)
+    p = np.where(p < threshold, 0.0, p)
+    return _renormalised(p) if renormalise else p
+
+
 def _float16_softmax(x):
     y = np.asarray(x, dtype=np.float16)
     e = np.exp(y - y.max(-1, keepdims=True))
@@ -497,6 +506,23 @@ SOFTMAX_MISTAKES += [
         for where in ("quotient", "exponentials")
         for dtype in (None, np.float64)
     ],
+    # the message names no threshold: readers pick many
+    *[
+        Mistake(
+            "flushed_small_weights",
+            "the weights below a threshold (such as 1e-8) were set to 0: "
+            "each such weight is then wrong by 100%, and the row no longer "
+            "sums to 1; float64 holds weights down to about 1e-308",
+            "do not flush: a weight is 0 only where exp underflows (or the "
+            "score is -inf), never by a threshold you choose; return "
+            "e / e.sum(axis=-1, keepdims=True) as it is",
+            lambda x, threshold=threshold, renormalise=renormalise: _flushed(
+                x, threshold, renormalise
+            ),
+        )
+        for renormalise in (False, True)
+        for threshold in (1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3)
+    ],
 ]
 
 
@@ -571,6 +597,15 @@ def softmax_cases() -> list[Case]:
                     ]
                 ),
             ),
+        ),
+        # Last too. Weights far below 1 that float64 still holds (6.1e-6 and
+        # 1.4e-11): a softmax that flushes the weights below a threshold to
+        # 0 (1e-8, 1e-5) is wrong here by more than atol 1e-12. No case
+        # above has a float64 weight between about 1e-300 and 1e-5.
+        Case(
+            "small weights that float64 holds, [[0, -12, -25]] (weights "
+            "6.1e-6 and 1.4e-11)",
+            (np.array([[0.0, -12.0, -25.0]]),),
         ),
     ]
 
@@ -964,8 +999,9 @@ ATTENTION_MISTAKES = [
         "subtract each row's maximum only where it is finite, e.g. m = "
         "s.max(-1, keepdims=True); np.exp(s - np.where(np.isfinite(m), m, "
         "0)), and divide only where the sum is positive (attnbook.softmax "
-        "does both; a my_softmax that passed exercise 1 may not, since that "
-        "exercise has no row that is entirely -inf)",
+        "does both, on a row whose every score is -inf too; a my_softmax "
+        "that passed exercise 1 may not, since that exercise accepts NaN on "
+        "such a row)",
         _attention_with(_scaled, _nan_rows_softmax),
     ),
     Mistake(
@@ -1044,6 +1080,26 @@ ATTENTION_MISTAKES = [
         )
         for divisor in (lambda d: d / 2, lambda d: 2 * d)
     ],
+    # the message names no fill: readers pick many (those above the last
+    # case's visible score, about -2.05e9)
+    *[
+        Mistake(
+            "finite_mask_fill",
+            "the masked scores were set to a finite number (such as -1e9) "
+            "instead of -inf, and the queries whose every key is masked "
+            "given zeros: where a query's visible scores lie far below that "
+            "number, the masked key gets the weight (all of it when they "
+            "lie below it by more than exp's range), and elsewhere it keeps "
+            "a small weight where the answer is exactly 0",
+            "set the masked scores to -inf, np.where(mask, s, -np.inf): "
+            "exp(-inf - m) = 0 exactly, whatever the visible scores; only a "
+            "query whose every key is masked (m = -inf) needs its own case",
+            lambda q, k, v, mask=None, fill=fill: (
+                _finite_fill(_masked(_scaled(q, k), mask), fill) @ v
+            ),
+        )
+        for fill in (-15.0, *_FILLS[:-1])
+    ],
 ]
 
 
@@ -1120,6 +1176,21 @@ def attention_cases() -> list[Case]:
             "sequence 0 has 3 real keys, sequence 1 has 4",
             (n(2, 3, 3, 4), n(2, 3, 5, 4), n(2, 3, 5, 3)),
             {"mask": np.arange(5) < np.array([3, 4]).reshape(2, 1, 1, 1)},
+        ),
+        # last too: a visible score far below 0 (-2.9e9 / sqrt(2) ~
+        # -2.05e9, a float32 number too), as in check_softmax's last masked
+        # row. A finite stand-in for -inf (-30, -1e9) above it takes the
+        # weight off the visible key; with -inf the output is v[0] = 1.
+        Case(
+            "a visible key far below 0: n_q = 1, n_k = 2, d_k = 2, d_v = 1, "
+            "key 0 (score ~ -2.05e9) visible, key 1 (score 0) masked, so "
+            "the output is v[0] = 1",
+            (
+                np.array([[1.0, 0.0]]),
+                np.array([[-2.9e9, 0.0], [0.0, 0.0]]),
+                np.array([[1.0], [5.0]]),
+            ),
+            {"mask": np.array([[True, False]])},
         ),
     ]
 

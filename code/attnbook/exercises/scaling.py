@@ -41,6 +41,24 @@ def _is_batched_dot_error(err: Exception) -> bool:
     )
 
 
+def _is_fixed_axes_einsum_error(err: Exception) -> bool:
+    """Whether ``err`` is numpy's or torch's complaint that an einsum's
+    subscripts name fewer (or more) axes than an operand has, with no
+    ``...``: an einsum written for matrices ('qd,kd->qk') run on a batch."""
+    text = str(err)
+    return (
+        isinstance(err, ValueError)
+        and (
+            "more dimensions than subscripts given in einstein sum" in text
+            or "einstein sum subscripts string contains too many" in text
+        )
+    ) or (
+        isinstance(err, RuntimeError)
+        and "einsum()" in text
+        and "no ellipsis was given" in text
+    )
+
+
 SCALED_SCORES_MISTAKES = [
     Mistake(
         "no_scale",
@@ -164,6 +182,17 @@ SCALED_SCORES_MISTAKES = [
         "...qk', q, k)",
         lambda q, k: np.inner(q, k) / np.sqrt(q.shape[-1]),
         raises=_is_batched_dot_error,
+    ),
+    Mistake(
+        "einsum_without_ellipsis",
+        "the einsum names one subscript per axis of a matrix "
+        "('qd,kd->qk'), so it refuses an operand with more axes (a batch, "
+        "or batch and heads): einsum needs '...' to stand for the leading "
+        "axes",
+        "write np.einsum('...qd,...kd->...qk', q, k) / np.sqrt(d_k): '...' "
+        "matches any number of leading axes, none included",
+        lambda q, k: np.einsum("qd,kd->qk", q, k) / np.sqrt(q.shape[-1]),
+        raises=_is_fixed_axes_einsum_error,
     ),
 ]
 
