@@ -179,35 +179,7 @@ def test_solution_code_is_folded(path):
     )
 
 
-# Chapters whose Solutions still print the package's source of an answer
-# unfolded, beside the solutions (to be tagged hide-output); the test fails
-# (strict xfail) once a chapter is fixed, so that it leaves this list.
-ANSWER_SOURCES_OPEN = {
-    "06-positional-encodings",
-    "09-flash-attention",
-    "10-flash-attention-gpu",
-    "11-grouped-query-attention",
-    "12-latent-attention",
-    "12-perspectives",
-    "13-sparse-attention",
-}
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            nb,
-            marks=pytest.mark.xfail(
-                strict=True, reason="answer sources not yet folded"
-            ),
-        )
-        if nb.stem in ANSWER_SOURCES_OPEN
-        else nb
-        for nb in NOTEBOOKS
-    ],
-    ids=IDS,
-)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_answer_sources_in_solutions_are_folded(path):
     """After the Solutions heading, a show_source of a function that answers
     an exercise (attnbook.exercises.ANSWERS) is folded: its output too (the
