@@ -53,6 +53,17 @@ def packed_sliding_no_causal(doc_ids, window):
     return mask_mod
 
 
+def packed_sliding_forgets_the_past_bound(doc_ids, window):
+    """Causality simply left out: the window's one-sided bound admits every
+    later key of the document."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        in_document = doc_ids[kv_idx] == doc_ids[q_idx]
+        return in_document & (kv_idx > q_idx - window)
+
+    return mask_mod
+
+
 def packed_sliding_across(doc_ids, window):
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) & (kv_idx > q_idx - window)
@@ -170,11 +181,34 @@ def topk_queries_first(scores, k):
     return out
 
 
+def topk_float(scores, k):
+    """The right pattern, as a float 0/1 tensor."""
+    s = torch.as_tensor(scores)
+    n_q, n_k = s.shape
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    top = s.masked_fill(~allowed, float("-inf")).topk(k, dim=-1)
+    out = torch.zeros(n_q, n_k, dtype=torch.float64)
+    out.scatter_(-1, top.indices, torch.isfinite(top.values).double())
+    return out
+
+
+def topk_int(scores, k):
+    """The right pattern, as an int32 array built in a loop."""
+    n_q, n_k = scores.shape
+    out = np.zeros((n_q, n_k), dtype=np.int32)
+    for i in range(n_q):
+        last = i + n_k - n_q
+        best = np.argsort(-scores[i, : last + 1])[:k]
+        out[i, best] = 1
+    return out
+
+
 CATALOGUE = {
     "check_packed_sliding_mask_mod": {
         "right": [packed_sliding, packed_sliding_composed],
         "wrong": [
             (packed_sliding_no_causal, "no_causal"),
+            (packed_sliding_forgets_the_past_bound, "no_causal_one_sided"),
             (packed_sliding_across, "crosses_documents"),
             (packed_sliding_whole_document, "no_window"),
             (packed_sliding_wide, "window_plus_one"),
@@ -191,6 +225,8 @@ CATALOGUE = {
             (topk_keeps_padding, "padded_with_future"),
             (topk_smallest, "smallest"),
             (topk_queries_first, "queries_first"),
+            (topk_float, "float_selection"),
+            (topk_int, "int_selection"),
         ],
     },
 }
@@ -222,3 +258,12 @@ def test_mistakes_are_diagnosed(name, fn, key):
         CHECKERS[name](fn)
     assert err.value.mistake == key
     assert "Diagnosis" in str(err.value)
+
+
+def test_a_selection_in_the_wrong_dtype_says_its_pattern_is_right():
+    for fn, dtype in ((topk_float, "float (float64)"), (topk_int, "int32")):
+        with pytest.raises(ExerciseError) as err:
+            check_causal_topk(fn)
+        text = str(err.value)
+        assert dtype in text and "pattern is right" in text, text
+        assert "largest difference" not in text

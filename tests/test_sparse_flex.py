@@ -87,8 +87,27 @@ def test_learned_sinks_merged_after_the_kernel_equal_sink_attention():
     torch.testing.assert_close(got, sink_attention(q, k, v, sinks, mask))
 
 
+@pytest.mark.parametrize("name", ["causal", "sliding", "document"])
+def test_sinks_as_one_more_key_equal_sink_attention(name):
+    """The other way: a zero key at position n whose score a score_mod sets
+    to s_h, in float64, equal to sink_attention (and to the merge)."""
+    mask_mod, mask = CASES[name]
+    q, k, v = heads(6)
+    sinks = torch.tensor([-1.0, 0.0, 1.5, 3.0], dtype=torch.float64)
+    want = sink_attention(q, k, v, sinks, mask)
+    for block_size in (16, 128):
+        got = flex.sinks_as_key(q, k, v, mask_mod, sinks, block_size)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert (want - attend(q, k, v, mask)).abs().max() > 1e-2
+
+
+def test_sinks_as_key_checks_its_sinks():
+    with pytest.raises(ValueError, match=r"\(4,\); got \(3,\)"):
+        flex.sinks_as_key(*heads(n=8), flex.causal, torch.zeros(3))
+
+
 def test_sinks_are_not_a_score_mod():
-    """Adding s_h to every score changes nothing (softmax is
+    """Adding s_h to every real key's score changes nothing (softmax is
     shift-invariant): a sink must enter the denominator alone."""
     q, k, v = heads(3)
     sinks = torch.tensor([-1.0, 0.0, 1.5, 3.0], dtype=torch.float64)

@@ -213,3 +213,18 @@ def test_without_sinks_or_window_the_layer_is_multi_head_attention():
         torch.testing.assert_close(
             ours(x, is_causal=True), plain(x, is_causal=True)
         )
+
+
+def test_a_released_gpt_oss_layer_is_refused_by_name():
+    """gpt-oss-120b's configuration ships YaRN and an attention of 64 x 64 =
+    4096 features on a model width of 2880: from_gpt_oss names each."""
+    released = transformers.GptOssConfig()
+    with torch.device("meta"):
+        layer = gpt_oss.GptOssAttention(released, 0)
+    with pytest.raises(ValueError, match="rope_type='yarn'"):
+        from_gpt_oss(layer)
+    released.rope_parameters = {"rope_type": "default", "rope_theta": 1e4}
+    with torch.device("meta"):
+        layer = gpt_oss.GptOssAttention(released, 0)
+    with pytest.raises(ValueError, match="64 \\* 64 must equal hidden_size"):
+        from_gpt_oss(layer)

@@ -2,20 +2,31 @@
 for a packed, sliding, causal batch, and the indexer's causal top-k.
 
 The mask's mistakes are those of combining three conditions: one left out
-(causality, the document, the window), the window one too wide, the
-conditions joined by "or", and Python's ``and`` where FlexAttention traces
-tensors (it needs ``&``). The top-k's mistakes are those of forgetting that a
-query may select only the keys at or before it: the future not masked before
-the top-k, masked only after it (a query keeps fewer than ``k`` keys), the
-slots of a query with fewer than ``k`` admissible keys filled with future
-keys, and the smallest scores taken instead of the largest.
+(causality, with the window two-sided or one-sided; the document; the window),
+the window one too wide, the conditions joined by "or", and Python's ``and``
+where FlexAttention traces tensors (it needs ``&``). The top-k's mistakes are
+those of forgetting that a query may select only the keys at or before it: the
+future not masked before the top-k, masked only after it (a query keeps fewer
+than ``k`` keys), the slots of a query with fewer than ``k`` admissible keys
+filled with future keys, and the smallest scores taken instead of the largest;
+and the right selection returned as float or integer 0/1 rather than booleans.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._framework import Case, Mistake, run_checks, same_mask
+from ._framework import (
+    FLOAT_MASK_DESCRIPTION,
+    FLOAT_MASK_HINT,
+    INT_MASK_DESCRIPTION,
+    INT_MASK_HINT,
+    Case,
+    Mistake,
+    describe_mask,
+    run_checks,
+    same_mask,
+)
 
 # --- a mask_mod for a packed, sliding, causal batch --------------------------
 
@@ -75,6 +86,14 @@ def _without(condition: str):
     return factory
 
 
+def _no_causal_one_sided(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return same & (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
 def _window_plus_one(doc_ids, window):
     def mask_mod(b, h, q_idx, kv_idx):
         same = doc_ids[q_idx] == doc_ids[kv_idx]
@@ -121,6 +140,14 @@ PACKED_SLIDING_MISTAKES = [
         "window, in its document",
         "add kv_idx <= q_idx: a decoder never reads the future",
         _as_dense(_without("causal")),
+    ),
+    Mistake(
+        "no_causal_one_sided",
+        "the mask is not causal: q_idx - kv_idx < window holds for every key "
+        "after the query (q_idx - kv_idx is negative), so a query reads the "
+        "whole rest of its document",
+        "add kv_idx <= q_idx: a decoder never reads the future",
+        _as_dense(_no_causal_one_sided),
     ),
     Mistake(
         "crosses_documents",
@@ -271,6 +298,14 @@ def _queries_first(scores, k):
     return _selected(order, n_k, k, np.arange(n_q) + 1)
 
 
+def _float_selection(scores, k):
+    return _reference_topk(scores, k).astype(np.float64)
+
+
+def _int_selection(scores, k):
+    return _reference_topk(scores, k).astype(np.int64)
+
+
 def _one_fewer(scores, k):
     return (
         _reference_topk(scores, k - 1)
@@ -315,6 +350,18 @@ TOPK_MISTAKES = [
         "the queries are the last n_q of the n_k positions: query i sits at "
         "i + n_k - n_q",
         _queries_first,
+    ),
+    Mistake(
+        "float_selection",
+        FLOAT_MASK_DESCRIPTION.replace("the mask", "the selection", 1),
+        FLOAT_MASK_HINT,
+        _float_selection,
+    ),
+    Mistake(
+        "int_selection",
+        INT_MASK_DESCRIPTION.replace("the mask", "the selection", 1),
+        INT_MASK_HINT,
+        _int_selection,
     ),
     Mistake(
         "one_fewer",
@@ -370,4 +417,5 @@ def check_causal_topk(fn) -> None:
         TOPK_MISTAKES,
         compare=same_mask,
         postprocess=_as_selection,
+        describe=describe_mask,
     )

@@ -17,11 +17,14 @@ query may read a key; a ``score_mod`` of the score and the same four indices
 returns a new score. Both are written with tensor operations only (they are
 traced). Here: :func:`causal`, :func:`padding`, :func:`sliding_window`,
 :func:`document`, :func:`prefix_lm`, :func:`sink_window` (StreamingLLM's
-kept first tokens) and :func:`alibi`. A learned sink (gpt-oss) is neither: it
-adds ``exp(s_h)`` to the softmax's denominator, which no ``score_mod`` (it
-changes existing scores) and no ``mask_mod`` can express; :func:`flex_attend`
-adds it afterwards from the log-sum-exp FlexAttention returns, by the merge of
-attention states (:func:`attnbook.torch_attention.merge_splits`).
+kept first tokens) and :func:`alibi`. A learned sink (gpt-oss) adds
+``exp(s_h)`` to the softmax's denominator. No ``mask_mod`` and no
+``score_mod`` over the real keys alone can express that: their weights still
+sum to one. There are two ways: :func:`flex_attend` adds the sink after the
+kernel from the log-sum-exp FlexAttention returns, by the merge of attention
+states (:func:`attnbook.torch_attention.merge_splits`); :func:`sinks_as_key`
+appends one zero key whose score a ``score_mod`` sets to ``s_h`` (every query
+reads one key more).
 
 Chapter 13 (sparse attention) shows :func:`sliding_window` and
 :func:`block_sparse_attend`.
@@ -248,6 +251,40 @@ def flex_attend(
         torch.stack([lse, sink_lse]),
     )
     return merged
+
+
+def sinks_as_key(q, k, v, mask_mod, sinks, block_size=128):
+    """Learned sinks run by FlexAttention as one more key, the sink's
+    definition: a zero key and a zero value appended at position ``n_k``,
+    allowed for every query by the ``mask_mod``, its score set to ``s_h`` by a
+    ``score_mod``.
+
+    q: (b, h, n_q, d), k, v: (b, h, n_k, d); mask_mod: for the real keys;
+    sinks: (h,). Returns (b, h, n_q, d), equal to :func:`flex_attend` with
+    ``sinks`` (and to :func:`attnbook.sparse.sinks.sink_attention`), at the
+    price of one key column more for every query.
+    """
+    check_mask_mod(mask_mod)
+    h, n_k = q.shape[1], k.shape[-2]
+    sinks = torch.as_tensor(sinks, dtype=q.dtype)
+    if sinks.shape != (h,):
+        raise ValueError(
+            f"sinks must hold one logit per head, shape ({h},); got "
+            f"{tuple(sinks.shape)}"
+        )
+    k = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)
+    v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)
+
+    def with_sink(b, h, q_idx, kv_idx):
+        # the sink (n_k) always; the real keys by mask_mod, asked only about
+        # indices it knows
+        real = mask_mod(b, h, q_idx, kv_idx.clamp(max=n_k - 1))
+        return (kv_idx == n_k) | real
+
+    def sink_score(score, b, h, q_idx, kv_idx):
+        return torch.where(kv_idx == n_k, sinks[h].to(score.dtype), score)
+
+    return flex_attend(q, k, v, with_sink, sink_score, block_size=block_size)
 
 
 def block_sparse_attend(q, k, v, mask, mask_mod, scale=None):

@@ -5,13 +5,13 @@ Head ``h`` has one learned number ``s_h``. Its weights over the keys are
 
     a_j = exp(z_j) / (exp(s_h) + sum_i exp(z_i)),
 
-so they sum to ``1 - sigma``, with ``sigma = sigmoid(s_h - logsumexp(z))``:
-the head may give part of its attention to "nothing". The sink is a key whose
-score is always ``s_h`` and whose value is zero; :func:`sink_attention` runs it
-exactly so, through :func:`attnbook.attend`, and :func:`sink_scale` is the
-closed form: the output is plain attention's output times ``1 - sigma``, the
-merge (:func:`attnbook.torch_attention.merge_splits`) of the keys' state with
-an empty run whose log-sum-exp is ``s_h``.
+so they sum to ``sigmoid(logsumexp(z) - s_h)``, less than one: the head may
+give part of its attention to "nothing". The sink is a key whose score is
+always ``s_h`` and whose value is zero; :func:`sink_attention` runs it exactly
+so, through :func:`attnbook.attend`, and :func:`sink_scale` is the closed
+form: the output is plain attention's output times that sum, the merge
+(:func:`attnbook.torch_attention.merge_splits`) of the keys' state with an
+empty run whose log-sum-exp is ``s_h``.
 
 :class:`SinkAttention` is :class:`attnbook.MultiHeadAttention` with sinks, and
 optionally a sliding window and RoPE, on the ``attention`` hook: gpt-oss's
@@ -54,7 +54,8 @@ def sink_attention(
     n_q, n_k), True = may attend. The sink is one more key with score ``s_h``
     (a zero key and the bias ``s_h``) and value zero, always visible; the
     weights returned are those of the real keys (b, h, n_q, n_k) and sum to
-    ``1 - sigma`` per row. Returns (b, h, n_q, d_v) (and the weights).
+    ``sigmoid(logsumexp(z) - s_h)`` per row (:func:`sink_scale`), ``z`` the
+    scaled scores. Returns (b, h, n_q, d_v) (and the weights).
     """
     sinks = _check_sinks(sinks, q)
     b, h, n_q, _ = q.shape
@@ -78,7 +79,7 @@ def sink_attention(
 
 
 def sink_scale(scores, sinks, mask=None):
-    """``1 - sigma``: the share of each row's attention that the keys keep.
+    """The share of each row's attention that the keys keep.
 
     scores: (b, h, n_q, n_k) the scaled scores ``z``; sinks: (h,);
     mask as in :func:`sink_attention`. Returns (b, h, n_q):
