@@ -761,7 +761,9 @@ ATTENTION_MISTAKES = [
     Mistake(
         "no_scale",
         "the scores are not divided by sqrt(d_k)",
-        "scores = q @ k.T / np.sqrt(d_k): without it softmax saturates as d_k "
+        "scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k): without it "
+        "softmax "
+        "saturates as d_k "
         "grows (chapter 3)",
         _attention_with(lambda q, k: q @ np.swapaxes(k, -1, -2)),
     ),
@@ -775,8 +777,8 @@ ATTENTION_MISTAKES = [
         "swapped_qk",
         "q and k are swapped: the score matrix is transposed (keys attend to "
         "queries)",
-        "row i of the scores must be query i against every key: q @ k.T, not "
-        "k @ q.T",
+        "row i of the scores must be query i against every key: q k^T "
+        "(q @ np.swapaxes(k, -1, -2) on a batch), not k q^T",
         _attention_with(
             lambda q, k: k @ np.swapaxes(q, -1, -2) / np.sqrt(q.shape[-1])
         ),
@@ -887,14 +889,15 @@ ATTENTION_MISTAKES = [
     Mistake(
         "no_softmax",
         "there is no softmax: the scaled scores themselves weight the values",
-        "the weights are softmax(q @ k.T / sqrt(d_k)) along the last axis: "
+        "the weights are softmax(q k^T / sqrt(d_k)) along the last axis: "
         "positive, each row summing to 1",
         lambda q, k, v, mask=None: _masked(_scaled(q, k), mask, 0.0) @ v,
     ),
     Mistake(
         "times_sqrt_dk",
         "the scores are multiplied by sqrt(d_k) instead of divided by it",
-        "scores = q @ k.T / np.sqrt(d_k): the scale shrinks the dot products, "
+        "scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_k): the scale "
+        "shrinks the dot products, "
         "whose variance is d_k",
         _attention_with(
             lambda q, k: q @ np.swapaxes(k, -1, -2) * np.sqrt(q.shape[-1])
@@ -915,7 +918,7 @@ ATTENTION_MISTAKES = [
         "scaled_after_softmax",
         "the weights are divided by sqrt(d_k) after the softmax instead of "
         "the scores before it",
-        "the scale goes inside: softmax(q @ k.T / sqrt(d_k)); after the "
+        "the scale goes inside: softmax(q k^T / sqrt(d_k)); after the "
         "softmax it only shrinks the output",
         lambda q, k, v, mask=None: (
             softmax(_masked(q @ np.swapaxes(k, -1, -2), mask))
