@@ -901,6 +901,19 @@ def grad_torch_one_hot(ids, grad_out, vocab_size):
     return h.T @ g.reshape(-1, g.shape[-1])
 
 
+def grad_torch_one_hot_to_numpy(ids, grad_out, vocab_size):
+    """H^T G in torch (H in float32), returned as a numpy array: the old
+    checker measured torch's memory only for a returned tensor, and accepted
+    it (issue 24)."""
+    import torch
+
+    flat = torch.as_tensor(np.asarray(ids).reshape(-1), dtype=torch.long)
+    g = torch.as_tensor(np.asarray(grad_out, np.float32))
+    h = torch.zeros(len(flat), vocab_size)
+    h[torch.arange(len(flat)), flat] = 1.0
+    return (h.T @ g.reshape(-1, g.shape[-1])).numpy()
+
+
 def grad_boolean_one_hot(ids, grad_out, vocab_size):
     """H as booleans (1 byte an entry), then H^T G: still H."""
     flat = ids.reshape(-1)
@@ -967,6 +980,7 @@ EMBEDDING_GRAD_WRONG = [
     # the memory case, whatever builds H
     (grad_one_hot_product, "one_hot_matrix"),
     (grad_torch_one_hot, "one_hot_matrix"),
+    (grad_torch_one_hot_to_numpy, "one_hot_matrix"),
     (grad_boolean_one_hot, "one_hot_matrix"),
 ]
 CATALOGUE["check_embedding_grad"] = {

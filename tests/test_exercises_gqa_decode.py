@@ -301,6 +301,36 @@ def decode_torch_repeat_interleave(q, k_cache, v_cache, lengths):
     return torch.einsum("bhn,bhne->bhe", torch.softmax(scores, -1), v)
 
 
+def decode_torch_repeat_to_numpy(q, k_cache, v_cache, lengths):
+    """Right values, the cache copied per query head with torch's
+    repeat_interleave, the result returned as a numpy array (the old checker
+    measured torch's memory only for a returned tensor, and accepted it)."""
+    q, k, v = (torch.as_tensor(a) for a in (q, k_cache, v_cache))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    scores = torch.einsum("bhd,bhnd->bhn", q, k) / q.shape[-1] ** 0.5
+    mask = torch.arange(k.shape[2]) < torch.as_tensor(lengths)[:, None]
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    out = torch.einsum("bhn,bhne->bhe", torch.softmax(scores, -1), v)
+    return out.numpy()
+
+
+def decode_torch_broadcast_to_numpy(q, k_cache, v_cache, lengths):
+    """Right values, the chapter's broadcasting torch matmul (B, H_kv, g, 1,
+    d) @ (B, H_kv, 1, d, n), which copies the keys per query head (unlike
+    numpy's), returned as a numpy array (accepted by the old checker)."""
+    q, k, v = (torch.as_tensor(a) for a in (q, k_cache, v_cache))
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k.shape[1], k.shape[2]
+    rows = q.reshape(b_size, n_kv, n_heads // n_kv, 1, d_k)
+    scores = (rows @ k[:, :, None].transpose(-2, -1))[..., 0, :] / d_k**0.5
+    mask = torch.arange(n) < torch.as_tensor(lengths)[:, None]
+    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
+    weights = torch.softmax(scores, -1)
+    out = (weights[..., None, :] @ v[:, :, None])[..., 0, :]
+    return out.reshape(b_size, n_heads, -1).numpy()
+
+
 CATALOGUE = {
     "check_grouped_decode_step": {
         "wrong": [
@@ -321,6 +351,8 @@ CATALOGUE = {
             (decode_value_scale, "scaled_by_d_v"),
             (decode_np_repeat, "repeated_kv"),
             (decode_torch_repeat_interleave, "repeated_kv"),
+            (decode_torch_repeat_to_numpy, "repeated_kv"),
+            (decode_torch_broadcast_to_numpy, "repeated_kv"),
         ],
         "right": [
             decode_by_loops,
@@ -355,6 +387,20 @@ def test_the_repeated_cache_fails_on_memory_not_values():
         check_grouped_decode_step(decode_np_repeat)
     assert err.value.mistake == "repeated_kv"
     assert err.value.case.startswith("memory")
+
+
+@pytest.mark.parametrize(
+    "copies", [decode_torch_repeat_to_numpy, decode_torch_broadcast_to_numpy]
+)
+def test_copies_made_in_torch_are_measured_when_numpy_is_returned(copies):
+    """torch's allocations are measured whatever the answer returns: copies
+    made in torch and returned through .numpy() are named on the memory case
+    (the old checker measured torch only for a returned tensor)."""
+    with pytest.raises(ExerciseError) as err:
+        check_grouped_decode_step(copies)
+    assert err.value.mistake == "repeated_kv"
+    assert err.value.case.startswith("memory")
+    assert "peak memory was 32.0 MiB" in str(err.value)
 
 
 def test_each_mistake_is_named_as_itself():

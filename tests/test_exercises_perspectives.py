@@ -1130,3 +1130,65 @@ CATALOGUE["check_nadaraya_watson"]["wrong"] += [
     (nw_column_max, "column_shift"),
 ]
 CHUNKED_WRONG += [(chunked_mask_one_above, "mask_one_above_diagonal")]
+
+
+# --- torch inside, numpy out (issue 24, reader ch12-w, E1) -------------------
+# The old memory checks profiled torch only when the answer returned a
+# tensor: these answers, which allocate in torch and return .numpy(), passed
+# the memory case and were rejected only later by a time check, with a false
+# diagnosis ("even if it never stores them all", "although it stores only one
+# chunk's weights", "the chunk size is ignored").
+
+
+def linear_quadratic_torch_to_numpy(q, k, v):
+    """Right values, the n x n weights phi(Q) phi(K)^T in torch, returned as
+    numpy."""
+    w = phi(q) @ phi(k).transpose(-1, -2)
+    return (w @ torch.as_tensor(v) / w.sum(-1, keepdim=True)).numpy()
+
+
+def chunked_masked_quadratic_torch_to_numpy(phi_q, phi_k, v, chunk_size):
+    """Right values, the n x n masked weights in torch, returned as numpy."""
+    fq, fk, vv = (torch.as_tensor(x) for x in (phi_q, phi_k, v))
+    w = torch.tril(fq @ fk.transpose(-1, -2))
+    return (w @ vv / w.sum(-1, keepdim=True)).numpy()
+
+
+def chunked_prefix_sums_torch_to_numpy(phi_q, phi_k, v, chunk_size):
+    """Right values, a state per position (cumsum of the n outer products) in
+    torch, returned as numpy."""
+    fq, fk, vv = (torch.as_tensor(x) for x in (phi_q, phi_k, v))
+    s_all = torch.cumsum(fk[..., :, :, None] * vv[..., :, None, :], dim=-3)
+    z_all = torch.cumsum(fk, dim=-2)
+    num = torch.einsum("...im,...imd->...id", fq, s_all)
+    den = torch.einsum("...im,...im->...i", fq, z_all)
+    return (num / den[..., None]).numpy()
+
+
+def test_the_torch_quadratic_form_returning_numpy_is_rejected_by_memory():
+    with pytest.raises(
+        ExerciseError, match=r"n x n matrix.*quadratic form"
+    ) as err:
+        check_linear_attention(linear_quadratic_torch_to_numpy)
+    assert "(memory)" in err.value.case
+    assert "never stores them all" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (chunked_masked_quadratic_torch_to_numpy, "quadratic_weights"),
+        (chunked_prefix_sums_torch_to_numpy, "state_per_position"),
+    ],
+)
+def test_chunked_torch_answers_returning_numpy_are_named_by_memory(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_chunked_causal_linear_attention(wrong)
+    assert err.value.mistake == key, str(err.value)
+    assert "(memory)" in err.value.case
+
+
+CHUNKED_WRONG += [
+    (chunked_masked_quadratic_torch_to_numpy, "quadratic_weights"),
+    (chunked_prefix_sums_torch_to_numpy, "state_per_position"),
+]

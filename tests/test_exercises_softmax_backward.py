@@ -306,11 +306,40 @@ def test_a_fully_masked_query_has_zero_gradients_in_the_reference():
     assert np.all(d_q[0, 1] == 0) and np.all(np.isfinite(d_k))
 
 
-def test_the_full_jacobian_diagnosis_names_the_memory():
+def backward_full_jacobian_torch_to_numpy(q, k, v, d_out, mask=None):
+    """Right values, through the (n_q, n_k, n_k) Jacobian built in torch,
+    returned as numpy arrays: the old checker measured torch's memory only
+    for returned tensors, and accepted it (issue 24)."""
+    q, k, v, d_out = (
+        torch.as_tensor(np.asarray(a, np.float64)) for a in (q, k, v, d_out)
+    )
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if mask is not None:
+        allowed = torch.as_tensor(np.broadcast_to(mask, s.shape).copy())
+        s = s.masked_fill(~allowed, float("-inf"))
+    # a fully masked row: NaN weights, made 0
+    p = torch.nan_to_num(torch.softmax(s, dim=-1))
+    jac = torch.diag_embed(p) - p[..., :, None] * p[..., None, :]
+    d_s = torch.einsum("...ijk,...ij->...ik", jac, d_out @ v.transpose(-1, -2))
+    scale = q.shape[-1] ** -0.5
+    grads = (d_s @ k * scale, d_s.transpose(-1, -2) @ q * scale)
+    return tuple(g.numpy() for g in (*grads, p.transpose(-1, -2) @ d_out))
+
+
+@pytest.mark.parametrize(
+    "jacobian",
+    [backward_full_jacobian, backward_full_jacobian_torch_to_numpy],
+)
+def test_the_full_jacobian_diagnosis_names_the_memory(jacobian):
     with pytest.raises(ExerciseError) as err:
-        check_attention_backward(backward_full_jacobian)
+        check_attention_backward(jacobian)
     assert err.value.mistake == "full_jacobian"
     assert "(memory)" in str(err.value) and "peak memory" in str(err.value)
+
+
+CATALOGUE["check_attention_backward"]["wrong"] += [
+    (backward_full_jacobian_torch_to_numpy, "full_jacobian")
+]
 
 
 def test_the_row_loop_changes_q_and_is_still_accepted(capsys):

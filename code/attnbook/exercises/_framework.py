@@ -74,6 +74,109 @@ def fresh(case: "Case") -> "Case":
     return Case(case.name, pristine(case.args), pristine(case.kwargs))
 
 
+# --- memory: numpy's arrays and torch's allocations --------------------------
+
+
+def peak_memory_with_torch(fn, *args, **kwargs) -> tuple[object, int]:
+    """Run the reader's ``fn`` on copies of ``args`` and ``kwargs``
+    (:func:`pristine`); return ``(its result, its peak memory in bytes)``.
+
+    The peak is the larger of two measurements, whatever type ``fn``
+    returns: :mod:`tracemalloc`'s peak (numpy's arrays, Python's objects),
+    and, when torch has been imported (:func:`torch_profiler_ready`), the
+    largest single allocation torch's profiler saw in a second call on fresh
+    copies (:func:`largest_torch_allocation`): tracemalloc does not see
+    torch's allocator, so an answer that computes in torch and returns a
+    numpy array would otherwise pass for one that allocates nothing. Without
+    torch (the browser) the peak is tracemalloc's alone. The result is the
+    first call's."""
+    from ..bench import peak_memory
+
+    out, peak = peak_memory(fn, *pristine(args), **pristine(kwargs))
+    if torch_profiler_ready():
+        _, largest = largest_torch_allocation(
+            fn, *pristine(args), **pristine(kwargs)
+        )
+        peak = max(peak, largest)
+    return out, peak
+
+
+def torch_profiler_ready() -> bool:
+    """Whether the reader's session has imported torch, and it is a real
+    torch with a profiler (in the browser a stand-in module blocks it): only
+    then can an answer have allocated with torch, and
+    :func:`largest_torch_allocation` measure it."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return False
+    try:
+        import torch.profiler  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def largest_torch_allocation(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), the largest single allocation torch made during
+    the call)``: tracemalloc does not see torch's CPU allocator, its profiler
+    does (0 when the answer uses numpy only). Its first start in a session
+    takes seconds."""
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with warnings.catch_warnings():
+        # the profiler's own notices, not the reader's
+        warnings.simplefilter("ignore")
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        # some builds log "profiler_start" to the C stderr
+        with _quiet_stderr():
+            prof.__enter__()
+        try:
+            # the reader's own messages still show
+            out = fn(*args, **kwargs)
+        finally:
+            # ... and "profiler_stop"
+            with _quiet_stderr():
+                prof.__exit__(None, None, None)
+    sizes = [
+        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
+    ]
+    return out, max(sizes, default=0)
+
+
+class _quiet_stderr:
+    """Silence file descriptor 2 (what C++ code writes to stderr) for the
+    duration of the block; where there is no such descriptor (the browser), do
+    nothing."""
+
+    def __enter__(self):
+        import os
+        import sys
+
+        self._saved = None
+        try:
+            sys.stderr.flush()
+            self._saved = os.dup(2)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+        except (OSError, AttributeError, ValueError):
+            if self._saved is not None:
+                os.close(self._saved)
+            self._saved = None
+        return self
+
+    def __exit__(self, *exc):
+        import os
+
+        if self._saved is not None:
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+        return False
+
+
 def _unchanged(before, after) -> bool:
     """Whether an argument holds what it held before the reader's function
     ran."""

@@ -622,18 +622,23 @@ def _check_one_pass_memory(
     needs O(1) memory, and so does a buffer of a fixed number of scores merged
     into it (of any size up to the short stream); a stored row needs O(n).
 
-    The peak is measured (by tracemalloc, which is deterministic) on a stream
-    of ``short`` and of ``long`` scores; the answer is rejected when the peak
-    grew by more than one byte per extra score. A stored row grows by 2 bytes
-    per score in float16, 8 as a float64 array or a list."""
-    from ..bench import format_bytes, peak_memory
+    The peak is measured (by tracemalloc, which is deterministic, and, where
+    torch is imported, by torch's profiler, whatever the answer returns:
+    :func:`peak_memory_with_torch`) on a stream of ``short`` and of ``long``
+    scores; the answer is rejected when the peak grew by more than one byte
+    per extra score. A stored row grows by 2 bytes per score in float16, 8 as
+    a float64 array or a list."""
+    from ..bench import format_bytes
+    from ._framework import peak_memory_with_torch
 
     __tracebackhide__ = True
     peaks = []
     for n in (short, long):
         x = np.random.default_rng(11).normal(scale=3, size=n)
-        # built before measuring: the row is the checker's
-        out, peak = peak_memory(fn, ScoreStream(x))
+        # a stream is read once: one for each of the two measurements, built
+        # before measuring (the row is the checker's)
+        streams = iter([ScoreStream(x), ScoreStream(x)])
+        out, peak = peak_memory_with_torch(lambda: fn(next(streams)))
         peaks.append(peak)
     case = f"streams of {short:,} and {long:,} scores (memory)"
     if peaks[1] - peaks[0] > long - short:
@@ -1164,11 +1169,10 @@ def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
     is larger. Returns the largest growth from 512 to 1024 and the words for
     what was measured."""
 
-    from ..bench import format_bytes, peak_memory
+    from ..bench import format_bytes
+    from ._framework import peak_memory_with_torch, torch_profiler_ready
 
     __tracebackhide__ = True
-    from .perspectives import torch_profiler_ready
-
     # an answer can use torch only if torch has been imported
     with_torch = torch_profiler_ready()
     sizes = (256, 512, 1024)
@@ -1182,14 +1186,7 @@ def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
             args = [rng.normal(size=(n, 16)) for _ in range(5)]
             args.insert(4, rng.normal(size=n) + 3.0)  # lse, one per query
             kwargs = {"causal": causal, "block_k": block_k}
-            _, peak = peak_memory(fn, *args, **kwargs)
-            if with_torch:
-                from .perspectives import largest_torch_allocation
-
-                _, torch_largest = largest_torch_allocation(
-                    lambda *a: fn(*a, **kwargs), *args
-                )
-                peak = max(peak, torch_largest)
+            _, peak = peak_memory_with_torch(fn, *args, **kwargs)
             peaks.append(max(peak, 1))
         mask = "causal, " if causal else ""
         growth = peaks[2] / peaks[1]
@@ -1243,12 +1240,10 @@ def _check_backward_follows_block_k(fn) -> tuple[int, int]:
     blocks of one fixed size has the same peak at both. The peak is
     tracemalloc's or, when torch is loaded, the largest allocation torch's
     profiler saw, whichever is larger. Returns the two peaks."""
-    from ..bench import format_bytes, peak_memory
+    from ..bench import format_bytes
+    from ._framework import peak_memory_with_torch
 
     __tracebackhide__ = True
-    from .perspectives import torch_profiler_ready
-
-    with_torch = torch_profiler_ready()
     n_q, n_k, d = BLOCK_K_PROBE_SHAPE
     rng = np.random.default_rng(27)
     q, out, d_out = (rng.normal(size=(n_q, d)) for _ in range(3))
@@ -1258,14 +1253,7 @@ def _check_backward_follows_block_k(fn) -> tuple[int, int]:
     peaks = []
     for block_k in BLOCK_K_PROBE:
         kwargs = {"causal": False, "block_k": block_k}
-        _, peak = peak_memory(fn, *args, **kwargs)
-        if with_torch:
-            from .perspectives import largest_torch_allocation
-
-            _, torch_largest = largest_torch_allocation(
-                lambda *a: fn(*a, **kwargs), *args
-            )
-            peak = max(peak, torch_largest)
+        _, peak = peak_memory_with_torch(fn, *args, **kwargs)
         peaks.append(peak)
     low, high = BLOCK_K_PROBE
     least_growth = 4 * (high - low)

@@ -12,10 +12,10 @@ stale numbers left by earlier sequences. Query head ``j`` reads key/value head
 
 Besides the values, the checker measures the peak memory of one large case
 (:func:`attnbook.bench.peak_memory`, which sees numpy's arrays; torch's
-allocations through its profiler): an answer that copies the keys or values
-per query head (``np.repeat``, ``repeat_kv``) allocates ``g`` times the cache
-and is rejected, however right its values. Numpy only, so that the browser's
-exercise notebook can load it.
+allocations through its profiler, whatever the answer returns): an answer that
+copies the keys or values per query head (``np.repeat``, ``repeat_kv``)
+allocates ``g`` times the cache and is rejected, however right its values.
+Numpy only, so that the browser's exercise notebook can load it.
 """
 
 from __future__ import annotations
@@ -510,8 +510,8 @@ MEMORY_SHAPE = (2, 16, 2, 2048, 64)
 def _check_decode_memory(fn):
     """Reject an answer whose peak memory on a large case reaches half of the
     keys repeated per query head; return (peak, limit)."""
-    from ..bench import format_bytes, peak_memory
-    from ._framework import as_array, pristine
+    from ..bench import format_bytes
+    from ._framework import as_array, peak_memory_with_torch
 
     __tracebackhide__ = True
     b_size, n_heads, n_kv, n, d = MEMORY_SHAPE
@@ -531,13 +531,9 @@ def _check_decode_memory(fn):
     # the function gets copies (it may change them in place)
     expected = _reference(*case.args)
     k_bytes = case.args[1].nbytes
-    out, peak = peak_memory(fn, *pristine(case.args))
-    if hasattr(out, "detach"):
-        # a torch answer: torch's allocations, which tracemalloc does not see
-        from .perspectives import largest_torch_allocation
-
-        _, torch_largest = largest_torch_allocation(fn, *pristine(case.args))
-        peak = max(peak, torch_largest)
+    # numpy's arrays, and torch's allocations (which tracemalloc does not
+    # see) whatever the answer returns: torch inside, numpy out, too
+    out, peak = peak_memory_with_torch(fn, *case.args)
     # the keys copied once per query head, float64
     repeated = b_size * n_heads * n * d * 8
     limit = repeated // 2

@@ -649,7 +649,8 @@ def check_packed_block_mask(fn) -> None:
     block only real positions count. Besides the values, the checker measures
     the peak memory on a row of about 4,000 positions: an answer that forms
     the n x n mask is rejected (numpy's arrays through :mod:`tracemalloc`,
-    torch's through its profiler).
+    torch's through its profiler where torch is imported, whatever the answer
+    returns).
     """
     __tracebackhide__ = True
     cases = block_mask_cases()
@@ -718,25 +719,22 @@ def _check_block_memory(fn) -> int:
     """Reject an answer whose peak memory on a long row is that of an n x n
     boolean mask; return n."""
 
-    from ..bench import format_bytes, peak_memory
-    from ._framework import ExerciseError, as_array, same
+    from ..bench import format_bytes
+    from ._framework import (
+        ExerciseError,
+        as_array,
+        peak_memory_with_torch,
+        same,
+    )
 
     __tracebackhide__ = True
     lengths = np.array(BLOCK_MEMORY_LENGTHS)
     n, block = int(lengths.sum()), BLOCK_MEMORY_BLOCK
     case = f"{len(lengths)} documents, n = {n}, block {block} (memory)"
     expected = _block_reference(lengths, block)
-    out, peak = peak_memory(fn, lengths.copy(), block)
-    from .perspectives import torch_profiler_ready
-
-    if torch_profiler_ready() and (
-        hasattr(out, "detach") or _mentions_torch(fn)
-    ):
-        # tracemalloc does not see torch's allocator
-        from .perspectives import largest_torch_allocation
-
-        _, largest = largest_torch_allocation(fn, lengths.copy(), block)
-        peak = max(peak, largest)
+    # numpy's arrays, and torch's allocations (which tracemalloc does not
+    # see) whatever the answer returns or names
+    out, peak = peak_memory_with_torch(fn, lengths, block)
     # a quarter of the n x n boolean mask
     limit = n * n // 4
     if peak >= limit:
@@ -759,36 +757,3 @@ def _check_block_memory(fn) -> int:
             "values differ from the reference on a long row",
         )
     return n
-
-
-def _mentions_torch(fn, depth: int = 2) -> bool:
-    """Whether ``fn``'s code (its nested functions included) names torch, or
-    a torch function, or calls a function of its module that does (``depth``
-    levels down). Only such an answer is measured with torch's profiler, whose
-    first start takes seconds."""
-    import types
-
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return False
-    names, stack = set(), [code]
-    while stack:
-        c = stack.pop()
-        names |= set(c.co_names)
-        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    scope = getattr(fn, "__globals__", {})
-    for name in names:
-        value = scope.get(name)
-        owner = getattr(value, "__module__", None) or getattr(
-            value, "__name__", ""
-        )
-        if isinstance(owner, str) and owner.split(".")[0] == "torch":
-            return True
-        if (
-            depth > 0
-            and isinstance(value, types.FunctionType)
-            and value is not fn
-            and _mentions_torch(value, depth - 1)
-        ):
-            return True
-    return False

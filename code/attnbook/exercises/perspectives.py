@@ -8,7 +8,17 @@ import numpy as np
 from ..attention import scaled_dot_product_attention
 from ..kernel_smoothing import nadaraya_watson
 from ..linear_attention import elu_feature_map, linear_attention
-from ._framework import Case, Mistake, as_array, run_checks, same
+from ._framework import (
+    Case,
+    Mistake,
+    as_array,
+    # these two lived here: importable from here still
+    largest_torch_allocation,  # noqa: F401
+    peak_memory_with_torch,
+    run_checks,
+    same,
+    torch_profiler_ready,  # noqa: F401
+)
 
 _rng = np.random.default_rng
 
@@ -152,11 +162,13 @@ def check_linear_attention(fn) -> None:
     (n = 4096): linear attention never forms the n x n matrix phi(Q) phi(K)^T,
     and an answer that does (the quadratic form, right values at quadratic
     cost) is rejected. The measurement uses :mod:`tracemalloc`, which sees
-    numpy's arrays. It also compares the work at two lengths
-    (:func:`work_growth`): an answer that never stores the matrix but still
-    computes it (a loop over the queries, a three-operand ``einsum``) does 256
-    times the work at 16 times the length, and is rejected; linear work grows
-    about 16 times, so the two stand far apart even on a loaded machine.
+    numpy's arrays, and, where torch is imported, torch's profiler, whatever
+    the answer returns (:func:`peak_memory_with_torch`). It also compares the
+    work at two lengths (:func:`work_growth`): an answer that never stores the
+    matrix but still computes it (a loop over the queries, a three-operand
+    ``einsum``) does 256 times the work at 16 times the length, and is
+    rejected; linear work grows about 16 times, so the two stand far apart even
+    on a loaded machine.
     """
     __tracebackhide__ = True
     run_checks(
@@ -180,85 +192,10 @@ def check_linear_attention(fn) -> None:
     )
 
 
-def torch_profiler_ready() -> bool:
-    """Whether the reader's session has imported torch, and it is a real
-    torch with a profiler (in the browser a stand-in module blocks it): only
-    then can an answer have allocated with torch, and
-    :func:`largest_torch_allocation` measure it."""
-    import sys
-
-    if "torch" not in sys.modules:
-        return False
-    try:
-        import torch.profiler  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def largest_torch_allocation(fn, *args):
-    """``(fn(*args), the largest single allocation torch made during the
-    call)``: tracemalloc does not see torch's CPU allocator, its profiler does
-    (0 when the answer uses numpy only)."""
-    import warnings
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with warnings.catch_warnings():
-        # the profiler's own notices, not the reader's
-        warnings.simplefilter("ignore")
-        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        # some builds log "profiler_start" to the C stderr
-        with _quiet_stderr():
-            prof.__enter__()
-        try:
-            # the reader's own messages still show
-            out = fn(*args)
-        finally:
-            # ... and "profiler_stop"
-            with _quiet_stderr():
-                prof.__exit__(None, None, None)
-    sizes = [
-        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
-    ]
-    return out, max(sizes, default=0)
-
-
-class _quiet_stderr:
-    """Silence file descriptor 2 (what C++ code writes to stderr) for the
-    duration of the block; where there is no such descriptor (the browser), do
-    nothing."""
-
-    def __enter__(self):
-        import os
-        import sys
-
-        self._saved = None
-        try:
-            sys.stderr.flush()
-            self._saved = os.dup(2)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 2)
-            os.close(devnull)
-        except (OSError, AttributeError, ValueError):
-            if self._saved is not None:
-                os.close(self._saved)
-            self._saved = None
-        return self
-
-    def __exit__(self, *exc):
-        import os
-
-        if self._saved is not None:
-            os.dup2(self._saved, 2)
-            os.close(self._saved)
-        return False
-
-
 def _check_linear_memory(fn, n: int = 4096, d: int = 8) -> None:
     """Reject an answer whose peak memory on a long sequence is that of an n x
     n matrix."""
-    from ..bench import format_bytes, peak_memory
+    from ..bench import format_bytes
     from ._framework import ExerciseError
 
     __tracebackhide__ = True
@@ -267,14 +204,8 @@ def _check_linear_memory(fn, n: int = 4096, d: int = 8) -> None:
     # the reference first, and the reader's function on copies: an answer
     # that changes its inputs in place is judged on its output alone
     expected = linear_attention(q, k, v)
-    # numpy's arrays
-    out, peak = peak_memory(fn, q.copy(), k.copy(), v.copy())
-    # a torch answer: torch's allocations too
-    if hasattr(_first(out), "detach"):
-        _, torch_largest = largest_torch_allocation(
-            fn, q.copy(), k.copy(), v.copy()
-        )
-        peak = max(peak, torch_largest)
+    # numpy's arrays, and torch's allocations whatever the answer returns
+    out, peak = peak_memory_with_torch(fn, q, k, v)
     case = f"n = {n}, d_k = d_v = {d} (memory)"
     # one float32 n x n matrix (float64: twice that)
     square = n * n * 4
@@ -971,7 +902,7 @@ def _check_chunked_memory(fn, n=4096, m=16, d_v=16, chunk_size=16) -> None:
     weights against every key, with a masked copy and the output, stay at
     less than half of it, and so do several copies of the inputs.
     """
-    from ..bench import format_bytes, peak_memory
+    from ..bench import format_bytes
     from ._framework import ExerciseError
 
     __tracebackhide__ = True
@@ -979,13 +910,8 @@ def _check_chunked_memory(fn, n=4096, m=16, d_v=16, chunk_size=16) -> None:
     phi_q, phi_k = (elu_feature_map(rng.normal(size=(n, m))) for _ in "qk")
     v = rng.normal(size=(n, d_v))
     expected = _causal_quadratic_chunks(phi_q, phi_k, v, chunk_size)
-    args = (phi_q, phi_k, v)
-    out, peak = peak_memory(fn, *(a.copy() for a in args), chunk_size)
-    if hasattr(_first(out), "detach"):
-        _, largest = largest_torch_allocation(
-            fn, *(a.copy() for a in args), chunk_size
-        )
-        peak = max(peak, largest)
+    # numpy's arrays, and torch's allocations whatever the answer returns
+    out, peak = peak_memory_with_torch(fn, phi_q, phi_k, v, chunk_size)
     case = f"n = {n}, m = d_v = {m}, chunk_size = {chunk_size} (memory)"
     # float32 counts: half of what float64 would take
     square, states = n * n * 4, n * m * d_v * 4

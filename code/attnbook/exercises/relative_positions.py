@@ -287,7 +287,8 @@ def _check_shaw_memory(
 ) -> None:
     """Reject an answer whose peak memory is a quarter of an (n, n, d) float64
     array or more."""
-    from ..bench import format_bytes, peak_memory
+    from ..bench import format_bytes
+    from ._framework import peak_memory_with_torch
 
     __tracebackhide__ = True
     rng = _rng(17)
@@ -298,17 +299,9 @@ def _check_shaw_memory(
     case = f"n = {n}, d_k = d_v = {d}, K = {max_distance} (memory)"
     # before the reader's function, which may change its inputs in place
     expected = shaw_attention(q, k, v, rel_k, rel_v)
-    args = tuple(x.copy() for x in (q, k, v, rel_k, rel_v))
-    out, peak = peak_memory(fn, *args)
-    from .perspectives import largest_torch_allocation, torch_profiler_ready
-
-    if torch_profiler_ready():
-        # tracemalloc does not see torch's CPU allocator: an answer that
-        # gathers the tables in torch is measured again with its profiler
-        args = tuple(x.copy() for x in (q, k, v, rel_k, rel_v))
-
-        _, torch_largest = largest_torch_allocation(fn, *args)
-        peak = max(peak, torch_largest)
+    # numpy's arrays, and torch's allocations (which tracemalloc does not
+    # see) whatever the answer returns
+    out, peak = peak_memory_with_torch(fn, q, k, v, rel_k, rel_v)
     if not _compare(as_array(out), expected):
         raise ExerciseError(
             EXERCISE, case, "values differ from the reference on this case"

@@ -21,7 +21,6 @@ from ._framework import (
     ExerciseError,
     Mistake,
     as_array,
-    pristine,
     run_checks,
     same,
 )
@@ -443,7 +442,8 @@ def check_attention_backward(fn) -> None:
     atol 1e-5, whatever the dtypes: a backward pass computed in float32 is
     accepted whether it returns float32 or casts back. After the values, one
     long case (n_q = 4, n_k = 1024) measures the peak memory
-    (:mod:`tracemalloc`, and torch's profiler for a torch answer): an answer
+    (:mod:`tracemalloc`, and torch's profiler where torch is imported,
+    whatever the answer returns): an answer
     that forms a row's n_k x n_k Jacobian is rejected.
     """
     __tracebackhide__ = True
@@ -477,7 +477,8 @@ def _check_memory(fn) -> None:
     """Reject an answer whose peak memory on a long row is that of an n_k x
     n_k matrix (a quarter of one in float64: 2 MiB, where the right answer
     needs a few (n_q, n_k) arrays, 32 KiB each)."""
-    from ..bench import format_bytes, peak_memory
+    from ..bench import format_bytes
+    from ._framework import peak_memory_with_torch
 
     __tracebackhide__ = True
     rng = _rng(41)
@@ -487,13 +488,9 @@ def _check_memory(fn) -> None:
     args = (q, k, v, d_out)
     # before the reader's function, which gets copies (it may change them)
     expected = attention_backward_reference(*args)
-    out, peak = peak_memory(fn, *pristine(args))
-    got = _as_three(out)
-    if got is not None and any(hasattr(g, "detach") for g in out):
-        from .perspectives import largest_torch_allocation
-
-        _, torch_largest = largest_torch_allocation(fn, *pristine(args))
-        peak = max(peak, torch_largest)
+    # numpy's arrays, and torch's allocations (which tracemalloc does not
+    # see) whatever the answer returns
+    out, peak = peak_memory_with_torch(fn, *args)
     case = (
         f"n_q = {_MEMORY_N_Q}, n_k = {_MEMORY_N_K}, d_k = d_v = {_MEMORY_D} "
         "(memory)"
