@@ -1061,6 +1061,7 @@ def check_blockwise_attention_backward(fn) -> None:
     _check_backward_uses_lse(fn)
     _check_backward_memory(fn)
     _check_backward_follows_block_k(fn)
+    _check_backward_tiles_follow_keys(fn)
     print(
         f"Correct: attention backward passes all {len(backward_cases())} "
         "cases; its dV halved when lse was raised by log 2 (P is recomputed "
@@ -1116,6 +1117,20 @@ BLOCK_K_IGNORED = Mistake(
     _backward_reference,
 )
 
+QUERY_BLOCKS = Mistake(
+    "query_blocks",
+    "your function's memory grows with n_k at fixed n_q and block_k by more "
+    "than a float32 row of block_k queries per key: its tiles hold all n_k "
+    "keys for a block of queries (blocks of queries, all keys at once), "
+    "where a pass over blocks of keys holds n_q x block_k whatever n_k, and "
+    "only dK and dV (n_k x d) grow with n_k",
+    "make the keys the blocks: for each block of block_k keys compute the "
+    "tile of S, P, dP and dS for all queries (or for blocks of them), add "
+    "its share to dQ and write its rows of dK and dV; D = rowsum(dO * O) "
+    "from out needs no pass over a whole row of keys",
+    _backward_reference,
+)
+
 
 # what the checker names after the values: the cost mistakes
 BACKWARD_COST_MISTAKES = [
@@ -1123,6 +1138,7 @@ BACKWARD_COST_MISTAKES = [
     DENSE_MATRIX,
     SQUARE_ARRAY,
     BLOCK_K_IGNORED,
+    QUERY_BLOCKS,
 ]
 
 
@@ -1166,19 +1182,19 @@ def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
     and without the causal mask (n_q = n_k = n).
 
     Two tests on the peaks at n = 256, 512 and 1024. The growth from 512 to
-    1024 is about 2 for key blocks, 4 for a dense float array; the threshold
-    is 3. A boolean n x n mask (1 byte per entry) next to float tiles can
-    stay under it, so the peak is also split as a + b n + c n^2: the second
+    1024 is about 2 for key blocks, 4 for a dense float array; the threshold is
+    3. A boolean n x n mask (1 byte per entry) next to float tiles can stay
+    under it, so the peak is also split as a + b n + c n^2: the second
     difference P(4n) - 3 P(2n) + 2 P(n) = 6 c n^2 gives c, the bytes per
     (query, key) pair, 0 for key blocks, 1 for a boolean mask, 8 for float64;
-    the threshold is 1/2, and an estimate over it is confirmed on n = 512,
-    1024 and 2048 before the answer is rejected (a right answer's peak can
-    sit a constant above its line at n = 256 alone, which the second
-    difference doubles: the expert reader's in-place float32 einsum answer
-    read 0.7 bytes per pair there and 0.0 one size up). The peak is tracemalloc's (numpy's arrays) or, when
-    torch is loaded, the largest allocation torch's profiler saw, whichever
-    is larger. Returns the largest growth from 512 to 1024 and the words for
-    what was measured."""
+    the threshold is 1/2, and an estimate over it is confirmed on n = 512, 1024
+    and 2048 before the answer is rejected (a right answer's peak can sit a
+    constant above its line at n = 256 alone, which the second difference
+    doubles: the expert reader's in-place float32 einsum answer read 0.7 bytes
+    per pair there and 0.0 one size up). The peak is tracemalloc's (numpy's
+    arrays) or, when torch is loaded, the largest allocation torch's profiler
+    saw, whichever is larger. Returns the largest growth from 512 to 1024 and
+    the words for what was measured."""
 
     from ..bench import format_bytes
     from ._framework import peak_memory_with_torch, torch_profiler_ready
@@ -1313,3 +1329,54 @@ def _check_backward_follows_block_k(fn) -> tuple[int, int]:
             mistake=BLOCK_K_IGNORED,
         )
     return peaks[0], peaks[1]
+
+
+# the key-block test: n_q = block_k queries, d = 4, and two numbers of keys
+KEYS_PROBE_SHAPE = (256, 4)  # n_q = block_k, d
+KEYS_PROBE = (1024, 4096)  # n_k
+
+
+def _check_backward_tiles_follow_keys(fn) -> float:
+    """Reject a backward pass whose tiles are blocks of queries with all the
+    keys at once (the expert reader's W6: right gradients, tiles of block_k
+    x n_k, which follow block_k and grow as n, so the tests above pass it).
+
+    With n_q = block_k = 256 and d = 4, a pass over blocks of keys holds a
+    tile of 256 x 256 whatever n_k; from n_k = 1024 to 4096 only the n_k x d
+    arrays grow (dK and dV, 64 bytes a key, a few hundred with copies). A
+    tile of block_k queries and all n_k keys grows by block_k entries a key,
+    1 KiB in float32, 2 KiB in float64. The threshold is half a float32 row,
+    2 block_k bytes a key, on tracemalloc's peak and on torch's largest
+    allocation each (:func:`_peak_parts`). Returns the larger growth, in
+    bytes a key."""
+    from ..bench import format_bytes
+
+    __tracebackhide__ = True
+    n_q, d = KEYS_PROBE_SHAPE
+    block_k = n_q
+    measured = []
+    for n_k in KEYS_PROBE:
+        rng = np.random.default_rng(28)
+        q, out, d_out = (rng.normal(size=(n_q, d)) for _ in range(3))
+        k, v = (rng.normal(size=(n_k, d)) for _ in range(2))
+        lse = rng.normal(size=n_q) + 3.0
+        args = (q, k, v, out, lse, d_out)
+        kwargs = {"causal": False, "block_k": block_k}
+        measured.append(_peak_parts(fn, args, kwargs))
+    few, many = KEYS_PROBE
+    # per measure (tracemalloc's, torch's): its peaks at few and many keys
+    peaks = max(zip(*measured), key=lambda pair: pair[1] - pair[0])
+    per_key = (peaks[1] - peaks[0]) / (many - few)
+    if per_key > 2 * block_k:
+        raise ExerciseError(
+            "attention backward",
+            f"n_q = {n_q}, n_k = {few} and {many}, d = {d}, block_k = "
+            f"{block_k} (memory)",
+            f"your function's peak memory grew from {format_bytes(peaks[0])} "
+            f"to {format_bytes(peaks[1])}, {per_key:.0f} bytes for each "
+            f"extra key, where a tile of {block_k} keys does not grow with "
+            f"n_k (half a float32 row of {block_k} queries: "
+            f"{2 * block_k} bytes a key)",
+            mistake=QUERY_BLOCKS,
+        )
+    return per_key
