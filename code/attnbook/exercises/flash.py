@@ -1044,7 +1044,10 @@ def check_blockwise_attention_backward(fn) -> None:
     under half a byte per query-key pair (a boolean mask of the whole score
     matrix: 1 byte). Its peak must also grow from block_k = 16 to 256 (64
     queries, 1024 keys): the values are the same for every block size, so
-    only the memory shows an answer whose blocks ignore block_k.
+    only the memory shows an answer whose blocks ignore block_k. And at
+    n_q = block_k = 256 its peak may grow from n_k = 1024 to 4096 by at most
+    2 block_k bytes a key: tiles of a block of queries with all n_k keys
+    grow by 4 to 8 block_k bytes a key, tiles of block_k keys not at all.
     """
     __tracebackhide__ = True
     run_checks(
@@ -1069,7 +1072,8 @@ def check_blockwise_attention_backward(fn) -> None:
         "it, its peak memory grew at most 3x from n = 512 to 1024 (an n x n "
         "float array: 4x), with no part growing as n_q n_k (a boolean n x n "
         "mask: 1 byte per query-key pair); and it grew with block_k (its "
-        "tiles follow the blocks of keys)."
+        "tiles follow block_k) but not with n_k beyond dK and dV at a fixed "
+        "block_k (its tiles are blocks of keys, not of queries)."
     )
 
 
@@ -1120,7 +1124,8 @@ BLOCK_K_IGNORED = Mistake(
 QUERY_BLOCKS = Mistake(
     "query_blocks",
     "your function's memory grows with n_k at fixed n_q and block_k by more "
-    "than a float32 row of block_k queries per key: its tiles hold all n_k "
+    "than 2 bytes a key for each of the block_k queries: its tiles hold all "
+    "n_k "
     "keys for a block of queries (blocks of queries, all keys at once), "
     "where a pass over blocks of keys holds n_q x block_k whatever n_k, and "
     "only dK and dV (n_k x d) grow with n_k",
