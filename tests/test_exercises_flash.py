@@ -1562,3 +1562,136 @@ def test_backward_right_solutions_grow_with_block_k():
 def test_backward_success_says_it_follows_block_k(capsys):
     check_blockwise_attention_backward(bwd_good_einsum_float32)
     assert "it grew with block_k" in capsys.readouterr().out
+
+
+# --- from the expert reading of chapter 9 (reader ch09-x), session 7 ---------
+
+
+def bwd_good_einsum_in_place(
+    q, k, v, out, lse, d_out, causal=False, block_k=64
+):
+    """Right: blocks of block_k keys with np.einsum, in float32 for float32
+    inputs, the tile's arithmetic in place (exp, the subtraction of D and
+    the product with P write into the tile), the causal mask set by boolean
+    indexing (the reader's C2). Its peak sits above its line at n = 256
+    alone, which the old second difference read as 0.7 bytes per pair."""
+    dtype = np.result_type(q.dtype, np.float32)
+    q, k, v, out, lse, d_out = (
+        np.asarray(x, dtype=dtype) for x in (q, k, v, out, lse, d_out)
+    )
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = dtype.type(1 / np.sqrt(q.shape[-1]))
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    big_d = np.einsum("...ic,...ic->...i", d_out, out)[..., None]
+    for cols in _key_blocks(n_k, block_k):
+        tile = np.einsum("...id,...jd->...ij", q, k[..., cols, :]) * tau
+        if causal:
+            tile[..., ~_visible(n_q, n_k, cols)] = -np.inf
+        tile -= lse[..., None]
+        np.exp(tile, out=tile)  # now P
+        dv[..., cols, :] = np.einsum("...ij,...ic->...jc", tile, d_out)
+        ds = np.einsum("...ic,...jc->...ij", d_out, v[..., cols, :])
+        ds -= big_d
+        ds *= tile
+        dq += tau * np.einsum("...ij,...jd->...id", ds, k[..., cols, :])
+        dk[..., cols, :] = tau * np.einsum("...ij,...id->...jd", ds, q)
+    return dq, dk, dv
+
+
+def bwd_good_torch_copied_out(
+    q, k, v, out, lse, d_out, causal=False, block_k=64
+):
+    """Right: the torch answer over blocks of block_k keys, its results
+    copied to numpy with .astype (the reader's C1). The copies of dK and dV
+    (1024 x 8 float64 each) set its tracemalloc peak above its largest
+    torch tile at block_k = 256, so the old checker, which took the larger
+    of the two, saw no growth with block_k."""
+    dq, dk, dv = bwd_good_torch_blocks(
+        q, k, v, out, lse, d_out, causal, block_k
+    )
+    return tuple(
+        g.astype(np.result_type(x.dtype, np.float32), copy=True)
+        for g, x in ((dq, q), (dk, k), (dv, v))
+    )
+
+
+def bwd_query_blocks_all_keys(
+    q, k, v, out, lse, d_out, causal=False, block_k=64
+):
+    """Wrong: blocks of block_k queries, each with all n_k keys at once, and
+    D from the whole row of P * dP, so out is never read (the reader's W6).
+    Its values are right, its memory grows as n and with block_k: the old
+    checker said its tiles followed the blocks of keys."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = 1 / np.sqrt(q.shape[-1])
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    keys = np.arange(n_k)
+    for i0 in range(0, n_q, block_k):
+        rows = slice(i0, min(i0 + block_k, n_q))
+        s = tau * q[..., rows, :] @ np.swapaxes(k, -1, -2)
+        if causal:
+            last = np.arange(n_q)[rows, None] + (n_k - n_q)
+            s = np.where(keys <= last, s, -np.inf)
+        p = np.exp(s - lse[..., rows, None])
+        dp = d_out[..., rows, :] @ np.swapaxes(v, -1, -2)
+        ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+        dv += np.swapaxes(p, -1, -2) @ d_out[..., rows, :]
+        dq[..., rows, :] = tau * ds @ k
+        dk += tau * np.swapaxes(ds, -1, -2) @ q[..., rows, :]
+    return dq, dk, dv
+
+
+CATALOGUE["check_blockwise_attention_backward"]["wrong"] += [
+    (bwd_query_blocks_all_keys, "query_blocks"),
+]
+CATALOGUE["check_blockwise_attention_backward"]["right"] += [
+    bwd_good_einsum_in_place,
+    bwd_good_torch_copied_out,
+]
+
+
+def test_backward_bump_at_the_smallest_size_is_not_an_n_squared_part(
+    capsys,
+):
+    """The old checker rejected this right answer as square_array; its
+    second difference one size up (n = 512, 1024, 2048) is near 0."""
+    from attnbook.exercises.flash import _check_backward_memory
+
+    _check_backward_memory(bwd_good_einsum_in_place)
+    check_blockwise_attention_backward(bwd_good_einsum_in_place)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_backward_torch_answer_copied_to_numpy_follows_block_k(capsys):
+    import torch  # noqa: F401  (loaded: the profiler's path is taken)
+
+    from attnbook.exercises.flash import _check_backward_follows_block_k
+
+    low, high = _check_backward_follows_block_k(bwd_good_torch_copied_out)
+    assert high - low >= 4 * 240
+    check_blockwise_attention_backward(bwd_good_torch_copied_out)
+    assert "it grew with block_k" in capsys.readouterr().out
+
+
+def test_backward_query_blocks_with_all_keys_are_rejected():
+    with pytest.raises(ExerciseError) as err:
+        check_blockwise_attention_backward(bwd_query_blocks_all_keys)
+    assert err.value.mistake == "query_blocks"
+    assert "n_k = 1024 and 4096" in err.value.case
+
+
+def test_backward_right_solutions_do_not_grow_a_tile_with_n_k():
+    """Each right answer grows by at most 2 block_k bytes a key from
+    n_k = 1024 to 4096 at n_q = block_k = 256 (its dK and dV only), on
+    tracemalloc's peak and torch's largest allocation, the torch answers'
+    too."""
+    import torch  # noqa: F401  (loaded: the profiler's path is taken)
+
+    from attnbook.exercises.flash import (
+        KEYS_PROBE_SHAPE,
+        _check_backward_tiles_follow_keys,
+    )
+
+    for right in CATALOGUE["check_blockwise_attention_backward"]["right"]:
+        per_key = _check_backward_tiles_follow_keys(right)
+        assert per_key <= KEYS_PROBE_SHAPE[0], (right.__name__, per_key)

@@ -1044,7 +1044,10 @@ def check_blockwise_attention_backward(fn) -> None:
     under half a byte per query-key pair (a boolean mask of the whole score
     matrix: 1 byte). Its peak must also grow from block_k = 16 to 256 (64
     queries, 1024 keys): the values are the same for every block size, so
-    only the memory shows an answer whose blocks ignore block_k.
+    only the memory shows an answer whose blocks ignore block_k. And at
+    n_q = block_k = 256 its peak may grow from n_k = 1024 to 4096 by at most
+    2 block_k bytes a key: tiles of a block of queries with all n_k keys
+    grow by 4 to 8 block_k bytes a key, tiles of block_k keys not at all.
     """
     __tracebackhide__ = True
     run_checks(
@@ -1061,6 +1064,7 @@ def check_blockwise_attention_backward(fn) -> None:
     _check_backward_uses_lse(fn)
     _check_backward_memory(fn)
     _check_backward_follows_block_k(fn)
+    _check_backward_tiles_follow_keys(fn)
     print(
         f"Correct: attention backward passes all {len(backward_cases())} "
         "cases; its dV halved when lse was raised by log 2 (P is recomputed "
@@ -1068,7 +1072,8 @@ def check_blockwise_attention_backward(fn) -> None:
         "it, its peak memory grew at most 3x from n = 512 to 1024 (an n x n "
         "float array: 4x), with no part growing as n_q n_k (a boolean n x n "
         "mask: 1 byte per query-key pair); and it grew with block_k (its "
-        "tiles follow the blocks of keys)."
+        "tiles follow block_k) but not with n_k beyond dK and dV at a fixed "
+        "block_k (its tiles are blocks of keys, not of queries)."
     )
 
 
@@ -1116,6 +1121,21 @@ BLOCK_K_IGNORED = Mistake(
     _backward_reference,
 )
 
+QUERY_BLOCKS = Mistake(
+    "query_blocks",
+    "your function's memory grows with n_k at fixed n_q and block_k by more "
+    "than 2 bytes a key for each of the block_k queries: its tiles hold all "
+    "n_k "
+    "keys for a block of queries (blocks of queries, all keys at once), "
+    "where a pass over blocks of keys holds n_q x block_k whatever n_k, and "
+    "only dK and dV (n_k x d) grow with n_k",
+    "make the keys the blocks: for each block of block_k keys compute the "
+    "tile of S, P, dP and dS for all queries (or for blocks of them), add "
+    "its share to dQ and write its rows of dK and dV; D = rowsum(dO * O) "
+    "from out needs no pass over a whole row of keys",
+    _backward_reference,
+)
+
 
 # what the checker names after the values: the cost mistakes
 BACKWARD_COST_MISTAKES = [
@@ -1123,6 +1143,7 @@ BACKWARD_COST_MISTAKES = [
     DENSE_MATRIX,
     SQUARE_ARRAY,
     BLOCK_K_IGNORED,
+    QUERY_BLOCKS,
 ]
 
 
@@ -1154,20 +1175,31 @@ def _check_backward_uses_lse(fn) -> None:
             )
 
 
+def _square_part(peaks, n: int) -> float:
+    """The bytes per (query, key) pair of a peak a + b m + c m^2 measured at
+    m = n, 2n and 4n: the second difference P(4n) - 3 P(2n) + 2 P(n) is
+    6 c n^2."""
+    return (peaks[2] - 3 * peaks[1] + 2 * peaks[0]) / (6 * n**2)
+
+
 def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
     """Reject a backward pass that holds an array of n_q x n_k entries, with
     and without the causal mask (n_q = n_k = n).
 
     Two tests on the peaks at n = 256, 512 and 1024. The growth from 512 to
-    1024 is about 2 for key blocks, 4 for a dense float array; the threshold
-    is 3. A boolean n x n mask (1 byte per entry) next to float tiles can
-    stay under it, so the peak is also split as a + b n + c n^2: the second
+    1024 is about 2 for key blocks, 4 for a dense float array; the threshold is
+    3. A boolean n x n mask (1 byte per entry) next to float tiles can stay
+    under it, so the peak is also split as a + b n + c n^2: the second
     difference P(4n) - 3 P(2n) + 2 P(n) = 6 c n^2 gives c, the bytes per
     (query, key) pair, 0 for key blocks, 1 for a boolean mask, 8 for float64;
-    the threshold is 1/2. The peak is tracemalloc's (numpy's arrays) or, when
-    torch is loaded, the largest allocation torch's profiler saw, whichever
-    is larger. Returns the largest growth from 512 to 1024 and the words for
-    what was measured."""
+    the threshold is 1/2, and an estimate over it is confirmed on n = 512, 1024
+    and 2048 before the answer is rejected (a right answer's peak can sit a
+    constant above its line at n = 256 alone, which the second difference
+    doubles: the expert reader's in-place float32 einsum answer read 0.7 bytes
+    per pair there and 0.0 one size up). The peak is tracemalloc's (numpy's
+    arrays) or, when torch is loaded, the largest allocation torch's profiler
+    saw, whichever is larger. Returns the largest growth from 512 to 1024 and
+    the words for what was measured."""
 
     from ..bench import format_bytes
     from ._framework import peak_memory_with_torch, torch_profiler_ready
@@ -1175,19 +1207,21 @@ def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
     __tracebackhide__ = True
     # an answer can use torch only if torch has been imported
     with_torch = torch_profiler_ready()
-    sizes = (256, 512, 1024)
+    sizes = (256, 512, 1024, 2048)
+
+    def peak_at(n, causal):
+        # random arrays of the right shapes: only the memory is judged here,
+        # so no forward pass is needed to make out and lse
+        rng = np.random.default_rng(26)
+        args = [rng.normal(size=(n, 16)) for _ in range(5)]
+        args.insert(4, rng.normal(size=n) + 3.0)  # lse, one per query
+        kwargs = {"causal": causal, "block_k": block_k}
+        _, peak = peak_memory_with_torch(fn, *args, **kwargs)
+        return max(peak, 1)
+
     growths = []
     for causal in (False, True):
-        peaks = []
-        for n in sizes:
-            # random arrays of the right shapes: only the memory is judged
-            # here, so no forward pass is needed to make out and lse
-            rng = np.random.default_rng(26)
-            args = [rng.normal(size=(n, 16)) for _ in range(5)]
-            args.insert(4, rng.normal(size=n) + 3.0)  # lse, one per query
-            kwargs = {"causal": causal, "block_k": block_k}
-            _, peak = peak_memory_with_torch(fn, *args, **kwargs)
-            peaks.append(max(peak, 1))
+        peaks = [peak_at(n, causal) for n in sizes[:3]]
         mask = "causal, " if causal else ""
         growth = peaks[2] / peaks[1]
         if growth > 3:
@@ -1200,17 +1234,23 @@ def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
                 "n doubled",
                 mistake=DENSE_MATRIX,
             )
-        per_pair = (peaks[2] - 3 * peaks[1] + 2 * peaks[0]) / (
-            6 * sizes[0] ** 2
-        )
+        per_pair = _square_part(peaks, sizes[0])
+        if per_pair > 0.5:
+            # confirmed on the sizes one step up before rejecting: a bump of
+            # the peak at the smallest size alone (allocator noise, a
+            # constant excess) is read as twice itself by the second
+            # difference; an n_q x n_k array gives the same c on both
+            peaks.append(peak_at(sizes[3], causal))
+            per_pair = _square_part(peaks[1:], sizes[1])
         if per_pair > 0.5:
             listed = ", ".join(format_bytes(p) for p in peaks)
             raise ExerciseError(
                 "attention backward",
-                f"{mask}n_q = n_k = 256, 512 and 1024, d = 16, blocks of 64 "
-                "keys (memory)",
+                f"{mask}n_q = n_k = 256, 512, 1024 and 2048, d = 16, blocks "
+                "of 64 keys (memory)",
                 f"your function's peak memory ({listed}) has a part that "
-                f"grows as n_q n_k, {per_pair:.1f} bytes per query-key pair",
+                f"grows as n_q n_k, {per_pair:.1f} bytes per query-key pair "
+                "(from n = 512, 1024 and 2048; from 256, 512 and 1024 too)",
                 mistake=SQUARE_ARRAY,
             )
         growths.append(growth)
@@ -1220,6 +1260,26 @@ def _check_backward_memory(fn, block_k: int = 64) -> tuple[float, str]:
         else "numpy's arrays, by tracemalloc"
     )
     return max(growths), seen
+
+
+def _peak_parts(fn, args, kwargs) -> tuple[int, int]:
+    """(tracemalloc's peak, the largest allocation torch's profiler saw) of
+    ``fn(*args, **kwargs)`` on fresh copies; the second is 0 when torch is
+    not loaded (an answer cannot use it then)."""
+    from ..bench import peak_memory
+    from ._framework import (
+        largest_torch_allocation,
+        pristine,
+        torch_profiler_ready,
+    )
+
+    _, peak = peak_memory(fn, *pristine(args), **pristine(kwargs))
+    largest = 0
+    if torch_profiler_ready():
+        _, largest = largest_torch_allocation(
+            fn, *pristine(args), **pristine(kwargs)
+        )
+    return peak, largest
 
 
 # the two block sizes of the block_k test, and its input: few queries, many
@@ -1237,11 +1297,14 @@ def _check_backward_follows_block_k(fn) -> tuple[int, int]:
     them, in float32 at least 4 bytes a key, so from block_k = 16 to 256 the
     peak grows by at least 4 x 240 = 960 bytes (by about n_q x 240 x 8 bytes
     for each float64 tile of all n_q queries). An answer that always uses
-    blocks of one fixed size has the same peak at both. The peak is
-    tracemalloc's or, when torch is loaded, the largest allocation torch's
-    profiler saw, whichever is larger. Returns the two peaks."""
+    blocks of one fixed size has the same peak at both. The peaks are
+    tracemalloc's and, when torch is loaded, the largest allocation torch's
+    profiler saw, each compared between the two block sizes on its own: an
+    answer whose tiles live in torch and whose results are copied to numpy
+    (``.astype``) has a tracemalloc peak set by those copies, larger than
+    its tiles, so the larger of the two would hide the tiles' growth.
+    Returns the two peaks of the measure that grew more."""
     from ..bench import format_bytes
-    from ._framework import peak_memory_with_torch
 
     __tracebackhide__ = True
     n_q, n_k, d = BLOCK_K_PROBE_SHAPE
@@ -1250,11 +1313,13 @@ def _check_backward_follows_block_k(fn) -> tuple[int, int]:
     k, v = (rng.normal(size=(n_k, d)) for _ in range(2))
     lse = rng.normal(size=n_q) + 3.0
     args = (q, k, v, out, lse, d_out)
-    peaks = []
-    for block_k in BLOCK_K_PROBE:
-        kwargs = {"causal": False, "block_k": block_k}
-        _, peak = peak_memory_with_torch(fn, *args, **kwargs)
-        peaks.append(peak)
+    parts = [
+        _peak_parts(fn, args, {"causal": False, "block_k": block_k})
+        for block_k in BLOCK_K_PROBE
+    ]
+    # (tracemalloc's peaks, torch's largest allocations), each at 16 and 256
+    measures = list(zip(*parts))
+    peaks = max(measures, key=lambda pair: pair[1] - pair[0])
     low, high = BLOCK_K_PROBE
     least_growth = 4 * (high - low)
     if peaks[1] - peaks[0] < least_growth:
@@ -1269,3 +1334,54 @@ def _check_backward_follows_block_k(fn) -> tuple[int, int]:
             mistake=BLOCK_K_IGNORED,
         )
     return peaks[0], peaks[1]
+
+
+# the key-block test: n_q = block_k queries, d = 4, and two numbers of keys
+KEYS_PROBE_SHAPE = (256, 4)  # n_q = block_k, d
+KEYS_PROBE = (1024, 4096)  # n_k
+
+
+def _check_backward_tiles_follow_keys(fn) -> float:
+    """Reject a backward pass whose tiles are blocks of queries with all the
+    keys at once (the expert reader's W6: right gradients, tiles of block_k
+    x n_k, which follow block_k and grow as n, so the tests above pass it).
+
+    With n_q = block_k = 256 and d = 4, a pass over blocks of keys holds a
+    tile of 256 x 256 whatever n_k; from n_k = 1024 to 4096 only the n_k x d
+    arrays grow (dK and dV, 64 bytes a key, a few hundred with copies). A
+    tile of block_k queries and all n_k keys grows by block_k entries a key,
+    1 KiB in float32, 2 KiB in float64. The threshold is half a float32 row,
+    2 block_k bytes a key, on tracemalloc's peak and on torch's largest
+    allocation each (:func:`_peak_parts`). Returns the larger growth, in
+    bytes a key."""
+    from ..bench import format_bytes
+
+    __tracebackhide__ = True
+    n_q, d = KEYS_PROBE_SHAPE
+    block_k = n_q
+    measured = []
+    for n_k in KEYS_PROBE:
+        rng = np.random.default_rng(28)
+        q, out, d_out = (rng.normal(size=(n_q, d)) for _ in range(3))
+        k, v = (rng.normal(size=(n_k, d)) for _ in range(2))
+        lse = rng.normal(size=n_q) + 3.0
+        args = (q, k, v, out, lse, d_out)
+        kwargs = {"causal": False, "block_k": block_k}
+        measured.append(_peak_parts(fn, args, kwargs))
+    few, many = KEYS_PROBE
+    # per measure (tracemalloc's, torch's): its peaks at few and many keys
+    peaks = max(zip(*measured), key=lambda pair: pair[1] - pair[0])
+    per_key = (peaks[1] - peaks[0]) / (many - few)
+    if per_key > 2 * block_k:
+        raise ExerciseError(
+            "attention backward",
+            f"n_q = {n_q}, n_k = {few} and {many}, d = {d}, block_k = "
+            f"{block_k} (memory)",
+            f"your function's peak memory grew from {format_bytes(peaks[0])} "
+            f"to {format_bytes(peaks[1])}, {per_key:.0f} bytes for each "
+            f"extra key, where a tile of {block_k} keys does not grow with "
+            f"n_k (half a float32 row of {block_k} queries: "
+            f"{2 * block_k} bytes a key)",
+            mistake=QUERY_BLOCKS,
+        )
+    return per_key
