@@ -203,6 +203,42 @@ def topk_int(scores, k):
     return out
 
 
+def topk_scores_as_tensor(scores, k):
+    """Correct, idiomatic torch on the scores as given: fails on a numpy
+    array (no masked_fill), so the checker passes a tensor."""
+    n_q, n_k = scores.shape
+    t = torch.arange(n_q)[:, None] + (n_k - n_q)
+    future = torch.arange(n_k)[None, :] > t
+    top = scores.masked_fill(future, float("-inf")).topk(k, dim=-1)
+    keep = torch.isfinite(top.values)
+    out = torch.zeros(n_q, n_k, dtype=torch.bool)
+    return out.scatter(-1, top.indices, keep) | out
+
+
+def topk_latest_on_ties(scores, k):
+    """Correct, breaking ties toward the LATER key (the reference breaks
+    them toward the earlier one)."""
+    n_q, n_k = scores.shape
+    out = np.zeros((n_q, n_k), dtype=bool)
+    for i in range(n_q):
+        position = i + n_k - n_q
+        ranked = sorted(range(position + 1), key=lambda s: (-scores[i, s], -s))
+        out[i, ranked[:k]] = True
+    return out
+
+
+def topk_threshold(scores, k):
+    """Wrong on ties: keeps every admissible key scoring at least the k-th
+    largest, so more than k keys where scores tie."""
+    n_q, n_k = scores.shape
+    out = np.zeros((n_q, n_k), dtype=bool)
+    for i in range(n_q):
+        row = scores[i, : i + n_k - n_q + 1]
+        kth = np.sort(row)[::-1][min(k, row.size) - 1]
+        out[i, : row.size] = row >= kth
+    return out
+
+
 CATALOGUE = {
     "check_packed_sliding_mask_mod": {
         "right": [packed_sliding, packed_sliding_composed],
@@ -218,7 +254,12 @@ CATALOGUE = {
         ],
     },
     "check_causal_topk": {
-        "right": [topk_torch, topk_loop],
+        "right": [
+            topk_torch,
+            topk_loop,
+            topk_scores_as_tensor,
+            topk_latest_on_ties,
+        ],
         "wrong": [
             (topk_unmasked, "future_selected"),
             (topk_mask_after, "masked_after"),
@@ -227,6 +268,7 @@ CATALOGUE = {
             (topk_queries_first, "queries_first"),
             (topk_float, "float_selection"),
             (topk_int, "int_selection"),
+            (topk_threshold, "ties_kept"),
         ],
     },
 }
@@ -267,3 +309,16 @@ def test_a_selection_in_the_wrong_dtype_says_its_pattern_is_right():
         text = str(err.value)
         assert dtype in text and "pattern is right" in text, text
         assert "largest difference" not in text
+
+
+def test_the_last_topk_case_has_ties_at_the_kth_score():
+    """The tie case tells a top-k from a threshold at the k-th score."""
+    from attnbook.exercises.sparse import _reference_topk, topk_cases
+
+    scores, k = topk_cases()[-1].args
+    assert not np.array_equal(
+        topk_threshold(scores, k), _reference_topk(scores, k)
+    )
+    assert not np.array_equal(
+        topk_latest_on_ties(scores, k), _reference_topk(scores, k)
+    )

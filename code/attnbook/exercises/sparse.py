@@ -8,11 +8,16 @@ where FlexAttention traces tensors (it needs ``&``). The top-k's mistakes are
 those of forgetting that a query may select only the keys at or before it: the
 future not masked before the top-k, masked only after it (a query keeps fewer
 than ``k`` keys), the slots of a query with fewer than ``k`` admissible keys
-filled with future keys, and the smallest scores taken instead of the largest;
-and the right selection returned as float or integer 0/1 rather than booleans.
+filled with future keys, the smallest scores taken instead of the largest,
+every key tied with the k-th score kept (more than ``k`` keys); and the right
+selection returned as float or integer 0/1 rather than booleans. On tied scores
+any tie-break is right: a selection of ``min(k, t + 1)`` admissible keys none
+of which scores below an unselected admissible key is accepted.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -27,6 +32,7 @@ from ._framework import (
     run_checks,
     same_mask,
 )
+from .multihead import ArraysOrTensors
 
 # --- a mask_mod for a packed, sliding, causal batch --------------------------
 
@@ -306,6 +312,17 @@ def _int_selection(scores, k):
     return _reference_topk(scores, k).astype(np.int64)
 
 
+def _ties_kept(scores, k):
+    """Every admissible key whose score is at least the k-th largest: more
+    than k keys where scores tie at the k-th."""
+    n_q, n_k = scores.shape
+    masked = _future_masked(scores)
+    counts = np.arange(n_q) + (n_k - n_q) + 1
+    ranked = -np.sort(-masked, axis=-1)
+    kth = ranked[np.arange(n_q), np.minimum(k, counts) - 1]
+    return np.isfinite(masked) & (masked >= kth[:, None])
+
+
 def _one_fewer(scores, k):
     return (
         _reference_topk(scores, k - 1)
@@ -369,6 +386,14 @@ TOPK_MISTAKES = [
         "select k keys (where a query has that many)",
         _one_fewer,
     ),
+    Mistake(
+        "ties_kept",
+        "more than k keys are selected where scores tie: every key whose "
+        "score equals the k-th largest is kept",
+        "select exactly min(k, t + 1) keys per query, breaking ties any "
+        "way (torch.topk or a stable argsort does)",
+        _ties_kept,
+    ),
 ]
 
 
@@ -396,6 +421,10 @@ def topk_cases() -> list[Case]:
             "12 queries, 12 keys, k = 1",
             (rng.standard_normal((12, 12)), 1),
         ),
+        Case(
+            "8 queries, 8 keys, k = 3; scores in {0, 1, 2}, with ties",
+            (rng.integers(0, 3, (8, 8)).astype(np.float64), 3),
+        ),
     ]
 
 
@@ -404,14 +433,59 @@ def _as_selection(out):
     return out
 
 
+def _is_topk(selection, scores, k) -> bool:
+    """Whether the boolean ``selection`` is a causal top-k of ``scores``
+    under some tie-break: each query selects ``min(k, t + 1)`` admissible
+    keys, and none of them scores below an unselected admissible key."""
+    masked = _future_masked(scores)
+    admissible = np.isfinite(masked)
+    n_q, n_k = scores.shape
+    counts = np.arange(n_q) + (n_k - n_q) + 1
+    if (selection & ~admissible).any():
+        return False
+    if not (selection.sum(axis=-1) == np.minimum(k, counts)).all():
+        return False
+    lowest = np.where(selection, masked, np.inf).min(axis=-1)
+    rest = np.where(admissible & ~selection, masked, -np.inf).max(axis=-1)
+    return bool((lowest >= rest).all())
+
+
+class _AnyTieBreak:
+    """The reader's ``fn(scores, k)`` (given numpy arrays, or torch tensors
+    where it needs them: :class:`ArraysOrTensors`), whose boolean selection,
+    when it is a right top-k under another tie-break than the reference's,
+    is replaced by the reference's: where scores tie, any tie-break is
+    right."""
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)
+        self.inner = ArraysOrTensors(fn)
+
+    def __call__(self, scores, k):
+        before = np.array(scores, copy=True)
+        out = self.inner(scores, k)
+        got = _as_selection(out)
+        if (
+            got.dtype == bool
+            and got.shape == before.shape
+            and _is_topk(got, before, k)
+        ):
+            return _reference_topk(before, k)
+        return out
+
+
 def check_causal_topk(fn) -> None:
     """Check ``fn(scores, k)`` returns the boolean selection (n_q, n_k): for
     each query (the last n_q of the n_k positions) the ``min(k, t + 1)`` keys
-    of largest score among those at or before it; scores: float64 (n_q,
-    n_k), no ties."""
+    of largest score among those at or before it, ties broken any way.
+
+    scores: a float64 numpy array (n_q, n_k); a function that fails on arrays
+    is given torch tensors instead, where torch is installed
+    (:class:`ArraysOrTensors`). The selection may be a numpy array or a torch
+    tensor."""
     run_checks(
         "the indexer's causal top-k",
-        fn,
+        _AnyTieBreak(fn),
         topk_cases(),
         _reference_topk,
         TOPK_MISTAKES,

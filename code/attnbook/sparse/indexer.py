@@ -60,12 +60,12 @@ def indexer_scores(q, k, w, scale: float = 1.0):
 def causal_topk(scores, k: int, offset: int | None = None):
     """The top ``k`` keys of each query among those it may see.
 
-    scores: (..., n_q, n_k) indexer scores; the queries are the last ``n_q``
-    of the ``n_k`` positions (``offset = n_k - n_q`` by default), so query
-    ``t`` may select keys ``s <= t + offset``. Returns ``(indices, valid)``,
-    both (..., n_q, k'), with ``k' = min(k, n_k)``: ``indices`` the selected
-    keys in decreasing score, ``valid`` False where a query has fewer than
-    ``k'`` keys to choose from (those slots hold an index that must not be
+    scores: (..., n_q, n_k) indexer scores; the queries are the last ``n_q`` of
+    the ``n_k`` positions (``offset = n_k - n_q`` by default), so query ``t``
+    may select keys ``s <= t + offset``. Returns ``(indices, valid)``, both
+    (..., n_q, k) (``k`` may not exceed ``n_k``: a ValueError): ``indices`` the
+    selected keys in decreasing score, ``valid`` False where a query has fewer
+    than ``k`` keys to choose from (those slots hold an index that must not be
     read). Masking the future *before* the top-k is what keeps a query from
     selecting it.
     """

@@ -8,9 +8,10 @@ every earlier token, a *sliding* (local) layer the last ``window`` of them.
 ``sliding_window``; gpt-oss alternates them, Gemma 3 puts five sliding layers
 before each full one. From that list:
 
-- :func:`reach`: how many tokens back the last layer's output can depend on
-  (chapter 12's window theorem: ``L`` sliding layers of width ``w`` reach
-  ``L (w - 1)`` tokens back; one full layer reaches the whole context);
+- :func:`reach`: how many positions back the last layer's output can depend on
+  (the perspectives chapter's window theorem: ``L`` sliding layers of width
+  ``w`` reach ``L (w - 1)`` positions back; one full layer reaches the whole
+  context);
 - :func:`cost_per_token`: the cache bytes a sequence of ``n`` tokens holds,
   per token, and the attention flops of the token at position ``n - 1``
   (scores and weighted sum: ``4 d_head`` flops per head per key read), both
@@ -42,13 +43,13 @@ def layer_types(config) -> list[str]:
 
 
 def reach(kinds, window: int) -> int | None:
-    """How many tokens back the output of the last layer can depend on.
+    """How many positions back the output of the last layer can depend on.
 
-    kinds: the layers' kinds ("sliding" or "full"); window: the sliding
-    width ``w`` (a query reads itself and ``w - 1`` keys before it). Each
-    sliding layer moves information ``w - 1`` positions (chapter 12's window
-    theorem), so ``L`` of them reach ``L (w - 1)``; a single full layer reaches
-    every earlier token: None (unbounded).
+    kinds: the layers' kinds ("sliding" or "full"); window: the sliding width
+    ``w`` (a query reads itself and ``w - 1`` keys before it). Each sliding
+    layer moves information ``w - 1`` positions (the perspectives chapter's
+    window theorem), so ``L`` of them reach ``L (w - 1)``; a single full layer
+    reaches every earlier token: None (unbounded).
     """
     window = _validate.positive_int("window", window)
     kinds = list(kinds)
