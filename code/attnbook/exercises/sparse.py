@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import torch
 
 from ._framework import (
     FLOAT_MASK_DESCRIPTION,
@@ -40,7 +41,6 @@ from .multihead import ArraysOrTensors
 def _dense(mask_mod, n: int) -> np.ndarray:
     """The (n, n) boolean mask a ``mask_mod`` means, evaluated as
     FlexAttention evaluates it (``create_mask``: traced with vmap)."""
-    import torch
 
     from ..sparse.flex import dense_mask
 
@@ -201,7 +201,6 @@ PACKED_SLIDING_MISTAKES = [
 
 
 def packed_sliding_cases() -> list[Case]:
-    import torch
 
     def docs(*lengths):
         return torch.repeat_interleave(
@@ -278,7 +277,6 @@ def _padded_with_future(scores, k):
     """torch's topk over the masked scores, every slot kept: where a query
     has fewer than k admissible keys, topk fills the rest with -inf (future)
     keys, in its own order."""
-    import torch
 
     masked = torch.as_tensor(_future_masked(scores))
     indices = masked.topk(k, dim=-1).indices

@@ -48,6 +48,7 @@ try:
 except ImportError:  # pragma: no cover - older torch
     AuxRequest = None
 
+from .._validate import nonnegative_int, positive_int
 from ..torch_attention import merge_splits
 
 
@@ -86,9 +87,7 @@ def check_score_mod(score_mod):
 
 
 def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or int(value) != value or value <= 0:
-        raise ValueError(f"{name} must be a positive integer; got {value}")
-    return int(value)
+    return positive_int(name, value)
 
 
 def causal(b, h, q_idx, kv_idx):
@@ -111,11 +110,7 @@ def sink_window(window: int, n_sinks: int):
     """A sliding window plus the first ``n_sinks`` keys (StreamingLLM;
     :func:`attnbook.windows.sink_window_mask`)."""
     window = _positive("window", window)
-    if isinstance(n_sinks, bool) or int(n_sinks) != n_sinks or n_sinks < 0:
-        raise ValueError(
-            f"n_sinks must be a non-negative integer; got {n_sinks}"
-        )
-    n_sinks = int(n_sinks)
+    n_sinks = nonnegative_int("n_sinks", n_sinks)
 
     def mask_mod(b, h, q_idx, kv_idx):
         near = (kv_idx <= q_idx) & (q_idx - kv_idx < window)
@@ -156,11 +151,7 @@ def document(doc_ids):
 def prefix_lm(prefix: int):
     """The first ``prefix`` positions read one another; the rest is causal
     (:func:`attnbook.prefix_lm_mask`)."""
-    if isinstance(prefix, bool) or int(prefix) != prefix or prefix < 0:
-        raise ValueError(
-            f"prefix must be a non-negative integer; got {prefix}"
-        )
-    prefix = int(prefix)
+    prefix = nonnegative_int("prefix", prefix)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) | (kv_idx < prefix)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._validate import int_in_range
 from ..positional import apply_rope
 from ..torch_attention import attend
 
@@ -70,8 +71,7 @@ def causal_topk(scores, k: int, offset: int | None = None):
     selecting it.
     """
     n_q, n_k = scores.shape[-2], scores.shape[-1]
-    if isinstance(k, bool) or int(k) != k or k <= 0 or k > n_k:
-        raise ValueError(f"k must be an integer in [1, n_k={n_k}]; got k={k}")
+    k = int_in_range("k", k, 1, n_k, bounds=f"an integer in [1, n_k={n_k}]")
     offset = n_k - n_q if offset is None else offset
     if offset < 0:
         raise ValueError(

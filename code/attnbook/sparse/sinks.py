@@ -27,6 +27,7 @@ import math
 import torch
 from torch import nn
 
+from .._validate import positive_int
 from ..masks import sliding_window_mask
 from ..multihead import MultiHeadAttention
 from ..positional import apply_rope
@@ -112,11 +113,7 @@ class SinkAttention(MultiHeadAttention):
     ):
         super().__init__(d_model, n_heads, n_kv_heads, bias=bias)
         if window is not None:
-            window = int(window)
-            if window <= 0:
-                raise ValueError(
-                    f"window must be a positive integer; got {window}"
-                )
+            window = positive_int("window", window)
         self.window, self.rope_base = window, rope_base
         self.sinks = nn.Parameter(torch.zeros(n_heads))
 
