@@ -1531,3 +1531,38 @@ def test_returned_weights_must_be_exactly_zero_at_masked_keys():
     with pytest.raises(ExerciseError) as err:
         check_attention(attention_leaky_weights)
     assert err.value.mistake == "weights_not_softmax", str(err.value)
+
+
+# --- from the fifth expert reading of chapter 4 (s8 reader ch04-x) ----------
+# The unstable softmax with a guard against a zero sum (so that a fully masked
+# row gives zeros, not NaN) was rejected with the generic hint only: its NaN
+# rows differ from the unguarded formula's, so "unstable" did not match.
+
+
+def attention_unstable_zero_sum_guard(q, k, v, mask=None):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    with np.errstate(all="ignore"):
+        e = np.exp(s)
+        z = e.sum(axis=-1, keepdims=True)
+        w = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+    return w @ v
+
+
+def attention_unstable_zero_sum_guard_float64(q, k, v, mask=None):
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    return attention_unstable_zero_sum_guard(q, k, v, mask)
+
+
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_unstable_zero_sum_guard, "unstable"),
+    (attention_unstable_zero_sum_guard_float64, "unstable"),
+]
+
+
+def test_guarded_unstable_softmax_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_attention(attention_unstable_zero_sum_guard)
+    assert err.value.mistake == "unstable"
+    assert "zero sum" in str(err.value)

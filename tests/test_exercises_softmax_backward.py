@@ -563,3 +563,43 @@ CATALOGUE["check_attention_backward"]["wrong"] += [
     (backward_values_first, "wrong_order"),
     (backward_keys_first, "wrong_order"),
 ]
+
+
+# --- from the fifth expert reading of chapter 4 (s8 reader ch04-x): a finite
+# mask fill was rejected with the generic hint only ---------------------------
+
+
+def backward_finite_fill(q, k, v, d_out, mask=None, fill=-1e9):
+    """The masked scores set to -1e9: a fully masked query gets uniform
+    weights, so it passes gradient to every key and value."""
+    q, k, v, d_out = (np.asarray(a, np.float64) for a in (q, k, v, d_out))
+    c = 1 / np.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(k, -1, -2) * c
+    if mask is not None:
+        s = np.where(mask, s, fill)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - (p * d_p).sum(-1, keepdims=True))
+    return d_s @ k * c, np.swapaxes(d_s, -1, -2) @ q * c, (
+        np.swapaxes(p, -1, -2) @ d_out
+    )
+
+
+def backward_finite_fill_float32_min(q, k, v, d_out, mask=None):
+    return backward_finite_fill(
+        q, k, v, d_out, mask, fill=float(np.finfo(np.float32).min)
+    )
+
+
+CATALOGUE["check_attention_backward"]["wrong"] += [
+    (backward_finite_fill, "finite_mask_fill"),
+    (backward_finite_fill_float32_min, "finite_mask_fill"),
+]
+
+
+def test_finite_mask_fill_in_the_backward_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_attention_backward(backward_finite_fill)
+    assert err.value.mistake == "finite_mask_fill"
+    assert "uniform weights" in str(err.value)

@@ -803,6 +803,26 @@ ATTENTION_MISTAKES = [
             naive_softmax,
         ),
     ),
+    # the same formula with a guard against a zero sum (for the fully masked
+    # rows), in the input's dtype and in float64: the overflow stays
+    *[
+        Mistake(
+            "unstable",
+            "your softmax exponentiates the scores without subtracting each "
+            "row's maximum: a large score overflows to inf, and inf/inf is "
+            "NaN in the output (the guard against a zero sum catches only "
+            "the fully masked rows, not this)",
+            "subtract each row's maximum score before exponentiating (only "
+            "where it is finite, so that a fully masked row stays zeros)",
+            _attention_with(
+                _scaled,
+                lambda s, dtype=dtype: _renormalised(
+                    np.exp(s if dtype is None else s.astype(dtype))
+                ),
+            ),
+        )
+        for dtype in (None, np.float64)
+    ],
     Mistake(
         "scale_by_sqrt_d_v",
         "the scores are divided by sqrt(d_v), the width of the values, not "

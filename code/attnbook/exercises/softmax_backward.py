@@ -69,6 +69,7 @@ def _grads(
     forward_power=0.5,
     dq_twice=False,
     dk_twice=False,
+    fill=-np.inf,
 ):
     """A backward pass with one of the classic slips (``rule`` for the
     softmax's VJP, the flags for the rest); with the defaults, the right
@@ -77,7 +78,7 @@ def _grads(
     scale = q.shape[-1] ** -scale_power
     s = q @ _t(k) / q.shape[-1] ** forward_power
     if mask is not None and use_mask:
-        s = np.where(mask, s, -np.inf)
+        s = np.where(mask, s, fill)
     if nan_rows:
         # the max trick with no care for a row whose maximum is -inf
         e = np.exp(s - s.max(-1, keepdims=True))
@@ -271,6 +272,24 @@ ATTENTION_BACKWARD_MISTAKES = [
         "is 0 and it contributes nothing to any gradient",
         _commit(nan_rows=True),
     ),
+    # the message names no fill: readers pick many
+    *[
+        Mistake(
+            "finite_mask_fill",
+            "the masked scores were set to a finite number (such as -1e9) "
+            "instead of -inf: a query whose every key is masked then gets "
+            "uniform weights 1/n_k instead of zeros, so it has an output and "
+            "nonzero gradients, and it passes gradient to every key and value "
+            "(with visible scores far below the fill, a masked key would "
+            "even take weight)",
+            "set the masked scores to -inf, np.where(mask, s, -np.inf), and "
+            "give a fully masked row zero weights (its maximum is -inf: "
+            "subtract it only where it is finite, as attnbook's stable_shift "
+            "does); then its dS is 0 and it contributes to no gradient",
+            _commit(fill=fill),
+        )
+        for fill in (-1e4, -65504.0, -1e9, -1e30, -3.4e38)
+    ],
     Mistake(
         "mask_ignored",
         "the mask is not applied: the masked keys receive weight in the "
