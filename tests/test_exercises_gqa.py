@@ -550,3 +550,28 @@ CATALOGUE["check_share_kv_heads"]["right"] += [
     share_buffer_with_dtype,
 ]
 CATALOGUE["check_pool_kv_heads"]["right"] += [pool_float32_torch]
+
+
+# --- from the expert reading ch11-y (session 8): a bfloat16 result crashed
+# both checkers with numpy's "unsupported ScalarType BFloat16" --------------
+
+
+def share_bfloat16(x, n_heads):
+    group = n_heads // x.shape[1]
+    return x.repeat_interleave(group, dim=1).bfloat16()
+
+
+def pool_bfloat16(x, n_kv_heads):
+    b, h, n, d = x.shape
+    return x.reshape(b, n_kv_heads, h // n_kv_heads, n, d).mean(2).bfloat16()
+
+
+def test_a_bfloat16_share_is_named_by_its_dtype():
+    with pytest.raises(ExerciseError) as err:
+        check_share_kv_heads(share_bfloat16)
+    assert "your result is bfloat16" in str(err.value)
+
+
+def test_a_bfloat16_pool_is_rejected_without_a_crash():
+    with pytest.raises(ExerciseError):
+        check_pool_kv_heads(pool_bfloat16)

@@ -242,10 +242,23 @@ def in_place_note(exercise: str, case: "Case", names: Sequence[str]) -> str:
 
 
 def as_array(x) -> np.ndarray:
-    """A reader's value (numpy array, torch tensor, list) as a numpy array."""
+    """A reader's value (numpy array, torch tensor, list) as a numpy array; a
+    bfloat16 tensor, which numpy cannot hold, as float32 (exact)."""
     if hasattr(x, "detach"):  # a torch tensor
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":
+            x = x.float()
+        x = x.numpy()
     return np.asarray(x)
+
+
+def dtype_name(x) -> str:
+    """The dtype of a reader's value as they would write it: ``bfloat16`` for
+    a bfloat16 tensor (which :func:`as_array` widens to float32)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and str(dtype) == "torch.bfloat16":
+        return "bfloat16"
+    return str(as_array(x).dtype)
 
 
 def same(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> bool:

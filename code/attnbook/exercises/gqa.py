@@ -22,7 +22,15 @@ import torch
 
 from ..gqa import pool_kv_heads
 from ..multihead import repeat_kv
-from ._framework import Case, Mistake, as_array, difference, run_checks, same
+from ._framework import (
+    Case,
+    Mistake,
+    as_array,
+    difference,
+    dtype_name,
+    run_checks,
+    same,
+)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -175,15 +183,13 @@ SHARE_MISTAKES = [
 
 def same_values_and_dtype(got, expected) -> bool:
     """:func:`same`, and the same dtype (a copy keeps its input's dtype)."""
-    return (
-        same(got, expected) and as_array(got).dtype == as_array(expected).dtype
-    )
+    return same(got, expected) and dtype_name(got) == dtype_name(expected)
 
 
 def describe_share(got, expected, case: Case | None = None) -> str:
     """What differs: :func:`difference`, and first a changed dtype."""
-    a, e = as_array(got), as_array(expected)
-    if a.dtype == e.dtype:
+    got_dtype, expected_dtype = dtype_name(got), dtype_name(expected)
+    if got_dtype == expected_dtype:
         return difference(got, expected, case)
     values = (
         "its values agree with the answer to the checker's tolerance"
@@ -191,8 +197,8 @@ def describe_share(got, expected, case: Case | None = None) -> str:
         else "its values differ too: " + difference(got, expected, case)
     )
     return (
-        f"your result is {a.dtype}, the input (and so the answer) is "
-        f"{e.dtype}; {values}"
+        f"your result is {got_dtype}, the input (and so the answer) is "
+        f"{expected_dtype}; {values}"
     )
 
 
