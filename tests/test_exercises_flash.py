@@ -1695,3 +1695,15 @@ def test_backward_right_solutions_do_not_grow_a_tile_with_n_k():
     for right in CATALOGUE["check_blockwise_attention_backward"]["right"]:
         per_key = _check_backward_tiles_follow_keys(right)
         assert per_key <= KEYS_PROBE_SHAPE[0], (right.__name__, per_key)
+
+
+def test_block_k_message_quotes_the_memory_the_answer_used():
+    """Reader ch09-z (session 8): with torch loaded, a numpy answer's torch
+    peaks are 0 at both sizes, and the message quoted "0 B ... 0 B" instead of
+    the tracemalloc peaks the answer really had."""
+    import torch  # noqa: F401  (loaded: the profiler's measure is taken too)
+
+    with pytest.raises(ExerciseError) as err:
+        check_blockwise_attention_backward(bwd_fixed_blocks_of_32)
+    assert err.value.mistake == "block_k_ignored"
+    assert "was 0 B" not in str(err.value) and "and 0 B" not in str(err.value)
