@@ -1228,7 +1228,7 @@ def test_a_pair_with_nan_on_the_fully_masked_row_is_accepted(capsys):
 def test_the_output_alone_is_judged_on_the_output(capsys):
     check_attention(good_attention)
     assert capsys.readouterr().out.strip() == (
-        "Correct: scaled dot-product attention passes all 8 cases."
+        "Correct: scaled dot-product attention passes all 9 cases."
     )
 
 
@@ -1488,7 +1488,7 @@ def test_flushing_only_below_float64_atol_is_not_a_mistake(capsys):
         return np.where((p := good_softmax(x)) < 1e-13, 0.0, p)
 
     check_softmax(flush_below_1e_13)
-    assert "passes all 10 cases" in capsys.readouterr().out
+    assert "passes all 11 cases" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -1513,7 +1513,7 @@ def test_a_fill_below_every_visible_score_is_accepted(capsys):
         return np.where(np.any(mask, -1, keepdims=True), w, 0.0) @ v
 
     check_attention(attention_finfo_min_fill)
-    assert "passes all 8 cases" in capsys.readouterr().out
+    assert "passes all 9 cases" in capsys.readouterr().out
 
 
 def test_returned_weights_must_be_exactly_zero_at_masked_keys():
@@ -1566,3 +1566,73 @@ def test_guarded_unstable_softmax_is_named():
         check_attention(attention_unstable_zero_sum_guard)
     assert err.value.mistake == "unstable"
     assert "zero sum" in str(err.value)
+
+
+# --- from the sixth expert reading of chapter 4 (s8 reader ch04-y): a fill
+# below the lowest visible score of every case (-2e9) passed both checkers
+# when the fully masked rows were zeroed, and without the zeroing the
+# attention checker gave no diagnosis for a fill below -2e9. The cases now go
+# down to -3e10; a fill below every score a row holds (-1e30, finfo's min)
+# gives exact zeros there and passes, as the exercise says -----------------
+
+
+def softmax_low_fill_zeroed(x, fill=-1e10):
+    x = np.asarray(x, dtype=np.float64)
+    full = np.all(np.isneginf(x), axis=-1, keepdims=True)
+    x = np.where(np.isneginf(x), fill, x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return np.where(full, 0.0, e / e.sum(axis=-1, keepdims=True))
+
+
+def softmax_fill_1e30_zeroed(x):
+    """Exact for every row whose scores lie above -1e30, every case's."""
+    return softmax_low_fill_zeroed(x, fill=-1e30)
+
+
+def softmax_float32_min_fill_zeroed(x):
+    """Right on every score float32 holds: the fill is below all of them."""
+    return softmax_low_fill_zeroed(x, fill=float(np.finfo(np.float32).min))
+
+
+def attention_low_fill(q, k, v, mask=None, fill=-1e10, zero_rows=True):
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        full = ~np.any(np.broadcast_to(mask, s.shape), axis=-1, keepdims=True)
+        s = np.where(mask, s, fill)
+    else:
+        full = np.zeros(s.shape[:-1] + (1,), bool)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    w = e / e.sum(axis=-1, keepdims=True)
+    if zero_rows:
+        w = np.where(full, 0.0, w)
+    return w @ v
+
+
+def attention_fill_1e30_zeroed(q, k, v, mask=None):
+    return attention_low_fill(q, k, v, mask, fill=-1e30)
+
+
+def attention_fill_1e30_not_zeroed(q, k, v, mask=None):
+    return attention_low_fill(q, k, v, mask, fill=-1e30, zero_rows=False)
+
+
+def attention_finfo_min_not_zeroed(q, k, v, mask=None):
+    return attention_low_fill(
+        q, k, v, mask, fill=np.finfo(np.float64).min, zero_rows=False
+    )
+
+
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_low_fill_zeroed, "finite_mask_fill"),
+]
+CATALOGUE["check_softmax"]["right"] += [
+    softmax_float32_min_fill_zeroed,
+    softmax_fill_1e30_zeroed,
+]
+CATALOGUE["check_attention"]["right"] += [attention_fill_1e30_zeroed]
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_low_fill, "finite_mask_fill"),
+    (attention_fill_1e30_not_zeroed, "masked_row_uniform"),
+    (attention_finfo_min_not_zeroed, "masked_row_uniform"),
+]

@@ -581,8 +581,10 @@ def backward_finite_fill(q, k, v, d_out, mask=None, fill=-1e9):
     p = e / e.sum(-1, keepdims=True)
     d_p = d_out @ np.swapaxes(v, -1, -2)
     d_s = p * (d_p - (p * d_p).sum(-1, keepdims=True))
-    return d_s @ k * c, np.swapaxes(d_s, -1, -2) @ q * c, (
-        np.swapaxes(p, -1, -2) @ d_out
+    return (
+        d_s @ k * c,
+        np.swapaxes(d_s, -1, -2) @ q * c,
+        (np.swapaxes(p, -1, -2) @ d_out),
     )
 
 

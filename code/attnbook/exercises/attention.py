@@ -450,7 +450,20 @@ SOFTMAX_MISTAKES = [
 
 # A finite stand-in for -inf, with fully masked rows zeroed: the fills readers
 # use (and the float16 and float32 limits)
-_FILLS = (-20.0, -30.0, -50.0, -100.0, -1e3, -1e4, -65504.0, -1e9, -3.4e38)
+_FILLS = (
+    -20.0,
+    -30.0,
+    -50.0,
+    -100.0,
+    -1e3,
+    -1e4,
+    -65504.0,
+    -1e9,
+    -1e10,
+    -1e18,
+    -1e30,
+    -3.4e38,
+)
 SOFTMAX_MISTAKES += [
     *[
         Mistake(
@@ -606,6 +619,18 @@ def softmax_cases() -> list[Case]:
             "small weights that float64 holds, [[0, -12, -25]] (weights "
             "6.1e-6 and 1.4e-11)",
             (np.array([[0.0, -12.0, -25.0]]),),
+        ),
+        # Last too. A fill below -2e9 (-1e10) passes the cases above; here
+        # the visible scores lie at -3e10, so every finite fill above that
+        # takes the weight. Equal scores, so that a softmax computed in
+        # float32 gets the case right; and no lower, so that exp(x - LSE(x))
+        # in float64 still does (LSE rounds to a spacing of 4e-6 there). A
+        # fill below every score a row holds (np.finfo(float64).min, as
+        # Hugging Face uses) is exact and passes.
+        Case(
+            "a masked key between two visible scores far below 0, "
+            "[[-3e10, -inf, -3e10]] (weights 0.5, 0, 0.5)",
+            (np.array([[-3e10, -np.inf, -3e10]]),),
         ),
     ]
 
@@ -1027,19 +1052,33 @@ ATTENTION_MISTAKES = [
         "such a row)",
         _attention_with(_scaled, _nan_rows_softmax),
     ),
-    Mistake(
-        "masked_row_uniform",
-        "a query whose every key is masked gets the plain average of all "
-        "the values: the masked scores were set to a finite number (such as "
-        "-1e9) instead of -inf, so after the shift that row's scores are "
-        "all 0 and its weights uniform; the answer there is a zero output "
-        "(a query that may see no key gets nothing from them)",
-        "set the masked scores to -inf (np.where(mask, s, -np.inf)) and give "
-        "a row whose maximum is -inf zero weights, as attnbook.softmax does",
-        lambda q, k, v, mask=None: (
-            softmax(_masked(_scaled(q, k), mask, -1e9)) @ v
-        ),
-    ),
+    # the message names no fill: readers pick many, down to finfo's min
+    *[
+        Mistake(
+            "masked_row_uniform",
+            "a query whose every key is masked gets the plain average of all "
+            "the values: the masked scores were set to a finite number (such "
+            "as "
+            "-1e9) instead of -inf, so after the shift that row's scores are "
+            "all 0 and its weights uniform; the answer there is a zero output "
+            "(a query that may see no key gets nothing from them)",
+            "set the masked scores to -inf (np.where(mask, s, -np.inf)) and "
+            "give "
+            "a row whose maximum is -inf zero weights, as attnbook.softmax "
+            "does",
+            lambda q, k, v, mask=None, fill=fill: (
+                softmax(_masked(_scaled(q, k), mask, fill)) @ v
+            ),
+        )
+        for fill in (
+            -1e4,
+            -1e9,
+            -1e10,
+            -1e30,
+            -3.4e38,
+            np.finfo(np.float64).min,
+        )
+    ],
     Mistake(
         "mask_after_softmax",
         "the mask is applied after the softmax (the weights times the "
@@ -1214,6 +1253,21 @@ def attention_cases() -> list[Case]:
                 np.array([[1.0], [5.0]]),
             ),
             {"mask": np.array([[True, False]])},
+        ),
+        # last too: visible scores at -3e10 (d_k = 1, so no scale; 1e5 x
+        # -3e5 is a float32 number too), as in check_softmax's last case: a
+        # fill above that (-1e10) takes the weight; with -inf the output is
+        # the mean of v[0] and v[2], 2.
+        Case(
+            "visible scores far below 0: n_q = 1, n_k = 3, d_k = 1, d_v = 1, "
+            "scores -3e10, 0 (masked), -3e10, so the output is (v[0] + "
+            "v[2]) / 2 = 2",
+            (
+                np.array([[1e5]]),
+                np.array([[-3e5], [0.0], [-3e5]]),
+                np.array([[1.0], [5.0], [3.0]]),
+            ),
+            {"mask": np.array([[True, False, True]])},
         ),
     ]
 
