@@ -561,9 +561,17 @@ def share_bfloat16(x, n_heads):
     return x.repeat_interleave(group, dim=1).bfloat16()
 
 
-def pool_bfloat16(x, n_kv_heads):
-    b, h, n, d = x.shape
-    return x.reshape(b, n_kv_heads, h // n_kv_heads, n, d).mean(2).bfloat16()
+def pool_bfloat16(weight, n_heads, n_kv_heads):
+    """The right mean, cast to bfloat16. (This helper first took (x,
+    n_kv_heads), so the checker's call with three arguments raised a
+    TypeError and the test passed without ever returning a bfloat16.)"""
+    g = n_heads // n_kv_heads
+    return (
+        weight.reshape(n_kv_heads, g, -1, *weight.shape[1:])
+        .mean(1)
+        .flatten(0, 1)
+        .bfloat16()
+    )
 
 
 def test_a_bfloat16_share_is_named_by_its_dtype():
@@ -575,3 +583,118 @@ def test_a_bfloat16_share_is_named_by_its_dtype():
 def test_a_bfloat16_pool_is_rejected_without_a_crash():
     with pytest.raises(ExerciseError):
         check_pool_kv_heads(pool_bfloat16)
+
+
+# --- expert reading ch11-y (session 8, fix): the pool checker does not judge
+# the dtype, so a 16-bit result, rejected on its values, is named for its
+# dtype rather than left with "values differ" --------------------------------
+
+
+def pool_mean_then_half(weight, n_heads, n_kv_heads):
+    """The right mean, then .half(): float16's 11 bits miss the tolerance."""
+    d_head = weight.shape[0] // n_heads
+    g = n_heads // n_kv_heads
+    blocks = [
+        sum(
+            weight[(i * g + m) * d_head : (i * g + m + 1) * d_head]
+            for m in range(g)
+        )
+        / g
+        for i in range(n_kv_heads)
+    ]
+    return torch.cat(blocks).half()
+
+
+def pool_numpy_float16(weight, n_heads, n_kv_heads):
+    """The right mean in numpy, stored with astype(np.float16)."""
+    a = weight.numpy()
+    g = n_heads // n_kv_heads
+    pooled = a.reshape(n_kv_heads, g, -1, *a.shape[1:]).mean(axis=1)
+    return pooled.reshape(-1, *a.shape[1:]).astype(np.float16)
+
+
+def pool_into_bfloat16_buffer(weight, n_heads, n_kv_heads):
+    """The right mean, written into a buffer made in bfloat16."""
+    g = n_heads // n_kv_heads
+    d_head = weight.shape[0] // n_heads
+    out = torch.empty(
+        n_kv_heads * d_head, *weight.shape[1:], dtype=torch.bfloat16
+    )
+    for i in range(n_kv_heads):
+        out[i * d_head : (i + 1) * d_head] = (
+            weight[i * g * d_head : (i + 1) * g * d_head]
+            .reshape(g, d_head, *weight.shape[1:])
+            .mean(0)
+        )
+    return out
+
+
+def pool_averaged_in_bfloat16(weight, n_heads, n_kv_heads):
+    """Cast to bfloat16 first, then averaged there: rounded twice, so it is
+    not the right mean rounded once, and no mistake is named; the problem
+    still says the dtype."""
+    g = n_heads // n_kv_heads
+    return (
+        weight.bfloat16()
+        .reshape(n_kv_heads, g, -1, *weight.shape[1:])
+        .mean(1)
+        .flatten(0, 1)
+    )
+
+
+def pool_sum_in_half(weight, n_heads, n_kv_heads):
+    """Two faults: summed instead of averaged, and then .half(): the sum is
+    named (the dtype does not explain values g times too large)."""
+    g = n_heads // n_kv_heads
+    return (
+        weight.reshape(n_kv_heads, g, -1, *weight.shape[1:])
+        .sum(1)
+        .flatten(0, 1)
+        .half()
+    )
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pool_bfloat16,
+        pool_mean_then_half,
+        pool_numpy_float16,
+        pool_into_bfloat16_buffer,
+    ],
+)
+def test_a_sixteen_bit_pool_is_named_by_its_dtype(fn):
+    with pytest.raises(ExerciseError) as err:
+        check_pool_kv_heads(fn)
+    assert err.value.mistake == "sixteen_bit_result"
+    assert "The dtype is not judged" in err.value.problem
+    assert "the weights (and so the answer) are float64" in err.value.problem
+    assert "accounts for the difference" in err.value.problem
+
+
+def test_a_pool_averaged_in_bfloat16_says_its_dtype():
+    with pytest.raises(ExerciseError) as err:
+        check_pool_kv_heads(pool_averaged_in_bfloat16)
+    assert err.value.problem.startswith("your result is bfloat16")
+
+
+def test_a_summed_half_pool_is_not_blamed_on_its_dtype():
+    with pytest.raises(ExerciseError) as err:
+        check_pool_kv_heads(pool_sum_in_half)
+    assert err.value.mistake != "sixteen_bit_result"
+    assert "does not account for this difference" in err.value.problem
+
+
+def test_a_float32_pool_is_still_accepted_without_a_dtype_note(capsys):
+    check_pool_kv_heads(pool_float32_torch)
+    check_pool_kv_heads(pool_float32)
+    out = capsys.readouterr().out
+    assert out.count("Correct") == 2 and "dtype" not in out
+
+
+CATALOGUE["check_pool_kv_heads"]["wrong"] += [
+    (pool_bfloat16, "sixteen_bit_result"),
+    (pool_mean_then_half, "sixteen_bit_result"),
+    (pool_numpy_float16, "sixteen_bit_result"),
+    (pool_into_bfloat16_buffer, "sixteen_bit_result"),
+]

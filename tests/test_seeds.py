@@ -7,6 +7,7 @@ import pytest
 from attnbook.seeds import (
     SeedDistribution,
     TooCloseToCall,
+    in_seeds,
     over_seeds,
     paired_difference,
 )
@@ -69,3 +70,31 @@ def test_tallies_take_their_denominator_from_the_runs_they_count():
     assert d.tally_at_least(0.99) == "2/4" and d.tally_below(0.99) == "2/4"
     with pytest.raises(TooCloseToCall):  # the margin still applies
         d.tally_below(0.98, margin=0.02)
+
+
+def test_in_seeds_words_a_count_of_two_as_a_pair():
+    # expert reading ch11-y: "2/2 seeds" reads as more evidence than two
+    # samples give; two seeds are "both" or "neither"
+    assert in_seeds(2, 2) == "in both seeds"
+    assert in_seeds(0, 2) == "in neither seed"
+    assert in_seeds(1, 2) == "in 1 of 2 seeds"
+    assert in_seeds(1, 1) == "in the one seed"
+    assert in_seeds(0, 1) == "in no seed"
+    assert in_seeds(5, 5) == "in all 5 seeds"
+    assert in_seeds(0, 5) == "in none of the 5 seeds"
+    assert in_seeds(3, 5) == "in 3 of 5 seeds"
+    assert in_seeds(np.int64(2), 2) == "in both seeds"
+    for count, n_seeds in ((3, 2), (-1, 2), (0, 0), (1.0, 2), (True, 2)):
+        with pytest.raises(ValueError, match="count"):
+            in_seeds(count, n_seeds)
+
+
+def test_verdicts_in_words_count_like_the_tallies():
+    d = SeedDistribution((0, 1), np.array([0.5, 0.7]))
+    assert d.in_seeds_at_least(0.4, margin=0.05) == "in both seeds"
+    assert d.in_seeds_below(0.4, margin=0.05) == "in neither seed"
+    assert d.in_seeds_at_least(0.6, margin=0.05) == "in 1 of 2 seeds"
+    with pytest.raises(TooCloseToCall):  # the margin still applies
+        d.in_seeds_at_least(0.52, margin=0.05)
+    three = SeedDistribution((0, 1, 2), np.array([1.0, 0.5, 0.2]))
+    assert three.in_seeds_below(0.6) == "in 2 of 3 seeds"

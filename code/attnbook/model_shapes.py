@@ -159,6 +159,10 @@ def as_multi_head(shape: ModelShape) -> ModelShape:
 #: GPT-2 small: Radford et al. (2019). Llama 2: Touvron et al. (2023); its 70B
 #: model has 64 query heads sharing 8 key/value heads (grouped-query
 #: attention). Mistral-7B and Llama-3-8B: 32 query heads sharing 8;
+#: Llama-3-8B's context of 8192 is the April 2024 release's (its model card,
+#: and max_position_embeddings in its config.json); the Llama 3 paper, its
+#: ``source`` for the shape, describes the July 2024 Llama 3.1 models of the
+#: same shape, pre-trained at 8K tokens and then extended to 128K;
 #: Mistral-7B's sliding-window attention looks back 4096 positions (Jiang et
 #: al. 2023, section 2), so its rolling buffer caches at most 4096. Falcon-7B:
 #: 71 query heads of 64 features (hidden size 4544) and one key/value head

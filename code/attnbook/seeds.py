@@ -103,6 +103,17 @@ class SeedDistribution:
         :meth:`tally_at_least`)."""
         return f"{self.n - self.count_at_least(threshold, margin)}/{self.n}"
 
+    def in_seeds_at_least(self, threshold: float, margin: float = 0.0) -> str:
+        """:meth:`tally_at_least` in words, for a verdict's sentence: ``'in
+        both seeds'``, ``'in 3 of 5 seeds'`` (:func:`in_seeds`)."""
+        return in_seeds(self.count_at_least(threshold, margin), self.n)
+
+    def in_seeds_below(self, threshold: float, margin: float = 0.0) -> str:
+        """:meth:`tally_below` in words (:func:`in_seeds`)."""
+        return in_seeds(
+            self.n - self.count_at_least(threshold, margin), self.n
+        )
+
     def summary(self, fmt: str = ".3f") -> str:
         """``'min 0.270 / median 0.340 / max 0.410 over 5 seeds'``."""
         return (
@@ -112,6 +123,39 @@ class SeedDistribution:
 
     def __str__(self) -> str:
         return " ".join(f"{v:.3f}" for v in self.values)
+
+
+def in_seeds(count: int, n_seeds: int) -> str:
+    """How many of ``n_seeds`` seeds a verdict held in, as a sentence says it.
+
+    Two seeds read as a pair, not as a fraction: ``'in both seeds'``, ``'in
+    neither seed'``, ``'in 1 of 2 seeds'`` (``'2/2'`` reads as more evidence
+    than two samples give). One seed: ``'in the one seed'`` or ``'in no
+    seed'``; more: ``'in all 5 seeds'``, ``'in none of the 5 seeds'``, ``'in
+    3 of 5 seeds'``. The denominator is always ``n_seeds``, the runs the
+    verdict counts.
+    """
+    for name, value in (("count", count), ("n_seeds", n_seeds)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    if n_seeds < 1 or not 0 <= count <= n_seeds:
+        raise ValueError(
+            f"need 0 <= count <= n_seeds and n_seeds >= 1, got count={count}, "
+            f"n_seeds={n_seeds}"
+        )
+    if n_seeds == 1:
+        return "in the one seed" if count == 1 else "in no seed"
+    if n_seeds == 2:
+        return {
+            0: "in neither seed",
+            1: "in 1 of 2 seeds",
+            2: "in both seeds",
+        }[count]
+    if count == n_seeds:
+        return f"in all {n_seeds} seeds"
+    if count == 0:
+        return f"in none of the {n_seeds} seeds"
+    return f"in {count} of {n_seeds} seeds"
 
 
 def over_seeds(

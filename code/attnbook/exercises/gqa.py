@@ -11,8 +11,9 @@ other is silently wrong.
 Sharing is a copy, so its result keeps the input's dtype: a float32 result of
 float64 keys is rejected (the next matmul with float64 queries would refuse
 it). Pooling is a mean whose result is written into a layer's parameters,
-which casts it to theirs: its dtype is not judged (see
-:func:`check_pool_kv_heads`).
+which casts it to theirs: its dtype is not judged, only its values (see
+:func:`check_pool_kv_heads`), so a float32 mean passes and a mean rounded to
+16 bits (bfloat16, float16) fails on its values, and is named for its dtype.
 """
 
 from __future__ import annotations
@@ -389,6 +390,78 @@ POOL_MISTAKES = [
 ]
 
 
+# the significant bits (the implicit one included) of the 16-bit floats a
+# reader may return: bfloat16 keeps float32's range with 8, float16 has 11
+SIXTEEN_BIT_PRECISION = {"bfloat16": 8, "float16": 11}
+
+
+def _rounded_mean(dtype):
+    """The right mean, rounded to ``dtype`` (a torch dtype) at the end."""
+    return lambda w, h, n_kv_heads: pool_kv_heads(w, h, n_kv_heads, "mean").to(
+        dtype
+    )
+
+
+POOL_MISTAKES += [
+    Mistake(
+        "sixteen_bit_result",
+        "the mean is right but returned in bfloat16 (a .bfloat16() cast of "
+        "the result, or a buffer made in bfloat16): its 8 significant bits "
+        "move every value by up to 0.4 %, far more than the checker's "
+        "relative 1e-5",
+        "the dtype itself is not judged (float32 passes), its values are: "
+        "take and return the mean in the weights' dtype (or float32), and "
+        "let the layer's parameters cast it when it is copied into them",
+        _rounded_mean(torch.bfloat16),
+    ),
+    Mistake(
+        "sixteen_bit_result",
+        "the mean is right but returned in float16 (a .half() cast of the "
+        "result, or astype(np.float16)): its 11 significant bits move every "
+        "value by up to 0.05 %, more than the checker's relative 1e-5",
+        "the dtype itself is not judged (float32 passes), its values are: "
+        "take and return the mean in the weights' dtype (or float32), and "
+        "let the layer's parameters cast it when it is copied into them",
+        _rounded_mean(torch.float16),
+    ),
+]
+
+
+def describe_pool(got, expected, case: Case | None = None) -> str:
+    """What differs: :func:`difference`, after a 16-bit result's dtype. The
+    dtype is not judged, but 16 bits cannot hold the mean to the checker's
+    tolerance: the reader is told whether the rounding accounts for the
+    difference (values computed right, then stored in 16 bits) or not (a
+    mistake besides the dtype)."""
+    problem = difference(got, expected, case)
+    got_dtype, expected_dtype = dtype_name(got), dtype_name(expected)
+    bits = SIXTEEN_BIT_PRECISION.get(got_dtype)
+    if bits is None or got_dtype == expected_dtype:
+        return problem
+    intro = (
+        f"your result is {got_dtype}, the weights (and so the answer) are "
+        f"{expected_dtype}. The dtype is not judged, but {got_dtype} keeps "
+        f"{bits} significant bits"
+    )
+    got_a, expected_a = as_array(got), as_array(expected)
+    if got_a.shape != expected_a.shape:
+        return f"{intro}; {problem}"
+    # rounded once or twice (the weights, then their mean), each time by at
+    # most 2^-bits of a value no larger than the largest weight's
+    slack = 4 * 2.0**-bits * float(np.max(np.abs(expected_a), initial=0.0))
+    gap = np.abs(got_a.astype(np.float64) - expected_a.astype(np.float64))
+    if bool(np.all(gap <= slack)):
+        return (
+            f"{intro}, so rounding to it moves a value by up to 2^-{bits} = "
+            f"{2.0**-bits:.1e} of itself, beyond the checker's relative 1e-5, "
+            f"and that rounding accounts for the difference: {problem}"
+        )
+    return (
+        f"{intro}, and rounding to it does not account for this difference, "
+        f"which is larger: {problem}"
+    )
+
+
 def pool_cases() -> list[Case]:
     def w(seed, *shape):
         return torch.randn(*shape, generator=_gen(seed), dtype=torch.float64)
@@ -427,7 +500,10 @@ def check_pool_kv_heads(fn) -> None:
     (n_kv_heads * d_head, ...).
 
     The result's dtype is not judged, only its values (to a relative 1e-5): a
-    float32 mean of float64 weights is accepted. Pooling computes weights
+    float32 mean of float64 weights is accepted. A 16-bit result (bfloat16,
+    float16) cannot hold the mean to that tolerance: it fails on its values,
+    and the verdict names its dtype (``sixteen_bit_result`` when the mean
+    was right before the rounding). Pooling computes weights
     that are then written into the converted layer's parameters
     (``mha_to_gqa`` copies them with ``Parameter.copy_``, which casts to the
     parameter's dtype), so the dtype the function returns does not reach the
@@ -441,4 +517,5 @@ def check_pool_kv_heads(fn) -> None:
         pool_cases(),
         lambda w, h, n_kv_heads: pool_kv_heads(w, h, n_kv_heads, "mean"),
         POOL_MISTAKES,
+        describe=describe_pool,
     )
