@@ -96,6 +96,30 @@ def packed_sliding_or(doc_ids, window):
     return mask_mod
 
 
+def packed_sliding_all_or(doc_ids, window):
+    """The three conditions, each right, joined by | throughout."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (
+            (doc_ids[q_idx] == doc_ids[kv_idx])
+            | (kv_idx <= q_idx)
+            | (q_idx - kv_idx < window)
+        )
+
+    return mask_mod
+
+
+def packed_sliding_python_if(doc_ids, window):
+    """A Python if on a tensor: the window tested by branching."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        if q_idx - kv_idx >= window:
+            return q_idx < 0
+        return (doc_ids[q_idx] == doc_ids[kv_idx]) & (kv_idx <= q_idx)
+
+    return mask_mod
+
+
 def packed_sliding_python_and(doc_ids, window):
     def mask_mod(b, h, q_idx, kv_idx):
         return (
@@ -249,7 +273,9 @@ CATALOGUE = {
             (packed_sliding_whole_document, "no_window"),
             (packed_sliding_wide, "window_plus_one"),
             (packed_sliding_or, "or_joined"),
+            (packed_sliding_all_or, "all_or"),
             (packed_sliding_python_and, "python_and"),
+            (packed_sliding_python_if, "python_and"),
             (packed_sliding_two_args, "wrong_arity"),
         ],
     },
@@ -300,6 +326,14 @@ def test_mistakes_are_diagnosed(name, fn, key):
         CHECKERS[name](fn)
     assert err.value.mistake == key
     assert "Diagnosis" in str(err.value)
+
+
+def test_a_python_if_is_named_in_the_diagnosis():
+    """An if on a tensor is control flow too; the diagnosis names it, not
+    only `and`."""
+    with pytest.raises(ExerciseError) as err:
+        check_packed_sliding_mask_mod(packed_sliding_python_if)
+    assert "`if`" in str(err.value), str(err.value)
 
 
 def test_a_selection_in_the_wrong_dtype_says_its_pattern_is_right():

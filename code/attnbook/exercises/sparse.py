@@ -3,8 +3,9 @@ for a packed, sliding, causal batch, and the indexer's causal top-k.
 
 The mask's mistakes are those of combining three conditions: one left out
 (causality, with the window two-sided or one-sided; the document; the window),
-the window one too wide, the conditions joined by "or", and Python's ``and``
-where FlexAttention traces tensors (it needs ``&``). The top-k's mistakes are
+the window one too wide, some or all of the conditions joined by "or", and
+Python's ``and``, ``or`` or ``if`` where FlexAttention traces tensors (it
+needs ``&``, ``|`` and ``torch.where``). The top-k's mistakes are
 those of forgetting that a query may select only the keys at or before it: the
 future not masked before the top-k, masked only after it (a query keeps fewer
 than ``k`` keys), the slots of a query with fewer than ``k`` admissible keys
@@ -117,6 +118,14 @@ def _or_joined(doc_ids, window):
     return mask_mod
 
 
+def _all_or(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return same | (kv_idx <= q_idx) | (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
 def _python_and(doc_ids, window):
     def mask_mod(b, h, q_idx, kv_idx):
         return doc_ids[q_idx] == doc_ids[kv_idx] and kv_idx <= q_idx
@@ -183,10 +192,20 @@ PACKED_SLIDING_MISTAKES = [
         _as_dense(_or_joined),
     ),
     Mistake(
+        "all_or",
+        "every condition is joined by |: a query reads every key of the "
+        "row, since kv_idx <= q_idx or q_idx - kv_idx < window holds for "
+        "every key",
+        "every condition must hold: join them with &",
+        _as_dense(_all_or),
+    ),
+    Mistake(
         "python_and",
-        "Python's `and` on tensors: FlexAttention traces the mask_mod with "
-        "tensors, and `and` asks for the truth of a tensor",
-        "combine the conditions with & (and | for or), in parentheses",
+        "Python's `and`, `or` or `if` on a tensor: FlexAttention traces the "
+        "mask_mod, and asking a tensor for its truth value is "
+        "data-dependent control flow",
+        "combine the conditions with & (and | for or), in parentheses; "
+        "choose with torch.where, not if",
         _as_dense(_python_and),
         raises=_is_control_flow_error,
     ),

@@ -91,7 +91,14 @@ def _positive(name: str, value) -> int:
 
 
 def causal(b, h, q_idx, kv_idx):
-    """Causal: a query reads itself and the keys before it."""
+    """Causal: a query reads itself and the keys before it.
+
+    Aligned top-left (``kv_idx <= q_idx``): right only when queries and keys
+    cover the same positions (``n_q == n_k``). For ``n_q < n_k`` (decoding,
+    queries the last ``n_q`` of ``n_k`` positions) it is wrong; use the
+    bottom-right alignment of :func:`attnbook.causal_mask` (chapter 7),
+    ``kv_idx <= q_idx + n_k - n_q``.
+    """
     return kv_idx <= q_idx
 
 
