@@ -27,6 +27,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ._validate import int_in_range, positive_int
+
 
 class TooCloseToCall(ValueError):
     """A seed's value lies within the margin of a verdict's threshold."""
@@ -135,14 +137,8 @@ def in_seeds(count: int, n_seeds: int) -> str:
     3 of 5 seeds'``. The denominator is always ``n_seeds``, the runs the
     verdict counts.
     """
-    for name, value in (("count", count), ("n_seeds", n_seeds)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-    if n_seeds < 1 or not 0 <= count <= n_seeds:
-        raise ValueError(
-            f"need 0 <= count <= n_seeds and n_seeds >= 1, got count={count}, "
-            f"n_seeds={n_seeds}"
-        )
+    n_seeds = positive_int("n_seeds", n_seeds)
+    count = int_in_range("count", count, 0, n_seeds)
     if n_seeds == 1:
         return "in the one seed" if count == 1 else "in no seed"
     if n_seeds == 2:

@@ -26,6 +26,7 @@ from ..multihead import repeat_kv
 from ._framework import (
     Case,
     Mistake,
+    as_array,
     difference,
     dtype_name,
     run_checks,
