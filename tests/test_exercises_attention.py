@@ -1636,3 +1636,20 @@ CATALOGUE["check_attention"]["wrong"] += [
     (attention_fill_1e30_not_zeroed, "masked_row_uniform"),
     (attention_finfo_min_not_zeroed, "masked_row_uniform"),
 ]
+
+
+# --- from the seventh expert reading of chapter 4 (s8 reader ch04-z): the
+# Hugging Face idiom (finfo's min as the fill, no zeroing) was named as a
+# fill that takes the weight off far-below scores, which no score lies below
+
+
+def softmax_finfo_min_fill(x):
+    x = np.asarray(x, dtype=np.float64)
+    x = np.where(np.isneginf(x), np.finfo(np.float64).min, x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_finfo_min_fill, "masked_row_uniform"),
+]

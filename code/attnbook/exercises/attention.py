@@ -371,21 +371,26 @@ SOFTMAX_MISTAKES = [
             np.exp(x - x.max(-1))
         ),
     ),
-    Mistake(
-        "masked_row_uniform",
-        "a fully masked row (every score -inf) gets the uniform weights 1/n: "
-        "-inf was "
-        "replaced by a large negative number such as -1e9, so after the shift "
-        "every score of that row is 0. "
-        "The book's convention is all zeros there (torch gives NaN; both are "
-        "accepted): a query that may "
-        "see no key gets no weight, not an average of values it must not see",
-        "keep -inf as it is (exp(-inf) = 0 masks a key exactly), and return "
-        "zeros for a row whose maximum is "
-        "-inf, e.g. with np.where(np.isfinite(m), x - m, -np.inf) before exp "
-        "and 0 where the sum is 0",
-        lambda x: softmax(_fill_neg_inf(x), axis=-1),
-    ),
+    # the message names no fill: readers pick many, down to finfo's min
+    # (Hugging Face's), which is exact everywhere but on a fully masked row
+    *[
+        Mistake(
+            "masked_row_uniform",
+            "a fully masked row (every score -inf) gets the uniform weights "
+            "1/n: -inf was replaced by a large negative number such as -1e9 "
+            "or np.finfo(np.float64).min, so after the shift every score of "
+            "that row is 0. The book's convention is all zeros there (torch "
+            "gives NaN; both are accepted): a query that may see no key gets "
+            "no weight, not an average of values it must not see",
+            "keep -inf as it is (exp(-inf) = 0 masks a key exactly), and "
+            "return zeros for a row whose maximum is -inf, e.g. with "
+            "np.where(np.isfinite(m), x - m, -np.inf) before exp and 0 where "
+            "the sum is 0 (with a fill below every score, set the fully "
+            "masked rows to zeros)",
+            lambda x, fill=fill: softmax(_fill_neg_inf(x, fill), axis=-1),
+        )
+        for fill in (-1e9, -1e30, -3.4e38, np.finfo(np.float64).min)
+    ],
     Mistake(
         "log_softmax",
         "the log-softmax is returned (x - max - log sum exp(x - max)), not "
