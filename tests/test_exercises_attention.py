@@ -1477,7 +1477,7 @@ def test_flushed_small_weights_are_named_on_the_last_case(fn):
     with pytest.raises(ExerciseError) as err:
         check_softmax(fn)
     assert err.value.mistake == "flushed_small_weights", str(err.value)
-    assert "[[0, -12, -25]]" in err.value.case
+    assert "[[0, -12, -25, -26, -27, -27.6]]" in err.value.case
 
 
 def test_flushing_only_below_float64_atol_is_not_a_mistake(capsys):
@@ -1652,4 +1652,36 @@ def softmax_finfo_min_fill(x):
 
 CATALOGUE["check_softmax"]["wrong"] += [
     (softmax_finfo_min_fill, "masked_row_uniform"),
+]
+
+
+# --- from the eighth expert reading of chapter 4 (s8 reader ch04-aa): a
+# softmax flushing weights below 1e-11 or 1.3e-11 to 0 passed, no case having
+# a weight between 1e-12 (the absolute tolerance) and 1.4e-11
+
+
+def softmax_flush_below_1e_11(x):
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+    z = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+    return np.where(p < 1e-11, 0.0, p)
+
+
+def _flush(threshold):
+    def flush(x):
+        x = np.asarray(x, dtype=np.float64)
+        m = x.max(axis=-1, keepdims=True)
+        e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+        z = e.sum(axis=-1, keepdims=True)
+        p = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+        return np.where(p < threshold, 0.0, p)
+
+    return flush
+
+
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_flush_below_1e_11, "flushed_small_weights"),
+    (_flush(2e-12), "flushed_small_weights"),
 ]

@@ -129,11 +129,15 @@ def _nan_hidden(x, where, dtype=None):
     return e / e.sum(-1, keepdims=True)
 
 
-def _flushed(x, threshold, renormalise):
+def _flushed(x, threshold, renormalise, safe=False):
     """A stable softmax whose weights below ``threshold`` are set to 0, the
-    rows renormalised where ``renormalise``."""
-    e = _exp_rows(x)
-    p = e / e.sum(-1, keepdims=True)
+    rows renormalised where ``renormalise``; a fully masked row NaN, or zeros
+    where ``safe`` (the package's softmax)."""
+    if safe:
+        p = softmax(x, axis=-1)
+    else:
+        e = _exp_rows(x)
+        p = e / e.sum(-1, keepdims=True)
     p = np.where(p < threshold, 0.0, p)
     return _renormalised(p) if renormalise else p
 
@@ -534,12 +538,24 @@ SOFTMAX_MISTAKES += [
             "do not flush: a weight is 0 only where exp underflows (or the "
             "score is -inf), never by a threshold you choose; return "
             "e / e.sum(axis=-1, keepdims=True) as it is",
-            lambda x, threshold=threshold, renormalise=renormalise: _flushed(
-                x, threshold, renormalise
+            lambda x, t=threshold, r=renormalise, safe=safe: _flushed(
+                x, t, r, safe
             ),
         )
+        for safe in (False, True)
         for renormalise in (False, True)
-        for threshold in (1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3)
+        for threshold in (
+            2e-12,
+            1e-11,
+            1e-10,
+            1e-9,
+            1e-8,
+            1e-7,
+            1e-6,
+            1e-5,
+            1e-4,
+            1e-3,
+        )
     ],
 ]
 
@@ -616,14 +632,16 @@ def softmax_cases() -> list[Case]:
                 ),
             ),
         ),
-        # Last too. Weights far below 1 that float64 still holds (6.1e-6 and
-        # 1.4e-11): a softmax that flushes the weights below a threshold to
-        # 0 (1e-8, 1e-5) is wrong here by more than atol 1e-12. No case
-        # above has a float64 weight between about 1e-300 and 1e-5.
+        # Last too. Weights far below 1 that float64 still holds (6.1e-6
+        # down to 1.03e-12, just above atol 1e-12): a softmax that flushes
+        # the weights below any threshold above 1.03e-12 to 0 (1e-8, 1e-11,
+        # 2e-12) is wrong here by more than atol; one below it is within the
+        # tolerance. No case above has a float64 weight between about 1e-300
+        # and 1e-5.
         Case(
-            "small weights that float64 holds, [[0, -12, -25]] (weights "
-            "6.1e-6 and 1.4e-11)",
-            (np.array([[0.0, -12.0, -25.0]]),),
+            "small weights that float64 holds, [[0, -12, -25, -26, -27, "
+            "-27.6]] (weights 6.1e-6, 1.4e-11, 5.1e-12, 1.9e-12, 1.03e-12)",
+            (np.array([[0.0, -12.0, -25.0, -26.0, -27.0, -27.6]]),),
         ),
         # Last too. A fill below -2e9 (-1e10) passes the cases above; here
         # the visible scores lie at -3e10, so every finite fill above that
