@@ -86,6 +86,27 @@ def packed_sliding_wide(doc_ids, window):
     return mask_mod
 
 
+def packed_sliding_narrow(doc_ids, window):
+    """The window one too narrow: the bound written from the key's side,
+    one off."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return same & (kv_idx <= q_idx) & (kv_idx > q_idx - window + 1)
+
+    return mask_mod
+
+
+def packed_sliding_strict(doc_ids, window):
+    """Strict causality: a query that cannot read itself."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        in_document = doc_ids[q_idx] == doc_ids[kv_idx]
+        return in_document & (kv_idx < q_idx) & (kv_idx > q_idx - window)
+
+    return mask_mod
+
+
 def packed_sliding_or(doc_ids, window):
     def mask_mod(b, h, q_idx, kv_idx):
         past = kv_idx <= q_idx
@@ -186,6 +207,65 @@ def topk_keeps_padding(scores, k):
     return torch.zeros(n_q, n_k, dtype=torch.bool).scatter(-1, idx, True)
 
 
+def topk_numpy_stable_padding(scores, k):
+    """numpy's stable argsort over the masked scores, all k slots kept: the
+    spare slots of an early query get the earliest future keys."""
+    n_q, n_k = scores.shape
+    future = ~np.tri(n_q, n_k, n_k - n_q, dtype=bool)
+    masked = np.where(future, -np.inf, scores)
+    best = np.argsort(-masked, axis=-1, kind="stable")[:, :k]
+    out = np.zeros((n_q, n_k), dtype=bool)
+    np.put_along_axis(out, best, True, axis=-1)
+    return out
+
+
+def topk_torch_sort_padding(scores, k):
+    """torch.sort(stable=True) over scores filled with finfo's min, all k
+    slots kept."""
+    s = torch.as_tensor(scores)
+    n_q, n_k = s.shape
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    filled = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+    order = filled.sort(dim=-1, descending=True, stable=True).indices
+    out = torch.zeros(n_q, n_k, dtype=torch.bool)
+    return out.scatter(-1, order[:, :k], True)
+
+
+def topk_reversed_argsort_padding(scores, k):
+    """An ascending argsort read backwards, all k slots kept: the spare
+    slots get the LATEST future keys, an order no fixed fill matches."""
+    n_q, n_k = scores.shape
+    masked = np.where(np.tri(n_q, n_k, n_k - n_q, dtype=bool), scores, -1e9)
+    best = np.argsort(masked, axis=-1)[:, ::-1][:, :k]
+    out = np.zeros((n_q, n_k), dtype=bool)
+    np.put_along_axis(out, best, True, axis=-1)
+    return out
+
+
+def topk_strict(scores, k):
+    """Strict causality: a query that cannot select itself."""
+    s = torch.as_tensor(scores)
+    n_q, n_k = s.shape
+    before = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q - 1)
+    top = s.masked_fill(~before, float("-inf")).topk(k, dim=-1)
+    keep = torch.isfinite(top.values)
+    out = torch.zeros(n_q, n_k, dtype=torch.bool)
+    return out.scatter(-1, top.indices, keep) | out
+
+
+def topk_numpy_argsort(scores, k):
+    """Correct: a stable numpy argsort over the masked scores, keeping the
+    min(k, t + 1) admissible slots."""
+    n_q, n_k = scores.shape
+    allowed = np.tri(n_q, n_k, n_k - n_q, dtype=bool)
+    order = np.argsort(-np.where(allowed, scores, -np.inf), kind="stable")
+    counts = np.minimum(k, allowed.sum(axis=-1))
+    out = np.zeros((n_q, n_k), dtype=bool)
+    for row in range(n_q):
+        out[row, order[row, : counts[row]]] = True
+    return out
+
+
 def topk_smallest(scores, k):
     n_q, n_k = scores.shape
     out = np.zeros((n_q, n_k), dtype=bool)
@@ -272,6 +352,8 @@ CATALOGUE = {
             (packed_sliding_across, "crosses_documents"),
             (packed_sliding_whole_document, "no_window"),
             (packed_sliding_wide, "window_plus_one"),
+            (packed_sliding_narrow, "window_minus_one"),
+            (packed_sliding_strict, "self_excluded"),
             (packed_sliding_or, "or_joined"),
             (packed_sliding_all_or, "all_or"),
             (packed_sliding_python_and, "python_and"),
@@ -285,11 +367,16 @@ CATALOGUE = {
             topk_loop,
             topk_scores_as_tensor,
             topk_latest_on_ties,
+            topk_numpy_argsort,
         ],
         "wrong": [
             (topk_unmasked, "future_selected"),
             (topk_mask_after, "masked_after"),
             (topk_keeps_padding, "padded_with_future"),
+            (topk_numpy_stable_padding, "padded_with_future"),
+            (topk_torch_sort_padding, "padded_with_future"),
+            (topk_reversed_argsort_padding, "padded_with_future"),
+            (topk_strict, "self_excluded"),
             (topk_smallest, "smallest"),
             (topk_queries_first, "queries_first"),
             (topk_float, "float_selection"),

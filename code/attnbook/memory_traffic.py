@@ -16,8 +16,8 @@ models of the HBM traffic of the two algorithms, in elements read or written:
 Specifications of real GPUs are from NVIDIA's whitepapers and datasheets; the
 ``sources`` of each entry are keys in the book's bibliography.
 
-Chapter 9 (FlashAttention) builds its roofline from these counts; chapter 11
-reads the GPU table :data:`GPUS`.
+Chapter 9 (FlashAttention) builds its roofline from these counts; chapters 11
+and 13 read the GPU table :data:`GPUS` (chapter 13 the H100's ridge point).
 """
 
 from __future__ import annotations

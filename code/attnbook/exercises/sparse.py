@@ -3,14 +3,17 @@ for a packed, sliding, causal batch, and the indexer's causal top-k.
 
 The mask's mistakes are those of combining three conditions: one left out
 (causality, with the window two-sided or one-sided; the document; the window),
-the window one too wide, some or all of the conditions joined by "or", and
+the window one too wide or one too narrow, a query that cannot read itself
+(``kv_idx < q_idx``), some or all of the conditions joined by "or", and
 Python's ``and``, ``or`` or ``if`` where FlexAttention traces tensors (it
 needs ``&``, ``|`` and ``torch.where``). The top-k's mistakes are
 those of forgetting that a query may select only the keys at or before it: the
 future not masked before the top-k, masked only after it (a query keeps fewer
 than ``k`` keys), the slots of a query with fewer than ``k`` admissible keys
-filled with future keys, the smallest scores taken instead of the largest,
-every key tied with the k-th score kept (more than ``k`` keys); and the right
+filled with future keys (recognised by its behaviour, whatever order the
+reader's sort fills them in), a query that cannot select itself, the smallest
+scores taken instead of the largest, every key tied with the k-th score kept
+(more than ``k`` keys); and the right
 selection returned as float or integer 0/1 rather than booleans. On tied scores
 any tie-break is right: a selection of ``min(k, t + 1)`` admissible keys none
 of which scores below an unselected admissible key is accepted.
@@ -109,6 +112,22 @@ def _window_plus_one(doc_ids, window):
     return mask_mod
 
 
+def _window_minus_one(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return same & (kv_idx <= q_idx) & (q_idx - kv_idx < window - 1)
+
+    return mask_mod
+
+
+def _self_excluded(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return same & (kv_idx < q_idx) & (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
 def _or_joined(doc_ids, window):
     def mask_mod(b, h, q_idx, kv_idx):
         causal = kv_idx <= q_idx
@@ -183,6 +202,18 @@ PACKED_SLIDING_MISTAKES = [
         "the window holds window + 1 keys: q_idx - kv_idx <= window",
         "a window of w keys, the query's own included, is q_idx - kv_idx < w",
         _as_dense(_window_plus_one),
+    ),
+    Mistake(
+        "window_minus_one",
+        "the window holds window - 1 keys: q_idx - kv_idx < window - 1",
+        "a window of w keys, the query's own included, is q_idx - kv_idx < w",
+        _as_dense(_window_minus_one),
+    ),
+    Mistake(
+        "self_excluded",
+        "a query cannot read itself: kv_idx < q_idx leaves out the diagonal",
+        "causal attention lets a query read its own key: kv_idx <= q_idx",
+        _as_dense(_self_excluded),
     ),
     Mistake(
         "or_joined",
@@ -293,14 +324,24 @@ def _masked_after(scores, k):
 
 
 def _padded_with_future(scores, k):
-    """torch's topk over the masked scores, every slot kept: where a query
-    has fewer than k admissible keys, topk fills the rest with -inf (future)
-    keys, in its own order."""
+    """A sort of the masked scores, every one of the k slots kept: where a
+    query has fewer than k admissible keys, the rest are future (-inf) keys,
+    here the earliest of them (a stable sort's order). A reader's sort may
+    fill them in another order: :class:`_AnyTieBreak` recognises the mistake
+    by its behaviour (:func:`_is_padded_with_future`) and gives this
+    function's output in its place."""
+    order = np.argsort(-_future_masked(scores), axis=-1, kind="stable")
+    return _selected(order, scores.shape[1], k, [k] * scores.shape[0])
 
-    masked = torch.as_tensor(_future_masked(scores))
-    indices = masked.topk(k, dim=-1).indices
-    out = torch.zeros(masked.shape, dtype=torch.bool)
-    return out.scatter(-1, indices, True).numpy()
+
+def _self_excluded_topk(scores, k):
+    """A query that cannot select itself: only the keys strictly before it
+    are admissible, so query t selects min(k, t) keys."""
+    n_q, n_k = scores.shape
+    t = np.arange(n_q)[:, None] + (n_k - n_q)
+    masked = np.where(np.arange(n_k)[None, :] < t, scores, -np.inf)
+    order = np.argsort(-masked, axis=-1, kind="stable")
+    return _selected(order, n_k, k, t[:, 0])
 
 
 def _smallest(scores, k):
@@ -370,6 +411,13 @@ TOPK_MISTAKES = [
         "query t (t + 1 keys at or before it) selects min(k, t + 1) keys: "
         "drop the slots whose score is -inf",
         _padded_with_future,
+    ),
+    Mistake(
+        "self_excluded",
+        "a query cannot select itself: only the keys strictly before it are "
+        "admissible (s < t), so query t selects min(k, t) keys",
+        "the query's own key is admissible: mask the keys s > t, not s >= t",
+        _self_excluded_topk,
     ),
     Mistake(
         "smallest",
@@ -467,12 +515,31 @@ def _is_topk(selection, scores, k) -> bool:
     return bool((lowest >= rest).all())
 
 
+def _is_padded_with_future(selection, scores, k) -> bool:
+    """Whether the boolean ``selection`` keeps every one of a top-k's slots,
+    future keys included: each query selects exactly ``min(k, n_k)`` keys,
+    its admissible part is a right causal top-k (:func:`_is_topk`, any
+    tie-break), the extra keys all lie in the query's future, and at least
+    one query has such extras. Whatever order the reader's sort put the
+    future keys in, this is the mistake ``padded_with_future``."""
+    admissible = np.isfinite(_future_masked(scores))
+    extra = selection & ~admissible
+    return (
+        bool(extra.any())
+        and bool((selection.sum(axis=-1) == min(k, scores.shape[1])).all())
+        and _is_topk(selection & admissible, scores, k)
+    )
+
+
 class _AnyTieBreak:
     """The reader's ``fn(scores, k)`` (given numpy arrays, or torch tensors
     where it needs them: :class:`ArraysOrTensors`), whose boolean selection,
     when it is a right top-k under another tie-break than the reference's,
     is replaced by the reference's: where scores tie, any tie-break is
-    right."""
+    right. A selection that pads a query's slots with future keys, in any
+    order, is replaced by :func:`_padded_with_future`'s, so that the
+    diagnosis names it whatever the reader's sort did with the -inf
+    scores."""
 
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
@@ -482,12 +549,11 @@ class _AnyTieBreak:
         before = np.array(scores, copy=True)
         out = self.inner(scores, k)
         got = _as_selection(out)
-        if (
-            got.dtype == bool
-            and got.shape == before.shape
-            and _is_topk(got, before, k)
-        ):
-            return _reference_topk(before, k)
+        if got.dtype == bool and got.shape == before.shape:
+            if _is_topk(got, before, k):
+                return _reference_topk(before, k)
+            if _is_padded_with_future(got, before, k):
+                return _padded_with_future(before, k)
         return out
 
 
