@@ -33,8 +33,12 @@ from attnbook.delta.recurrent import (
 )
 
 pytest.importorskip("transformers", minversion="5.0")
-from transformers.models.kimi_linear import modeling_kimi_linear as kimi  # noqa: E402
-from transformers.models.qwen3_next import modeling_qwen3_next as qwen  # noqa: E402
+from transformers.models.kimi_linear import (  # noqa: E402
+    modeling_kimi_linear as kimi,
+)
+from transformers.models.qwen3_next import (  # noqa: E402
+    modeling_qwen3_next as qwen,
+)
 
 B, N, H, D_K, D_V = 2, 13, 3, 8, 6
 

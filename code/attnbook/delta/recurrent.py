@@ -60,11 +60,10 @@ def delta_recurrence(
         k_t, v_t = k[..., t, :], v[..., t, :]
         if gate is not None:
             # forget: the whole state, or each key channel's row
-            a_t = (
-                gate[..., t, :, None]
-                if gate.ndim == k.ndim
-                else (gate[..., t, None, None])
-            )
+            if gate.ndim == k.ndim:
+                a_t = gate[..., t, :, None]
+            else:
+                a_t = gate[..., t, None, None]
             S = a_t * S
         if delta:
             # (..., d_v): the error of what S recalls under k_t
