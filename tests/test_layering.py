@@ -35,6 +35,10 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 # merged after this table was written.
 TORCH_MODULES = [
     "decoding.py",
+    "delta/chunkwise.py",
+    "delta/inputs.py",
+    "delta/layer.py",
+    "delta/recurrent.py",
     "encoder.py",
     "flop_counter.py",
     "gpt.py",

@@ -12,7 +12,9 @@ tying, Press & Wolf 2017). The package ships weights trained by
 Chapter 5 (multi-head attention) reads its heads; chapter 7 (masking) runs it
 under other masks (``mask``, ``is_causal``); chapter 8 (the KV cache) shows
 :meth:`TinyGPT.generate`; chapter 11 (grouped-query attention) converts it to
-fewer key/value heads; chapter 14 reads its attention.
+fewer key/value heads; chapter 14 (the delta rule) replaces some of its
+attention layers by :class:`attnbook.delta.layer.DeltaLayer`
+(``layer_types``); chapter 15 reads its attention.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _validate
+from .delta.layer import KINDS as DELTA_KINDS
+from .delta.layer import DeltaLayer
 from .kv_cache import KVCache
 from .multihead import MultiHeadAttention
 
@@ -44,6 +48,9 @@ class GPTConfig:
     n_heads: int = 4
     n_kv_heads: int | None = None
     d_model: int = 96
+    # one entry per layer: "attention" (softmax) or a DeltaLayer kind
+    # ("linear", "decay", "delta", "gated_delta", "kda"); None: all softmax
+    layer_types: tuple[str, ...] | None = None
 
     def __post_init__(self):
         for name in (
@@ -57,6 +64,17 @@ class GPTConfig:
         if self.n_kv_heads is None:
             # frozen: set once, here
             object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.layer_types is not None:
+            types = tuple(self.layer_types)
+            unknown = set(types) - {"attention", *DELTA_KINDS}
+            if len(types) != self.n_layers or unknown:
+                raise ValueError(
+                    "layer_types must name one of "
+                    f"{['attention', *DELTA_KINDS]}"
+                    f" for each of the n_layers={self.n_layers} layers; got "
+                    f"{types}"
+                )
+            object.__setattr__(self, "layer_types", types)
 
 
 class CharTokenizer:
@@ -94,13 +112,21 @@ class Block(nn.Module):
     """One transformer block: x + attn(LN(x)), then x + mlp(LN(x)). x: (batch,
     n, d_model)."""
 
-    def __init__(self, config: GPTConfig, use_sdpa: bool = True):
+    def __init__(
+        self,
+        config: GPTConfig,
+        use_sdpa: bool = True,
+        layer_type: str = "attention",
+    ):
         super().__init__()
         d = config.d_model
         self.ln_1 = nn.LayerNorm(d)
-        self.attn = MultiHeadAttention(
-            d, config.n_heads, config.n_kv_heads, use_sdpa=use_sdpa
-        )
+        if layer_type == "attention":
+            self.attn = MultiHeadAttention(
+                d, config.n_heads, config.n_kv_heads, use_sdpa=use_sdpa
+            )
+        else:  # a sibling layer with a recurrent state (chapter 14)
+            self.attn = DeltaLayer(d, config.n_heads, layer_type)
         self.ln_2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(
             nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)
@@ -130,8 +156,9 @@ class TinyGPT(nn.Module):
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_emb = nn.Embedding(config.context_length, config.d_model)
+        types = config.layer_types or ("attention",) * config.n_layers
         self.blocks = nn.ModuleList(
-            Block(config, use_sdpa) for _ in range(config.n_layers)
+            Block(config, use_sdpa, layer_type) for layer_type in types
         )
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)

@@ -58,8 +58,10 @@ __all__ = [
     "check_causal_topk",
     "check_cosine_similarity",
     "check_cross_attention",
+    "check_delta_step_backward",
     "check_dot_variance",
     "check_embedding_grad",
+    "check_exact_memory",
     "check_grouped_decode_step",
     "check_key_blocks",
     "check_kv_cache_step",
@@ -109,6 +111,9 @@ _LAZY = {
     # exercise notebook there (scripts/build_lite.py)
     "check_causal_topk": "sparse",
     "check_packed_sliding_mask_mod": "sparse",
+    # torch tensors in, like the chapter's package (no browser notebook)
+    "check_exact_memory": "delta",
+    "check_delta_step_backward": "delta",
 }
 
 
@@ -146,11 +151,16 @@ ANSWERS: dict[str, tuple[str, ...]] = {
         "attnbook.linear_attention.attention_from_features",
     ),
     "check_cosine_similarity": ("attnbook.embeddings.cosine_similarity",),
+    # the package steps forward only; autograd does its backward pass
+    "check_delta_step_backward": (),
     # chapter 2 shows single_head_attention, which computes it (the chapter's
     # exercise now asks for the packed layout: check_packed_cross_attention)
     "check_cross_attention": ("attnbook.projections.single_head_attention",),
     "check_dot_variance": ("attnbook.scaling.dot_product_variance",),
     "check_embedding_grad": ("attnbook.embeddings.embedding_grad",),
+    "check_exact_memory": (
+        "attnbook.experiments.delta_capacity.least_squares_state",
+    ),
     # grouped_query_attention (shown before it) takes a mask per query head
     # and torch tensors; the exercise asks for the written slots of a ragged
     # cache, in numpy, without copies: no function of the package answers it

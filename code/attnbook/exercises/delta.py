@@ -1,0 +1,275 @@
+"""Checkers for the delta rule (chapter 14): a state that recalls every pair
+exactly, and the backward pass of one delta-rule step.
+
+The exact memory's mistakes are those of a state written as linear attention
+writes it (the sum of outer products, exact only for orthonormal keys), by one
+pass of the delta rule (exact only for the last key), with the keys
+normalised first (the delta rule's habit, which changes what a key reads),
+transposed (``(d_v, d_k)``), or solved as a square system. The backward
+step's mistakes are those of differentiating ``S' = S + beta k (v - S^T
+k)^T`` with one path left out: the state's own path through the correction,
+the read's path to ``k`` (or all of it), the read's part of ``d beta``, the
+``beta`` of ``dv``, or the sign of the read's path to ``k``. Inputs are
+float64 torch tensors; the answer may be torch tensors or numpy arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ._framework import Case, Mistake, as_array, run_checks, same
+
+# --- a state that recalls every pair exactly ---------------------------------
+
+
+def _reference_exact_memory(keys, values):
+    return torch.linalg.pinv(keys) @ values
+
+
+def _additive(keys, values):
+    return keys.T @ values
+
+
+def _one_delta_pass(keys, values):
+    k = F.normalize(keys, dim=-1)
+    state = keys.new_zeros(keys.shape[1], values.shape[1])
+    for k_t, v_t in zip(k, values):
+        state = state + torch.outer(k_t, v_t - state.T @ k_t)
+    return state
+
+
+def _normalised_keys(keys, values):
+    return torch.linalg.pinv(F.normalize(keys, dim=-1)) @ values
+
+
+def _transposed(keys, values):
+    return (torch.linalg.pinv(keys) @ values).T
+
+
+def _square_solve(keys, values):
+    return torch.linalg.solve(keys, values)
+
+
+def _is_square_error(err: Exception) -> bool:
+    return isinstance(err, RuntimeError) and "square" in str(err)
+
+
+EXACT_MEMORY_MISTAKES = [
+    Mistake(
+        "additive",
+        "the state is linear attention's sum of outer products K^T V: each "
+        "read adds the other values times k_i . k_j, so it is exact only "
+        "when the keys are orthonormal",
+        "solve S^T k_i = v_i for all i at once: K S = V, least norm",
+        _additive,
+    ),
+    Mistake(
+        "one_delta_pass",
+        "one pass of the delta rule (beta = 1): the last key reads its value "
+        "exactly, but each later write changed what the earlier keys read",
+        "the delta rule reaches the exact state only after many passes; "
+        "solve K S = V directly (torch.linalg.pinv, lstsq)",
+        _one_delta_pass,
+    ),
+    Mistake(
+        "normalised_keys",
+        "the keys were normalised first: the state recalls v_i under k_i / "
+        "||k_i||, so under k_i itself it reads ||k_i|| v_i",
+        "use the keys as given: S^T k_i = v_i with the k_i of the case",
+        _normalised_keys,
+    ),
+    Mistake(
+        "transposed",
+        "the state is transposed, (d_v, d_k): the book's state has one row "
+        "per key channel, S (d_k, d_v), read as S^T k",
+        "return S of shape (d_k, d_v) with K S = V",
+        _transposed,
+    ),
+    Mistake(
+        "square_solve",
+        "torch.linalg.solve(K, V) needs a square K: with fewer pairs than "
+        "key channels, K (n, d_k) has no inverse and many states recall "
+        "every pair",
+        "take the one of least norm: torch.linalg.pinv(K) @ V, or K^T "
+        "solve(K K^T, V)",
+        _square_solve,
+        raises=_is_square_error,
+    ),
+]
+
+
+def exact_memory_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(0)
+
+    def pairs(n, d_k, d_v, spread=2.0):
+        # keys of several lengths, not orthogonal
+        keys = torch.randn(n, d_k, generator=g, dtype=torch.float64)
+        lengths = 0.5 + spread * torch.rand(
+            n, 1, generator=g, dtype=torch.float64
+        )
+        keys = F.normalize(keys, dim=-1) * lengths
+        return keys, torch.randn(n, d_v, generator=g, dtype=torch.float64)
+
+    return [
+        Case("3 pairs, d_k = 6, d_v = 4", pairs(3, 6, 4)),
+        Case(
+            "6 pairs, d_k = 6 (as many pairs as key channels), d_v = 3",
+            pairs(6, 6, 3),
+        ),
+        Case("one pair, d_k = 4, d_v = 5", pairs(1, 4, 5)),
+        Case("5 pairs, d_k = 8, d_v = 8", pairs(5, 8, 8)),
+    ]
+
+
+def check_exact_memory(fn) -> None:
+    """Check ``fn(keys, values)`` returns the state ``S (d_k, d_v)`` of
+    least norm with ``S^T k_i = v_i`` for every pair; keys: (n, d_k), n <=
+    d_k, linearly independent, not of unit length; values: (n, d_v); float64
+    torch tensors."""
+    run_checks(
+        "a state that recalls every pair exactly",
+        fn,
+        exact_memory_cases(),
+        _reference_exact_memory,
+        EXACT_MEMORY_MISTAKES,
+        compare=lambda a, b: same(a, b, rtol=1e-6, atol=1e-8),
+        hint="K S = V has many solutions when n < d_k: the least-norm one "
+        "lies in the span of the keys",
+    )
+
+
+# --- the backward pass of one delta-rule step --------------------------------
+
+
+def _grads(
+    S,
+    k,
+    v,
+    beta,
+    G,
+    dk_form="right",
+    state_path=True,
+    read_in_beta=True,
+    beta_in_dv=True,
+):
+    """The gradients of <G, S'> with S' = S + beta k (v - S^T k)^T, or a
+    mistaken form of one of them."""
+    error = v - S.T @ k  # (d_v,)
+    dS = G - beta * torch.outer(k, G.T @ k) if state_path else G
+    # k is the written key (beta G error) and reads S in the error
+    # (-beta S G^T k)
+    dk = {
+        "right": beta * (G @ error - S @ (G.T @ k)),
+        "no_read": beta * (G @ error),
+        "write_only": beta * (G @ v),
+        "read_sign": beta * (G @ error + S @ (G.T @ k)),
+    }[dk_form]
+    dv = (beta if beta_in_dv else 1.0) * (G.T @ k)
+    dbeta = k @ G @ (error if read_in_beta else v)
+    return dS, dk, dv, dbeta
+
+
+def _reference_backward(S, k, v, beta, G):
+    return _flat(_grads(S, k, v, beta, G))
+
+
+def _flat(grads):
+    """The four gradients as one vector, each row-major; a tuple of the
+    wrong length or shape cannot match."""
+    if not isinstance(grads, (tuple, list)) or len(grads) != 4:
+        raise TypeError(
+            "return the four gradients (dS, dk, dv, dbeta) as a tuple"
+        )
+    return np.concatenate(
+        [np.atleast_1d(as_array(x)).astype(np.float64).ravel() for x in grads]
+    )
+
+
+def _mistake(**left_out):
+    return lambda S, k, v, beta, G: _flat(_grads(S, k, v, beta, G, **left_out))
+
+
+BACKWARD_MISTAKES = [
+    Mistake(
+        "no_state_path",
+        "dS = G: the state also enters the correction, S' = (I - beta k "
+        "k^T) S + beta k v^T",
+        "dS = (I - beta k k^T) G",
+        _mistake(state_path=False),
+    ),
+    Mistake(
+        "read_not_in_dk",
+        "dk misses the read's path: k reads the state in S^T k, whose "
+        "gradient adds -beta S G^T k",
+        "dk = beta (G (v - S^T k) - S G^T k)",
+        _mistake(dk_form="no_read"),
+    ),
+    Mistake(
+        "dk_write_only",
+        "dk = beta G v: k was treated as a constant inside the correction "
+        "v - S^T k, both in the written vector and in the read",
+        "differentiate k k^T S in both of its k's: dk = beta (G (v - S^T "
+        "k) - S G^T k)",
+        _mistake(dk_form="write_only"),
+    ),
+    Mistake(
+        "read_sign",
+        "the read's path to k has the wrong sign: S' = S - beta k k^T S + "
+        "..., so it enters with a minus",
+        "dk = beta (G (v - S^T k) - S G^T k)",
+        _mistake(dk_form="read_sign"),
+    ),
+    Mistake(
+        "beta_without_read",
+        "d beta = k^T G v: beta multiplies the whole correction v - S^T "
+        "k, not v alone",
+        "d beta = k^T G (v - S^T k)",
+        _mistake(read_in_beta=False),
+    ),
+    Mistake(
+        "dv_without_beta",
+        "dv = G^T k: v enters the step multiplied by beta",
+        "dv = beta G^T k",
+        _mistake(beta_in_dv=False),
+    ),
+]
+
+
+def backward_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(1)
+
+    def step(d_k, d_v, beta):
+        S = torch.randn(d_k, d_v, generator=g, dtype=torch.float64)
+        k = F.normalize(
+            torch.randn(d_k, generator=g, dtype=torch.float64), dim=0
+        )
+        v = torch.randn(d_v, generator=g, dtype=torch.float64)
+        G = torch.randn(d_k, d_v, generator=g, dtype=torch.float64)
+        return S, k, v, torch.tensor(beta, dtype=torch.float64), G
+
+    return [
+        Case("d_k = 4, d_v = 3, beta = 0.7", step(4, 3, 0.7)),
+        Case("d_k = 5, d_v = 5, beta = 0.3", step(5, 5, 0.3)),
+        Case("d_k = 3, d_v = 6, beta = 1", step(3, 6, 1.0)),
+        Case("d_k = 6, d_v = 2, beta = 0.9", step(6, 2, 0.9)),
+    ]
+
+
+def check_delta_step_backward(fn) -> None:
+    """Check ``fn(S, k, v, beta, G)`` returns ``(dS, dk, dv, dbeta)``, the
+    gradients of ``<G, S'>`` for one delta-rule step ``S' = S + beta k (v -
+    S^T k)^T``; S, G: (d_k, d_v), k: (d_k,) unit, v: (d_v,), beta: a 0-d
+    tensor; float64 torch tensors."""
+    run_checks(
+        "the backward pass of one delta-rule step",
+        fn,
+        backward_cases(),
+        _reference_backward,
+        BACKWARD_MISTAKES,
+        compare=lambda a, b: same(a, b, rtol=1e-6, atol=1e-8),
+        postprocess=_flat,
+        hint="write S' = S - beta k k^T S + beta k v^T and differentiate "
+        "<G, S'> term by term; check with torch.autograd",
+    )

@@ -1,0 +1,209 @@
+"""The delta-rule checkers reject each classic mistake and pass correct
+solutions.
+
+The wrong solutions are written here independently of the checkers' Mistake
+functions, the way a reader might write them: loops, numpy, autograd, torch's
+solvers; some return numpy arrays, some torch tensors.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import ExerciseError
+from attnbook.exercises.delta import (
+    check_delta_step_backward,
+    check_exact_memory,
+)
+
+# --- a state that recalls every pair exactly ---------------------------------
+
+
+def memory_pinv(keys, values):
+    """Correct: the pseudo-inverse."""
+    return torch.linalg.pinv(keys) @ values
+
+
+def memory_gram_numpy(keys, values):
+    """Correct, in numpy: S = K^T (K K^T)^-1 V, the least-norm solution in
+    the span of the keys."""
+    K, V = keys.numpy(), values.numpy()
+    return K.T @ np.linalg.solve(K @ K.T, V)
+
+
+def memory_lstsq(keys, values):
+    """Correct: LAPACK's least-norm least squares (gelsd)."""
+    return torch.linalg.lstsq(keys, values, driver="gelsd").solution
+
+
+def memory_outer_products_numpy(keys, values):
+    """Wrong (additive), in numpy, by a loop of outer products."""
+    K, V = keys.numpy(), values.numpy()
+    S = np.zeros((K.shape[1], V.shape[1]))
+    for k, v in zip(K, V):
+        S += np.outer(k, v)
+    return S
+
+
+def memory_delta_once(keys, values):
+    """Wrong: one pass of the delta rule (unit keys, beta = 1)."""
+    S = torch.zeros(keys.shape[1], values.shape[1], dtype=keys.dtype)
+    for k, v in zip(keys, values):
+        k = k / k.norm()
+        S += torch.outer(k, v - S.T @ k)
+    return S
+
+
+def memory_unit_keys(keys, values):
+    """Wrong: normalises the keys, as the delta rule wants them."""
+    unit = keys / keys.norm(dim=1, keepdim=True)
+    return torch.linalg.lstsq(unit, values, driver="gelsd").solution
+
+
+def memory_transposed_numpy(keys, values):
+    """Wrong: V^T pinv(K)^T, the state as (d_v, d_k)."""
+    return values.numpy().T @ np.linalg.pinv(keys.numpy()).T
+
+
+def memory_square(keys, values):
+    """Wrong: solves K S = V as if K were square."""
+    return torch.linalg.solve(keys, values)
+
+
+# --- the backward pass of one delta step -------------------------------------
+
+
+def backward_autograd(S, k, v, beta, G):
+    """Correct: autograd through the step."""
+    leaves = [x.clone().requires_grad_(True) for x in (S, k, v, beta)]
+    S_, k_, v_, b_ = leaves
+    new = S_ + b_ * torch.outer(k_, v_ - S_.T @ k_)
+    return torch.autograd.grad((G * new).sum(), leaves)
+
+
+def backward_by_hand_numpy(S, k, v, beta, G):
+    """Correct, in numpy, from S' = (I - b k k^T) S + b k v^T."""
+    S, k, v, G = (x.numpy() for x in (S, k, v, G))
+    b = float(beta)
+    P = np.eye(len(k)) - b * np.outer(k, k)
+    dS = P.T @ G
+    dv = b * G.T @ k
+    dk = b * (G @ v - G @ S.T @ k - S @ G.T @ k)
+    dbeta = k @ G @ v - k @ G @ S.T @ k
+    return dS, dk, dv, np.float64(dbeta)
+
+
+def backward_no_projection(S, k, v, beta, G):
+    dS, dk, dv, db = backward_autograd(S, k, v, beta, G)
+    return G.clone(), dk, dv, db
+
+
+def backward_k_as_written_key(S, k, v, beta, G):
+    """dk from the written key alone, error held fixed (numpy)."""
+    S, k, v, G = (x.numpy() for x in (S, k, v, G))
+    b = float(beta)
+    err = v - S.T @ k
+    dS = G - b * np.outer(k, G.T @ k)
+    return dS, b * G @ err, b * G.T @ k, k @ G @ err
+
+
+def backward_k_constant(S, k, v, beta, G):
+    dS, _, dv, db = backward_autograd(S, k, v, beta, G)
+    return dS, beta * G @ v, dv, db
+
+
+def backward_read_plus(S, k, v, beta, G):
+    dS, _, dv, db = backward_autograd(S, k, v, beta, G)
+    dk = beta * (G @ (v - S.T @ k) + S @ G.T @ k)
+    return dS, dk, dv, db
+
+
+def backward_beta_on_v(S, k, v, beta, G):
+    dS, dk, dv, _ = backward_autograd(S, k, v, beta, G)
+    return dS, dk, dv, k @ G @ v
+
+
+def backward_dv_no_beta(S, k, v, beta, G):
+    dS, dk, _, db = backward_autograd(S, k, v, beta, G)
+    return dS, dk, G.T @ k, db
+
+
+CATALOGUE = {
+    "check_exact_memory": {
+        "right": [memory_pinv, memory_gram_numpy, memory_lstsq],
+        "wrong": [
+            (memory_outer_products_numpy, "additive"),
+            (memory_delta_once, "one_delta_pass"),
+            (memory_unit_keys, "normalised_keys"),
+            (memory_transposed_numpy, "transposed"),
+            (memory_square, "square_solve"),
+        ],
+    },
+    "check_delta_step_backward": {
+        "right": [backward_autograd, backward_by_hand_numpy],
+        "wrong": [
+            (backward_no_projection, "no_state_path"),
+            (backward_k_as_written_key, "read_not_in_dk"),
+            (backward_k_constant, "dk_write_only"),
+            (backward_read_plus, "read_sign"),
+            (backward_beta_on_v, "beta_without_read"),
+            (backward_dv_no_beta, "dv_without_beta"),
+        ],
+    },
+}
+CHECKERS = {
+    "check_exact_memory": check_exact_memory,
+    "check_delta_step_backward": check_delta_step_backward,
+}
+
+
+@pytest.mark.parametrize(
+    "name, fn",
+    [(name, fn) for name in CATALOGUE for fn in CATALOGUE[name]["right"]],
+)
+def test_correct_solutions_pass(name, fn, capsys):
+    CHECKERS[name](fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name, fn, key",
+    [
+        (name, fn, key)
+        for name in CATALOGUE
+        for fn, key in CATALOGUE[name]["wrong"]
+    ],
+)
+def test_mistakes_are_diagnosed(name, fn, key):
+    with pytest.raises(ExerciseError) as err:
+        CHECKERS[name](fn)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value)
+
+
+def test_the_same_wrong_answer_is_caught_as_numpy_and_as_torch():
+    def additive_torch(keys, values):
+        return keys.T @ values
+
+    def additive_numpy(keys, values):
+        return (keys.T @ values).numpy()
+
+    for fn in (additive_torch, additive_numpy):
+        with pytest.raises(ExerciseError) as err:
+            check_exact_memory(fn)
+        assert err.value.mistake == "additive"
+
+    def no_projection_numpy(S, k, v, beta, G):
+        return tuple(
+            np.asarray(x) for x in backward_no_projection(S, k, v, beta, G)
+        )
+
+    for fn in (backward_no_projection, no_projection_numpy):
+        with pytest.raises(ExerciseError) as err:
+            check_delta_step_backward(fn)
+        assert err.value.mistake == "no_state_path"
+
+
+def test_a_wrong_number_of_gradients_is_an_error():
+    with pytest.raises(ExerciseError):
+        check_delta_step_backward(lambda S, k, v, beta, G: (G, k, v))
