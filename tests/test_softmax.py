@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
 import attnbook
-from attnbook.softmax import naive_softmax
+from attnbook.softmax import log_softmax, logsumexp, naive_softmax, softmax
 
 finite = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False)
 matrices = arrays(
@@ -156,3 +156,19 @@ def test_jacobian_rows_sum_to_zero(rng):
     # shift invariance: J 1 = 0
     np.testing.assert_allclose(jac.sum(axis=0), 0, atol=1e-15)
     np.testing.assert_allclose(jac, jac.T)
+
+
+def test_a_long_float16_row_is_summed_in_float32():
+    """Reader ch04-bb: 70000 equal float16 scores summed in float16 overflow
+    to inf (65504 is float16's largest number), and the weights came out as
+    zeros, the log-sum-exp as inf."""
+    x = np.zeros(70_000, dtype=np.float16)
+    p = softmax(x)
+    assert p.dtype == np.float16
+    # 1/70000 is a float16 subnormal, spaced 6e-8: 0.5% apart
+    np.testing.assert_allclose(p.astype(np.float64), 1 / 70_000, rtol=5e-3)
+    assert logsumexp(x).dtype == np.float16
+    np.testing.assert_allclose(float(logsumexp(x)), np.log(70_000), rtol=1e-3)
+    np.testing.assert_allclose(
+        log_softmax(x).astype(np.float64), -np.log(70_000), rtol=1e-3
+    )
