@@ -605,3 +605,32 @@ def test_finite_mask_fill_in_the_backward_is_named():
         check_attention_backward(backward_finite_fill)
     assert err.value.mistake == "finite_mask_fill"
     assert "uniform weights" in str(err.value)
+
+
+# --- from the ninth expert reading of chapter 4 (s8 reader ch04-bb): a mask
+# applied by boolean indexing passed every case (all masks had the scores'
+# shape) ----------------------------------------------------------------------
+
+
+def backward_boolean_indexed_mask(q, k, v, d_out, mask=None):
+    q, k, v, d_out = (np.asarray(a, np.float64) for a in (q, k, v, d_out))
+    c = 1 / np.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(k, -1, -2) * c
+    if mask is not None:
+        s[~mask] = -np.inf
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    z = e.sum(-1, keepdims=True)
+    p = np.divide(e, z, out=np.zeros_like(e), where=z > 0)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - (p * d_p).sum(-1, keepdims=True))
+    return (
+        d_s @ k * c,
+        np.swapaxes(d_s, -1, -2) @ q * c,
+        (np.swapaxes(p, -1, -2) @ d_out),
+    )
+
+
+CATALOGUE["check_attention_backward"]["wrong"] += [
+    (backward_boolean_indexed_mask, "mask_boolean_index"),
+]

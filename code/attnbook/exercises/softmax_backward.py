@@ -16,6 +16,7 @@ import numpy as np
 
 from ..attention import scaled_dot_product_attention
 from ..softmax import softmax, softmax_jacobian
+from .attention import _is_boolean_index_error
 from ._framework import (
     Case,
     ExerciseError,
@@ -111,6 +112,15 @@ def _grads(
     d_k = (d_s if dk_untransposed and square else _t(d_s)) @ q
     d_k = d_k * (scale if scale_k else 1.0) * (scale if dk_twice else 1.0)
     return d_q, d_k, d_v
+
+
+def _boolean_indexed_backward(q, k, v, d_out, mask=None):
+    """The right gradients, with the mask applied by boolean indexing (an
+    IndexError for a mask that must broadcast)."""
+    if mask is not None:
+        s = np.asarray(q, np.float64) @ _t(np.asarray(k, np.float64))
+        s[..., ~np.asarray(mask)] = -np.inf
+    return _grads(q, k, v, d_out, mask)
 
 
 def _commit(**slip):
@@ -291,6 +301,16 @@ ATTENTION_BACKWARD_MISTAKES = [
         for fill in (-1e4, -65504.0, -1e9, -1e30, -3.4e38)
     ],
     Mistake(
+        "mask_boolean_index",
+        "boolean indexing s[..., ~mask] = -inf does not broadcast: the mask "
+        "must have exactly the shape of the axes it indexes, so a padding "
+        "mask (B, 1, 1, n_k), or a 2-D mask on a batch, raises IndexError",
+        "use np.where(mask, s, -np.inf), which broadcasts the mask against "
+        "the scores (..., n_q, n_k)",
+        _boolean_indexed_backward,
+        raises=_is_boolean_index_error,
+    ),
+    Mistake(
         "mask_ignored",
         "the mask is not applied: the masked keys receive weight in the "
         "forward pass that the backward pass differentiates",
@@ -392,6 +412,16 @@ def attention_backward_cases() -> list[Case]:
                 a.astype(np.float32)
                 for a in (n(2, 8), n(6, 8), n(6, 4), n(2, 4))
             ),
+        ),
+        # last: a mask that must broadcast, as a padding mask does (one row
+        # of real keys per sequence, over the heads and the queries); boolean
+        # indexing s[~mask] passes every mask above, of the scores' shape
+        Case(
+            "a padding mask of shape (2, 1, 1, 5) for a batch of 2 "
+            "sequences x 3 heads, n_q = 3, n_k = 5, d_k = 4, d_v = 2: "
+            "sequence 0 has 3 real keys, sequence 1 has 4",
+            (n(2, 3, 3, 4), n(2, 3, 5, 4), n(2, 3, 5, 2), n(2, 3, 3, 2)),
+            {"mask": np.arange(5) < np.array([3, 4]).reshape(2, 1, 1, 1)},
         ),
     ]
 
