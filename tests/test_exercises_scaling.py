@@ -630,6 +630,23 @@ def std_of_the_whole_stack(mu_q, cov_q, mu_k, cov_k):
     return np.sqrt(var.sum())
 
 
+def std_with_batched_matmul(mu_q, cov_q, mu_k, cov_k):
+    # mu @ C @ mu.T, right for one head; on a stack mu_q @ cov_k broadcasts
+    # the whole (h, d) stack of means as one matrix
+    trace = np.einsum("...ij,...ji->...", cov_q, cov_k)
+    return np.sqrt(trace + mu_q @ cov_k @ mu_q.T + mu_k @ cov_q @ mu_k.T)
+
+
+def std_with_batched_matmul_in_torch(mu_q, cov_q, mu_k, cov_k):
+    # the same slip in torch, without the transpose
+    mq, cq, mk, ck = (
+        torch.from_numpy(np.asarray(x, dtype=np.float64))
+        for x in (mu_q, cov_q, mu_k, cov_k)
+    )
+    trace = torch.diagonal(cq @ ck, dim1=-2, dim2=-1).sum(-1)
+    return torch.sqrt(trace + mq @ ck @ mq + mk @ cq @ mk)
+
+
 def test_score_std_reference_against_monte_carlo():
     """The package's formula against a float64 Monte Carlo estimate, with a
     margin of 5 standard errors of the sample variance."""
@@ -676,6 +693,7 @@ WRONG_STDS = {
     "variance": std_no_square_root,
     "trace_over_batch": std_with_np_trace,
     "scalar": std_as_python_float,
+    "batched_quadratic_form": std_with_batched_matmul,
 }
 
 
@@ -733,6 +751,18 @@ def test_trace_over_batch_message_says_what_np_trace_computes():
     assert "sums over the FIRST two axes" not in message
 
 
+def test_batched_quadratic_form_is_named_in_numpy_and_torch():
+    """Reader ch03-z: mu @ C @ mu on a stack of heads got only a shape
+    message and the generic hint; it is named, with the per-head einsum."""
+    for fn in (std_with_batched_matmul, std_with_batched_matmul_in_torch):
+        with pytest.raises(ExerciseError) as err:
+            check_score_std(fn)
+        assert err.value.mistake == "batched_quadratic_form", str(err.value)
+        message = str(err.value)
+        assert "'...i,...ij,...j->...'" in message, message
+        assert "(h, h, h)" in message, message
+
+
 def test_every_score_std_mistake_is_covered():
     assert {m.key for m in SCORE_STD_MISTAKES} == set(WRONG_STDS)
 
@@ -751,6 +781,9 @@ CATALOGUE["check_score_std"] = {
 }
 CATALOGUE["check_score_std"]["wrong"] += [(std_of_the_whole_stack, "scalar")]
 CATALOGUE["check_score_std"]["wrong"] += [(std_key_mean_only, "one_mean_term")]
+CATALOGUE["check_score_std"]["wrong"] += [
+    (std_with_batched_matmul_in_torch, "batched_quadratic_form")
+]
 
 
 # --- from the student reading of chapters 3 and 4 (s7, section 5): an einsum

@@ -480,6 +480,31 @@ SCORE_STD_MISTAKES = [
             np.trace(cq @ ck) + _quad(mq, ck) + _quad(mk, cq)
         ),
     ),
+    # mu @ C @ mu on stacks (reader ch03-z): right for one head, and on a
+    # stack of h heads matmul broadcasts the whole (h, d) stack of means as
+    # one matrix against every head's covariance; the same with mu.T last
+    *[
+        Mistake(
+            "batched_quadratic_form",
+            "mu @ C @ mu on a stack of heads: with mu of shape (h, d), "
+            "`mu @ C` multiplies the whole stack of means, taken as one "
+            "(h, d) matrix, by every head's C, shape (h, h, d), and the "
+            "second product gives shape (h, h, h), not one number per head "
+            "(for one head, a vector mu, the same code is right)",
+            "pair each head's mean with its own covariance: np.einsum("
+            "'...i,...ij,...j->...', mu_q, Ck, mu_q), or "
+            "(mu_q[..., None, :] @ Ck @ mu_q[..., :, None])[..., 0, 0]",
+            quad,
+        )
+        for quad in (
+            lambda mq, cq, mk, ck: np.sqrt(
+                _trace(cq, ck) + mq @ ck @ mq + mk @ cq @ mk
+            ),
+            lambda mq, cq, mk, ck: np.sqrt(
+                _trace(cq, ck) + mq @ ck @ mq.T + mk @ cq @ mk.T
+            ),
+        )
+    ],
     # one number for the whole stack: the ways readers reduce over the heads
     *[
         Mistake(
