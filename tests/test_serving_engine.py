@@ -220,3 +220,26 @@ def test_no_block_is_leaked_or_freed_twice(
     engine.check()
     assert engine.allocator.n_free == engine.allocator.n_blocks
     assert len(set(engine.allocator.free_list)) == n_blocks
+
+
+def test_latencies_count_steps_from_arrival():
+    model = small_model()
+    requests = [
+        Request([1, 2, 3], 4, arrival=0),
+        Request([4, 5], 3, arrival=2),
+    ]
+    engine = Engine(model, n_blocks=10, block_size=2)
+    ticks = iter(range(100))
+    engine.run(requests, clock=lambda: float(next(ticks)))
+    lat = engine.latencies()
+    # admitted at once: the first token comes out of the step they arrive
+    # in; the second request's 3 tokens come out of steps 3, 4, 5
+    assert lat["ttft_steps"].tolist() == [1, 1]
+    assert lat["total_steps"].tolist() == [4, 3]
+    # one tick per step
+    assert lat["ttft_s"].tolist() == [1.0, 1.0]
+    assert lat["per_token_s"].tolist() == [1.0, 1.0]
+    static = Engine(model, n_blocks=10, block_size=2, policy="static")
+    static.run(requests)
+    # the second waits for the first batch (steps 1-4) to finish
+    assert static.latencies()["ttft_steps"].tolist() == [1, 3]

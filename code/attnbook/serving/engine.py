@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .. import _validate
@@ -190,6 +191,8 @@ class Engine:
         self.finished: dict[int, Sequence] = {}
         self.clock = 0
         self.stats = Stats()
+        # times read by run(clock=...): before the first step, after each
+        self.step_ends: list[float] = []
         self._next_id = 0
 
     # ---- requests in and out
@@ -243,16 +246,42 @@ class Engine:
         """Generated tokens of every finished sequence, by id."""
         return {i: s.generated for i, s in sorted(self.finished.items())}
 
-    def run(self, requests=(), max_steps: int = 100_000):
+    def run(self, requests=(), max_steps: int = 100_000, clock=None):
         """Add ``requests`` and step until every one has finished; returns
-        :meth:`outputs`."""
+        :meth:`outputs`. ``clock`` (e.g. ``time.perf_counter``), when given,
+        is read before the first step and after each, into
+        ``self.step_ends``."""
         for request in requests:
             self.add(request)
+        self.step_ends = [] if clock is None else [clock()]
         while self.waiting or self.running:
             if self.clock >= max_steps:
                 raise RuntimeError(f"not finished after {max_steps} steps")
             self.step()
+            if clock is not None:
+                self.step_ends.append(clock())
         return self.outputs()
+
+    def latencies(self) -> dict[str, np.ndarray]:
+        """Per finished sequence, in order of id: steps from arrival to the
+        first token (``ttft_steps``) and to the last (``total_steps``); with
+        the times :meth:`run` recorded (a fresh engine, arrivals counted from
+        its first step), the same in seconds (``ttft_s``) and the time per
+        output token after the first (``per_token_s``)."""
+        seqs = [s for _, s in sorted(self.finished.items())]
+        arrival = np.array([s.request.arrival for s in seqs])
+        first = np.array([s.first_token_step for s in seqs])
+        last = np.array([s.finish_step for s in seqs])
+        out = {"ttft_steps": first - arrival, "total_steps": last - arrival}
+        ends = np.asarray(self.step_ends)
+        if len(ends) == self.clock + 1:
+            # step k (1-based) runs from ends[k - 1] to ends[k]
+            n_new = np.array([len(s.generated) for s in seqs])
+            out["ttft_s"] = ends[first] - ends[arrival]
+            out["per_token_s"] = (ends[last] - ends[first]) / np.maximum(
+                n_new - 1, 1
+            )
+        return out
 
     # ---- one step
 
