@@ -54,6 +54,8 @@ MINILM_USERS = {
     "book/12-latent-attention.ipynb",
     # gpt-oss's and DeepSeek-V3.2's attention, Gemma 3's configuration
     "book/13-sparse-attention.ipynb",
+    # transformers' continuous batching (generate_batch, transformers 5)
+    "book/14-serving.ipynb",
     # Qwen3-Next's and Kimi Linear's delta rules, Qwen3-Next's configuration
     "book/15-delta-rule.ipynb",
 }

@@ -115,12 +115,13 @@ def feed(cache, k, v):
     return returned
 
 
-def test_every_cache_of_chapter_8_is_found():
+def test_every_cache_of_chapters_8_and_14_is_found():
     assert {
         "KVCache",
         "RollingKVCache",
         "QuantizedKVCache",
         "ConcatKVCache",
+        "PagedKVCache",
     } <= {c.__name__ for c in CACHES}
 
 

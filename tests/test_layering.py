@@ -51,6 +51,8 @@ TORCH_MODULES = [
     "model_shapes.py",
     "multihead.py",
     "quantized_cache.py",
+    "serving/engine.py",
+    "serving/paged_cache.py",
     "sparse/flex.py",
     "sparse/indexer.py",
     "sparse/sinks.py",

@@ -39,6 +39,7 @@ from .qkv import (
 from .qkv import check_realise_pattern
 from .softmax_backward import check_attention_backward
 from .relative_positions import check_shaw_attention
+from .serving import check_block_slots, check_paged_decode
 
 __all__ = [
     "Case",
@@ -51,6 +52,7 @@ __all__ = [
     "check_attention",
     "check_attention_backward",
     "check_blockwise_attention_backward",
+    "check_block_slots",
     "check_attention_scores",
     "check_benchmark_flops",
     "check_causal_mask",
@@ -76,6 +78,7 @@ __all__ = [
     "check_packed_sliding_mask_mod",
     "check_packed_scores",
     "check_padding_mask",
+    "check_paged_decode",
     "check_pool_kv_heads",
     "check_ppmi",
     "check_realise_pattern",
@@ -143,6 +146,10 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_blockwise_attention_backward": (
         "attnbook.flash.flash_attention_backward_numpy",
     ),
+    "check_block_slots": (
+        "attnbook.serving.block_table.slot_indices",
+        "attnbook.serving.paged_cache.slots",
+    ),
     "check_attention_scores": (),
     "check_benchmark_flops": ("attnbook.cost.benchmark_flops",),
     "check_causal_mask": ("attnbook.masks.causal_mask",),
@@ -189,6 +196,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_packed_sliding_mask_mod": (),
     "check_packed_scores": (),
     "check_padding_mask": ("attnbook.padding.key_padding_mask",),
+    "check_paged_decode": ("attnbook.serving.paged_cache.paged_decode",),
     "check_pool_kv_heads": ("attnbook.gqa.pool_kv_heads",),
     "check_ppmi": ("attnbook.embeddings.ppmi",),
     "check_realise_pattern": (),

@@ -783,7 +783,7 @@ def _boolean_indexed(q, k, v, mask=None):
     return softmax(s) @ v
 
 
-def _is_boolean_index_error(err: Exception) -> bool:
+def is_boolean_index_error(err: Exception) -> bool:
     """Whether ``err`` is numpy's or torch's complaint that a boolean index
     does not fit the array it indexes."""
     text = str(err)
@@ -1059,7 +1059,7 @@ ATTENTION_MISTAKES = [
         "the scores (..., n_q, n_k), or index with np.broadcast_to(mask, "
         "s.shape)",
         _boolean_indexed,
-        raises=_is_boolean_index_error,
+        raises=is_boolean_index_error,
     ),
     Mistake(
         "masked_row_nan",

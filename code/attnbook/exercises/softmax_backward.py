@@ -16,7 +16,7 @@ import numpy as np
 
 from ..attention import scaled_dot_product_attention
 from ..softmax import softmax, softmax_jacobian
-from .attention import _is_boolean_index_error
+from .attention import is_boolean_index_error
 from ._framework import (
     Case,
     ExerciseError,
@@ -308,7 +308,7 @@ ATTENTION_BACKWARD_MISTAKES = [
         "use np.where(mask, s, -np.inf), which broadcasts the mask against "
         "the scores (..., n_q, n_k)",
         _boolean_indexed_backward,
-        raises=_is_boolean_index_error,
+        raises=is_boolean_index_error,
     ),
     Mistake(
         "mask_ignored",

@@ -1,0 +1,317 @@
+"""Checkers for serving (chapter 14): the slots of a sequence in a paged
+cache, and one decoding step of attention through a block table whose last
+block is part-filled.
+
+The slots' mistakes are those of turning a position into a block and an
+offset: the block id used as a slot without the factor ``block_size``, the
+table ignored (positions as slots), the table read cyclically (``p %
+len(table)``), the whole last block read (its unfilled tail included), the
+offset and the block swapped, slots returned as floats (they index). The
+decoding step's mistakes: the unfilled tail of the last block read as if it
+held keys, the last block dropped, the newest position dropped, the blocks
+read in the order of their ids instead of the table's, no ``1/sqrt(d)``
+scaling, and, for a reader who attends block by block, the blocks' outputs
+averaged instead of merged by their shares of the softmax's mass (chapter
+9's merge).
+
+Numpy only: a reader may answer with torch, and a torch tensor returned is
+compared as an array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._framework import Case, Mistake, as_array, run_checks, same
+
+# --- the slots of a sequence -------------------------------------------------
+
+
+def _reference_slots(table, length, block_size):
+    p = np.arange(length)
+    return (
+        np.asarray(table, dtype=np.int64)[p // block_size] * block_size
+        + p % block_size
+    )
+
+
+def _no_factor(table, length, block_size):
+    p = np.arange(length)
+    return np.asarray(table, dtype=np.int64)[p // block_size] + p % block_size
+
+
+def _positions(table, length, block_size):
+    return np.arange(length)
+
+
+def _cyclic(table, length, block_size):
+    p = np.arange(length)
+    table = np.asarray(table, dtype=np.int64)
+    return table[p % len(table)] * block_size + p % block_size
+
+
+def _whole_blocks(table, length, block_size):
+    n = -(-length // block_size) * block_size
+    return _reference_slots(table, n, block_size)
+
+
+def _swapped(table, length, block_size):
+    p = np.arange(length)
+    table = np.asarray(table, dtype=np.int64)
+    return p % block_size * block_size + table[p // block_size]
+
+
+def _float_slots(table, length, block_size):
+    return _reference_slots(table, length, block_size).astype(np.float64)
+
+
+def _same_slots(got, expected) -> bool:
+    """Equal slots, both integers or both not; no slots at all (length 0)
+    in any dtype."""
+    got, expected = as_array(got), as_array(expected)
+    if got.shape == expected.shape == (0,):
+        return True
+    integers = [np.issubdtype(x.dtype, np.integer) for x in (got, expected)]
+    return integers[0] == integers[1] and same(got, expected)
+
+
+SLOT_MISTAKES = [
+    Mistake(
+        "no_block_factor",
+        "the block id is used as a slot: block b starts at slot b * "
+        "block_size, not at b",
+        "slot = table[p // block_size] * block_size + p % block_size",
+        _no_factor,
+    ),
+    Mistake(
+        "table_ignored",
+        "the positions are returned as slots: the block table is not read",
+        "position p lives in block table[p // block_size]",
+        _positions,
+    ),
+    Mistake(
+        "cyclic_table",
+        "the table is indexed by p % len(table): a position's block is its "
+        "block NUMBER p // block_size in the table",
+        "use table[p // block_size]",
+        _cyclic,
+    ),
+    Mistake(
+        "whole_last_block",
+        "the whole last block is returned, its unfilled tail included: "
+        "ceil(length / block_size) * block_size slots",
+        "return exactly `length` slots: positions 0 .. length - 1",
+        _whole_blocks,
+    ),
+    Mistake(
+        "offset_and_block_swapped",
+        "the offset is scaled and the block added: (p % block_size) * "
+        "block_size + table[p // block_size]",
+        "the block is scaled, the offset added",
+        _swapped,
+    ),
+    Mistake(
+        "float_slots",
+        "the slots are floats: they index memory, so they must be integers",
+        "build them from integer arrays (np.arange, np.asarray(table)) or "
+        "cast with .astype(np.int64)",
+        _float_slots,
+    ),
+]
+
+
+def slot_cases() -> list[Case]:
+    return [
+        Case("table [3, 0, 5], 7 positions, blocks of 3", ([3, 0, 5], 7, 3)),
+        Case("table [2, 1], 8 positions, blocks of 4 (full)", ([2, 1], 8, 4)),
+        Case("table [4], 1 position, blocks of 16", ([4], 1, 16)),
+        Case(
+            "table [6, 2, 9, 1], 4 positions, blocks of 1",
+            ([6, 2, 9, 1], 4, 1),
+        ),
+        Case("table [1, 7, 0], 5 positions, blocks of 2", ([1, 7, 0], 5, 2)),
+        Case("empty table, 0 positions, blocks of 4", ([], 0, 4)),
+    ]
+
+
+def check_block_slots(fn) -> None:
+    """Check ``fn(table, length, block_size)`` returns the int array (length,)
+    of flat slots ``table[p // block_size] * block_size + p % block_size``
+    of positions ``p = 0 .. length - 1``; table: a list of block ids."""
+    run_checks(
+        "the slots of a sequence in a paged cache",
+        fn,
+        slot_cases(),
+        _reference_slots,
+        SLOT_MISTAKES,
+        compare=_same_slots,
+        postprocess=lambda out: out,
+    )
+
+
+# --- one decoding step through a block table ---------------------------------
+
+
+def _gather(blocks, table, length):
+    n_blocks, size = blocks.shape[:2]
+    flat = blocks.reshape(n_blocks * size, *blocks.shape[2:])
+    return flat[_reference_slots(table, length, size)]
+
+
+def _attend(q, k, v, scale=True):
+    """q (H, d), k and v (n, H, d) -> (H, d)."""
+    scores = np.einsum("hd,nhd->hn", q, k)
+    if scale:
+        scores = scores / np.sqrt(q.shape[-1])
+    w = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    w /= w.sum(axis=-1, keepdims=True)
+    return np.einsum("hn,nhd->hd", w, v)
+
+
+def _reference_decode(q, key_blocks, value_blocks, table, length):
+    return _attend(
+        q,
+        _gather(key_blocks, table, length),
+        _gather(value_blocks, table, length),
+    )
+
+
+def _tail_read(q, key_blocks, value_blocks, table, length):
+    n = -(-length // key_blocks.shape[1]) * key_blocks.shape[1]
+    return _reference_decode(q, key_blocks, value_blocks, table, n)
+
+
+def _last_block_dropped(q, key_blocks, value_blocks, table, length):
+    n = length // key_blocks.shape[1] * key_blocks.shape[1]
+    return _reference_decode(q, key_blocks, value_blocks, table, n)
+
+
+def _newest_dropped(q, key_blocks, value_blocks, table, length):
+    return _reference_decode(q, key_blocks, value_blocks, table, length - 1)
+
+
+def _sorted_table(q, key_blocks, value_blocks, table, length):
+    order = sorted(table[: -(-length // key_blocks.shape[1])])
+    return _reference_decode(q, key_blocks, value_blocks, order, length)
+
+
+def _no_scale(q, key_blocks, value_blocks, table, length):
+    return _attend(
+        q,
+        _gather(key_blocks, table, length),
+        _gather(value_blocks, table, length),
+        scale=False,
+    )
+
+
+def _blocks_averaged(q, key_blocks, value_blocks, table, length):
+    size = key_blocks.shape[1]
+    outs = []
+    for i, block in enumerate(table[: -(-length // size)]):
+        n = min(size, length - i * size)
+        outs.append(_attend(q, key_blocks[block, :n], value_blocks[block, :n]))
+    return np.mean(outs, axis=0)
+
+
+DECODE_MISTAKES = [
+    Mistake(
+        "unfilled_tail_read",
+        "the unfilled tail of the last block is attended: its slots hold "
+        "whatever was there before (here, garbage), not keys",
+        "attend to exactly `length` positions: mask (or cut) the slots of "
+        "the last block beyond length - 1",
+        _tail_read,
+    ),
+    Mistake(
+        "last_block_dropped",
+        "only the full blocks are attended: the part-filled last block, "
+        "which holds the newest positions, is left out",
+        "the last block holds length - (n_blocks - 1) * block_size positions",
+        _last_block_dropped,
+    ),
+    Mistake(
+        "newest_dropped",
+        "length - 1 positions are attended: the newest key (the query's "
+        "own) is left out",
+        "the query attends to positions 0 .. length - 1, its own included",
+        _newest_dropped,
+    ),
+    Mistake(
+        "blocks_sorted",
+        "the blocks are read in the order of their ids: a sequence's blocks "
+        "are wherever the allocator put them, in the order of its table",
+        "read table[0], table[1], ... in that order",
+        _sorted_table,
+    ),
+    Mistake(
+        "no_scale",
+        "the scores are not divided by sqrt(d)",
+        "scores = q . k / sqrt(d)",
+        _no_scale,
+    ),
+    Mistake(
+        "blocks_averaged",
+        "the blocks' outputs are averaged: each block's output is "
+        "normalised over that block only, and must be weighted by the "
+        "block's share of the whole row's softmax mass",
+        "keep each block's log-sum-exp and merge as in chapter 9: weights "
+        "exp(lse_b - logsumexp_b lse_b)",
+        _blocks_averaged,
+    ),
+]
+
+
+def decode_cases() -> list[Case]:
+    rng = np.random.default_rng(0)
+    cases = []
+    for name, (n_blocks, size, h, d, table, length) in {
+        "blocks of 4, table [5, 1, 3], 10 positions (last block half "
+        "filled)": (7, 4, 2, 3, [5, 1, 3], 10),
+        "blocks of 3, table [2, 0], 6 positions (full)": (
+            4,
+            3,
+            1,
+            4,
+            [2, 0],
+            6,
+        ),
+        "blocks of 8, table [3], 2 positions": (5, 8, 2, 2, [3], 2),
+        "blocks of 2, table [6, 4, 0, 2], 7 positions": (
+            8,
+            2,
+            3,
+            3,
+            [6, 4, 0, 2],
+            7,
+        ),
+        "blocks of 5, table [1, 4], 8 positions, 2 heads of 6": (
+            6,
+            5,
+            2,
+            6,
+            [1, 4],
+            8,
+        ),
+    }.items():
+        # garbage everywhere, then the sequence's keys where they belong
+        keys = rng.standard_normal((n_blocks, size, h, d)) * 3 + 2
+        values = rng.standard_normal((n_blocks, size, h, d)) * 3 - 4
+        q = rng.standard_normal((h, d)) * 1.5
+        cases.append(Case(name, (q, keys, values, list(table), length)))
+    return cases
+
+
+def check_paged_decode(fn) -> None:
+    """Check ``fn(q, key_blocks, value_blocks, table, length)`` returns one
+    decoding step of attention, (n_heads, d): query ``q`` (n_heads, d) over
+    the ``length`` positions of a sequence whose keys and values sit in
+    ``key_blocks``, ``value_blocks`` (n_blocks, block_size, n_heads, d) at the
+    blocks of ``table``, in order; the slots past ``length`` in the last
+    block hold garbage."""
+    run_checks(
+        "a decoding step through a block table",
+        fn,
+        decode_cases(),
+        _reference_decode,
+        DECODE_MISTAKES,
+    )

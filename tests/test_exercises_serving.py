@@ -1,0 +1,241 @@
+"""The serving checkers reject each classic mistake and pass correct
+solutions.
+
+The wrong solutions are written here independently of the checkers' Mistake
+functions, the way a reader might write them: loops, list comprehensions,
+numpy, torch.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook.exercises import ExerciseError
+from attnbook.exercises.serving import check_block_slots, check_paged_decode
+
+# --- the slots of a sequence -------------------------------------------------
+
+
+def slots_loop(table, length, block_size):
+    """Correct: a loop with divmod."""
+    out = []
+    for p in range(length):
+        block, offset = divmod(p, block_size)
+        out.append(table[block] * block_size + offset)
+    return np.array(out, dtype=np.int64)
+
+
+def slots_torch(table, length, block_size):
+    """Correct: torch, block-major expansion then cut."""
+    t = torch.as_tensor(table, dtype=torch.long)
+    every = (t[:, None] * block_size + torch.arange(block_size)).reshape(-1)
+    return every[:length]
+
+
+def slots_no_factor(table, length, block_size):
+    return np.array(
+        [table[p // block_size] + p % block_size for p in range(length)],
+        dtype=np.int64,
+    )
+
+
+def slots_identity(table, length, block_size):
+    return torch.arange(length)
+
+
+def slots_modulo(table, length, block_size):
+    return np.array(
+        [
+            table[p % len(table)] * block_size + p % block_size
+            for p in range(length)
+        ],
+        dtype=np.int64,
+    )
+
+
+def slots_whole_blocks(table, length, block_size):
+    t = torch.as_tensor(table, dtype=torch.long)
+    used = t[: math.ceil(length / block_size)]
+    return (used[:, None] * block_size + torch.arange(block_size)).reshape(-1)
+
+
+def slots_swapped(table, length, block_size):
+    return np.array(
+        [
+            (p % block_size) * block_size + table[p // block_size]
+            for p in range(length)
+        ],
+        dtype=np.int64,
+    )
+
+
+def slots_float(table, length, block_size):
+    p = np.arange(length, dtype=np.float64)
+    t = np.asarray(table, dtype=np.float64)
+    return t[(p // block_size).astype(int)] * block_size + p % block_size
+
+
+# --- one decoding step through a block table ---------------------------------
+
+
+def decode_gather(q, key_blocks, value_blocks, table, length):
+    """Correct: gather the keys in order, then plain attention (numpy)."""
+    size = key_blocks.shape[1]
+    k = np.concatenate([key_blocks[b] for b in table])[:length]
+    v = np.concatenate([value_blocks[b] for b in table])[:length]
+    scores = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    del size
+    return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
+
+
+def decode_by_blocks(q, key_blocks, value_blocks, table, length):
+    """Correct: block by block in torch, states merged by log-sum-exp."""
+    q, kb, vb = (torch.as_tensor(x) for x in (q, key_blocks, value_blocks))
+    size = kb.shape[1]
+    outs, lses = [], []
+    for i in range(math.ceil(length / size)):
+        n = min(size, length - i * size)
+        k, v = kb[table[i], :n], vb[table[i], :n]
+        s = torch.einsum("hd,nhd->hn", q, k) / math.sqrt(q.shape[-1])
+        lses.append(torch.logsumexp(s, -1))
+        outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
+    lse = torch.stack(lses)
+    share = torch.exp(lse - torch.logsumexp(lse, 0))
+    return (share[..., None] * torch.stack(outs)).sum(0)
+
+
+def decode_masked_tail(q, key_blocks, value_blocks, table, length):
+    """Correct: every slot of the table, the tail masked with -inf."""
+    k = key_blocks[table].reshape(-1, *key_blocks.shape[2:])
+    v = value_blocks[table].reshape(-1, *value_blocks.shape[2:])
+    scores = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
+    scores[:, length:] = -np.inf
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
+
+
+def _plain(q, k, v, scale=True):
+    s = np.einsum("hd,nhd->hn", q, k)
+    if scale:
+        s = s / np.sqrt(q.shape[-1])
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
+
+
+def decode_whole_blocks(q, key_blocks, value_blocks, table, length):
+    k = np.concatenate([key_blocks[b] for b in table])
+    v = np.concatenate([value_blocks[b] for b in table])
+    return torch.from_numpy(_plain(q, k, v))
+
+
+def decode_full_blocks_only(q, key_blocks, value_blocks, table, length):
+    full = length // key_blocks.shape[1]
+    k = np.concatenate([key_blocks[b] for b in table[:full]])
+    v = np.concatenate([value_blocks[b] for b in table[:full]])
+    return _plain(q, k, v)
+
+
+def decode_off_by_one(q, key_blocks, value_blocks, table, length):
+    k = np.concatenate([key_blocks[b] for b in table])[: length - 1]
+    v = np.concatenate([value_blocks[b] for b in table])[: length - 1]
+    return _plain(q, k, v)
+
+
+def decode_sorted(q, key_blocks, value_blocks, table, length):
+    size = key_blocks.shape[1]
+    used = sorted(table[: math.ceil(length / size)])
+    k = np.concatenate([key_blocks[b] for b in used])[:length]
+    v = np.concatenate([value_blocks[b] for b in used])[:length]
+    return _plain(q, k, v)
+
+
+def decode_unscaled(q, key_blocks, value_blocks, table, length):
+    k = np.concatenate([key_blocks[b] for b in table])[:length]
+    v = np.concatenate([value_blocks[b] for b in table])[:length]
+    return torch.from_numpy(_plain(q, k, v, scale=False))
+
+
+def decode_averaged(q, key_blocks, value_blocks, table, length):
+    size = key_blocks.shape[1]
+    outs = []
+    for i in range(math.ceil(length / size)):
+        n = min(size, length - i * size)
+        outs.append(
+            _plain(q, key_blocks[table[i], :n], value_blocks[table[i], :n])
+        )
+    return sum(outs) / len(outs)
+
+
+CATALOGUE = {
+    "check_block_slots": {
+        "right": [slots_loop, slots_torch],
+        "wrong": [
+            (slots_no_factor, "no_block_factor"),
+            (slots_identity, "table_ignored"),
+            (slots_modulo, "cyclic_table"),
+            (slots_whole_blocks, "whole_last_block"),
+            (slots_swapped, "offset_and_block_swapped"),
+            (slots_float, "float_slots"),
+        ],
+    },
+    "check_paged_decode": {
+        "right": [decode_gather, decode_by_blocks, decode_masked_tail],
+        "wrong": [
+            (decode_whole_blocks, "unfilled_tail_read"),
+            (decode_full_blocks_only, "last_block_dropped"),
+            (decode_off_by_one, "newest_dropped"),
+            (decode_sorted, "blocks_sorted"),
+            (decode_unscaled, "no_scale"),
+            (decode_averaged, "blocks_averaged"),
+        ],
+    },
+}
+CHECKERS = {
+    "check_block_slots": check_block_slots,
+    "check_paged_decode": check_paged_decode,
+}
+
+
+@pytest.mark.parametrize(
+    "name, fn",
+    [(name, fn) for name in CATALOGUE for fn in CATALOGUE[name]["right"]],
+)
+def test_correct_solutions_pass(name, fn, capsys):
+    CHECKERS[name](fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name, fn, key",
+    [
+        (name, fn, key)
+        for name in CATALOGUE
+        for fn, key in CATALOGUE[name]["wrong"]
+    ],
+)
+def test_mistakes_are_diagnosed(name, fn, key):
+    with pytest.raises(ExerciseError) as err:
+        CHECKERS[name](fn)
+    assert err.value.mistake == key
+    assert "Diagnosis" in str(err.value)
+
+
+def test_the_first_decode_case_has_a_ragged_last_block():
+    from attnbook.exercises.serving import decode_cases
+
+    q, keys, values, table, length = decode_cases()[0].args
+    assert length % keys.shape[1] != 0 and len(table) * keys.shape[1] > length
+
+
+def test_the_stubs_are_not_attempted():
+    from attnbook.exercises import NotAttemptedError
+
+    def stub(*args):
+        raise NotImplementedError
+
+    for checker in CHECKERS.values():
+        with pytest.raises(NotAttemptedError):
+            checker(stub)
