@@ -21,7 +21,7 @@ subtraction), ``O(n d)`` per head, is left out.
   state of ``d_k d_v`` numbers per head, or a cache of ``2 L d`` for a
   context of ``L`` tokens.
 
-Chapter 14 (the delta rule) shows them.
+Chapter 15 (the delta rule) shows them.
 """
 
 from __future__ import annotations

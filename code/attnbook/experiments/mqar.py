@@ -10,7 +10,7 @@ first half of the vocabulary, values (with repetition) from the second half.
 :class:`attnbook.delta.layer.DeltaLayer`) on fresh batches and returns its
 accuracy on a held-out batch.
 
-Chapter 14 (the delta rule) describes this experiment as a further one: a
+Chapter 15 (the delta rule) describes this experiment as a further one: a
 comparison of six models over five seeds does not fit its one-minute budget
 on two CPU cores. It runs here, e.g.::
 
