@@ -182,6 +182,15 @@ def test_scores_follow_the_formula():
                     dot = 0.7 * float(q[b, t, j] @ k[b, s])
                     want[b, t, s] += w[b, t, j] * max(dot, 0.0)
     torch.testing.assert_close(indexer_scores(q, k, w, 0.7), want)
+    # the head weights are named omega, the chapter's symbol (w is a window)
+    torch.testing.assert_close(indexer_scores(q, k, omega=w, scale=0.7), want)
+
+
+def test_the_shown_source_uses_the_chapters_symbols():
+    """Chapter 13 shows indexer_scores: its head weights are omega there,
+    because w is a window's width."""
+    doc = indexer_scores.__doc__
+    assert "omega[t, j]" in doc and "w[t, j]" not in doc
 
 
 def test_causal_topk_never_selects_the_future_even_when_it_scores_best():

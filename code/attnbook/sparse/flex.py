@@ -16,15 +16,15 @@ A ``mask_mod`` is a function of four index tensors that returns True where a
 query may read a key; a ``score_mod`` of the score and the same four indices
 returns a new score. Both are written with tensor operations only (they are
 traced). Here: :func:`causal`, :func:`padding`, :func:`sliding_window`,
-:func:`document`, :func:`prefix_lm`, :func:`sink_window` (StreamingLLM's
-kept first tokens) and :func:`alibi`. A learned sink (gpt-oss) adds
-``exp(s_h)`` to the softmax's denominator. No ``mask_mod`` and no
-``score_mod`` over the real keys alone can express that: their weights still
-sum to one. There are two ways: :func:`flex_attend` adds the sink after the
-kernel from the log-sum-exp FlexAttention returns, by the merge of attention
-states (:func:`attnbook.torch_attention.merge_splits`); :func:`sinks_as_key`
-appends one zero key whose score a ``score_mod`` sets to ``s_h`` (every query
-reads one key more).
+:func:`document`, :func:`prefix_lm`, :func:`sink_window` (StreamingLLM's kept
+first tokens) and :func:`alibi`. A learned sink (gpt-oss) adds ``exp(beta_i)``
+to the softmax's denominator. No ``mask_mod`` and no ``score_mod`` over the
+real keys alone can express that: their weights still sum to one. There are two
+ways: :func:`flex_attend` adds the sink after the kernel from the log-sum-exp
+FlexAttention returns, by the merge of attention states
+(:func:`attnbook.torch_attention.merge_splits`); :func:`sinks_as_key` appends
+one zero key whose score a ``score_mod`` sets to ``beta_i`` (every query reads
+one key more).
 
 Chapter 13 (sparse attention) shows :func:`sliding_window` and
 :func:`block_sparse_attend`.
@@ -204,10 +204,10 @@ def flex_attend(
     """FlexAttention (eager unless called under ``torch.compile``) with a
     ``mask_mod``, a ``score_mod`` and learned sinks.
 
-    q: (b, h, n_q, d), k, v: (b, h, n_k, d); sinks: (h,) or None. The sinks
-    are merged in after the kernel: its output ``o`` and log-sum-exp ``lse``
-    are one run of keys, the sink an empty run of log-sum-exp ``s_h``, and the
-    merge gives ``o * sigmoid(lse - s_h)``. Returns (b, h, n_q, d). A query
+    q: (b, h, n_q, d), k, v: (b, h, n_k, d); sinks: (h,) or None. The sinks are
+    merged in after the kernel: its output ``o`` and log-sum-exp ``lse`` are
+    one run of keys, the sink an empty run of log-sum-exp ``beta_i``, and the
+    merge gives ``o * sigmoid(lse - beta_i)``. Returns (b, h, n_q, d). A query
     with no key (a fully masked row) gets 0, as :func:`attnbook.attend` gives.
     """
     if score_mod is not None:
@@ -254,8 +254,8 @@ def flex_attend(
 def sinks_as_key(q, k, v, mask_mod, sinks, block_size=128):
     """Learned sinks run by FlexAttention as one more key, the sink's
     definition: a zero key and a zero value appended at position ``n_k``,
-    allowed for every query by the ``mask_mod``, its score set to ``s_h`` by a
-    ``score_mod``.
+    allowed for every query by the ``mask_mod``, its score set to ``beta_i`` by
+    a ``score_mod``.
 
     q: (b, h, n_q, d), k, v: (b, h, n_k, d); mask_mod: for the real keys;
     sinks: (h,). Returns (b, h, n_q, d), equal to :func:`flex_attend` with

@@ -4,10 +4,11 @@ reads only the top ``k`` of them.
 
 The indexer's score of key ``s`` for query ``t`` is
 
-    I[t, s] = sum_j w[t, j] ReLU(q[t, j] . k[s]),
+    I[t, s] = sum_j omega[t, j] ReLU(q[t, j] . k[s]),
 
 over ``H_I`` small indexer heads ``j`` that share one key ``k[s]``, with a
-per-query, per-head weight ``w[t, j]`` (:func:`indexer_scores`). Selection
+per-query, per-head weight ``omega[t, j]`` (:func:`indexer_scores`; DeepSeek
+writes ``w``, which the book keeps for a window's width). Selection
 must respect causality: a query may select only keys ``s <= t``, and a query
 with fewer than ``k`` such keys selects them all (:func:`causal_topk`).
 :func:`sparse_attention` is then attention restricted to the selected keys,
@@ -33,29 +34,30 @@ from ..positional import apply_rope
 from ..torch_attention import attend
 
 
-def indexer_scores(q, k, w, scale: float = 1.0):
+def indexer_scores(q, k, omega, scale: float = 1.0):
     """The lightning indexer's scores.
 
     q: (b, n_q, H_I, d) one query per indexer head; k: (b, n_k, d) one key per
-    position, shared by the heads; w: (b, n_q, H_I) the heads' weights;
+    position, shared by the heads; omega: (b, n_q, H_I) the heads' weights;
     ``scale`` multiplies ``q . k`` before the ReLU. Returns (b, n_q, n_k):
-    ``I[t, s] = sum_j w[t, j] ReLU(scale q[t, j] . k[s])``. No mask: see
+    ``I[t, s] = sum_j omega[t, j] ReLU(scale q[t, j] . k[s])``. No mask: see
     :func:`causal_topk`.
     """
-    if q.ndim != 4 or k.ndim != 3 or w.ndim != 3:
+    if q.ndim != 4 or k.ndim != 3 or omega.ndim != 3:
         raise ValueError(
-            f"need q (b, n_q, H_I, d), k (b, n_k, d), w (b, n_q, H_I); got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(w.shape)}"
+            "need q (b, n_q, H_I, d), k (b, n_k, d), omega (b, n_q, H_I); "
+            "got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(omega.shape)}"
         )
     b, n_q, heads, d = q.shape
-    if k.shape[0] != b or k.shape[2] != d or w.shape != (b, n_q, heads):
+    if k.shape[0] != b or k.shape[2] != d or omega.shape != (b, n_q, heads):
         raise ValueError(
             f"shapes do not agree: q {tuple(q.shape)}, k {tuple(k.shape)}, "
-            f"w {tuple(w.shape)}"
+            f"omega {tuple(omega.shape)}"
         )
     # (b, n_q, H_I, n_k)
     per_head = torch.relu(scale * torch.einsum("bthd,bsd->bths", q, k))
-    return torch.einsum("bth,bths->bts", w, per_head)
+    return torch.einsum("bth,bths->bts", omega, per_head)
 
 
 def causal_topk(scores, k: int, offset: int | None = None):

@@ -1,17 +1,19 @@
 """Learned attention sinks: a per-head logit that enters the softmax's
 denominator and nothing else (gpt-oss, OpenAI 2025).
 
-Head ``h`` has one learned number ``s_h``. Its weights over the keys are
+Head ``i`` has one learned number, its sink logit ``beta_i``. Its weights over
+the keys are
 
-    a_j = exp(z_j) / (exp(s_h) + sum_i exp(z_i)),
+    a_s = exp(z_s) / (exp(beta_i) + sum_r exp(z_r)),
 
-so they sum to ``sigmoid(logsumexp(z) - s_h)``, less than one: the head may
+so they sum to ``sigmoid(logsumexp(z) - beta_i)``, less than one: the head may
 give part of its attention to "nothing". The sink is a key whose score is
-always ``s_h`` and whose value is zero; :func:`sink_attention` runs it exactly
-so, through :func:`attnbook.attend`, and :func:`sink_scale` is the closed
+always ``beta_i`` and whose value is zero; :func:`sink_attention` runs it
+exactly so, through :func:`attnbook.attend`, and :func:`sink_scale` is the
+closed
 form: the output is plain attention's output times that sum, the merge
 (:func:`attnbook.torch_attention.merge_splits`) of the keys' state with an
-empty run whose log-sum-exp is ``s_h``.
+empty run whose log-sum-exp is ``beta_i``.
 
 :class:`SinkAttention` is :class:`attnbook.MultiHeadAttention` with sinks, and
 optionally a sliding window and RoPE, on the ``attention`` hook: gpt-oss's
@@ -51,12 +53,13 @@ def sink_attention(
     """Attention with one sink logit per head in the softmax's denominator.
 
     q: (b, h, n_q, d), k: (b, h, n_k, d), v: (b, h, n_k, d_v);
-    sinks: (h,) the heads' sink logits; mask: bool, broadcastable to (b, h,
-    n_q, n_k), True = may attend. The sink is one more key with score ``s_h``
-    (a zero key and the bias ``s_h``) and value zero, always visible; the
-    weights returned are those of the real keys (b, h, n_q, n_k) and sum to
-    ``sigmoid(logsumexp(z) - s_h)`` per row (:func:`sink_scale`), ``z`` the
-    scaled scores. Returns (b, h, n_q, d_v) (and the weights).
+    sinks: (h,) the heads' sink logits, ``beta_i`` for head ``i``; mask: bool,
+    broadcastable to (b, h, n_q, n_k), True = may attend. The sink is one more
+    key with score ``beta_i`` (a zero key and the bias ``beta_i``) and value
+    zero, always visible; the weights returned are those of the real keys (b,
+    h, n_q, n_k) and sum to ``sigmoid(logsumexp(z) - beta_i)`` per row
+    (:func:`sink_scale`), ``z`` the scaled scores. Returns (b, h, n_q, d_v)
+    (and the weights).
     """
     sinks = _check_sinks(sinks, q)
     b, h, n_q, _ = q.shape
@@ -64,7 +67,7 @@ def sink_attention(
     # the sink key: zero, so its score is the bias alone
     k_s = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)
     v_s = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)
-    # (1, h, 1, n_k + 1): 0 on the real keys, s_h on the sink
+    # (1, h, 1, n_k + 1): 0 on the real keys, beta_i on the sink
     bias = torch.cat([sinks.new_zeros(h, n_k), sinks[:, None]], dim=-1)[
         None, :, None, :
     ]
@@ -84,7 +87,7 @@ def sink_scale(scores, sinks, mask=None):
 
     scores: (b, h, n_q, n_k) the scaled scores ``z``; sinks: (h,);
     mask as in :func:`sink_attention`. Returns (b, h, n_q):
-    ``sigmoid(logsumexp(z) - s_h)``; a fully masked row keeps 0.
+    ``sigmoid(logsumexp(z) - beta_i)``; a fully masked row keeps 0.
     """
     if mask is not None:
         scores = scores.masked_fill(~torch.as_tensor(mask), float("-inf"))
