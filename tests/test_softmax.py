@@ -172,3 +172,16 @@ def test_a_long_float16_row_is_summed_in_float32():
     np.testing.assert_allclose(
         log_softmax(x).astype(np.float64), -np.log(70_000), rtol=1e-3
     )
+
+
+def test_a_float16_row_is_rounded_once():
+    """Reader ch04-cc: the shift and the exponentials ran in float16 before
+    the float32 sum, so a weight carried several roundings (up to 5.6 times
+    float16's unit roundoff); computed in float32 and rounded once, each
+    weight is the correctly rounded float32 softmax."""
+    x = np.random.default_rng(0).normal(size=(2000, 8)).astype(np.float16)
+    once = softmax(x.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(softmax(x), once)
+    np.testing.assert_array_equal(
+        log_softmax(x), log_softmax(x.astype(np.float32)).astype(np.float16)
+    )

@@ -28,36 +28,32 @@ def stable_shift(m) -> np.ndarray:
     return np.where(np.isfinite(m), m, 0)
 
 
-def row_sums(e, axis: int = -1) -> np.ndarray:
-    """Sums along ``axis`` (kept), accumulated in at least float32: a float16
-    sum of more than 65504 terms near 1 would overflow, and one of more than
-    2048 stalls (a term below half the sum's spacing is lost)."""
-    return np.sum(
-        e,
-        axis=axis,
-        keepdims=True,
-        dtype=np.promote_types(e.dtype, np.float32),
-    )
+def widened(x) -> np.ndarray:
+    """``x`` in at least float32, the precision a float16 row is computed in
+    before its result is rounded once, as torch's kernels do: a float16 sum
+    of more than 65504 terms near 1 would overflow, and one of more than 2048
+    stalls (a term below half the sum's spacing is lost)."""
+    return x.astype(np.promote_types(x.dtype, np.float32), copy=False)
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:
     """Softmax along ``axis``: ``exp(x_i) / sum_j exp(x_j)``.
 
     x: any shape; the result has the same shape and floating dtype (a float16
-    row is summed in float32 and rounded once). A slice that is empty or
+    row is computed in float32 and rounded once). A slice that is empty or
     entirely ``-inf`` (a fully masked row) gives all zeros, not NaN; a NaN
     anywhere in a slice makes the whole slice NaN, as in torch.
     """
     x = as_float(x)
+    xw = widened(x)
     e = np.exp(
-        x - stable_shift(np.max(x, axis=axis, keepdims=True, initial=-np.inf))
+        xw
+        - stable_shift(np.max(xw, axis=axis, keepdims=True, initial=-np.inf))
     )
-    total = row_sums(e, axis)
+    total = np.sum(e, axis=axis, keepdims=True)
     # 0 only for a masked row
-    p = np.divide(
-        e, total, out=np.zeros_like(total, shape=e.shape), where=total != 0
-    )
-    return p.astype(e.dtype, copy=False)
+    p = np.divide(e, total, out=np.zeros_like(e), where=total != 0)
+    return p.astype(x.dtype, copy=False)
 
 
 def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
@@ -67,10 +63,12 @@ def logsumexp(x, axis: int = -1, keepdims: bool = False) -> np.ndarray:
     ``inf`` (as torch's).
     """
     x = as_float(x)
-    m = stable_shift(np.max(x, axis=axis, keepdims=True, initial=-np.inf))
+    xw = widened(x)
+    m = stable_shift(np.max(xw, axis=axis, keepdims=True, initial=-np.inf))
     # log(0) = -inf is the right answer for a masked row
     with np.errstate(divide="ignore"):
-        out = m + np.log(row_sums(np.exp(x - m), axis)).astype(x.dtype)
+        out = m + np.log(np.sum(np.exp(xw - m), axis=axis, keepdims=True))
+    out = out.astype(x.dtype, copy=False)
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
@@ -87,13 +85,14 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
     that is entirely ``-inf`` (a fully masked row) gives NaN, as in torch.
     """
     x = as_float(x)
-    shifted = x - stable_shift(
-        np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+    xw = widened(x)
+    shifted = xw - stable_shift(
+        np.max(xw, axis=axis, keepdims=True, initial=-np.inf)
     )
     # log(0) = -inf for a masked row, and -inf - (-inf) is NaN there
     with np.errstate(divide="ignore"):
-        log_sum = np.log(row_sums(np.exp(shifted), axis)).astype(x.dtype)
-    return shifted - log_sum
+        log_sum = np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    return (shifted - log_sum).astype(x.dtype, copy=False)
 
 
 def softmax_jacobian(p) -> np.ndarray:
