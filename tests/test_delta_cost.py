@@ -78,3 +78,16 @@ def test_decode_bytes():
         ) == kv_cache_bytes(1, 4, 8, context, 1, 2)
     with pytest.raises(ValueError, match="n_heads must be a positive"):
         decode_bytes_per_token(10, 0, 8, 8, True)
+
+
+def test_decode_bytes_read_and_written():
+    # a state is read and written back whole: twice its bytes, here in
+    # float32; a cache is read and gains one token's key and value, i.e. a
+    # cache one token longer
+    assert decode_bytes_per_token(10, 4, 8, 8, True, 4, write=True) == (
+        2 * 4 * 64 * 4
+    )
+    for context in (0, 1, 100):
+        assert decode_bytes_per_token(
+            context, 4, 8, 8, recurrent=False, write=True
+        ) == kv_cache_bytes(1, 4, 8, context + 1, 1, 2)

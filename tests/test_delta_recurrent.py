@@ -69,6 +69,16 @@ def test_recurrence_equals_the_numpy_loop(channel_gate, delta):
     np.testing.assert_allclose(S.numpy(), ref_S, rtol=0, atol=1e-12)
 
 
+def test_decay_with_a_channel_gate_is_gla():
+    """decay_recurrent takes GLA's per-channel gate, Diag(a_t) S + k v^T."""
+    q, k, v, beta, gate, state = inputs(3, channel_gate=True)
+    o, S = decay_recurrent(q, k, v, gate, initial_state=state)
+    ones = torch.ones_like(beta)
+    ref_o, ref_S = numpy_reference(q, k, v, ones, gate, state, delta=False)
+    np.testing.assert_allclose(o.numpy(), ref_o, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(S.numpy(), ref_S, rtol=0, atol=1e-12)
+
+
 def test_named_forms_are_special_cases():
     q, k, v, beta, gate, state = inputs(2)
     ones = torch.ones_like(beta)

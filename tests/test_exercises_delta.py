@@ -54,6 +54,25 @@ def memory_delta_once(keys, values):
     return S
 
 
+def memory_kaczmarz_once(keys, values):
+    """Wrong: one pass of the delta rule on the raw keys, beta = 1/|k|^2."""
+    S = torch.zeros(keys.shape[1], values.shape[1], dtype=keys.dtype)
+    for k, v in zip(keys, values):
+        S += torch.outer(k, v - S.T @ k) / k.dot(k)
+    return S
+
+
+def memory_pinv_float32(keys, values):
+    """Wrong only by its dtype: the pseudo-inverse computed in float32."""
+    return torch.linalg.pinv(keys.float()) @ values.float()
+
+
+def memory_pinv_float32_numpy_cast_back(keys, values):
+    """The same in numpy float32, cast back to float64 before returning."""
+    K, V = keys.numpy().astype(np.float32), values.numpy().astype(np.float32)
+    return (np.linalg.pinv(K) @ V).astype(np.float64)
+
+
 def memory_unit_keys(keys, values):
     """Wrong: normalises the keys, as the delta rule wants them."""
     unit = keys / keys.norm(dim=1, keepdim=True)
@@ -91,6 +110,22 @@ def backward_by_hand_numpy(S, k, v, beta, G):
     dk = b * (G @ v - G @ S.T @ k - S @ G.T @ k)
     dbeta = k @ G @ v - k @ G @ S.T @ k
     return dS, dk, dv, np.float64(dbeta)
+
+
+def backward_float32_numpy(S, k, v, beta, G):
+    """Wrong only by its dtype: the right formulas in numpy float32."""
+    S, k, v, G = (x.numpy().astype(np.float32) for x in (S, k, v, G))
+    b = np.float32(beta)
+    err = v - S.T @ k
+    dS = G - b * np.outer(k, G.T @ k)
+    dk = b * (G @ err - S @ (G.T @ k))
+    return dS, dk, b * (G.T @ k), k @ G @ err
+
+
+def backward_normalises_key(S, k, v, beta, G):
+    """Wrong for a key not of unit length: normalises k first, as the
+    models do before the step (autograd through the normalised step)."""
+    return backward_autograd(S, k / k.norm(), v, beta, G)
 
 
 def backward_no_projection(S, k, v, beta, G):
@@ -134,6 +169,9 @@ CATALOGUE = {
         "wrong": [
             (memory_outer_products_numpy, "additive"),
             (memory_delta_once, "one_delta_pass"),
+            (memory_kaczmarz_once, "one_scaled_delta_pass"),
+            (memory_pinv_float32, "float32"),
+            (memory_pinv_float32_numpy_cast_back, "float32"),
             (memory_unit_keys, "normalised_keys"),
             (memory_transposed_numpy, "transposed"),
             (memory_square, "square_solve"),
@@ -148,6 +186,8 @@ CATALOGUE = {
             (backward_read_plus, "read_sign"),
             (backward_beta_on_v, "beta_without_read"),
             (backward_dv_no_beta, "dv_without_beta"),
+            (backward_float32_numpy, "float32"),
+            (backward_normalises_key, "normalised_key"),
         ],
     },
 }
@@ -207,3 +247,16 @@ def test_the_same_wrong_answer_is_caught_as_numpy_and_as_torch():
 def test_a_wrong_number_of_gradients_is_an_error():
     with pytest.raises(ExerciseError):
         check_delta_step_backward(lambda S, k, v, beta, G: (G, k, v))
+
+
+def test_a_float64_answer_near_the_right_one_is_not_called_float32():
+    """The float32 diagnosis needs float32 numbers: a ridge solution in
+    float64, as close to the answer as float32 rounding, is not named so."""
+
+    def ridge(keys, values):
+        gram = keys.T @ keys + 1e-7 * torch.eye(keys.shape[1]).double()
+        return torch.linalg.solve(gram, keys.T @ values)
+
+    with pytest.raises(ExerciseError) as err:
+        check_exact_memory(ridge)
+    assert err.value.mistake != "float32"

@@ -19,7 +19,8 @@ subtraction), ``O(n d)`` per head, is left out.
   d_v)`` (the whole score matrix, the masked half included).
 - :func:`decode_bytes_per_token`: what one decoded token reads per layer: a
   state of ``d_k d_v`` numbers per head, or a cache of ``2 L d`` for a
-  context of ``L`` tokens.
+  context of ``L`` tokens; with ``write=True`` also what it writes: the
+  state again (a second ``d_k d_v``), or the token's own key and value.
 
 Chapter 15 (the delta rule) shows them.
 """
@@ -76,13 +77,20 @@ def decode_bytes_per_token(
     d_v: int,
     recurrent: bool,
     bytes_per_element: int = 2,
+    write: bool = False,
 ) -> int:
     """Bytes of state one decoded token reads in one layer after ``context``
     tokens: ``n_heads d_k d_v`` numbers for a recurrent head (whatever the
-    context), ``n_heads context (d_k + d_v)`` for a KV cache."""
+    context), ``n_heads context (d_k + d_v)`` for a KV cache. With
+    ``write=True``, the bytes it reads and writes: a recurrent state is
+    written back whole (twice the numbers), a cache gains the token's key and
+    value (``n_heads (d_k + d_v)`` more)."""
     context = _validate.nonnegative_int("context", context)
     n_heads = _validate.positive_int("n_heads", n_heads)
     d_k = _validate.positive_int("d_k", d_k)
     d_v = _validate.positive_int("d_v", d_v)
-    per_head = d_k * d_v if recurrent else context * (d_k + d_v)
+    if recurrent:
+        per_head = d_k * d_v * (2 if write else 1)
+    else:
+        per_head = (context + (1 if write else 0)) * (d_k + d_v)
     return n_heads * per_head * bytes_per_element

@@ -85,8 +85,10 @@ def linear_recurrent(q, k, v, initial_state=None, scale=None):
 
 
 def decay_recurrent(q, k, v, gate, initial_state=None, scale=None):
-    """Scalar decay (RetNet, GLA, Mamba-2), ``S_t = a_t S_{t-1} + k_t
-    v_t^T``; gate: (..., n)."""
+    """Decay without a correction. With gate (..., n), one number per head
+    and token (RetNet's fixed gamma, Mamba-2's a_t): ``S_t = a_t S_{t-1} +
+    k_t v_t^T``. With gate (..., n, d_k), one number per key channel (GLA's
+    gate): ``S_t = Diag(a_t) S_{t-1} + k_t v_t^T``."""
     return delta_recurrence(
         q, k, v, None, gate, False, initial_state=initial_state, scale=scale
     )

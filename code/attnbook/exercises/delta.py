@@ -3,14 +3,17 @@ exactly, and the backward pass of one delta-rule step.
 
 The exact memory's mistakes are those of a state written as linear attention
 writes it (the sum of outer products, exact only for orthonormal keys), by one
-pass of the delta rule (exact only for the last key), with the keys
+pass of the delta rule (exact only for the last key; with unit keys and
+beta = 1, or with the raw keys and beta = 1 / ||k||^2), with the keys
 normalised first (the delta rule's habit, which changes what a key reads),
 transposed (``(d_v, d_k)``), or solved as a square system. The backward
 step's mistakes are those of differentiating ``S' = S + beta k (v - S^T
 k)^T`` with one path left out: the state's own path through the correction,
 the read's path to ``k`` (or all of it), the read's part of ``d beta``, the
-``beta`` of ``dv``, or the sign of the read's path to ``k``. Inputs are
-float64 torch tensors; the answer may be torch tensors or numpy arrays.
+``beta`` of ``dv``, or the sign of the read's path to ``k``. Both checkers
+also recognise the right answer computed in float32 (every entry a float32
+number, within about 1e-5 of the float64 answer). Inputs are float64 torch
+tensors; the answer may be torch tensors or numpy arrays.
 """
 
 from __future__ import annotations
@@ -20,6 +23,55 @@ import torch
 import torch.nn.functional as F
 
 from ._framework import Case, Mistake, as_array, run_checks, same
+
+# --- an answer right up to float32 rounding (both exercises) -----------------
+
+FLOAT32_DESCRIPTION = (
+    "right up to float32 rounding: compute in float64, the dtype you were "
+    "given"
+)
+
+
+class _InFloat32:
+    """The right answer as a float32 computation gives it, up to that
+    computation's rounding: :func:`_compare` matches it to a reader's answer
+    whose entries are all float32 numbers and agree with ``value`` within
+    about 1e-5 (rtol 1e-4, atol 1e-5)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _float32_numbers(got) -> bool:
+    """Whether every entry of ``got`` is a float32 number (a float32 result,
+    whether or not it was cast back to float64 afterwards)."""
+    try:
+        a = as_array(got).astype(np.float64)
+    except (TypeError, ValueError):
+        return False
+    return bool(np.array_equal(a, a.astype(np.float32).astype(np.float64)))
+
+
+def _compare(got, expected) -> bool:
+    """The checkers' comparison: float64 agreement with the answer, or, for
+    the float32 mistake's stand-in, float32 agreement."""
+    if isinstance(expected, _InFloat32):
+        return _float32_numbers(got) and same(
+            got, expected.value, rtol=1e-4, atol=1e-5
+        )
+    return same(got, expected, rtol=1e-6, atol=1e-8)
+
+
+def _float32_mistake(reference) -> Mistake:
+    return Mistake(
+        "float32",
+        FLOAT32_DESCRIPTION,
+        "the inputs are float64 tensors: keep them so (no .float(), no "
+        "np.float32); float32 keeps about 7 significant digits, the check "
+        "wants about 15",
+        lambda *args: _InFloat32(reference(*args)),
+    )
+
 
 # --- a state that recalls every pair exactly ---------------------------------
 
@@ -37,6 +89,14 @@ def _one_delta_pass(keys, values):
     state = keys.new_zeros(keys.shape[1], values.shape[1])
     for k_t, v_t in zip(k, values):
         state = state + torch.outer(k_t, v_t - state.T @ k_t)
+    return state
+
+
+def _one_scaled_delta_pass(keys, values):
+    # the raw keys with beta_i = 1 / ||k_i||^2: Kaczmarz's first sweep
+    state = keys.new_zeros(keys.shape[1], values.shape[1])
+    for k_t, v_t in zip(keys, values):
+        state = state + torch.outer(k_t, v_t - state.T @ k_t) / (k_t @ k_t)
     return state
 
 
@@ -74,6 +134,16 @@ EXACT_MEMORY_MISTAKES = [
         _one_delta_pass,
     ),
     Mistake(
+        "one_scaled_delta_pass",
+        "one pass of the delta rule on the keys as given, with beta_i = 1 / "
+        "||k_i||^2 (one sweep of Kaczmarz's method): the last key reads its "
+        "value exactly, but each later write changed what the earlier keys "
+        "read",
+        "the passes converge to the least-norm state only in the limit; "
+        "solve K S = V directly (torch.linalg.pinv, lstsq)",
+        _one_scaled_delta_pass,
+    ),
+    Mistake(
         "normalised_keys",
         "the keys were normalised first: the state recalls v_i under k_i / "
         "||k_i||, so under k_i itself it reads ||k_i|| v_i",
@@ -97,6 +167,7 @@ EXACT_MEMORY_MISTAKES = [
         _square_solve,
         raises=_is_square_error,
     ),
+    _float32_mistake(_reference_exact_memory),
 ]
 
 
@@ -134,7 +205,7 @@ def check_exact_memory(fn) -> None:
         exact_memory_cases(),
         _reference_exact_memory,
         EXACT_MEMORY_MISTAKES,
-        compare=lambda a, b: same(a, b, rtol=1e-6, atol=1e-8),
+        compare=_compare,
         hint="K S = V has many solutions when n < d_k: the least-norm one "
         "lies in the span of the keys",
     )
@@ -229,20 +300,29 @@ BACKWARD_MISTAKES = [
         _mistake(read_in_beta=False),
     ),
     Mistake(
+        "normalised_key",
+        "the key was normalised before the step: S' = S + beta k (v - S^T "
+        "k)^T uses k as given, of any length (the models normalise k before "
+        "the step, but that is not part of it)",
+        "differentiate the step with the k you were given",
+        lambda S, k, v, beta, G: _flat(_grads(S, k / k.norm(), v, beta, G)),
+    ),
+    Mistake(
         "dv_without_beta",
         "dv = G^T k: v enters the step multiplied by beta",
         "dv = beta G^T k",
         _mistake(beta_in_dv=False),
     ),
+    _float32_mistake(_reference_backward),
 ]
 
 
 def backward_cases() -> list[Case]:
     g = torch.Generator().manual_seed(1)
 
-    def step(d_k, d_v, beta):
+    def step(d_k, d_v, beta, length=1.0):
         S = torch.randn(d_k, d_v, generator=g, dtype=torch.float64)
-        k = F.normalize(
+        k = length * F.normalize(
             torch.randn(d_k, generator=g, dtype=torch.float64), dim=0
         )
         v = torch.randn(d_v, generator=g, dtype=torch.float64)
@@ -254,21 +334,27 @@ def backward_cases() -> list[Case]:
         Case("d_k = 5, d_v = 5, beta = 0.3", step(5, 5, 0.3)),
         Case("d_k = 3, d_v = 6, beta = 1", step(3, 6, 1.0)),
         Case("d_k = 6, d_v = 2, beta = 0.9", step(6, 2, 0.9)),
+        # the derivation holds for a key of any length
+        Case(
+            "d_k = 4, d_v = 4, beta = 0.5, a key of length 1.7",
+            step(4, 4, 0.5, length=1.7),
+        ),
     ]
 
 
 def check_delta_step_backward(fn) -> None:
     """Check ``fn(S, k, v, beta, G)`` returns ``(dS, dk, dv, dbeta)``, the
     gradients of ``<G, S'>`` for one delta-rule step ``S' = S + beta k (v -
-    S^T k)^T``; S, G: (d_k, d_v), k: (d_k,) unit, v: (d_v,), beta: a 0-d
-    tensor; float64 torch tensors."""
+    S^T k)^T``; S, G: (d_k, d_v), k: (d_k,) of any length (the last case's
+    is not a unit vector), v: (d_v,), beta: a 0-d tensor; float64 torch
+    tensors."""
     run_checks(
         "the backward pass of one delta-rule step",
         fn,
         backward_cases(),
         _reference_backward,
         BACKWARD_MISTAKES,
-        compare=lambda a, b: same(a, b, rtol=1e-6, atol=1e-8),
+        compare=_compare,
         postprocess=_flat,
         hint="write S' = S - beta k k^T S + beta k v^T and differentiate "
         "<G, S'> term by term; check with torch.autograd",

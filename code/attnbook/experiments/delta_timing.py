@@ -20,9 +20,13 @@ from ..delta.recurrent import delta_recurrence
 
 
 def _inputs(n, d, seed):
+    """One head as ``(batch, heads, n, d) = (1, 1, n, d)``: with 4-D inputs
+    PyTorch's ``scaled_dot_product_attention`` runs its fused (flash) CPU
+    kernel; with 3-D ones it falls back to the math path, which builds the
+    mask and the whole ``n x n`` score matrix."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, n, d, generator=g) for _ in range(3))
-    beta = torch.rand(1, n, generator=g)
+    q, k, v = (torch.randn(1, 1, n, d, generator=g) for _ in range(3))
+    beta = torch.rand(1, 1, n, generator=g)
     return q, F.normalize(k, dim=-1), v, beta
 
 
@@ -37,7 +41,8 @@ def time_forms(
 ):
     """Seconds per call of one float32 head of length ``n`` for each ``n``
     in ``lengths``: the recurrence, the chunkwise form (``chunk_size``) and
-    causal softmax attention (``scaled_dot_product_attention``). Interleaved
+    causal softmax attention (``scaled_dot_product_attention`` on 4-D inputs
+    ``(1, 1, n, d)``, so that its fused kernel runs). Interleaved
     ``sweeps`` over lengths and forms, ``repeats`` each; each entry is the
     fastest of all its repeats (other programs only add time). The value
     checks are off (:func:`attnbook._validate.skip_sync_checks`). Run it with
@@ -75,31 +80,33 @@ def time_forms(
 
 def time_decode_step(contexts, n_heads=4, d=64, repeats=5, seed=0):
     """Seconds to decode one token in one layer of ``n_heads`` float32 heads
-    after each context length: a delta-rule step on a state ``(d, d)`` per
-    head, and attention of one query over a KV cache of ``context`` keys and
-    values per head. Fastest of ``repeats``. Returns ``{"state": [...],
-    "kv cache": [...]}``."""
+    (4-D inputs, ``(1, n_heads, ., d)``): a delta-rule step on a state ``(d,
+    d)`` per head, the same work at every context, so timed once (fastest of
+    ``repeats`` of at least 5 ms each); and attention of one query over a KV
+    cache of ``context`` keys and values per head, for each context, fastest
+    of ``repeats``. Returns ``{"state": seconds, "kv cache": [seconds per
+    context]}``."""
+    contexts = [_validate.positive_int("context", c) for c in contexts]
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(n_heads, 1, d, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, n_heads, 1, d, generator=g) for _ in range(3))
     k = F.normalize(k, dim=-1)
-    beta = torch.rand(n_heads, 1, generator=g)
-    state = torch.randn(n_heads, d, d, generator=g)
-    out = {"state": [], "kv cache": []}
+    beta = torch.rand(1, n_heads, 1, generator=g)
+    state = torch.randn(1, n_heads, d, d, generator=g)
+    out = {"state": None, "kv cache": []}
     with torch.no_grad(), _validate.skip_sync_checks():
+        out["state"] = time_call(
+            delta_recurrence,
+            q,
+            k,
+            v,
+            beta,
+            initial_state=state,
+            repeats=repeats,
+            min_time=0.005,
+        ).low
         for context in contexts:
-            context = _validate.positive_int("context", context)
-            keys = torch.randn(n_heads, context, d, generator=g)
-            values = torch.randn(n_heads, context, d, generator=g)
-            step = time_call(
-                delta_recurrence,
-                q,
-                k,
-                v,
-                beta,
-                initial_state=state,
-                repeats=repeats,
-                min_time=0.005,
-            )
+            keys = torch.randn(1, n_heads, context, d, generator=g)
+            values = torch.randn(1, n_heads, context, d, generator=g)
             read = time_call(
                 F.scaled_dot_product_attention,
                 q,
@@ -108,6 +115,5 @@ def time_decode_step(contexts, n_heads=4, d=64, repeats=5, seed=0):
                 repeats=repeats,
                 min_time=0.005,
             )
-            out["state"].append(step.low)
             out["kv cache"].append(read.low)
     return out
