@@ -138,7 +138,12 @@ def __getattr__(name):
 #: single function of the package answers the exercise.
 ANSWERS: dict[str, tuple[str, ...]] = {
     "check_absorbed_decode_step": ("attnbook.latent.mla.absorbed_attention",),
-    "check_alibi_bias": ("attnbook.positional.alibi_bias",),
+    # the slopes for a head count that is not a power of two are the hard
+    # part of the exercise
+    "check_alibi_bias": (
+        "attnbook.positional.alibi_bias",
+        "attnbook.positional.alibi_slopes",
+    ),
     "check_attention": ("attnbook.attention.scaled_dot_product_attention",),
     # the package's backward pass is chapter 9's, blocked and from the saved
     # log-sum-exp: not this exercise's dense one
@@ -183,7 +188,12 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_merge_softmax_states": (
         "attnbook.online_softmax.merge_softmax_states",
     ),
-    "check_multihead_attention": (),
+    # the split and merge without a loop are the exercise; the torch
+    # layer's forward, shown before it, is the main path's interface
+    "check_multihead_attention": (
+        "attnbook.heads.split_heads",
+        "attnbook.heads.merge_heads",
+    ),
     "check_nadaraya_watson": ("attnbook.kernel_smoothing.nadaraya_watson",),
     "check_online_softmax": ("attnbook.online_softmax.online_softmax_state",),
     # no function of the package classifies the tiles of a mask
@@ -204,7 +214,10 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # cache object that returns keys in time order and attends to nothing; the
     # exercise asks for the attention over a ring passed in, in numpy
     "check_ring_decode_step": (),
-    "check_rope_attention": (),
+    # the attention step of chapter 6's experiment rotates q and k
+    "check_rope_attention": (
+        "attnbook.experiments.extrapolation.PositionalAttention",
+    ),
     # the package's scores; chapter 3 calls it before the exercise, which
     # asks for the batched case that its RecallAttention.score_table (2-D)
     # does not show
@@ -222,7 +235,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
         "attnbook.softmax.logsumexp",
         "attnbook.softmax.log_softmax",
     ),
-    "check_split_qkv": (),
+    # each third is split as split_heads splits
+    "check_split_qkv": ("attnbook.heads.split_heads",),
     # no function of the package converts a strided layer's weights
     "check_strided_to_blocked": (),
 }
