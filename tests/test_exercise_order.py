@@ -81,3 +81,46 @@ def test_no_answer_is_shown_before_its_exercise(path):
             if name in names and index < asked[0]
         ]
     assert not given_away, "\n".join(given_away)
+
+
+# Sources that are not the answer's function but would give most of an
+# exercise away, named by their qualified name as a chapter writes it in
+# show_source (a method's bare name, such as ``update``, is shared by every
+# cache class). ANSWERS lists no function for the ring step, whose exercise
+# works on a ring passed in, in numpy; RollingKVCache.update is the same
+# algorithm in torch (issue 31, student report 0708).
+NEAR_ANSWERS = {
+    "check_ring_decode_step": ("RollingKVCache.update",),
+}
+
+
+def shown_expressions(source: str) -> list[str]:
+    """The expression passed to show_source in a cell, as written."""
+    return [
+        expression.replace(" ", "")
+        for expression in re.findall(r"show_source\(\s*([\w.]+)\s*\)", source)
+    ]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_no_near_answer_is_shown_before_its_exercise(path):
+    cells = [
+        "".join(c["source"]) if c["cell_type"] == "code" else ""
+        for c in json.loads(path.read_text())["cells"]
+    ]
+    given_away = []
+    for checker, qualified in NEAR_ANSWERS.items():
+        asked = [i for i, s in enumerate(cells) if f"{checker}(" in s]
+        if not asked:
+            continue
+        given_away += [
+            f"cell {index} shows {expression}, most of the answer to "
+            f"{checker} (cell {asked[0]})"
+            for index, source in enumerate(cells[: asked[0]])
+            for expression in shown_expressions(source)
+            if any(
+                expression == name or expression.endswith("." + name)
+                for name in qualified
+            )
+        ]
+    assert not given_away, "\n".join(given_away)
