@@ -102,6 +102,24 @@ def merge_guarded_keeps_first_max(m_a, l_a, m_b, l_b):
     return m_a, l_a + l_b * np.exp(m_b - m_f)
 
 
+def merge_returns_lse(m_a, l_a, m_b, l_b):
+    """Wrong: merges right, then returns the log-sum-exp m + log(l), the
+    number the forward pass saves, instead of l (from an expert reading of
+    chapter 9)."""
+    ms, lses = [], []
+    for ma, la, mb, lb in zip(
+        *(np.atleast_1d(np.asarray(x, float)) for x in (m_a, l_a, m_b, l_b))
+    ):
+        m = max(ma, mb)
+        if m == -math.inf:
+            ms.append(m), lses.append(-math.inf)
+            continue
+        total = la * math.exp(ma - m) + lb * math.exp(mb - m)
+        ms.append(m), lses.append(m + math.log(total))
+    shape = np.shape(m_a)
+    return np.array(ms).reshape(shape), np.array(lses).reshape(shape)
+
+
 def test_an_empty_state_reported_as_zero_is_not_empty():
     """From an expert reading of chapter 9: returning the stand-in 0 as the
     maximum of two empty states passed. (0, 0) is not the empty state: merged
@@ -134,6 +152,8 @@ def test_an_empty_state_reported_as_zero_is_not_empty():
         (merge_guarded_rescales_old_only, "only_a_rescaled"),
         (merge_guarded_keeps_first_max, "max_not_updated"),
         (merge_returns_stand_in, "max_is_stand_in"),
+        # from a second expert reading: the lse in place of l
+        (merge_returns_lse, "returns_lse"),
     ],
 )
 def test_merge_mistakes_are_diagnosed(wrong, key):
@@ -407,6 +427,7 @@ CATALOGUE = {
             (merge_returns_stand_in, "max_is_stand_in"),
             (merge_guarded_rescales_old_only, "only_a_rescaled"),
             (merge_guarded_keeps_first_max, "max_not_updated"),
+            (merge_returns_lse, "returns_lse"),
         ],
     },
     "check_online_softmax": {

@@ -136,6 +136,16 @@ def _max_is_stand_in(m_a, l_a, m_b, l_b):
     return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
 
 
+def _merge_returns_lse(m_a, l_a, m_b, l_b):
+    """The right merge, but returning the log-sum-exp ``m + log(l)`` (-inf
+    for an empty state) in place of ``l``."""
+    m, l = _merge_reference(m_a, l_a, m_b, l_b)
+    m, l = np.asarray(m, float), np.asarray(l, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
+    return m, lse
+
+
 # Mistakes that are right except on an edge case come first: on a case where
 # they are wrong, other mistakes can produce the same NaN.
 MERGE_MISTAKES = [
@@ -259,6 +269,14 @@ MERGE_MISTAKES = [
         )
         for keep in ("a", "b", "none")
     ],
+    Mistake(
+        "returns_lse",
+        "the second entry is the merged log-sum-exp m + log(l), not the sum l",
+        "return l = l_a * exp(m_a - m) + l_b * exp(m_b - m) itself; m + "
+        "log(l) is what the forward pass saves for the backward pass, but "
+        "the state is the pair (m, l)",
+        _merge_returns_lse,
+    ),
 ]
 
 
