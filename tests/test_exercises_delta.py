@@ -191,34 +191,8 @@ CATALOGUE = {
         ],
     },
 }
-CHECKERS = {
-    "check_exact_memory": check_exact_memory,
-    "check_delta_step_backward": check_delta_step_backward,
-}
-
-
-@pytest.mark.parametrize(
-    "name, fn",
-    [(name, fn) for name in CATALOGUE for fn in CATALOGUE[name]["right"]],
-)
-def test_correct_solutions_pass(name, fn, capsys):
-    CHECKERS[name](fn)
-    assert "Correct" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(
-    "name, fn, key",
-    [
-        (name, fn, key)
-        for name in CATALOGUE
-        for fn, key in CATALOGUE[name]["wrong"]
-    ],
-)
-def test_mistakes_are_diagnosed(name, fn, key):
-    with pytest.raises(ExerciseError) as err:
-        CHECKERS[name](fn)
-    assert err.value.mistake == key
-    assert "Diagnosis" in str(err.value)
+# The catalogue's solutions are run by tests/test_exercises_framework.py, which
+# checks every right one accepted and every wrong one named, for every checker.
 
 
 def test_the_same_wrong_answer_is_caught_as_numpy_and_as_torch():

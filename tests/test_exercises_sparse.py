@@ -385,34 +385,8 @@ CATALOGUE = {
         ],
     },
 }
-CHECKERS = {
-    "check_packed_sliding_mask_mod": check_packed_sliding_mask_mod,
-    "check_causal_topk": check_causal_topk,
-}
-
-
-@pytest.mark.parametrize(
-    "name, fn",
-    [(name, fn) for name in CATALOGUE for fn in CATALOGUE[name]["right"]],
-)
-def test_correct_solutions_pass(name, fn, capsys):
-    CHECKERS[name](fn)
-    assert "Correct" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(
-    "name, fn, key",
-    [
-        (name, fn, key)
-        for name in CATALOGUE
-        for fn, key in CATALOGUE[name]["wrong"]
-    ],
-)
-def test_mistakes_are_diagnosed(name, fn, key):
-    with pytest.raises(ExerciseError) as err:
-        CHECKERS[name](fn)
-    assert err.value.mistake == key
-    assert "Diagnosis" in str(err.value)
+# The catalogue's solutions are run by tests/test_exercises_framework.py, which
+# checks every right one accepted and every wrong one named, for every checker.
 
 
 def test_a_python_if_is_named_in_the_diagnosis():

@@ -397,8 +397,7 @@ def pca_project(x, k: int = 2) -> np.ndarray:
 # --- a corpus with two ambiguous words --------------------------------------
 
 #: Topic -> (words that fill the slots, sentence templates). "bank" and "java"
-#: are written into the templates of two topics each, so each has two senses in
-#: the corpus.
+#: are slot words of two topics each, so each has two senses in the corpus.
 TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "river": (
         (

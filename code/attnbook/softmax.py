@@ -80,8 +80,9 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
     of a number as large as ``m`` enters the result (``x - logsumexp(x)``
     would round ``m + log(sum)`` first, an error of up to half a unit in the
     last place of that sum, a number within ``log n`` above ``m``: about
-    half an ulp of ``|m|``, not of ``max |x|``, so ``[0, -1e4]`` loses
-    nothing; torch subtracts in this order too). A slice
+    half an ulp of ``max(|m|, |m + log n|)``, not of ``max |x|``; with
+    ``m = 0`` the sum is exact, so ``[0, -1e4]`` loses nothing; torch
+    subtracts in this order too). A slice
     that is entirely ``-inf`` (a fully masked row) gives NaN, as in torch.
     """
     x = as_float(x)
