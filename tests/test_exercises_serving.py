@@ -34,6 +34,25 @@ def slots_torch(table, length, block_size):
     return every[:length]
 
 
+def slots_list(table, length, block_size):
+    """Correct: a Python list of ints (an empty list indexes too)."""
+    return [
+        table[p // block_size] * block_size + p % block_size
+        for p in range(length)
+    ]
+
+
+def slots_comprehension_array(table, length, block_size):
+    """Wrong: np.array of an empty list is float64, so 0 positions give
+    slots that cannot index."""
+    return np.array(
+        [
+            table[p // block_size] * block_size + p % block_size
+            for p in range(length)
+        ]
+    )
+
+
 def slots_no_factor(table, length, block_size):
     return np.array(
         [table[p // block_size] + p % block_size for p in range(length)],
@@ -108,7 +127,42 @@ def decode_by_blocks(q, key_blocks, value_blocks, table, length):
 
 
 def decode_masked_tail(q, key_blocks, value_blocks, table, length):
-    """Correct: every slot of the table, the tail masked with -inf."""
+    """Correct: every slot of the table, the tail masked out of the scores
+    (-inf) and of the values (zeros)."""
+    k = key_blocks[table].reshape(-1, *key_blocks.shape[2:])
+    v = value_blocks[table].reshape(-1, *value_blocks.shape[2:])
+    v = np.where(np.arange(len(v))[:, None, None] < length, v, 0.0)
+    scores = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
+    scores[:, length:] = -np.inf
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
+
+
+def decode_online_torch(q, key_blocks, value_blocks, table, length):
+    """Correct: torch, the tail cut, a running max and sum over blocks."""
+    q, kb, vb = (torch.as_tensor(x) for x in (q, key_blocks, value_blocks))
+    size = kb.shape[1]
+    m = torch.full(q.shape[:1], -math.inf, dtype=q.dtype)
+    total = torch.zeros(q.shape[:1], dtype=q.dtype)
+    acc = torch.zeros_like(q)
+    for i in range(math.ceil(length / size)):
+        n = min(size, length - i * size)
+        s = torch.einsum("hd,nhd->hn", q, kb[table[i], :n])
+        s = s / math.sqrt(q.shape[-1])
+        new = torch.maximum(m, s.max(-1).values)
+        w = torch.exp(s - new[:, None])
+        rescale = torch.exp(m - new)
+        total = total * rescale + w.sum(-1)
+        acc = acc * rescale[:, None] + torch.einsum(
+            "hn,nhd->hd", w, vb[table[i], :n]
+        )
+        m = new
+    return acc / total[:, None]
+
+
+def decode_values_not_masked(q, key_blocks, value_blocks, table, length):
+    """Wrong: the tail's scores set to -inf, its values kept: fine on
+    finite garbage, NaN when the tail holds NaN or inf."""
     k = key_blocks[table].reshape(-1, *key_blocks.shape[2:])
     v = value_blocks[table].reshape(-1, *value_blocks.shape[2:])
     scores = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
@@ -171,7 +225,7 @@ def decode_averaged(q, key_blocks, value_blocks, table, length):
 
 CATALOGUE = {
     "check_block_slots": {
-        "right": [slots_loop, slots_torch],
+        "right": [slots_loop, slots_torch, slots_list],
         "wrong": [
             (slots_no_factor, "no_block_factor"),
             (slots_identity, "table_ignored"),
@@ -179,10 +233,16 @@ CATALOGUE = {
             (slots_whole_blocks, "whole_last_block"),
             (slots_swapped, "offset_and_block_swapped"),
             (slots_float, "float_slots"),
+            (slots_comprehension_array, "empty_not_integer"),
         ],
     },
     "check_paged_decode": {
-        "right": [decode_gather, decode_by_blocks, decode_masked_tail],
+        "right": [
+            decode_gather,
+            decode_by_blocks,
+            decode_masked_tail,
+            decode_online_torch,
+        ],
         "wrong": [
             (decode_whole_blocks, "unfilled_tail_read"),
             (decode_full_blocks_only, "last_block_dropped"),
@@ -190,6 +250,7 @@ CATALOGUE = {
             (decode_sorted, "blocks_sorted"),
             (decode_unscaled, "no_scale"),
             (decode_averaged, "blocks_averaged"),
+            (decode_values_not_masked, "values_not_masked"),
         ],
     },
 }
@@ -239,3 +300,17 @@ def test_the_stubs_are_not_attempted():
     for checker in CHECKERS.values():
         with pytest.raises(NotAttemptedError):
             checker(stub)
+
+
+def test_the_decode_cases_put_nan_and_inf_in_the_unfilled_tails():
+    from attnbook.exercises.serving import decode_cases
+
+    fills = set()
+    for case in decode_cases():
+        q, keys, values, table, length = case.args
+        filled = length - (len(table) - 1) * keys.shape[1]
+        for pool in (keys, values):
+            tail = pool[table[-1], filled:]
+            if tail.size and not np.isfinite(tail).any():
+                fills.add("nan" if np.isnan(tail).all() else "inf")
+    assert fills == {"nan", "inf"}

@@ -162,6 +162,11 @@ def test_parallel_samples_share_the_prompt_and_copy_on_write():
     # the part-filled block of the prompt was copied by two of the three
     assert forked.stats.copies == 2
     forked.check()
+    # a prompt of whole blocks leaves no block part-filled: nothing copied
+    whole = Engine(model, n_blocks=40, block_size=4)
+    whole.run([Request(prompt + [7, 8], 6, seed=10, n_samples=3)])
+    assert whole.stats.copies == 0
+    whole.check()
 
 
 @settings(

@@ -158,5 +158,16 @@ def test_paged_memory_holds_nearly_only_tokens():
     # one request by hand: p=3, o=2 holds 3 then 4 positions
     assert token_fraction([3], [2], "max", max_len=8) == 7 / 16
     assert token_fraction([3], [2], "paged", block_size=2) == 7 / 8
-    assert token_fraction([3], [2], "pow2") == 7 / 8
+    # Orca (Pow2): the output rounded up to a power of two, plus the prompt
+    assert token_fraction([3], [2], "pow2") == 7 / 10
     assert token_fraction([3], [2], "oracle") == 7 / 8
+
+
+def test_pow2_rounds_the_output_not_the_final_length():
+    # the vLLM paper's example: 25 output tokens reserve 32 positions for
+    # the output, the prompt added (not the next power of two of 124)
+    used = 25 * 100 + 25 * 24 // 2
+    assert token_fraction([100], [25], "pow2") == used / (25 * (100 + 32))
+    # capped at the context: 2000 + 64 > 2048
+    used = 40 * 2000 + 40 * 39 // 2
+    assert token_fraction([2000], [40], "pow2") == used / (40 * 2048)

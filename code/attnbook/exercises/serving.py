@@ -6,13 +6,16 @@ The slots' mistakes are those of turning a position into a block and an
 offset: the block id used as a slot without the factor ``block_size``, the
 table ignored (positions as slots), the table read cyclically (``p %
 len(table)``), the whole last block read (its unfilled tail included), the
-offset and the block swapped, slots returned as floats (they index). The
-decoding step's mistakes: the unfilled tail of the last block read as if it
-held keys, the last block dropped, the newest position dropped, the blocks
-read in the order of their ids instead of the table's, no ``1/sqrt(d)``
-scaling, and, for a reader who attends block by block, the blocks' outputs
-averaged instead of merged by their shares of the softmax's mass (chapter
-9's merge).
+offset and the block swapped, slots returned as floats (they index), and the
+empty array of a sequence of no positions built as ``np.array([])``, which is
+float64 and cannot index. The decoding step's mistakes: the unfilled tail of
+the last block read as if it held keys, the last block dropped, the newest
+position dropped, the blocks read in the order of their ids instead of the
+table's, no ``1/sqrt(d)`` scaling, and, for a reader who attends block by
+block, the blocks' outputs averaged instead of merged by their shares of the
+softmax's mass (chapter 9's merge), and the tail's scores masked but not its
+values: a zero weight times a NaN or an infinity left in an unfilled slot is
+NaN (two cases fill the tails with NaN and with infinities).
 
 Numpy only: a reader may answer with torch, and a torch tensor returned is
 compared as an array.
@@ -65,12 +68,18 @@ def _float_slots(table, length, block_size):
     return _reference_slots(table, length, block_size).astype(np.float64)
 
 
+def _empty_float(table, length, block_size):
+    slots = _reference_slots(table, length, block_size)
+    return slots if length else np.array([])
+
+
 def _same_slots(got, expected) -> bool:
-    """Equal slots, both integers or both not; no slots at all (length 0)
-    in any dtype."""
+    """Equal slots, both integers or both not. No slots at all (length 0):
+    an empty list, which indexes, or an empty array of the expected kind (a
+    float64 ``np.array([])`` does not index)."""
+    if isinstance(got, (list, tuple)) and len(got) == 0:
+        return as_array(expected).shape == (0,)
     got, expected = as_array(got), as_array(expected)
-    if got.shape == expected.shape == (0,):
-        return True
     integers = [np.issubdtype(x.dtype, np.integer) for x in (got, expected)]
     return integers[0] == integers[1] and same(got, expected)
 
@@ -116,6 +125,14 @@ SLOT_MISTAKES = [
         "build them from integer arrays (np.arange, np.asarray(table)) or "
         "cast with .astype(np.int64)",
         _float_slots,
+    ),
+    Mistake(
+        "empty_not_integer",
+        "for 0 positions the slots are an empty float array (np.array([]) "
+        "is float64), which cannot index memory",
+        "build the slots from np.arange(length), or give np.array(..., "
+        "dtype=np.int64)",
+        _empty_float,
     ),
 ]
 
@@ -204,6 +221,18 @@ def _no_scale(q, key_blocks, value_blocks, table, length):
     )
 
 
+def _values_not_masked(q, key_blocks, value_blocks, table, length):
+    size = key_blocks.shape[1]
+    used = table[: -(-length // size)]
+    k = key_blocks[used].reshape(-1, *key_blocks.shape[2:])
+    v = value_blocks[used].reshape(-1, *value_blocks.shape[2:])
+    scores = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
+    scores[:, length:] = -np.inf
+    w = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    w /= w.sum(axis=-1, keepdims=True)
+    return np.einsum("hn,nhd->hd", w, v)
+
+
 def _blocks_averaged(q, key_blocks, value_blocks, table, length):
     size = key_blocks.shape[1]
     outs = []
@@ -258,6 +287,15 @@ DECODE_MISTAKES = [
         "exp(lse_b - logsumexp_b lse_b)",
         _blocks_averaged,
     ),
+    Mistake(
+        "values_not_masked",
+        "the tail's scores are masked but its values are used: its weights "
+        "are 0, but its slots may hold NaN or infinities, and 0 * NaN = 0 * "
+        "inf = NaN",
+        "drop the tail's values (cut each block to its filled positions) or "
+        "zero them (np.where / torch.where) before the weighted sum",
+        _values_not_masked,
+    ),
 ]
 
 
@@ -298,6 +336,25 @@ def decode_cases() -> list[Case]:
         values = rng.standard_normal((n_blocks, size, h, d)) * 3 - 4
         q = rng.standard_normal((h, d)) * 1.5
         cases.append(Case(name, (q, keys, values, list(table), length)))
+    # uninitialised memory: NaN, then infinities, in the unfilled tails
+    for name, (n_blocks, size, table, length, fill) in {
+        "blocks of 4, table [2, 0], 6 positions, NaN in the unfilled tail": (
+            4,
+            4,
+            [2, 0],
+            6,
+            (np.nan, np.nan),
+        ),
+        "blocks of 3, table [1, 3, 0], 7 positions, inf in the unfilled "
+        "tail": (5, 3, [1, 3, 0], 7, (np.inf, -np.inf)),
+    }.items():
+        keys = rng.standard_normal((n_blocks, size, 2, 3)) * 3 + 2
+        values = rng.standard_normal((n_blocks, size, 2, 3)) * 3 - 4
+        filled = length - (len(table) - 1) * size
+        keys[table[-1], filled:] = fill[0]
+        values[table[-1], filled:] = fill[1]
+        q = rng.standard_normal((2, 3)) * 1.5
+        cases.append(Case(name, (q, keys, values, list(table), length)))
     return cases
 
 
@@ -307,7 +364,7 @@ def check_paged_decode(fn) -> None:
     the ``length`` positions of a sequence whose keys and values sit in
     ``key_blocks``, ``value_blocks`` (n_blocks, block_size, n_heads, d) at the
     blocks of ``table``, in order; the slots past ``length`` in the last
-    block hold garbage."""
+    block hold garbage (NaN or infinities in two cases)."""
     run_checks(
         "a decoding step through a block table",
         fn,

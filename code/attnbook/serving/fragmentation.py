@@ -55,9 +55,11 @@ def token_fraction(
     A request of ``p`` prompt and ``o`` output tokens holds ``p + t``
     positions after its ``t``-th new token, ``t = 0 .. o - 1`` (the last new
     token is never fed back). It reserves, at each of those steps:
-    ``"max"``: ``max_len`` positions; ``"pow2"``: the next power of two at or
-    above its final length ``p + o - 1``; ``"oracle"``: exactly ``p + o -
-    1``; ``"paged"``: ``ceil((p + t) / block_size) * block_size``.
+    ``"max"``: ``max_len`` positions; ``"pow2"``: the vLLM paper's Orca
+    (Pow2), room for the output length rounded up to a power of two, plus the
+    prompt, at most ``max_len``: ``min(p + 2 ** ceil(log2(o)), max_len)``;
+    ``"oracle"``: exactly ``p + o - 1``; ``"paged"``: ``ceil((p + t) /
+    block_size) * block_size``.
     """
     prompt = np.asarray(prompt, dtype=np.int64)
     output = np.asarray(output, dtype=np.int64)
@@ -67,7 +69,9 @@ def token_fraction(
     if policy == "max":
         held = (output * max_len).sum()
     elif policy == "pow2":
-        held = (output * 2 ** np.ceil(np.log2(final))).sum()
+        # the output over-reserved by at most 2x (Kwon et al. 2023, 6.1)
+        out_room = 2 ** np.ceil(np.log2(output)).astype(np.int64)
+        held = (output * np.minimum(prompt + out_room, max_len)).sum()
     elif policy == "oracle":
         held = (output * final).sum()
     elif policy == "paged":

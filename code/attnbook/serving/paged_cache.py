@@ -6,8 +6,12 @@ blocks.
 :mod:`attnbook.serving.block_table`. :func:`paged_decode` computes the same
 attention without assembling the keys: each block is attended on its own and
 the per-block states (output, log-sum-exp) are combined by
-:func:`attnbook.torch_attention.merge_splits`, chapter 9's merge, which is
-what a PagedAttention kernel does (Kwon et al. 2023).
+:func:`attnbook.torch_attention.merge_splits`, chapter 9's merge. That is
+the way of split-KV kernels (vLLM's v2 PagedAttention kernel merges
+partitions of 512 tokens, FlashDecoding chunks of the sequence) taken to its
+finest grain, one partition per block; vLLM's v1 kernel (Kwon et al. 2023)
+instead normalises the softmax over the whole sequence before it
+accumulates the values block by block.
 
 :class:`PagedKVCache` follows :class:`attnbook.cache_protocol.KVCacheProtocol`:
 ``batch`` sequences, each with its own block table into one pool of blocks,
