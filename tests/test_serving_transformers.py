@@ -7,7 +7,8 @@ the tiny GPT (tests/test_serving_engine.py)."""
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+# generate_batch and ContinuousBatchingConfig are transformers 5's
+transformers = pytest.importorskip("transformers", minversion="5.0")
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.generation.configuration_utils import (  # noqa: E402
     ContinuousBatchingConfig,
