@@ -96,6 +96,28 @@ def slots_float(table, length, block_size):
     return t[(p // block_size).astype(int)] * block_size + p % block_size
 
 
+def slots_start_plus_position(table, length, block_size):
+    """Wrong: the sequence read on from its first block, as if its blocks
+    were adjacent."""
+    if length == 0:
+        return np.zeros(0, dtype=np.int64)
+    start = table[0] * block_size
+    return np.arange(start, start + length)
+
+
+def slots_position_not_offset(table, length, block_size):
+    out = []
+    for p in range(length):
+        out.append(table[p // block_size] * block_size + p)
+    return np.array(out, dtype=np.int64).reshape(length)
+
+
+def slots_scaled_by_table_length(table, length, block_size):
+    t = torch.as_tensor(table, dtype=torch.long)
+    p = torch.arange(length)
+    return t[p // block_size] * len(table) + p % block_size
+
+
 # --- one decoding step through a block table ---------------------------------
 
 
@@ -223,6 +245,47 @@ def decode_averaged(q, key_blocks, value_blocks, table, length):
     return sum(outs) / len(outs)
 
 
+def _per_block(q, key_blocks, value_blocks, table, length):
+    """Each block attended alone: its output, its scores."""
+    size = key_blocks.shape[1]
+    for i in range(math.ceil(length / size)):
+        n = min(size, length - i * size)
+        k, v = key_blocks[table[i], :n], value_blocks[table[i], :n]
+        s = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
+        w = np.exp(s - s.max(-1, keepdims=True))
+        yield np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v), s
+
+
+def decode_weighted_by_positions(q, key_blocks, value_blocks, table, length):
+    """Wrong: a longer block counts for more, so each block's output is
+    weighted by how many positions it holds."""
+    total, n = 0.0, 0
+    for out, s in _per_block(q, key_blocks, value_blocks, table, length):
+        total = total + s.shape[-1] * out
+        n += s.shape[-1]
+    return total / n
+
+
+def decode_all_heads_scaled(q, key_blocks, value_blocks, table, length):
+    """Wrong: the divisor from the query's whole size, h * d."""
+    q_t = torch.as_tensor(q)
+    k = torch.as_tensor(np.concatenate([key_blocks[b] for b in table]))
+    v = torch.as_tensor(np.concatenate([value_blocks[b] for b in table]))
+    s = torch.einsum("hd,nhd->hn", q_t, k[:length]) / math.sqrt(q_t.numel())
+    return torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v[:length])
+
+
+def decode_merged_by_max(q, key_blocks, value_blocks, table, length):
+    """Wrong: each block's largest score stands for its softmax mass."""
+    outs, maxes = [], []
+    for out, s in _per_block(q, key_blocks, value_blocks, table, length):
+        outs.append(out)
+        maxes.append(s.max(-1))
+    m = np.stack(maxes)
+    w = np.exp(m - m.max(0))
+    return np.einsum("bh,bhd->hd", w / w.sum(0), np.stack(outs))
+
+
 CATALOGUE = {
     "check_block_slots": {
         "right": [slots_loop, slots_torch, slots_list],
@@ -232,6 +295,9 @@ CATALOGUE = {
             (slots_modulo, "cyclic_table"),
             (slots_whole_blocks, "whole_last_block"),
             (slots_swapped, "offset_and_block_swapped"),
+            (slots_start_plus_position, "contiguous_from_first_block"),
+            (slots_position_not_offset, "offset_not_reduced"),
+            (slots_scaled_by_table_length, "table_length_factor"),
             (slots_float, "float_slots"),
             (slots_comprehension_array, "empty_not_integer"),
         ],
@@ -250,6 +316,9 @@ CATALOGUE = {
             (decode_sorted, "blocks_sorted"),
             (decode_unscaled, "no_scale"),
             (decode_averaged, "blocks_averaged"),
+            (decode_weighted_by_positions, "blocks_by_count"),
+            (decode_all_heads_scaled, "scale_heads_times_d"),
+            (decode_merged_by_max, "blocks_by_max"),
             (decode_values_not_masked, "values_not_masked"),
         ],
     },

@@ -45,6 +45,62 @@ def packed_sliding_composed(doc_ids, window):
     return and_masks(document, sliding)
 
 
+def packed_sliding_run_starts(doc_ids, window):
+    """Correct, whatever the labels: each position's document starts where
+    the run of its label began (the last change of doc_ids at or before
+    it)."""
+    n = len(doc_ids)
+    change = torch.ones(n, dtype=torch.bool)
+    change[1:] = doc_ids[1:] != doc_ids[:-1]
+    positions = torch.arange(n)
+    start = torch.cummax(torch.where(change, positions, 0), dim=0).values
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        lower = torch.maximum(start[q_idx], q_idx - window + 1)
+        return (kv_idx >= lower) & (kv_idx <= q_idx)
+
+    return mask_mod
+
+
+def packed_sliding_later_document(doc_ids, window):
+    """Wrong where the labels do not increase: "a key of the same or a later
+    document" read as >=, equal to == while documents are numbered in
+    order."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        not_earlier = doc_ids[kv_idx] >= doc_ids[q_idx]
+        return not_earlier & (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
+def packed_sliding_earlier_document(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        causal = q_idx >= kv_idx
+        near = kv_idx > q_idx - window
+        return causal & near & (doc_ids[q_idx] >= doc_ids[kv_idx])
+
+    return mask_mod
+
+
+def packed_sliding_offsets(doc_ids, window):
+    """Wrong where the labels do not run 0, 1, 2, ... along the row: each
+    document's offset from the lengths of the documents labelled before
+    it."""
+    lengths = torch.bincount(doc_ids)
+    offsets = torch.cat(
+        [torch.zeros(1, dtype=lengths.dtype), lengths.cumsum(0)]
+    )
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        first = offsets[doc_ids[q_idx]]
+        return (
+            (kv_idx >= first) & (kv_idx <= q_idx) & (kv_idx > q_idx - window)
+        )
+
+    return mask_mod
+
+
 def packed_sliding_no_causal(doc_ids, window):
     def mask_mod(b, h, q_idx, kv_idx):
         close = (q_idx - kv_idx).abs() < window
@@ -331,6 +387,53 @@ def topk_latest_on_ties(scores, k):
     return out
 
 
+def topk_strictly_above_next(scores, k):
+    """Wrong on ties: keeps the keys scoring strictly above the (k+1)-th
+    largest admissible score, so fewer than k where the k-th and (k+1)-th
+    tie."""
+    n_q, n_k = scores.shape
+    out = np.zeros((n_q, n_k), dtype=bool)
+    for i in range(n_q):
+        row = scores[i, : i + n_k - n_q + 1]
+        if row.size <= k:
+            out[i, : row.size] = True
+        else:
+            out[i, : row.size] = row > np.sort(row)[::-1][k]
+    return out
+
+
+def topk_diagonal_off_by_one(scores, k):
+    """Wrong: tril's diagonal one too high, so each query may select the key
+    just after it."""
+    s = torch.as_tensor(scores)
+    n_q, n_k = s.shape
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q + 1)
+    top = s.masked_fill(~allowed, float("-inf")).topk(k, dim=-1)
+    out = torch.zeros(n_q, n_k, dtype=torch.bool)
+    return out.scatter(-1, top.indices, torch.isfinite(top.values))
+
+
+def topk_masked_with_zero(scores, k):
+    """Wrong: the future multiplied away (set to 0) before torch's topk, then
+    dropped; a 0 outranks a negative score."""
+    s = torch.as_tensor(scores)
+    n_q, n_k = s.shape
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    idx = (s * allowed).topk(k, dim=-1).indices
+    chosen = torch.zeros(n_q, n_k, dtype=torch.bool).scatter(-1, idx, True)
+    return chosen & allowed
+
+
+def topk_numpy_zero_fill(scores, k):
+    """Wrong: np.where(..., scores, 0) before numpy's (unstable) argsort."""
+    n_q, n_k = scores.shape
+    allowed = np.tri(n_q, n_k, n_k - n_q, dtype=bool)
+    best = np.argsort(np.where(allowed, scores, 0.0), axis=-1)[:, ::-1][:, :k]
+    out = np.zeros((n_q, n_k), dtype=bool)
+    np.put_along_axis(out, best, True, axis=-1)
+    return out & allowed
+
+
 def topk_threshold(scores, k):
     """Wrong on ties: keeps every admissible key scoring at least the k-th
     largest, so more than k keys where scores tie."""
@@ -345,11 +448,18 @@ def topk_threshold(scores, k):
 
 CATALOGUE = {
     "check_packed_sliding_mask_mod": {
-        "right": [packed_sliding, packed_sliding_composed],
+        "right": [
+            packed_sliding,
+            packed_sliding_composed,
+            packed_sliding_run_starts,
+        ],
         "wrong": [
             (packed_sliding_no_causal, "no_causal"),
             (packed_sliding_forgets_the_past_bound, "no_causal_one_sided"),
             (packed_sliding_across, "crosses_documents"),
+            (packed_sliding_later_document, "document_order_ge"),
+            (packed_sliding_earlier_document, "document_order_le"),
+            (packed_sliding_offsets, "starts_by_label"),
             (packed_sliding_whole_document, "no_window"),
             (packed_sliding_wide, "window_plus_one"),
             (packed_sliding_narrow, "window_minus_one"),
@@ -382,6 +492,10 @@ CATALOGUE = {
             (topk_float, "float_selection"),
             (topk_int, "int_selection"),
             (topk_threshold, "ties_kept"),
+            (topk_strictly_above_next, "ties_dropped"),
+            (topk_diagonal_off_by_one, "one_future"),
+            (topk_masked_with_zero, "zero_masked"),
+            (topk_numpy_zero_fill, "zero_masked"),
         ],
     },
 }
@@ -417,3 +531,13 @@ def test_the_last_topk_case_has_ties_at_the_kth_score():
     assert not np.array_equal(
         topk_latest_on_ties(scores, k), _reference_topk(scores, k)
     )
+
+
+def test_a_packed_case_labels_its_documents_out_of_order():
+    """Under causality, comparing the labels with >= equals == while they
+    increase along the row; one case's do not, so that the checker tells
+    them apart."""
+    from attnbook.exercises.sparse import packed_sliding_cases
+
+    labels = [case.args[0] for case in packed_sliding_cases()]
+    assert any((doc[1:] < doc[:-1]).any() for doc in labels)

@@ -16,8 +16,9 @@ models of the HBM traffic of the two algorithms, in elements read or written:
 Specifications of real GPUs are from NVIDIA's whitepapers and datasheets; the
 ``sources`` of each entry are keys in the book's bibliography.
 
-Chapter 9 (FlashAttention) builds its roofline from these counts; chapters 11
-and 13 read the GPU table :data:`GPUS` (chapter 13 the H100's ridge point).
+Chapter 9 (FlashAttention) builds its roofline from these counts; chapters
+11, 13 and 14 read the GPU table :data:`GPUS` (chapter 13 the H100's ridge
+point, chapter 14 its peak against its host links).
 """
 
 from __future__ import annotations

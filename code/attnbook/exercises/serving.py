@@ -6,16 +6,21 @@ The slots' mistakes are those of turning a position into a block and an
 offset: the block id used as a slot without the factor ``block_size``, the
 table ignored (positions as slots), the table read cyclically (``p %
 len(table)``), the whole last block read (its unfilled tail included), the
-offset and the block swapped, slots returned as floats (they index), and the
-empty array of a sequence of no positions built as ``np.array([])``, which is
-float64 and cannot index. The decoding step's mistakes: the unfilled tail of
-the last block read as if it held keys, the last block dropped, the newest
-position dropped, the blocks read in the order of their ids instead of the
-table's, no ``1/sqrt(d)`` scaling, and, for a reader who attends block by
-block, the blocks' outputs averaged instead of merged by their shares of the
-softmax's mass (chapter 9's merge), and the tail's scores masked but not its
-values: a zero weight times a NaN or an infinity left in an unfilled slot is
-NaN (two cases fill the tails with NaN and with infinities).
+offset and the block swapped, the slots run on contiguously from the first
+block (``table[0] * block_size + p``), the offset not reduced (``p`` added
+instead of ``p % block_size``), the block scaled by ``len(table)`` instead of
+``block_size``, slots returned as floats (they index), and the empty array of
+a sequence of no positions built as ``np.array([])``, which is float64 and
+cannot index. The decoding step's mistakes: the unfilled tail of the last
+block read as if it held keys, the last block dropped, the newest position
+dropped, the blocks read in the order of their ids instead of the table's, no
+``1/sqrt(d)`` scaling, or ``1/sqrt(h d)`` (the heads' features counted
+together), and, for a reader who attends block by block, the blocks' outputs
+averaged, weighted by their filled counts or by their largest scores instead
+of merged by their shares of the softmax's mass (chapter 9's merge), and the
+tail's scores masked but not its values: a zero weight times a NaN or an
+infinity left in an unfilled slot is NaN (two cases fill the tails with NaN
+and with infinities).
 
 Numpy only: a reader may answer with torch, and a torch tensor returned is
 compared as an array.
@@ -62,6 +67,23 @@ def _swapped(table, length, block_size):
     p = np.arange(length)
     table = np.asarray(table, dtype=np.int64)
     return p % block_size * block_size + table[p // block_size]
+
+
+def _from_first_block(table, length, block_size):
+    # no table (no positions): no slots
+    start = table[0] * block_size if len(table) else 0
+    return start + np.arange(length)
+
+
+def _offset_not_reduced(table, length, block_size):
+    p = np.arange(length)
+    return np.asarray(table, dtype=np.int64)[p // block_size] * block_size + p
+
+
+def _table_length_factor(table, length, block_size):
+    p = np.arange(length)
+    blocks = np.asarray(table, dtype=np.int64)[p // block_size]
+    return blocks * len(table) + p % block_size
 
 
 def _float_slots(table, length, block_size):
@@ -120,6 +142,31 @@ SLOT_MISTAKES = [
         _swapped,
     ),
     Mistake(
+        "contiguous_from_first_block",
+        "the slots run on from the first block, table[0] * block_size + p: "
+        "a sequence's blocks need not be adjacent, and each of its blocks "
+        "is wherever the table says",
+        "look each position's block up: table[p // block_size] * "
+        "block_size + p % block_size",
+        _from_first_block,
+    ),
+    Mistake(
+        "offset_not_reduced",
+        "the position p is added to its block's start, not its offset p % "
+        "block_size within the block: from the second block on, the slots "
+        "overshoot",
+        "the offset within a block is p % block_size",
+        _offset_not_reduced,
+    ),
+    Mistake(
+        "table_length_factor",
+        "the block id is scaled by len(table), the number of blocks of the "
+        "sequence, not by block_size, the positions per block (they agree "
+        "only when the two are equal)",
+        "block b starts at slot b * block_size",
+        _table_length_factor,
+    ),
+    Mistake(
         "float_slots",
         "the slots are floats: they index memory, so they must be integers",
         "build them from integer arrays (np.arange, np.asarray(table)) or "
@@ -176,10 +223,13 @@ def _gather(blocks, table, length):
 
 
 def _attend(q, k, v, scale=True):
-    """q (H, d), k and v (n, H, d) -> (H, d)."""
+    """q (H, d), k and v (n, H, d) -> (H, d); ``scale``: True for
+    1/sqrt(d), False for none, or the divisor itself."""
     scores = np.einsum("hd,nhd->hn", q, k)
-    if scale:
+    if scale is True:
         scores = scores / np.sqrt(q.shape[-1])
+    elif scale is not False:
+        scores = scores / scale
     w = np.exp(scores - scores.max(axis=-1, keepdims=True))
     w /= w.sum(axis=-1, keepdims=True)
     return np.einsum("hn,nhd->hd", w, v)
@@ -219,6 +269,42 @@ def _no_scale(q, key_blocks, value_blocks, table, length):
         _gather(value_blocks, table, length),
         scale=False,
     )
+
+
+def _scale_heads_times_d(q, key_blocks, value_blocks, table, length):
+    return _attend(
+        q,
+        _gather(key_blocks, table, length),
+        _gather(value_blocks, table, length),
+        scale=np.sqrt(q.size),
+    )
+
+
+def _block_states(q, key_blocks, value_blocks, table, length):
+    """Each block's output normalised over its filled positions, its
+    largest score per head and its number of filled positions."""
+    size = key_blocks.shape[1]
+    outs, tops, counts = [], [], []
+    for i, block in enumerate(table[: -(-length // size)]):
+        n = min(size, length - i * size)
+        k, v = key_blocks[block, :n], value_blocks[block, :n]
+        outs.append(_attend(q, k, v))
+        scores = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
+        tops.append(scores.max(axis=-1))
+        counts.append(n)
+    return np.array(outs), np.array(tops), np.array(counts, dtype=float)
+
+
+def _blocks_by_count(q, key_blocks, value_blocks, table, length):
+    outs, _, counts = _block_states(q, key_blocks, value_blocks, table, length)
+    return (counts[:, None, None] * outs).sum(axis=0) / counts.sum()
+
+
+def _blocks_by_max(q, key_blocks, value_blocks, table, length):
+    outs, tops, _ = _block_states(q, key_blocks, value_blocks, table, length)
+    share = np.exp(tops - tops.max(axis=0))
+    share /= share.sum(axis=0)
+    return (share[..., None] * outs).sum(axis=0)
 
 
 def _values_not_masked(q, key_blocks, value_blocks, table, length):
@@ -286,6 +372,32 @@ DECODE_MISTAKES = [
         "keep each block's log-sum-exp and merge as in chapter 9: weights "
         "exp(lse_b - logsumexp_b lse_b)",
         _blocks_averaged,
+    ),
+    Mistake(
+        "scale_heads_times_d",
+        "the scores are divided by sqrt(h * d), the heads' features counted "
+        "together: each head scores with its own d features",
+        "scores = q . k / sqrt(d), d = q.shape[-1], the features of one head",
+        _scale_heads_times_d,
+    ),
+    Mistake(
+        "blocks_by_count",
+        "the blocks' outputs are weighted by their numbers of filled "
+        "positions: a block's share of the output is its share of the "
+        "softmax's mass, sum_s exp(score_s), not of the positions",
+        "keep each block's log-sum-exp and merge as in chapter 9: weights "
+        "exp(lse_b - logsumexp_b lse_b)",
+        _blocks_by_count,
+    ),
+    Mistake(
+        "blocks_by_max",
+        "the blocks are merged by their largest scores (weights "
+        "exp(max_b - ...)): a block's softmax mass is exp of its "
+        "log-sum-exp, which counts every score of the block, not only its "
+        "largest",
+        "keep each block's log-sum-exp, max + log(sum(exp(scores - max))), "
+        "and merge with weights exp(lse_b - logsumexp_b lse_b)",
+        _blocks_by_max,
     ),
     Mistake(
         "values_not_masked",

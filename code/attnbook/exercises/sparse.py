@@ -3,17 +3,22 @@ for a packed, sliding, causal batch, and the indexer's causal top-k.
 
 The mask's mistakes are those of combining three conditions: one left out
 (causality, with the window two-sided or one-sided; the document; the window),
-the window one too wide or one too narrow, a query that cannot read itself
-(``kv_idx < q_idx``), some or all of the conditions joined by "or", and
-Python's ``and``, ``or`` or ``if`` where FlexAttention traces tensors (it
-needs ``&``, ``|`` and ``torch.where``). The top-k's mistakes are
+the documents compared by their order (``>=`` or ``<=``, right only while the
+labels increase along the row: one case labels them out of order), the window
+one too wide or one too narrow, a query that cannot read itself (``kv_idx <
+q_idx``), some or all of the conditions joined by "or", and Python's ``and``,
+``or`` or ``if`` where FlexAttention traces tensors (it needs ``&``, ``|``
+and ``torch.where``). The top-k's mistakes are
 those of forgetting that a query may select only the keys at or before it: the
 future not masked before the top-k, masked only after it (a query keeps fewer
 than ``k`` keys), the slots of a query with fewer than ``k`` admissible keys
 filled with future keys (recognised by its behaviour, whatever order the
 reader's sort fills them in), a query that cannot select itself, the smallest
 scores taken instead of the largest, every key tied with the k-th score kept
-(more than ``k`` keys); and the right
+(more than ``k`` keys), every key tied with the (k+1)-th score dropped (fewer
+than ``k``), one future key admitted (``s <= t + 1``), and the future masked
+with 0 instead of -inf, so that it outranks the negative scores (whatever
+order the reader's sort gives the zeros that tie); and the right
 selection returned as float or integer 0/1 rather than booleans. On tied scores
 any tie-break is right: a selection of ``min(k, t + 1)`` admissible keys none
 of which scores below an unselected admissible key is accepted.
@@ -100,6 +105,41 @@ def _no_causal_one_sided(doc_ids, window):
     def mask_mod(b, h, q_idx, kv_idx):
         same = doc_ids[q_idx] == doc_ids[kv_idx]
         return same & (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
+def _document_order(compare: str):
+    """The document condition written as an order: ``>=`` (a key's
+    document at or after the query's) or ``<=``. Under causality it equals
+    ``==`` while the labels increase along the row, and crosses documents
+    otherwise."""
+
+    def factory(doc_ids, window):
+        def mask_mod(b, h, q_idx, kv_idx):
+            if compare == ">=":
+                same = doc_ids[kv_idx] >= doc_ids[q_idx]
+            else:
+                same = doc_ids[kv_idx] <= doc_ids[q_idx]
+            return same & (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+        return mask_mod
+
+    return factory
+
+
+def _starts_by_label(doc_ids, window):
+    """Each document's start found as if the labels were 0, 1, 2, ... in
+    the order of the row: label j starts after the positions of the labels
+    below it (``bincount`` and ``cumsum``)."""
+    counts = torch.bincount(doc_ids)
+    start = torch.cumsum(counts, 0) - counts
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        begins = start[doc_ids[q_idx]]
+        return (
+            (kv_idx >= begins) & (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+        )
 
     return mask_mod
 
@@ -191,6 +231,34 @@ PACKED_SLIDING_MISTAKES = [
         _as_dense(_without("same")),
     ),
     Mistake(
+        "document_order_ge",
+        "the documents are compared with >=: doc_ids[kv_idx] >= "
+        "doc_ids[q_idx] holds for a key of any document labelled at or after "
+        "the query's, so where the labels do not increase along the row a "
+        "query reads an earlier document",
+        "doc_ids labels the documents, in no particular order: compare them "
+        "with ==",
+        _as_dense(_document_order(">=")),
+    ),
+    Mistake(
+        "document_order_le",
+        "the documents are compared with <=: doc_ids[kv_idx] <= "
+        "doc_ids[q_idx] holds for a key of any document labelled at or "
+        "before the query's, so a query reads an earlier document",
+        "doc_ids labels the documents, in no particular order: compare them "
+        "with ==",
+        _as_dense(_document_order("<=")),
+    ),
+    Mistake(
+        "starts_by_label",
+        "each document's start is computed from its label, as if the labels "
+        "ran 0, 1, 2, ... in the order of the row (the positions of the "
+        "smaller labels counted before it); where they do not, a document's "
+        "start is wrong",
+        "compare the documents themselves: doc_ids[q_idx] == doc_ids[kv_idx]",
+        _as_dense(_starts_by_label),
+    ),
+    Mistake(
         "no_window",
         "a query reads its whole document: the window is missing",
         "add q_idx - kv_idx < window (the query and the window - 1 keys "
@@ -252,9 +320,11 @@ PACKED_SLIDING_MISTAKES = [
 
 def packed_sliding_cases() -> list[Case]:
 
-    def docs(*lengths):
+    def docs(*lengths, labels=None):
+        if labels is None:
+            labels = range(len(lengths))
         return torch.repeat_interleave(
-            torch.arange(len(lengths)), torch.tensor(lengths)
+            torch.tensor(labels), torch.tensor(lengths)
         )
 
     return [
@@ -266,7 +336,9 @@ def packed_sliding_cases() -> list[Case]:
         ),
         Case("documents 4, 4, 4; window 1 (itself only)", (docs(4, 4, 4), 1)),
         Case(
-            "documents 6, 10; window 16 (wider than both)", (docs(6, 10), 16)
+            "documents 4, 7, 5 labelled 2, 0, 1 (not in order); window 16 "
+            "(wider than all)",
+            (docs(4, 7, 5, labels=(2, 0, 1)), 16),
         ),
     ]
 
@@ -381,6 +453,43 @@ def _ties_kept(scores, k):
     return np.isfinite(masked) & (masked >= kth[:, None])
 
 
+def _ties_dropped(scores, k):
+    """Every admissible key scoring strictly above the (k+1)-th largest:
+    where the k-th and (k+1)-th tie, fewer than k keys."""
+    n_q, n_k = scores.shape
+    masked = _future_masked(scores)
+    counts = np.arange(n_q) + (n_k - n_q) + 1
+    ranked = -np.sort(-masked, axis=-1)
+    # a query with at most k admissible keys keeps them all
+    next_score = np.where(counts > k, ranked[:, min(k, n_k - 1)], -np.inf)
+    return np.isfinite(masked) & (masked > next_score[:, None])
+
+
+def _one_future(scores, k):
+    """Causal one position too late: keys s <= t + 1 admissible, so a query
+    may select the key just after it."""
+    n_q, n_k = scores.shape
+    t = np.arange(n_q)[:, None] + (n_k - n_q)
+    masked = np.where(np.arange(n_k)[None, :] <= t + 1, scores, -np.inf)
+    order = np.argsort(-masked, axis=-1, kind="stable")
+    return _selected(order, n_k, k, np.minimum(t[:, 0] + 2, n_k))
+
+
+def _zero_masked(scores, k):
+    """The future set to 0, not -inf, before the top-k, and dropped after:
+    a future key outranks every negative score, so a query keeps fewer than
+    min(k, t + 1) keys. Where an admissible score is 0 too, this version
+    (a stable sort) ranks it before the future's zeros; a reader's sort may
+    not: :class:`_AnyTieBreak` recognises the mistake by its behaviour
+    (:func:`_is_zero_masked`) and gives this function's output in its
+    place."""
+    admissible = np.isfinite(_future_masked(scores))
+    filled = np.where(admissible, scores, 0.0)
+    order = np.argsort(-filled, axis=-1, kind="stable")
+    chosen = _selected(order, scores.shape[1], k, [k] * scores.shape[0])
+    return chosen & admissible
+
+
 def _one_fewer(scores, k):
     return (
         _reference_topk(scores, k - 1)
@@ -450,6 +559,32 @@ TOPK_MISTAKES = [
         "k - 1 keys are selected",
         "select k keys (where a query has that many)",
         _one_fewer,
+    ),
+    Mistake(
+        "ties_dropped",
+        "fewer than k keys are selected where scores tie: only the keys "
+        "scoring strictly above the (k+1)-th largest are kept, so when the "
+        "k-th and the (k+1)-th tie, both are dropped",
+        "select exactly min(k, t + 1) keys per query, breaking ties any "
+        "way (torch.topk or a stable argsort does)",
+        _ties_dropped,
+    ),
+    Mistake(
+        "one_future",
+        "one future key is admissible: a query selects among the keys s <= "
+        "t + 1, the key just after it included",
+        "mask every key s > t (tril with diagonal n_k - n_q, not "
+        "n_k - n_q + 1)",
+        _one_future,
+    ),
+    Mistake(
+        "zero_masked",
+        "the future is masked with 0, not -inf: a future key's 0 outranks "
+        "every negative score, so a query whose admissible scores are "
+        "negative keeps fewer than min(k, t + 1) keys",
+        "mask the future with -inf (float('-inf')), so that it ranks below "
+        "every real score",
+        _zero_masked,
     ),
     Mistake(
         "ties_kept",
@@ -531,15 +666,43 @@ def _is_padded_with_future(selection, scores, k) -> bool:
     )
 
 
+def _is_zero_masked(selection, scores, k) -> bool:
+    """Whether the boolean ``selection`` is :func:`_zero_masked`'s under
+    some tie-break: no future key selected, and the selected keys with as
+    many future keys (scored 0) as the query's ``min(k, n_k)`` slots leave
+    over are a top-k of the scores with the future set to 0."""
+    admissible = np.isfinite(_future_masked(scores))
+    if (selection & ~admissible).any():
+        return False
+    filled = np.where(admissible, scores, 0.0)
+    slots = min(k, scores.shape[1])
+    for row, chosen in enumerate(selection):
+        n_future = int((~admissible[row]).sum())
+        spare = slots - int(chosen.sum())
+        if not 0 <= spare <= n_future:
+            return False
+        # the future's zeros: `spare` of them taken, the rest left out
+        lowest = min(filled[row][chosen], default=np.inf)
+        highest = max(filled[row][admissible[row] & ~chosen], default=-np.inf)
+        if spare:
+            lowest = min(lowest, 0.0)
+        if spare < n_future:
+            highest = max(highest, 0.0)
+        if lowest < highest:
+            return False
+    return True
+
+
 class _AnyTieBreak:
     """The reader's ``fn(scores, k)`` (given numpy arrays, or torch tensors
     where it needs them: :class:`ArraysOrTensors`), whose boolean selection,
     when it is a right top-k under another tie-break than the reference's,
     is replaced by the reference's: where scores tie, any tie-break is
     right. A selection that pads a query's slots with future keys, in any
-    order, is replaced by :func:`_padded_with_future`'s, so that the
-    diagnosis names it whatever the reader's sort did with the -inf
-    scores."""
+    order, is replaced by :func:`_padded_with_future`'s, and one that masks
+    the future with 0, whatever its sort did with the zeros that tie, by
+    :func:`_zero_masked`'s, so that the diagnosis names the mistake whatever
+    the reader's sort did with the scores that tie."""
 
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
@@ -554,6 +717,8 @@ class _AnyTieBreak:
                 return _reference_topk(before, k)
             if _is_padded_with_future(got, before, k):
                 return _padded_with_future(before, k)
+            if _is_zero_masked(got, before, k):
+                return _zero_masked(before, k)
         return out
 
 
