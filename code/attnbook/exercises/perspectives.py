@@ -764,8 +764,9 @@ CHUNKED_CAUSAL_COST_MISTAKES = [
     Mistake(
         "chunk_size_ignored",
         "the values are right, but the chunk size is ignored: your function "
-        "advances one position per step whatever chunk_size is, so its work "
-        "does not fall when the chunks grow",
+        "advances one position per step whatever chunk_size is (with chunks "
+        "of 64 it still executes at least one line of Python per position), "
+        "so its steps do not fall when the chunks grow",
         "form the chunk's C x C masked weights and advance the state once per "
         "chunk: with chunk_size = 64 that is one step of the loop per 64 "
         "positions",
@@ -860,10 +861,13 @@ def check_chunked_causal_linear_attention(fn) -> None:
     chunk_size = 64 is compared on n = 512 and n = 8192 (a ratio of process
     times, :func:`work_growth`): an answer without a running state, whose
     chunks re-read all earlier keys, does about 256 times the work at 16 times
-    the length, and is rejected. Last, its CPU time on n = 2048 with
-    chunk_size = 1 and chunk_size = 64 is compared: an answer that ignores
-    the chunk size and advances one position per step takes about as long
-    with either, and is rejected.
+    the length, and is rejected. Last, the lines of Python it executes on
+    n = 1024 with chunk_size = 1 and chunk_size = 64 are counted
+    (:func:`python_lines`; a count, the same under any load): an answer that
+    ignores the chunk size and advances one position per step executes at
+    least one line per position with either, and is rejected. A loop over
+    chunks, whatever it does inside a chunk, and an answer vectorised over
+    the chunks execute far fewer.
     """
     __tracebackhide__ = True
     run_checks(
@@ -884,8 +888,8 @@ def check_chunked_causal_linear_attention(fn) -> None:
         "Correct: chunked causal linear attention passes all "
         f"{len(chunked_causal_cases())} cases, on n = 4096 its memory "
         "held no state per position and no n x n matrix, its CPU time grew "
-        f"like linear work from n = {n_small} to n = {n_large}, and its work "
-        "fell when the chunks grew."
+        f"like linear work from n = {n_small} to n = {n_large}, and with "
+        "chunks of 64 it did not advance one position per step."
     )
 
 
@@ -1009,52 +1013,96 @@ def _causal_quadratic_chunks(phi_q, phi_k, v, chunk_size):
     )
 
 
-# The chunk sizes compared and the least ratio of CPU times, t(chunk_size = 1)
-# / t(chunk_size = 64) on n = 2048, m = d_v = 16, that an answer must show.
-# A chunked answer makes 2048 steps of its loop at chunk size 1 and 32 at 64,
-# each of a few array operations whose cost is mostly fixed: its time falls
-# many times over. An answer that ignores the chunk size makes 2048 steps at
-# either size: a ratio near 1. Measured here on a loaded 2-core AMD EPYC (load
-# average 6-8, three tries each), the right answers of the tests gave 11-13
-# (prefix sums inside each chunk), 20-52 (the book's loop), 27-31 (values
-# with a column of ones) and 39-65 (torch); a per-position recurrence that
-# ignores the chunk size 1.0 in every try.
-CHUNK_WORK_SIZES = (64, 1)
-CHUNK_WORK_LIMIT = 4.0
-CHUNK_WORK_TRIES = 3
+# The chunk sizes compared, the length, and the least ratio of the counts
+# of executed lines, steps(chunk_size = 1) / steps(chunk_size = 64), that an
+# answer which executes at least one line of Python per position at chunk
+# size 64 must show. The counts are of lines, not of seconds: the same answer
+# gets the same counts on any machine under any load, so the verdict cannot
+# flip. A loop over chunks of 64 makes 16 steps on n = 1024, a few lines
+# each, far fewer than 1024 lines, whatever it does inside a chunk (C x C
+# weights, or prefix sums of the chunk's states); an answer vectorised over
+# the chunks executes a few lines in all. An answer that advances one
+# position per step executes at least two lines per position (the loop's and
+# its body's) at either chunk size: a ratio of 1.
+CHUNK_STEP_SIZES = (64, 1)
+CHUNK_STEP_N = 1024
+CHUNK_STEP_RATIO = 4.0
 
 
-def _check_chunked_work(fn, n=2048, m=16, d_v=16) -> None:
-    """Reject an answer whose work does not fall when the chunks grow: one
-    that ignores ``chunk_size``."""
+def python_lines(fn, *args) -> tuple[object, int]:
+    """Call ``fn(*args)`` and count the lines of Python it executes outside
+    the libraries: numpy, torch and everything else installed, the standard
+    library and attnbook. The reader's own code (a notebook cell, a script)
+    counts, helpers and lambdas included; what runs in compiled code does
+    not. Returns ``(fn(*args), lines)``.
+
+    A count, not a time: it is the same on every run, on any machine.
+    """
+    import os
+    import sys
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    libraries = tuple(
+        os.path.realpath(paths[key]) + os.sep
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if key in paths
+    ) + (
+        os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep,
+    )
+    lines = 0
+    verdicts: dict[str, bool] = {}
+
+    def local(frame, event, arg):
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return local
+
+    def on_call(frame, event, arg):
+        name = frame.f_code.co_filename
+        if name not in verdicts:
+            verdicts[name] = not (
+                name.startswith("<frozen")
+                or os.path.realpath(name).startswith(libraries)
+            )
+        return local if verdicts[name] else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        out = fn(*args)
+    finally:
+        sys.settrace(previous)
+    return out, lines
+
+
+def _check_chunked_work(fn, m=16, d_v=16) -> None:
+    """Reject an answer that advances one position per step whatever
+    ``chunk_size`` is: at chunks of 64 it executes at least one line of
+    Python per position, about as many as at chunks of 1."""
     from ._framework import ExerciseError
 
     __tracebackhide__ = True
     rng = _rng(1214)
+    n = CHUNK_STEP_N
     phi_q, phi_k = (elu_feature_map(rng.normal(size=(n, m))) for _ in "qk")
     v = rng.normal(size=(n, d_v))
-
-    def make(chunk_size):
-        # fresh copies: an answer that changes its inputs in place does not
-        # change those of the next repeat
-        return (phi_q.copy(), phi_k.copy(), v.copy(), chunk_size)
-
-    large, small = CHUNK_WORK_SIZES
-    # A busy machine can slow one run of the long chunks: a ratio below the
-    # limit is measured again, up to CHUNK_WORK_TRIES times in all, and only
-    # the largest counts. An answer that ignores the chunk size stays below
-    # the limit in every try.
-    ratio = work_growth(fn, make, large, small)
-    for _ in range(CHUNK_WORK_TRIES - 1):
-        if ratio >= CHUNK_WORK_LIMIT:
-            break
-        ratio = max(ratio, work_growth(fn, make, large, small))
-    if ratio < CHUNK_WORK_LIMIT:
+    large, small = CHUNK_STEP_SIZES
+    # fresh copies: an answer that changes its inputs in place does not
+    # change those of the next call
+    steps = {
+        size: python_lines(fn, phi_q.copy(), phi_k.copy(), v.copy(), size)[1]
+        for size in (large, small)
+    }
+    if steps[large] >= n and steps[small] < CHUNK_STEP_RATIO * steps[large]:
         raise ExerciseError(
             "chunked causal linear attention",
-            f"n = {n}, m = d_v = {m}, chunk_size = {small} and {large} (time)",
-            f"with chunk_size = {small} your function took {ratio:.1f} times "
-            f"the CPU time it took with chunk_size = {large} (a chunked "
-            f"answer: many times; at least {CHUNK_WORK_LIMIT:.0f} is asked)",
+            f"n = {n}, m = d_v = {m}, chunk_size = {small} and {large} "
+            "(lines of Python executed)",
+            f"with chunk_size = {large} your function executed "
+            f"{steps[large]} lines of Python on {n} positions, at least one "
+            f"per position, and {steps[small]} with chunk_size = {small} (a "
+            f"loop over chunks of {large}: {n // large} steps)",
             mistake=CHUNKED_CAUSAL_COST_MISTAKES[2],
         )
