@@ -286,6 +286,25 @@ def decode_merged_by_max(q, key_blocks, value_blocks, table, length):
     return np.einsum("bh,bhd->hd", w / w.sum(0), np.stack(outs))
 
 
+def slots_as_column(table, length, block_size):
+    """Wrong: one row per position, a (length, 1) column."""
+    return np.array(
+        [
+            [table[p // block_size] * block_size + p % block_size]
+            for p in range(length)
+        ],
+        dtype=np.int64,
+    ).reshape(length, 1)
+
+
+def slots_into_bool_array(table, length, block_size):
+    """Wrong: the output array made like a mask, dtype=bool."""
+    out = np.zeros(length, dtype=bool)
+    for p in range(length):
+        out[p] = table[p // block_size] * block_size + p % block_size
+    return out
+
+
 CATALOGUE = {
     "check_block_slots": {
         "right": [slots_loop, slots_torch, slots_list],
@@ -298,6 +317,8 @@ CATALOGUE = {
             (slots_start_plus_position, "contiguous_from_first_block"),
             (slots_position_not_offset, "offset_not_reduced"),
             (slots_scaled_by_table_length, "table_length_factor"),
+            (slots_as_column, "column_slots"),
+            (slots_into_bool_array, "bool_slots"),
             (slots_float, "float_slots"),
             (slots_comprehension_array, "empty_not_integer"),
         ],

@@ -541,3 +541,14 @@ def test_a_packed_case_labels_its_documents_out_of_order():
 
     labels = [case.args[0] for case in packed_sliding_cases()]
     assert any((doc[1:] < doc[:-1]).any() for doc in labels)
+
+
+def test_the_topk_cases_keep_k_within_the_keys():
+    """The exercise promises 1 <= k <= n_k, as the package's causal_topk
+    requires: no case of the checker passes another k (issue 31, student
+    report 1314)."""
+    from attnbook.exercises.sparse import topk_cases
+
+    for case in topk_cases():
+        scores, k = case.args
+        assert 1 <= k <= scores.shape[-1], case.name

@@ -90,6 +90,14 @@ def _float_slots(table, length, block_size):
     return _reference_slots(table, length, block_size).astype(np.float64)
 
 
+def _column_slots(table, length, block_size):
+    return _reference_slots(table, length, block_size)[:, None]
+
+
+def _bool_slots(table, length, block_size):
+    return _reference_slots(table, length, block_size).astype(bool)
+
+
 def _empty_float(table, length, block_size):
     slots = _reference_slots(table, length, block_size)
     return slots if length else np.array([])
@@ -172,6 +180,22 @@ SLOT_MISTAKES = [
         "build them from integer arrays (np.arange, np.asarray(table)) or "
         "cast with .astype(np.int64)",
         _float_slots,
+    ),
+    Mistake(
+        "column_slots",
+        "the slots are a column (length, 1): one slot per position, in a "
+        "1-D array",
+        "return shape (length,): index with a 1-D np.arange(length), or "
+        "flatten with .reshape(-1)",
+        _column_slots,
+    ),
+    Mistake(
+        "bool_slots",
+        "the slots are booleans (True for every slot but 0): an array "
+        "made with dtype=bool, or a comparison, keeps no slot numbers",
+        "build the slots as integers: np.zeros(length, dtype=np.int64), or "
+        "the formula on integer arrays",
+        _bool_slots,
     ),
     Mistake(
         "empty_not_integer",
