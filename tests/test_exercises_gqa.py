@@ -287,6 +287,16 @@ def share_einsum_style(x, n_heads):
     return torch.einsum("hk,bknd->bhnd", pick, x)
 
 
+def share_through_numpy(x, n_heads):
+    """Copies each head with numpy's repeat and returns the numpy array."""
+    return x.numpy().repeat(n_heads // x.shape[1], axis=1)
+
+
+def share_by_repeat_interleave(x, n_heads):
+    """Correct: torch's repeat_interleave along the head axis."""
+    return x.repeat_interleave(n_heads // x.shape[1], dim=1)
+
+
 def pool_float32(w, n_heads, n_kv_heads):
     """Correct, in float32 and through numpy."""
     import numpy as np
@@ -314,7 +324,12 @@ def pool_no_division(w, n_heads, n_kv_heads):
 
 CATALOGUE = {
     "check_share_kv_heads": {
-        "right": [share_by_index, share_by_loop, share_einsum_style],
+        "right": [
+            share_by_index,
+            share_by_loop,
+            share_einsum_style,
+            share_by_repeat_interleave,
+        ],
         "wrong": [
             (share_tiled, "wrong_order"),
             (share_modulo_index, "wrong_order"),
@@ -326,6 +341,7 @@ CATALOGUE = {
             (share_one_copy_too_many, "group_size_off_by_one"),
             (share_one_copy_too_few, "group_size_off_by_one"),
             (share_last_axis, "scrambled_features"),
+            (share_through_numpy, "numpy_result"),
         ],
     },
     "check_pool_kv_heads": {

@@ -179,17 +179,38 @@ SHARE_MISTAKES = [
         "fails",
         lambda x, n_heads: repeat_kv(x, _group(x, n_heads)).to(torch.float64),
     ),
+    Mistake(
+        "numpy_result",
+        "the result is a numpy array while the input is a torch tensor (a "
+        ".numpy() on the way, then numpy's repeat): the shared keys and "
+        "values go straight into attend or a matmul with torch queries, "
+        "which refuses a numpy array",
+        "stay in torch: x.repeat_interleave(g, dim=1), or expand and reshape, "
+        "or index x with a tensor of head numbers; the result must be a "
+        "tensor like x",
+        lambda x, n_heads: repeat_kv(x, _group(x, n_heads)).numpy(),
+    ),
 ]
 
 
 def same_values_and_dtype(got, expected) -> bool:
-    """:func:`same`, and the same dtype (a copy keeps its input's dtype)."""
-    return same(got, expected) and dtype_name(got) == dtype_name(expected)
+    """:func:`same`, the same dtype (a copy keeps its input's dtype) and the
+    same kind of array (a torch tensor for a torch tensor)."""
+    return (
+        same(got, expected)
+        and dtype_name(got) == dtype_name(expected)
+        and isinstance(got, torch.Tensor) == isinstance(expected, torch.Tensor)
+    )
 
 
 def describe_share(got, expected, case: Case | None = None) -> str:
     """What differs: :func:`difference`, and first a changed dtype."""
     got_dtype, expected_dtype = dtype_name(got), dtype_name(expected)
+    if isinstance(expected, torch.Tensor) and not isinstance(
+        got, torch.Tensor
+    ):
+        kind = f"{type(got).__module__}.{type(got).__name__}"
+        return f"your result is a {kind}, not a torch tensor"
     if got_dtype == expected_dtype:
         return difference(got, expected, case)
     values = (
@@ -242,7 +263,9 @@ def check_share_kv_heads(fn) -> None:
     sharing is a copy, and the copies are multiplied by queries of ``x``'s
     dtype next, which torch refuses for mixed float dtypes. A float32 result of
     float64 keys (``.float()``, or a ``torch.zeros`` buffer of the default
-    dtype) is diagnosed as ``changed_dtype``.
+    dtype) is diagnosed as ``changed_dtype``, and a numpy array returned for
+    a torch tensor as ``numpy_result``. The exercise's rule, no call of
+    ``repeat_kv``, is not checked: the checker sees only what ``fn`` returns.
     """
     run_checks(
         "sharing key/value heads",
