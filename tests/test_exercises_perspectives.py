@@ -628,8 +628,8 @@ def chunked_recurrence(phi_q, phi_k, v, chunk_size):
 
 
 def chunked_torch_float32(phi_q, phi_k, v, chunk_size):
-    """Right: torch, float32, the normaliser as an extra column of ones in
-    v."""
+    """Wrong (float32_arithmetic): torch, float32 whatever the inputs, the
+    normaliser as an extra column of ones in v."""
     fq, fk, vv = (
         torch.tensor(x, dtype=torch.float32) for x in (phi_q, phi_k, v)
     )
@@ -647,12 +647,13 @@ def chunked_torch_float32(phi_q, phi_k, v, chunk_size):
 
 
 def chunked_prefix_sums_in_chunk(phi_q, phi_k, v, chunk_size):
-    """Right: float32, prefix sums of the C outer products inside each chunk
-    (C states at a time, never n)."""
-    fq, fk, vv = (np.asarray(x, np.float32) for x in (phi_q, phi_k, v))
-    out = np.empty(fq.shape[:-1] + vv.shape[-1:], np.float32)
-    s = np.zeros(fk.shape[:-2] + (fk.shape[-1], vv.shape[-1]), np.float32)
-    z = np.zeros(fk.shape[:-2] + (fk.shape[-1],), np.float32)
+    """Right: the inputs' dtype (float32 kept float32), prefix sums of the C
+    outer products inside each chunk (C states at a time, never n)."""
+    dt = np.result_type(phi_q, phi_k, v, np.float32)
+    fq, fk, vv = (np.asarray(x, dt) for x in (phi_q, phi_k, v))
+    out = np.empty(fq.shape[:-1] + vv.shape[-1:], dt)
+    s = np.zeros(fk.shape[:-2] + (fk.shape[-1], vv.shape[-1]), dt)
+    z = np.zeros(fk.shape[:-2] + (fk.shape[-1],), dt)
     for a in range(0, fq.shape[-2], chunk_size):
         b = min(a + chunk_size, fq.shape[-2])
         # (..., C, m, d_v) and (..., C, m)
@@ -835,7 +836,6 @@ CHUNKED_WRONG = [
 
 CHUNKED_RIGHT = [
     chunked_loop,
-    chunked_torch_float32,
     chunked_prefix_sums_in_chunk,
     chunked_augmented_in_place,
 ]
@@ -932,10 +932,12 @@ def chunked_queries_against_all_keys(phi_q, phi_k, v, chunk_size):
 
 
 def chunked_queries_against_all_keys_float32(phi_q, phi_k, v, chunk_size):
-    """Wrong: the same in float32, the mask applied in place."""
-    fq, fk, vv = (np.asarray(x, np.float32) for x in (phi_q, phi_k, v))
+    """Wrong: the same in the inputs' dtype (float32 kept float32), the mask
+    applied in place."""
+    dt = np.result_type(phi_q, phi_k, v, np.float32)
+    fq, fk, vv = (np.asarray(x, dt) for x in (phi_q, phi_k, v))
     n = fq.shape[-2]
-    out = np.empty(fq.shape[:-1] + vv.shape[-1:], np.float32)
+    out = np.empty(fq.shape[:-1] + vv.shape[-1:], dt)
     for s in range(0, n, chunk_size):
         e = min(s + chunk_size, n)
         w = fq[..., s:e, :] @ np.swapaxes(fk[..., :e, :], -1, -2)
@@ -1280,3 +1282,152 @@ def test_one_position_per_step_inside_chunks_is_named():
 
 CHUNKED_RIGHT += [chunked_cumsum_in_chunk_float64]
 CHUNKED_WRONG += [(chunked_positions_inside_chunks, "chunk_size_ignored")]
+
+
+# --- from the expert reading ch16b (session 9) -------------------------------
+# The chunkwise-parallel form (all chunks at once, the states at every chunk
+# boundary by an exclusive cumsum: n / C states, not n) was rejected as "a
+# state per position" when it padded the inputs (peak 4.2 MiB against a limit
+# of n states in float32, 4 MiB) and accepted without the padding (2.1 MiB).
+# The values are now compared to float64's precision on float64 inputs, so an
+# answer that reaches the memory check computes in float64, and the limit is
+# n states in float64 (8 MiB): both forms pass, the prefix sums of every S_i
+# (16 MiB) do not. A float32-only answer on float64 inputs passed the values
+# before; it is now named float32_arithmetic.
+
+
+def chunked_parallel_padded(phi_q, phi_k, v, chunk_size):
+    """Right (the chunkwise-parallel form): pad to a multiple of C, every
+    chunk at once, the states at all chunk boundaries by an exclusive
+    cumsum (n / C states)."""
+    n = phi_q.shape[-2]
+    pad = (-n) % chunk_size
+
+    def chunks(x):
+        x = np.concatenate(
+            [x, np.zeros(x.shape[:-2] + (pad, x.shape[-1]))], -2
+        )
+        return x.reshape(x.shape[:-2] + (-1, chunk_size, x.shape[-1]))
+
+    fq, fk, vv = chunks(phi_q), chunks(phi_k), chunks(v)
+    per_chunk = np.swapaxes(fk, -1, -2) @ vv
+    s = np.cumsum(per_chunk, -3) - per_chunk
+    z = np.cumsum(fk.sum(-2), -2) - fk.sum(-2)
+    w = np.tril(fq @ np.swapaxes(fk, -1, -2))
+    num = w @ vv + fq @ s
+    den = w.sum(-1) + np.einsum("...cm,...m->...c", fq, z)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = num / den[..., None]
+    return out.reshape(phi_q.shape[:-2] + (n + pad, v.shape[-1]))[..., :n, :]
+
+
+def chunked_parallel_torch(phi_q, phi_k, v, chunk_size):
+    """Right: the chunkwise-parallel form in torch, in the inputs' dtype, the
+    last chunk padded with F.pad."""
+    import torch.nn.functional as F
+
+    fq, fk, vv = (torch.as_tensor(x) for x in (phi_q, phi_k, v))
+    n, c = fq.shape[-2], chunk_size
+    pad = (-n) % c
+    fq, fk, vv = (
+        F.pad(x, (0, 0, 0, pad)).unflatten(-2, (-1, c)) for x in (fq, fk, vv)
+    )
+    per_chunk = fk.transpose(-1, -2) @ vv
+    s = per_chunk.cumsum(-3) - per_chunk
+    z = (fk.sum(-2).cumsum(-2) - fk.sum(-2)).unsqueeze(-1)
+    w = torch.tril(fq @ fk.transpose(-1, -2))
+    out = (w @ vv + fq @ s) / (w.sum(-1, keepdim=True) + fq @ z)
+    return out.flatten(-3, -2)[..., :n, :]
+
+
+def chunked_torch_keeps_dtype(phi_q, phi_k, v, chunk_size):
+    """Right: torch in the inputs' dtype, the normaliser as a column of
+    ones."""
+    fq, fk, vv = (torch.as_tensor(x) for x in (phi_q, phi_k, v))
+    vv = torch.cat([vv, torch.ones_like(vv[..., :1])], dim=-1)
+    state = fq.new_zeros(fk.shape[:-2] + (fk.shape[-1], vv.shape[-1]))
+    pieces = []
+    for c_q, c_k, c_v in zip(
+        fq.split(chunk_size, -2),
+        fk.split(chunk_size, -2),
+        vv.split(chunk_size, -2),
+    ):
+        o = torch.tril(c_q @ c_k.transpose(-1, -2)) @ c_v + c_q @ state
+        pieces.append(o[..., :-1] / o[..., -1:])
+        state = state + c_k.transpose(-1, -2) @ c_v
+    return torch.cat(pieces, dim=-2)
+
+
+def chunked_float32_then_float64(phi_q, phi_k, v, chunk_size):
+    """Wrong (float32_arithmetic): the book's loop on float32 copies, the
+    output converted back to the inputs' dtype."""
+    dt = np.result_type(phi_q, v)
+    out = chunked_loop(*(np.float32(x) for x in (phi_q, phi_k, v)), chunk_size)
+    return out.astype(dt)
+
+
+def chunked_normaliser_state_first(phi_q, phi_k, v, chunk_size):
+    """Wrong: z advanced by the chunk before the chunk reads it, S after."""
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
+    z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
+    for a in range(0, n, chunk_size):
+        fq, fk, vc = (x[..., a : a + chunk_size, :] for x in (phi_q, phi_k, v))
+        z = z + fk.sum(-2)
+        w = np.tril(fq @ np.swapaxes(fk, -1, -2))
+        num = w @ vc + fq @ s
+        den = w.sum(-1) + np.einsum("...cm,...m->...c", fq, z)
+        out[..., a : a + chunk_size, :] = num / den[..., None]
+        s = s + np.swapaxes(fk, -1, -2) @ vc
+    return out
+
+
+def test_the_chunkwise_parallel_form_is_accepted_padded_or_not(capsys):
+    """Fails on the old checker, which called the padded form "a state per
+    position" (peak 4.2 MiB against 4 MiB)."""
+    from attnbook.exercises.perspectives import _check_chunked_memory
+
+    _check_chunked_memory(chunked_parallel_padded)
+    _check_chunked_memory(chunked_parallel_torch)
+    check_chunked_causal_linear_attention(chunked_parallel_padded)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_a_state_per_position_is_named_by_its_measured_peak():
+    from attnbook.exercises.perspectives import _check_chunked_memory
+
+    with pytest.raises(ExerciseError) as err:
+        _check_chunked_memory(chunked_prefix_sums)
+    assert err.value.mistake == "state_per_position"
+    assert "n states of d_k x d_v in float64" in str(err.value)
+    assert "the states of all 256 chunks take 512.0 KiB" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "wrong", [chunked_torch_float32, chunked_float32_then_float64]
+)
+def test_float32_arithmetic_on_float64_inputs_is_named(wrong):
+    """Fails on the old checker, which compared to 1e-4 whatever the
+    inputs."""
+    with pytest.raises(ExerciseError) as err:
+        check_chunked_causal_linear_attention(wrong)
+    assert err.value.mistake == "float32_arithmetic", str(err.value)
+
+
+def test_the_normaliser_advanced_first_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_chunked_causal_linear_attention(chunked_normaliser_state_first)
+    assert err.value.mistake == "normaliser_state_includes_chunk"
+
+
+CHUNKED_RIGHT += [
+    chunked_parallel_padded,
+    chunked_parallel_torch,
+    chunked_torch_keeps_dtype,
+]
+CHUNKED_WRONG += [
+    (chunked_torch_float32, "float32_arithmetic"),
+    (chunked_float32_then_float64, "float32_arithmetic"),
+    (chunked_normaliser_state_first, "normaliser_state_includes_chunk"),
+]
