@@ -1759,3 +1759,19 @@ def backward_tau_from_d_v(q, k, v, out, lse, d_out, causal=False, block_k=64):
 CATALOGUE["check_blockwise_attention_backward"]["wrong"] += [
     (backward_tau_from_d_v, "tau_from_d_v")
 ]
+
+
+def merge_scalars_as_arrays(m_a, l_a, m_b, l_b):
+    """Right, but every input wrapped in a 1-element array first (the
+    student's variant): scalars come back with shape (1,)."""
+    m_a, l_a, m_b, l_b = (
+        np.atleast_1d(np.asarray(x, float)) for x in (m_a, l_a, m_b, l_b)
+    )
+    m = np.maximum(m_a, m_b)
+    safe = np.where(np.isneginf(m), 0.0, m)
+    return m, l_a * np.exp(m_a - safe) + l_b * np.exp(m_b - safe)
+
+
+CATALOGUE["check_merge_softmax_states"]["wrong"] += [
+    (merge_scalars_as_arrays, "scalar_as_array")
+]

@@ -270,6 +270,19 @@ MERGE_MISTAKES = [
         for keep in ("a", "b", "none")
     ],
     Mistake(
+        "scalar_as_array",
+        "scalar states give 1-element arrays (shape (1,)), not scalars: "
+        "the inputs were wrapped in arrays of one entry (np.array([m_a]), "
+        "np.atleast_1d)",
+        "compute on the inputs as they come (np.maximum, np.exp and np.where "
+        "keep a scalar's shape ()), or return m[()] and l[()]; only arrays "
+        "give arrays",
+        lambda *state: tuple(
+            np.atleast_1d(np.asarray(x, float))
+            for x in _merge_reference(*state)
+        ),
+    ),
+    Mistake(
         "returns_lse",
         "the second entry is the merged log-sum-exp m + log(l), not the sum l",
         "return l = l_a * exp(m_a - m) + l_b * exp(m_b - m) itself; m + "
