@@ -1728,3 +1728,50 @@ def test_block_k_message_quotes_the_memory_the_answer_used():
         check_blockwise_attention_backward(bwd_fixed_blocks_of_32)
     assert err.value.mistake == "block_k_ignored"
     assert "was 0 B" not in str(err.value) and "and 0 B" not in str(err.value)
+
+
+# --- from the student reading of chapters 9 and 10 (issue 31) ----------------
+# The scale taken from d_v was rejected with only the generic hint; it is now
+# named.
+
+
+def backward_tau_from_d_v(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Right blockwise backward, except that tau = 1/sqrt(d_v)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = 1.0 / np.sqrt(v.shape[-1])
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    rows = np.arange(n_q)[:, None] + (n_k - n_q)
+    big_d = (d_out * out).sum(-1)[..., None]
+    for j in range(0, n_k, block_k):
+        e = min(j + block_k, n_k)
+        s = tau * (q @ np.swapaxes(k[..., j:e, :], -1, -2))
+        if causal:
+            s = np.where(np.arange(j, e)[None, :] <= rows, s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        dp = d_out @ np.swapaxes(v[..., j:e, :], -1, -2)
+        ds = p * (dp - big_d)
+        dv[..., j:e, :] = np.swapaxes(p, -1, -2) @ d_out
+        dk[..., j:e, :] = tau * np.swapaxes(ds, -1, -2) @ q
+        dq += tau * ds @ k[..., j:e, :]
+    return dq, dk, dv
+
+
+CATALOGUE["check_blockwise_attention_backward"]["wrong"] += [
+    (backward_tau_from_d_v, "tau_from_d_v")
+]
+
+
+def merge_scalars_as_arrays(m_a, l_a, m_b, l_b):
+    """Right, but every input wrapped in a 1-element array first (the
+    student's variant): scalars come back with shape (1,)."""
+    m_a, l_a, m_b, l_b = (
+        np.atleast_1d(np.asarray(x, float)) for x in (m_a, l_a, m_b, l_b)
+    )
+    m = np.maximum(m_a, m_b)
+    safe = np.where(np.isneginf(m), 0.0, m)
+    return m, l_a * np.exp(m_a - safe) + l_b * np.exp(m_b - safe)
+
+
+CATALOGUE["check_merge_softmax_states"]["wrong"] += [
+    (merge_scalars_as_arrays, "scalar_as_array")
+]

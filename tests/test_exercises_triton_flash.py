@@ -844,3 +844,46 @@ def test_counting_the_exponentials_is_named():
     with pytest.raises(ExerciseError) as err:
         check_benchmark_flops(flops_with_exponentials)
     assert err.value.mistake == "exponentials_counted", str(err.value)
+
+
+# --- from the student reading of chapters 9 and 10 (issue 31) ----------------
+# A count for any mode string it did not recognise (here the forward +
+# backward) passed: the checker never called a mode other than the three.
+
+
+def flops_any_mode(batch, heads, n, d, causal=False, mode="fwd"):
+    """The reader's gap: every unrecognised mode, a typo included, is counted
+    as forward + backward."""
+    f = 4 * batch * heads * n * n * d / (2 if causal else 1)
+    if mode == "fwd":
+        return f
+    if mode == "bwd":
+        return 2.5 * f
+    return 3.5 * f
+
+
+def flops_raising_value_error(batch, heads, n, d, causal=False, mode="fwd"):
+    """Right, with an explicit ValueError for an unknown mode."""
+    factors = {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}
+    if mode not in factors:
+        raise ValueError(f"unknown mode {mode!r}")
+    return 4 * batch * heads * n * n * d / (1 + causal) * factors[mode]
+
+
+CATALOGUE["check_benchmark_flops"]["wrong"] += [
+    (flops_any_mode, "unknown_mode_accepted")
+]
+CATALOGUE["check_benchmark_flops"]["right"] += [flops_raising_value_error]
+
+
+def test_an_unknown_mode_counted_is_rejected_and_named():
+    with pytest.raises(ExerciseError) as err:
+        check_benchmark_flops(flops_any_mode)
+    assert err.value.mistake == "unknown_mode_accepted"
+    assert "fwd+bwd" in str(err.value)
+
+
+def test_the_success_line_says_an_unknown_mode_is_refused(capsys):
+    check_benchmark_flops(flops_raising_value_error)
+    out = capsys.readouterr().out
+    assert "passes all 7 cases and refuses an unknown mode" in out

@@ -270,6 +270,19 @@ MERGE_MISTAKES = [
         for keep in ("a", "b", "none")
     ],
     Mistake(
+        "scalar_as_array",
+        "scalar states give 1-element arrays (shape (1,)), not scalars: "
+        "the inputs were wrapped in arrays of one entry (np.array([m_a]), "
+        "np.atleast_1d)",
+        "compute on the inputs as they come (np.maximum, np.exp and np.where "
+        "keep a scalar's shape ()), or return m[()] and l[()]; only arrays "
+        "give arrays",
+        lambda *state: tuple(
+            np.atleast_1d(np.asarray(x, float))
+            for x in _merge_reference(*state)
+        ),
+    ),
+    Mistake(
         "returns_lse",
         "the second entry is the merged log-sum-exp m + log(l), not the sum l",
         "return l = l_a * exp(m_a - m) + l_b * exp(m_b - m) itself; m + "
@@ -836,6 +849,25 @@ def _backward_with(**flags):
     return lambda *args, **kwargs: _blocked_backward(*args, **kwargs, **flags)
 
 
+def _backward_tau_from_d_v(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """The scale taken from the values' width, tau = 1/sqrt(d_v), in the
+    recomputed scores and in dQ and dK; P from the saved lse (dense)."""
+    q, k, v, d_out = (np.asarray(x, np.float64) for x in (q, k, v, d_out))
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = 1.0 / np.sqrt(v.shape[-1])
+    s = tau * (q @ np.swapaxes(k, -1, -2))
+    if causal:
+        s = np.where(_causal_visible(n_q, n_k, slice(None)), s, -np.inf)
+    p = np.exp(s - np.asarray(lse, np.float64)[..., None])
+    dp = d_out @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - np.sum(d_out * np.asarray(out), axis=-1, keepdims=True))
+    return (
+        tau * (ds @ k),
+        tau * (np.swapaxes(ds, -1, -2) @ q),
+        np.swapaxes(p, -1, -2) @ d_out,
+    )
+
+
 BACKWARD_MISTAKES = [
     # right except where exp(S) overflows: first, so that NaN is named
     Mistake(
@@ -936,6 +968,15 @@ BACKWARD_MISTAKES = [
         "dQ sums over all key blocks: start from zeros and add, dq += tau * "
         "dS @ K_j",
         _backward_with(dq_accumulates=False),
+    ),
+    Mistake(
+        "tau_from_d_v",
+        "the scale is 1/sqrt(d_v), the values' width: the scores were "
+        "scaled by 1/sqrt(d_k), the width of the queries and keys they "
+        "compare",
+        "take tau = 1/sqrt(q.shape[-1]) (d_k), in the recomputed S and in "
+        "dQ and dK; d_v differs from d_k in some cases",
+        _backward_tau_from_d_v,
     ),
 ]
 

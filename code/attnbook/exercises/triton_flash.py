@@ -7,7 +7,7 @@ import numpy as np
 
 from ..cost import benchmark_flops
 from ..flash import key_tiles
-from ._framework import Case, Mistake, run_checks, same
+from ._framework import Case, ExerciseError, Mistake, run_checks, same
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -592,9 +592,40 @@ def flops_cases() -> list[Case]:
     ]
 
 
+# kept apart from FLOPS_MISTAKES: judged by its own call, not by the cases
+MODE_MISTAKES = [
+    Mistake(
+        "unknown_mode_accepted",
+        "a mode other than 'fwd', 'bwd' and 'fwd_bwd' returns a count (a typo "
+        "such as 'fwd+bwd' would be benchmarked with a wrong FLOP count)",
+        "raise an error for any other mode, e.g. look the factor up in a dict "
+        "(KeyError) or end the if/elif chain with `raise ValueError(...)`",
+        lambda batch, heads, n, d, causal=False, mode="fwd": benchmark_flops(
+            batch, heads, n, d, causal, "fwd_bwd"
+        ),
+    )
+]
+
+
+def _check_unknown_mode(fn) -> None:
+    """Reject a count for a mode that is none of the three."""
+    __tracebackhide__ = True
+    name = "forward + backward spelled 'fwd+bwd' (an unknown mode)"
+    try:
+        got = fn(2, 8, 1024, 64, causal=False, mode="fwd+bwd")
+    except Exception:
+        return
+    raise ExerciseError(
+        "attention FLOPs",
+        name,
+        f"your function returned {got!r} instead of raising an error",
+        mistake=MODE_MISTAKES[0],
+    )
+
+
 def check_benchmark_flops(fn) -> None:
     """Check ``fn(batch, heads, n, d, causal=False, mode="fwd")``: attention's
-    FLOPs by the papers' convention."""
+    FLOPs by the papers' convention, and an error for an unknown mode."""
     run_checks(
         "attention FLOPs",
         fn,
@@ -609,4 +640,10 @@ def check_benchmark_flops(fn) -> None:
             np.float64(a), np.float64(b), rtol=1e-6, atol=0.0
         ),
         postprocess=float,
+        quiet=True,
+    )
+    _check_unknown_mode(fn)
+    print(
+        f"Correct: attention FLOPs passes all {len(flops_cases())} cases "
+        "and refuses an unknown mode."
     )
