@@ -1,0 +1,154 @@
+"""Chapter 11's exactness runs: ring attention and Ulysses on P processes
+against single-process attention, many cases per launch.
+
+Each case is a dict (``method``: "ring" or "ulysses"; ``n``, ``batch``,
+``heads``, ``kv_heads``, ``d``, ``causal``, ``layout``, ``seed``). Every rank
+builds the same float64 inputs from the seed, keeps its shard, runs the
+method forward and backward, and returns its shards of the output and of the
+gradients of q, k, v; :func:`case_errors` puts the shards back in place and
+compares them with :func:`attnbook.attend` over the whole sequence, and with
+the single-process simulation of the ring.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..distributed import ring, ulysses
+from ..torch_attention import attend, repeat_kv
+
+
+def shard_positions(n: int, world_size: int, layout: str):
+    """The global positions each rank holds under ``layout``."""
+    if layout == "contiguous":
+        return list(torch.arange(n).tensor_split(world_size))
+    from ..distributed import layouts
+
+    return layouts.layout_positions(n, world_size, layout)
+
+
+def case(method="ring", n=10, batch=1, heads=4, kv_heads=None, d=8, **kw):
+    """A case with defaults: contiguous, not causal, seed 0."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    base = dict(method=method, n=n, batch=batch, heads=heads)
+    base.update(kv_heads=kv_heads, d=d, causal=False, layout="contiguous")
+    base.update(seed=0)
+    base.update(kw)
+    return base
+
+
+def make_inputs(c):
+    """q, k, v and the output's gradient d_out, float64, from the case's
+    seed: q, d_out (b, h, n, d); k, v (b, h_kv, n, d)."""
+    g = torch.Generator().manual_seed(c["seed"])
+    b, n, d = c["batch"], c["n"], c["d"]
+
+    def draw(h):
+        return torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+
+    return draw(c["heads"]), draw(c["kv_heads"]), draw(c["kv_heads"]), draw(
+        c["heads"]
+    )
+
+
+def shards_of(c, world_size):
+    """Each rank's positions and its shards of q, k, v, d_out."""
+    positions = shard_positions(c["n"], world_size, c["layout"])
+    full = make_inputs(c)
+    return positions, [[x[:, :, p] for x in full] for p in positions]
+
+
+def run_case(rank, world_size, c):
+    """One case on this rank: its shards of out, dq, dk, dv."""
+    positions, shards = shards_of(c, world_size)
+    q, k, v, d_out = (x.clone().requires_grad_(True) for x in shards[rank])
+    d_out = d_out.detach()
+    method = {"ring": ring.ring_attention, "ulysses": ulysses.ulysses_attention}
+    out = method[c["method"]](q, k, v, positions[rank], causal=c["causal"])
+    out.backward(d_out)
+    return [x.detach() for x in (out, q.grad, k.grad, v.grad)]
+
+
+def run_cases(rank, world_size, cases):
+    """Every case on this rank (what :func:`attnbook.distributed.launch.launch`
+    runs); an error is returned as its message, not raised."""
+    results = []
+    for c in cases:
+        try:
+            results.append(run_case(rank, world_size, c))
+        except ValueError as e:
+            results.append(f"ValueError: {e}")
+    return results
+
+
+def reference(c):
+    """out, dq, dk, dv of single-process attention (:func:`attnbook.attend`)
+    over the whole sequence."""
+    q, k, v, d_out = (x.requires_grad_(True) for x in make_inputs(c))
+    d_out = d_out.detach()
+    group = c["heads"] // c["kv_heads"]
+    n = c["n"]
+    mask = torch.ones(n, n, dtype=torch.bool).tril() if c["causal"] else None
+    out = attend(q, repeat_kv(k, group), repeat_kv(v, group), mask=mask)
+    out.backward(d_out)
+    return [x.detach() for x in (out, q.grad, k.grad, v.grad)]
+
+
+def assemble(c, world_size, per_rank):
+    """Shards (one list [out, dq, dk, dv] per rank) -> whole tensors."""
+    positions = shard_positions(c["n"], world_size, c["layout"])
+    wholes = []
+    for i, like in enumerate(reference_shapes(c)):
+        whole = torch.zeros(like, dtype=torch.float64)
+        for p, shards in zip(positions, per_rank):
+            whole[:, :, p] = shards[i]
+        wholes.append(whole)
+    return wholes
+
+
+def reference_shapes(c):
+    b, n, d = c["batch"], c["n"], c["d"]
+    h, h_kv = c["heads"], c["kv_heads"]
+    return [(b, h, n, d), (b, h, n, d), (b, h_kv, n, d), (b, h_kv, n, d)]
+
+
+def simulate_case(c, world_size):
+    """The ring's single-process simulation of the case: per rank [out, dq,
+    dk, dv]."""
+    positions, shards = shards_of(c, world_size)
+    qs, ks, vs, d_outs = (list(x) for x in zip(*shards))
+    outs, lses = ring.simulate_ring(qs, ks, vs, positions, c["causal"])
+    dqs, dks, dvs = ring.simulate_ring_backward(
+        qs, ks, vs, positions, outs, lses, d_outs, c["causal"]
+    )
+    return [list(x) for x in zip(outs, dqs, dks, dvs)]
+
+
+def max_error(xs, ys) -> float:
+    return max(
+        (float((x - y).abs().max()) if x.numel() else 0.0)
+        for x, y in zip(xs, ys)
+    )
+
+
+def case_errors(cases, world_size, results):
+    """For each case, the largest error of out, dq, dk, dv against
+    single-process attention (``"reference"``) and, for the ring, between
+    the processes and the simulation (``"simulation"``); or the case's error
+    message (``"error"``)."""
+    rows = []
+    for i, c in enumerate(cases):
+        per_rank = [r[i] for r in results]
+        if isinstance(per_rank[0], str):
+            rows.append(dict(c, error=per_rank[0]))
+            continue
+        row = dict(c, reference=max_error(
+            assemble(c, world_size, per_rank), reference(c)
+        ))  # fmt: skip
+        if c["method"] == "ring":
+            simulated = simulate_case(c, world_size)
+            row["simulation"] = max(
+                max_error(a, b) for a, b in zip(per_rank, simulated)
+            )
+        rows.append(row)
+    return rows
