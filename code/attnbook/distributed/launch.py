@@ -93,40 +93,53 @@ def launch(fn, world_size: int, args=(), timeout_s: float = 120.0):
         )
         for rank in range(world_size)
     ]
-    got, deadline = {}, time.monotonic() + timeout_s
+    got, failures = {}, {}  # rank -> result, rank -> what went wrong
+    deadline, settle = time.monotonic() + timeout_s, None
     try:
         for p in processes:
             p.start()
-        while len(got) < world_size:
+        while len(got) + len(failures) < world_size:
+            now = time.monotonic()
+            if settle is not None and now > settle:
+                break  # the other ranks wait for the failed one: stop them
+            if now > deadline:
+                for rank in range(world_size):
+                    if rank not in got and rank not in failures:
+                        failures[rank] = (
+                            f"did not finish within {timeout_s:g} s (hung?)"
+                        )
+                break
             try:
                 rank, status, payload = results.get(timeout=0.1)
             except queue.Empty:
                 for rank, p in enumerate(processes):
-                    if rank not in got and p.exitcode is not None:
-                        # give a result still in the queue's pipe a moment
-                        time.sleep(0.2)
-                        if results.empty():
-                            raise LaunchError(
-                                f"rank {rank} of {world_size} died with exit "
-                                f"code {p.exitcode} before reporting a result"
-                            ) from None
-                        break
-                if time.monotonic() > deadline:
-                    missing = [r for r in range(world_size) if r not in got]
-                    raise LaunchError(
-                        f"rank(s) {missing} of {world_size} did not finish "
-                        f"within {timeout_s:g} s (hung?); all processes ended"
-                    ) from None
-                continue
-            if status == "error":
-                raise LaunchError(
-                    f"rank {rank} of {world_size} raised:\n{payload}"
-                )
-            got[rank] = pickle.loads(payload)
+                    done = rank in got or rank in failures
+                    # a result still in the pipe would make it non-empty
+                    if not done and p.exitcode is not None and results.empty():
+                        failures[rank] = (
+                            f"died with exit code {p.exitcode} before "
+                            "reporting a result"
+                        )
+            else:
+                if status == "error":
+                    failures[rank] = f"raised:\n{payload}"
+                else:
+                    got[rank] = pickle.loads(payload)
+            if failures and settle is None:
+                # a moment for the ranks that fail with it to say why
+                settle = time.monotonic() + 1.0
     finally:
         stop(processes)
         results.close()
         results.join_thread()
+    if failures:
+        lines = [
+            f"rank {rank} of {world_size} {failures[rank]}"
+            for rank in sorted(failures)
+        ]
+        raise LaunchError(
+            "\n".join(lines) + "\n(every process has been ended)"
+        )
     return [got[rank] for rank in range(world_size)]
 
 
