@@ -152,3 +152,82 @@ def case_errors(cases, world_size, results):
             )
         rows.append(row)
     return rows
+
+
+def first_line(e: BaseException) -> str:
+    """``Type: first line of the message``."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+
+
+def torch_context_parallel(rank, world_size, n=8, causal=False, backend=None):
+    """PyTorch's own context parallelism on this rank against
+    :func:`attnbook.distributed.ring.ring_attention`, float64.
+
+    ``torch.distributed.tensor.experimental.context_parallel`` shards q, k,
+    v, the output's gradient and the positions (its load balancer decides who
+    holds what); then ``scaled_dot_product_attention`` runs inside it (under
+    ``backend``, a name of ``torch.nn.attention.SDPBackend``, if given) and
+    backward. Returns a dict: the positions this rank held, and for the
+    forward and the backward either the largest difference from the ring on
+    the same shards or the error torch raised.
+    """
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    c = case(n=n, heads=2, d=4, causal=causal, seed=8)
+    q, k, v, d_out = make_inputs(c)
+    pos = torch.arange(n, dtype=torch.float64).expand(1, 1, n).clone()
+    mesh = init_device_mesh("cpu", (world_size,))
+    report = {}
+    with context_parallel(
+        mesh, buffers=[q, k, v, d_out, pos], buffer_seq_dims=[2, 2, 2, 2, 2]
+    ):
+        # the buffers are now this rank's shards
+        positions = pos.flatten().to(torch.int64)
+        report["positions"] = positions.tolist()
+        shards = [x.clone() for x in (q, k, v, d_out)]
+        leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+        try:
+            if backend is None:
+                out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+            else:
+                with sdpa_kernel(getattr(SDPBackend, backend)):
+                    out = F.scaled_dot_product_attention(
+                        *leaves, is_causal=causal
+                    )
+        except Exception as e:  # noqa: BLE001 - the behaviour we record
+            report["forward"] = first_line(e)
+            out = None
+        if out is not None:
+            try:
+                out.backward(shards[3])
+                grads = [x.grad for x in leaves]
+            except Exception as e:  # noqa: BLE001
+                report["backward"] = first_line(e)
+                grads = None
+    # the same shards through the ring (outside torch's context, which has
+    # put the whole buffers back)
+    mine = [x.requires_grad_(True) for x in shards[:3]]
+    ring_out = ring.ring_attention(*mine, positions, causal=causal)
+    ring_out.backward(shards[3])
+    if out is not None:
+        report["forward"] = float((out.detach() - ring_out.detach()).abs().max())
+        if grads is not None:
+            report["backward"] = max(
+                float((g - x.grad).abs().max()) for g, x in zip(grads, mine)
+            )
+    return report
+
+
+def torch_context_parallel_table(rank, world_size, n=8):
+    """:func:`torch_context_parallel` for sdpa's default backend and for
+    its math backend, causal and not: {(backend, causal): report}."""
+    return {
+        (backend, causal): torch_context_parallel(
+            rank, world_size, n, causal, backend
+        )
+        for backend in (None, "MATH")
+        for causal in (False, True)
+    }
