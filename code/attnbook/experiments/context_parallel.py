@@ -231,3 +231,19 @@ def torch_context_parallel_table(rank, world_size, n=8):
         for backend in (None, "MATH")
         for causal in (False, True)
     }
+
+
+def chapter_run(rank, world_size, cases, n_torch=16):
+    """Everything chapter 11 runs on processes, in one launch (a process
+    start costs seconds): :func:`run_cases`, then PyTorch's context
+    parallelism causal with sdpa's default backend and not causal with its
+    math backend (:func:`torch_context_parallel`)."""
+    return {
+        "cases": run_cases(rank, world_size, cases),
+        "torch": {
+            (backend, causal): torch_context_parallel(
+                rank, world_size, n_torch, causal, backend
+            )
+            for backend, causal in ((None, True), ("MATH", False))
+        },
+    }
