@@ -14,6 +14,7 @@ from attnbook.distributed.cost import (
     cost_table,
     format_cost_table,
     kv_block_bytes,
+    overlap_thresholds,
     overlap_tokens,
     ring_bytes,
     ring_memory,
@@ -148,6 +149,20 @@ def test_at_the_overlap_bound_compute_covers_transfer():
         assert compute < transfer
 
 
+def test_the_thresholds_at_the_published_rates():
+    found = overlap_thresholds()
+    assert found["InfiniBand NDR port", "forward"] == 4947
+    assert found["InfiniBand NDR port", "forward, causal"] == 9894
+    assert found["InfiniBand NDR port", "backward"] == 3958
+    assert found["NVLink 4 per direction", "forward"] == 550
+    assert found["NVLink 4 per direction", "backward, causal"] == 880
+    # the causal threshold is twice the full block's, up to the rounding
+    for (link, name), tokens in found.items():
+        if "causal" in name:
+            plain = found[link, name.replace(", causal", "")]
+            assert 2 * plain - 1 <= tokens <= 2 * plain
+
+
 def test_overlap_rejects_non_positive_rates():
     with pytest.raises(ValueError, match="must be positive"):
         overlap_tokens(LLAMA3_8B, 0, 1e9)
@@ -172,7 +187,23 @@ def test_the_table_for_a_million_tokens():
     text = format_cost_table(rows)
     assert text.splitlines()[0].split()[0] == "GPUs"
     assert len(text.splitlines()) == 2 + len(rows)
-    assert "3584.0" in text.splitlines()[2]
+    assert [r.ring_block_bytes for r in rows] == [
+        kv_block_bytes(r.tokens_per_device, LLAMA3_8B) for r in rows
+    ]
+    assert text.splitlines()[2].split() == [
+        "8",
+        "131072",
+        "512.0",
+        "3584.0",
+        "7680.0",
+        "2240.0",
+        "3600.0",
+        "5136.0",
+        "yes",
+        "yes",
+    ]
+    # it fits the book's code column
+    assert max(len(line) for line in text.splitlines()) <= 79
 
 
 def test_every_rate_and_figure_is_cited_in_the_bibliography():

@@ -39,7 +39,8 @@ as it receives.
 
 :data:`RATES` holds the published rates, each with its source (keys of
 ``book/references.bib``), :data:`REPORTED` the papers' own figures as
-published, and :func:`cost_table` the table for 1M tokens on 8 to 512 GPUs.
+published, :func:`overlap_thresholds` the condition at those rates, and
+:func:`cost_table` the table for 1M tokens on 8 to 512 GPUs.
 Numbers only, no torch. Chapter 11 (attention across devices) shows these
 functions.
 """
@@ -117,7 +118,7 @@ RATES: dict[str, Rate] = {
         "B/s",
         "NVLink bandwidth of one H100 SXM5, one direction",
         ("nvidia2022h100",),
-        "half of the 900 GB/s total: 18 links of 50 GB/s in both directions "
+        "half of the published 900 GB/s, which counts both directions "
         "together",
     ),
     "InfiniBand NDR port": Rate(
@@ -368,12 +369,40 @@ def ring_step_seconds(
     return flops / flops_per_s, kv_block_bytes(c, shape) / bytes_per_s
 
 
+def overlap_thresholds(
+    shape: AttentionShape = LLAMA3_8B,
+    flops: str = "H100 SXM BF16 dense",
+    links=("NVLink 4 per direction", "InfiniBand NDR port"),
+) -> dict[tuple[str, str], int]:
+    """:func:`overlap_tokens` at the published rates of :data:`RATES`, for
+    each link and each pass: ``{(link, pass): tokens per device}`` with pass
+    ``"forward"``, ``"forward, causal"``, ``"backward"`` and ``"backward,
+    causal"``."""
+    out = {}
+    for link in links:
+        for name, causal, backward in (
+            ("forward", False, False),
+            ("forward, causal", True, False),
+            ("backward", False, True),
+            ("backward, causal", True, True),
+        ):
+            out[link, name] = overlap_tokens(
+                shape,
+                RATES[flops].value,
+                RATES[link].value,
+                causal=causal,
+                backward=backward,
+            )
+    return out
+
+
 @dataclass(frozen=True)
 class CostRow:
     """One line of :func:`cost_table`."""
 
     world_size: int
     tokens_per_device: int
+    ring_block_bytes: int  # one key-value block: what one ring step sends
     ring_forward_bytes: int
     ring_backward_bytes: int
     ulysses_bytes: int | None  # None: Ulysses cannot split the heads
@@ -417,6 +446,7 @@ def cost_table(
             CostRow(
                 p,
                 c,
+                kv_block_bytes(c, shape),
                 ring_bytes(n, p, shape),
                 ring_bytes(n, p, shape, backward=True),
                 ulysses,
@@ -430,25 +460,28 @@ def cost_table(
 
 
 def format_cost_table(rows: list[CostRow]) -> str:
-    """:func:`cost_table` as aligned text: MiB for bytes, "-" where Ulysses
-    cannot split the heads."""
+    """:func:`cost_table` as aligned text, 79 characters at most: MiB for
+    bytes, "-" where Ulysses cannot split the heads; NVL and IB say whether
+    ring's forward step hides its transfer over NVLink and InfiniBand."""
 
     def mib(x):
         return "-" if x is None else f"{x / 2**20:.1f}"
 
-    header = (
-        f"{'GPUs':>5} {'tokens':>7} {'ring fwd':>9} {'ring bwd':>9} "
-        f"{'Ulysses':>8} {'ring mem':>9} {'Uly. mem':>9} "
-        f"{'hides NVL':>9} {'hides IB':>8}"
-    )
-    lines = [header, f"{'':>13}(MiB sent per layer)    (MiB held)"]
+    def yes(flag):
+        return "yes" if flag else "no"
+
+    lines = [
+        f"{'GPUs':>4} {'tokens':>7} {'block':>6} {'ring fwd':>8} "
+        f"{'ring bwd':>8} {'Ulysses':>7} {'ring mem':>8} {'Uly mem':>7} "
+        f"{'NVL':>3} {'IB':>3}",
+        f"{'':>13}(MiB sent per layer and device)  (MiB held)",
+    ]
     for r in rows:
         lines.append(
-            f"{r.world_size:>5} {r.tokens_per_device:>7} "
-            f"{mib(r.ring_forward_bytes):>9} {mib(r.ring_backward_bytes):>9} "
-            f"{mib(r.ulysses_bytes):>8} {mib(r.ring_memory_bytes):>9} "
-            f"{mib(r.ulysses_memory_bytes):>9} "
-            f"{'yes' if r.overlaps_nvlink else 'no':>9} "
-            f"{'yes' if r.overlaps_infiniband else 'no':>8}"
+            f"{r.world_size:>4} {r.tokens_per_device:>7} "
+            f"{mib(r.ring_block_bytes):>6} {mib(r.ring_forward_bytes):>8} "
+            f"{mib(r.ring_backward_bytes):>8} {mib(r.ulysses_bytes):>7} "
+            f"{mib(r.ring_memory_bytes):>8} {mib(r.ulysses_memory_bytes):>7} "
+            f"{yes(r.overlaps_nvlink):>3} {yes(r.overlaps_infiniband):>3}"
         )
     return "\n".join(lines)

@@ -16,8 +16,10 @@ laid out decides how the work is shared:
 - ``"zigzag"`` (the load balancing of Megatron-LM's and Llama 3's context
   parallelism): the sequence is cut into ``2P`` chunks and rank ``r`` holds
   chunks ``r`` and ``2P - 1 - r``, an early chunk and its mirror image. When
-  ``2P`` divides ``n`` every rank does exactly the same work
-  (:func:`causal_work`; the theorem is proved in chapter 11).
+  ``2P`` divides ``n`` every rank does exactly the same work, ``c^2 (2P -
+  1) + c (c + 1)`` pairs with chunks of ``c = n / 2P`` tokens, and at every
+  ring step too; otherwise the ranks differ by at most ``2n`` pairs
+  (:func:`zigzag_spread`).
 
 When ``P`` (or ``2P``) does not divide ``n``, the blocks, stripes and chunks
 have the sizes :func:`numpy.array_split` gives: the first ``n mod P`` blocks
