@@ -21,16 +21,16 @@ def cases_for(world_size):
                 cp.case("ring", n=4 * world_size + 3, causal=causal,
                         layout=layout, seed=1),
                 # GQA, two sequences
-                cp.case("ring", n=2 * world_size + 1, batch=2, heads=4,
-                        kv_heads=2, causal=causal, layout=layout, seed=2),
+                cp.case("ring", n=2 * world_size + 1, batch=2, n_heads=4,
+                        n_kv_heads=2, causal=causal, layout=layout, seed=2),
                 # MQA
-                cp.case("ring", n=9, heads=4, kv_heads=1, causal=causal,
+                cp.case("ring", n=9, n_heads=4, n_kv_heads=1, causal=causal,
                         layout=layout, seed=3),
             ]  # fmt: skip
     for causal in (False, True):
         cases += [
             cp.case("ulysses", n=4 * world_size + 1, causal=causal, seed=4),
-            cp.case("ulysses", n=11, heads=8, kv_heads=world_size,
+            cp.case("ulysses", n=11, n_heads=8, n_kv_heads=world_size,
                     batch=2, causal=causal, seed=5),
         ]  # fmt: skip
     # shards of length 0 and 1
@@ -60,12 +60,13 @@ def test_every_case_is_exact(run):
 
 def test_ulysses_refuses_heads_not_divisible():
     cases = [
-        cp.case("ulysses", n=6, heads=3, kv_heads=3),
-        cp.case("ulysses", n=6, heads=4, kv_heads=1),
+        cp.case("ulysses", n=6, n_heads=3, n_kv_heads=3),
+        cp.case("ulysses", n=6, n_heads=4, n_kv_heads=1),
     ]
     results = launch(cp.run_cases, 2, (cases,), timeout_s=120)
     for per_rank in results:
         assert "3 heads are not divisible by world size 2" in per_rank[0]
-        assert "1 key/value heads are not divisible by world size 2" in (
-            per_rank[1]
+        assert (
+            "1 key/value heads are not divisible by world size 2"
+            in (per_rank[1])
         )

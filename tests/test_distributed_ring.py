@@ -50,23 +50,23 @@ def simulate(q, k, v, d_out, positions, causal):
     return wholes
 
 
-def inputs(seed, b, h, h_kv, n, d):
+def inputs(seed, b, h, n_kv_heads, n, d):
     g = torch.Generator().manual_seed(seed)
 
     def draw(heads):
         return torch.randn(b, heads, n, d, generator=g, dtype=torch.float64)
 
-    return draw(h), draw(h_kv), draw(h_kv), draw(h), g
+    return draw(h), draw(n_kv_heads), draw(n_kv_heads), draw(h), g
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
-    "world_size, n, h, h_kv", [(1, 5, 2, 2), (2, 7, 4, 2), (3, 10, 4, 1),
+    "world_size, n, h, n_kv_heads", [(1, 5, 2, 2), (2, 7, 4, 2), (3, 10, 4, 1),
                                (4, 13, 4, 4), (4, 2, 2, 1), (5, 0, 2, 2)],
 )  # fmt: skip
 @pytest.mark.parametrize("seed", [0, 1])
-def test_simulation_is_attention(causal, world_size, n, h, h_kv, seed):
-    q, k, v, d_out, g = inputs(seed, 2, h, h_kv, n, 6)
+def test_simulation_is_attention(causal, world_size, n, h, n_kv_heads, seed):
+    q, k, v, d_out, g = inputs(seed, 2, h, n_kv_heads, n, 6)
     positions = random_partition(n, world_size, g)
     got = simulate(q, k, v, d_out, positions, causal)
     want = full_reference(q, k, v, d_out, causal)

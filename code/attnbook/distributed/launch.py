@@ -81,7 +81,9 @@ def launch(fn, world_size: int, args=(), timeout_s: float = 120.0):
     ``timeout_s`` seconds; every process is ended before it returns or raises.
     """
     if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int; got {world_size}")
+        raise ValueError(
+            f"world_size must be a positive int; got {world_size}"
+        )
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -189,4 +191,3 @@ def check_same_shapes(q, k, v, group=None) -> None:
                 f"{dist.get_rank(group)} of {world_size}); every rank must "
                 "hold q, k, v of the same batch, heads, head size and dtype"
             )
-

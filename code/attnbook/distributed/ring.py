@@ -9,9 +9,9 @@ are pure functions of tensors; :func:`simulate_ring` and
 order the ring runs them, and :func:`ring_attention` runs them on
 ``torch.distributed`` (gloo on CPU, NCCL on GPUs) with autograd.
 
-Shapes: on each rank q (b, h, n_local, d), k and v (b, h_kv, n_local, d) with
-``h_kv`` dividing ``h`` (grouped-query attention), and ``positions`` (n_local,)
-int64, the global positions of the rank's tokens. Ranks may hold different
+Shapes: on each rank q (b, h, n_local, d), k and v (b, n_kv_heads, n_local,
+d) with ``n_kv_heads`` dividing ``h`` (grouped-query attention), and
+``positions`` (n_local,) int64, the global positions of the rank's tokens. Ranks may hold different
 numbers of tokens, none included. With ``causal``, query position i sees key
 position j when j <= i, whatever the layout.
 """
@@ -63,8 +63,8 @@ def check_shard(q, k, v, positions) -> tuple[int, int]:
 
 
 def group_sum(x, n_kv_heads: int):
-    """(b, h, n, d) -> (b, h_kv, n, d): the sum over each key/value head's
-    group of query heads (the backward of :func:`attnbook.repeat_kv`)."""
+    """(b, h, n, d) -> (b, n_kv_heads, n, d): the sum over each key/value
+    head's group of query heads (the backward of :func:`attnbook.repeat_kv`)."""
     b, h, n, d = x.shape
     return x.reshape(b, n_kv_heads, h // n_kv_heads, n, d).sum(dim=2)
 
@@ -117,16 +117,16 @@ def block_backward(q, k, v, pos_q, pos_k, d_out, lse, delta, causal, scale):
     the rank, dk and dv (summed over each key/value head's group) travel with
     the block.
     """
-    h_kv = k.shape[1]
+    n_kv_heads = k.shape[1]
     scores = block_scores(q, k, pos_q, pos_k, causal, scale)
     safe = torch.where(torch.isneginf(lse), 0.0, lse)
     p = torch.exp(scores - safe[..., None])  # (b, h, n_q, n_k)
-    v_rep = repeat_kv(v, q.shape[1] // h_kv)
-    dv = group_sum(p.transpose(-2, -1) @ d_out, h_kv)
+    v_rep = repeat_kv(v, q.shape[1] // n_kv_heads)
+    dv = group_sum(p.transpose(-2, -1) @ d_out, n_kv_heads)
     dp = d_out @ v_rep.transpose(-2, -1)  # (b, h, n_q, n_k)
     ds = p * (dp - delta[..., None])  # softmax's backward
-    dq = (ds @ repeat_kv(k, q.shape[1] // h_kv)) * scale
-    dk = group_sum(ds.transpose(-2, -1) @ q, h_kv) * scale
+    dq = (ds @ repeat_kv(k, q.shape[1] // n_kv_heads)) * scale
+    dk = group_sum(ds.transpose(-2, -1) @ q, n_kv_heads) * scale
     return dq, dk, dv
 
 

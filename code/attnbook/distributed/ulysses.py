@@ -85,7 +85,11 @@ class SeqToHeads(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return heads_to_seq(grad.contiguous(), ctx.lengths, ctx.group), None, None
+        return (
+            heads_to_seq(grad.contiguous(), ctx.lengths, ctx.group),
+            None,
+            None,
+        )
 
 
 class HeadsToSeq(torch.autograd.Function):
@@ -98,7 +102,11 @@ class HeadsToSeq(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return seq_to_heads(grad.contiguous(), ctx.lengths, ctx.group), None, None
+        return (
+            seq_to_heads(grad.contiguous(), ctx.lengths, ctx.group),
+            None,
+            None,
+        )
 
 
 def gather_positions(positions, lengths, group=None):
@@ -112,7 +120,9 @@ def gather_positions(positions, lengths, group=None):
     return torch.cat([p[:n] for p, n in zip(every, lengths)])
 
 
-def ulysses_attention(q, k, v, positions, causal=False, scale=None, group=None):
+def ulysses_attention(
+    q, k, v, positions, causal=False, scale=None, group=None
+):
     """Exact attention over the whole sequence with the heads split over the
     ranks; differentiable. Call it on every rank with its sequence shard;
     returns this rank's output (b, h, n_local, d)."""

@@ -2,8 +2,8 @@
 against single-process attention, many cases per launch.
 
 Each case is a dict (``method``: "ring" or "ulysses"; ``n``, ``batch``,
-``heads``, ``kv_heads``, ``d``, ``causal``, ``layout``, ``seed``). Every rank
-builds the same float64 inputs from the seed, keeps its shard, runs the
+``n_heads``, ``n_kv_heads``, ``d``, ``causal``, ``layout``, ``seed``). Every
+rank builds the same float64 inputs from the seed, keeps its shard, runs the
 method forward and backward, and returns its shards of the output and of the
 gradients of q, k, v; :func:`case_errors` puts the shards back in place and
 compares them with :func:`attnbook.attend` over the whole sequence, and with
@@ -14,24 +14,21 @@ from __future__ import annotations
 
 import torch
 
-from ..distributed import ring, ulysses
+from ..distributed import layouts, ring, ulysses
 from ..torch_attention import attend, repeat_kv
 
 
 def shard_positions(n: int, world_size: int, layout: str):
-    """The global positions each rank holds under ``layout``."""
-    if layout == "contiguous":
-        return list(torch.arange(n).tensor_split(world_size))
-    from ..distributed import layouts
-
+    """The global positions each rank holds under ``layout``
+    (:func:`attnbook.distributed.layouts.layout_positions`)."""
     return layouts.layout_positions(n, world_size, layout)
 
 
-def case(method="ring", n=10, batch=1, heads=4, kv_heads=None, d=8, **kw):
+def case(method="ring", n=10, batch=1, n_heads=4, n_kv_heads=None, d=8, **kw):
     """A case with defaults: contiguous, not causal, seed 0."""
-    kv_heads = heads if kv_heads is None else kv_heads
-    base = dict(method=method, n=n, batch=batch, heads=heads)
-    base.update(kv_heads=kv_heads, d=d, causal=False, layout="contiguous")
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    base = dict(method=method, n=n, batch=batch, n_heads=n_heads)
+    base.update(n_kv_heads=n_kv_heads, d=d, causal=False, layout="contiguous")
     base.update(seed=0)
     base.update(kw)
     return base
@@ -39,15 +36,18 @@ def case(method="ring", n=10, batch=1, heads=4, kv_heads=None, d=8, **kw):
 
 def make_inputs(c):
     """q, k, v and the output's gradient d_out, float64, from the case's
-    seed: q, d_out (b, h, n, d); k, v (b, h_kv, n, d)."""
+    seed: q, d_out (b, h, n, d); k, v (b, n_kv_heads, n, d)."""
     g = torch.Generator().manual_seed(c["seed"])
     b, n, d = c["batch"], c["n"], c["d"]
 
     def draw(h):
         return torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
 
-    return draw(c["heads"]), draw(c["kv_heads"]), draw(c["kv_heads"]), draw(
-        c["heads"]
+    return (
+        draw(c["n_heads"]),
+        draw(c["n_kv_heads"]),
+        draw(c["n_kv_heads"]),
+        draw(c["n_heads"]),
     )
 
 
@@ -63,7 +63,10 @@ def run_case(rank, world_size, c):
     positions, shards = shards_of(c, world_size)
     q, k, v, d_out = (x.clone().requires_grad_(True) for x in shards[rank])
     d_out = d_out.detach()
-    method = {"ring": ring.ring_attention, "ulysses": ulysses.ulysses_attention}
+    method = {
+        "ring": ring.ring_attention,
+        "ulysses": ulysses.ulysses_attention,
+    }
     out = method[c["method"]](q, k, v, positions[rank], causal=c["causal"])
     out.backward(d_out)
     return [x.detach() for x in (out, q.grad, k.grad, v.grad)]
@@ -86,7 +89,7 @@ def reference(c):
     over the whole sequence."""
     q, k, v, d_out = (x.requires_grad_(True) for x in make_inputs(c))
     d_out = d_out.detach()
-    group = c["heads"] // c["kv_heads"]
+    group = c["n_heads"] // c["n_kv_heads"]
     n = c["n"]
     mask = torch.ones(n, n, dtype=torch.bool).tril() if c["causal"] else None
     out = attend(q, repeat_kv(k, group), repeat_kv(v, group), mask=mask)
@@ -108,8 +111,13 @@ def assemble(c, world_size, per_rank):
 
 def reference_shapes(c):
     b, n, d = c["batch"], c["n"], c["d"]
-    h, h_kv = c["heads"], c["kv_heads"]
-    return [(b, h, n, d), (b, h, n, d), (b, h_kv, n, d), (b, h_kv, n, d)]
+    h, n_kv_heads = c["n_heads"], c["n_kv_heads"]
+    return [
+        (b, h, n, d),
+        (b, h, n, d),
+        (b, n_kv_heads, n, d),
+        (b, n_kv_heads, n, d),
+    ]
 
 
 def simulate_case(c, world_size):
@@ -176,7 +184,7 @@ def torch_context_parallel(rank, world_size, n=8, causal=False, backend=None):
     from torch.distributed.tensor.experimental import context_parallel
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    c = case(n=n, heads=2, d=4, causal=causal, seed=8)
+    c = case(n=n, n_heads=2, d=4, causal=causal, seed=8)
     q, k, v, d_out = make_inputs(c)
     pos = torch.arange(n, dtype=torch.float64).expand(1, 1, n).clone()
     mesh = init_device_mesh("cpu", (world_size,))
@@ -213,7 +221,9 @@ def torch_context_parallel(rank, world_size, n=8, causal=False, backend=None):
     ring_out = ring.ring_attention(*mine, positions, causal=causal)
     ring_out.backward(shards[3])
     if out is not None:
-        report["forward"] = float((out.detach() - ring_out.detach()).abs().max())
+        report["forward"] = float(
+            (out.detach() - ring_out.detach()).abs().max()
+        )
         if grads is not None:
             report["backward"] = max(
                 float((g - x.grad).abs().max()) for g, x in zip(grads, mine)
