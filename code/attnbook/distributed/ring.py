@@ -11,9 +11,9 @@ order the ring runs them, and :func:`ring_attention` runs them on
 
 Shapes: on each rank q (b, h, n_local, d), k and v (b, n_kv_heads, n_local,
 d) with ``n_kv_heads`` dividing ``h`` (grouped-query attention), and
-``positions`` (n_local,) int64, the global positions of the rank's tokens. Ranks may hold different
-numbers of tokens, none included. With ``causal``, query position i sees key
-position j when j <= i, whatever the layout.
+``positions`` (n_local,) int64, the global positions of the rank's tokens.
+Ranks may hold different numbers of tokens, none included. With ``causal``,
+query position i sees key position j when j <= i, whatever the layout.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def check_shard(q, k, v, positions) -> tuple[int, int]:
 
 def group_sum(x, n_kv_heads: int):
     """(b, h, n, d) -> (b, n_kv_heads, n, d): the sum over each key/value
-    head's group of query heads (the backward of :func:`attnbook.repeat_kv`)."""
+    head's group of query heads (the backward of
+    :func:`attnbook.repeat_kv`)."""
     b, h, n, d = x.shape
     return x.reshape(b, n_kv_heads, h // n_kv_heads, n, d).sum(dim=2)
 
