@@ -9,7 +9,7 @@ from attnbook.distributed.launch import launch
 from attnbook.experiments import context_parallel as cp
 
 TOL = 1e-10
-LAYOUTS = ["contiguous"]
+LAYOUTS = ["contiguous", "striped", "zigzag"]
 
 
 def cases_for(world_size):
