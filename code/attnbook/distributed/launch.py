@@ -120,7 +120,8 @@ def launch(fn, world_size: int, args=(), timeout_s: float = 120.0):
                     if not done and p.exitcode is not None and results.empty():
                         failures[rank] = (
                             f"died with exit code {p.exitcode} before "
-                            "reporting a result"
+                            "reporting a result (its stderr may say why; "
+                            "spawn needs fn importable by name)"
                         )
             else:
                 if status == "error":
