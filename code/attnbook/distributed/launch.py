@@ -25,7 +25,12 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
 class LaunchError(RuntimeError):
-    """A rank raised, died or did not finish in time."""
+    """A rank raised, died or did not finish in time. ``pids``: the process
+    ids of the ranks, all ended."""
+
+    def __init__(self, message: str, pids=()):
+        super().__init__(message)
+        self.pids = list(pids)
 
 
 def free_port() -> int:
@@ -141,7 +146,8 @@ def launch(fn, world_size: int, args=(), timeout_s: float = 120.0):
             for rank in sorted(failures)
         ]
         raise LaunchError(
-            "\n".join(lines) + "\n(every process has been ended)"
+            "\n".join(lines) + "\n(every process has been ended)",
+            [p.pid for p in processes],
         )
     return [got[rank] for rank in range(world_size)]
 
