@@ -43,7 +43,7 @@ def simulate(q, k, v, d_out, positions, causal):
     )
     wholes = []
     for parts, like in ((outs, q), (dqs, q), (dks, k), (dvs, k)):
-        whole = torch.zeros_like(like)
+        whole = torch.zeros(like.shape, dtype=parts[0].dtype)
         for p, part in zip(positions, parts):
             whole[:, :, p] = part
         wholes.append(whole)
@@ -133,3 +133,20 @@ def test_shard_errors(shapes, match):
     q, k, v = (torch.zeros(s) for s in qkv)
     with pytest.raises(ValueError, match=match):
         ring.check_shard(q, k, v, torch.arange(n))
+
+
+@pytest.mark.parametrize(
+    "dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)]
+)
+def test_half_precision_accumulates_in_float32(dtype, tol):
+    q, k, v, d_out, g = inputs(4, 1, 4, 2, 24, 16)
+    positions = random_partition(24, 3, g)
+    got = simulate(
+        *(x.to(dtype) for x in (q, k, v, d_out)), positions, causal=True
+    )
+    want = full_reference(
+        *(x.to(dtype).double() for x in (q, k, v, d_out)), causal=True
+    )
+    for x, y in zip(got, want):
+        assert x.dtype == torch.promote_types(dtype, torch.float32)
+        assert float((x.double() - y).abs().max()) < tol

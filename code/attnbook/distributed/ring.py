@@ -70,11 +70,19 @@ def group_sum(x, n_kv_heads: int):
     return x.reshape(b, n_kv_heads, h // n_kv_heads, n, d).sum(dim=2)
 
 
+def work_dtype(x):
+    """The dtype the ring computes and accumulates in: float32 for float16
+    and bfloat16 (scores, sums of exponentials and gradient sums need its
+    range and precision), the input's own otherwise."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def block_scores(q, k, pos_q, pos_k, causal: bool, scale: float):
     """Scaled scores of q against one block of keys, -inf where causality
-    forbids: (b, h, n_q, n_k)."""
-    k = repeat_kv(k, q.shape[1] // k.shape[1])
-    scores = (q @ k.transpose(-2, -1)) * scale
+    forbids: (b, h, n_q, n_k), in :func:`work_dtype`."""
+    work = work_dtype(q)
+    k = repeat_kv(k.to(work), q.shape[1] // k.shape[1])
+    scores = (q.to(work) @ k.transpose(-2, -1)) * scale
     if causal:
         # (n_q, n_k): key position after query position
         future = pos_k[None, :] > pos_q[:, None]
@@ -86,9 +94,9 @@ def block_attention(q, k, v, pos_q, pos_k, causal=False, scale=None):
     """Attention of q over one block of keys, with its log-sum-exp.
 
     Returns ``out`` (b, h, n_q, d), normalised over this block alone, and
-    ``lse`` (b, h, n_q). A row with no visible key (fully masked, or an empty
-    block) gets lse -inf and output 0, as :func:`attnbook.merge_splits`
-    expects.
+    ``lse`` (b, h, n_q), both in :func:`work_dtype`. A row with no visible
+    key (fully masked, or an empty block) gets lse -inf and output 0, as
+    :func:`attnbook.merge_splits` expects.
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -98,7 +106,8 @@ def block_attention(q, k, v, pos_q, pos_k, causal=False, scale=None):
     # a row with no key: exp(-inf - 0) = 0, not NaN
     safe = torch.where(torch.isneginf(lse), 0.0, lse)
     p = torch.exp(scores - safe[..., None])
-    return p @ repeat_kv(v, q.shape[1] // v.shape[1]), lse
+    v = repeat_kv(v.to(p.dtype), q.shape[1] // v.shape[1])
+    return p @ v, lse
 
 
 def ring_forward_step(q, k, v, pos_q, pos_k, out, lse, causal, scale):
@@ -114,12 +123,13 @@ def block_backward(q, k, v, pos_q, pos_k, d_out, lse, delta, causal, scale):
 
     ``lse`` is the *final* log-sum-exp of each query row (over all keys) and
     ``delta = rowsum(d_out * out)``, so that ``p = exp(s - lse)`` are the
-    final weights of this block's keys. Returns ``(dq, dk, dv)``: dq stays on
-    the rank, dk and dv (summed over each key/value head's group) travel with
-    the block.
+    final weights of this block's keys. Returns ``(dq, dk, dv)`` in
+    :func:`work_dtype`: dq stays on the rank, dk and dv (summed over each
+    key/value head's group) travel with the block.
     """
     n_kv_heads = k.shape[1]
     scores = block_scores(q, k, pos_q, pos_k, causal, scale)
+    q, k, v, d_out = (x.to(scores.dtype) for x in (q, k, v, d_out))
     safe = torch.where(torch.isneginf(lse), 0.0, lse)
     p = torch.exp(scores - safe[..., None])  # (b, h, n_q, n_k)
     v_rep = repeat_kv(v, q.shape[1] // n_kv_heads)
@@ -132,9 +142,11 @@ def block_backward(q, k, v, pos_q, pos_k, d_out, lse, delta, causal, scale):
 
 
 def initial_state(q, v):
-    """The merge's identity: output 0 and lse -inf for every query."""
-    out = q.new_zeros(q.shape[:3] + v.shape[3:])
-    lse = q.new_full(q.shape[:3], float("-inf"))
+    """The merge's identity: output 0 and lse -inf for every query (in
+    :func:`work_dtype`)."""
+    work = work_dtype(q)
+    out = q.new_zeros(q.shape[:3] + v.shape[3:], dtype=work)
+    lse = q.new_full(q.shape[:3], float("-inf"), dtype=work)
     return out, lse
 
 
@@ -172,9 +184,10 @@ def simulate_ring_backward(
     if scale is None:
         scale = 1.0 / math.sqrt(qs[0].shape[-1])
     deltas = [(do * o).sum(dim=-1) for do, o in zip(d_outs, outs)]
-    dqs = [torch.zeros_like(q) for q in qs]
-    dks = [torch.zeros_like(k) for k in ks]
-    dvs = [torch.zeros_like(v) for v in vs]
+    work = work_dtype(qs[0])
+    dqs = [torch.zeros_like(q, dtype=work) for q in qs]
+    dks = [torch.zeros_like(k, dtype=work) for k in ks]
+    dvs = [torch.zeros_like(v, dtype=work) for v in vs]
     for step in range(world_size):
         for r in range(world_size):
             j = (r - step) % world_size
@@ -212,7 +225,8 @@ def empty_block(x, n: int):
 
 
 def ring_forward(q, k, v, positions, causal, scale, group=None):
-    """The forward ring on this rank: returns (out, lse).
+    """The forward ring on this rank: returns (out, lse), in
+    :func:`work_dtype`.
 
     At step s the rank first posts the transfer of the block it holds to the
     next rank (and the receive of the next block from the previous one), then
@@ -249,9 +263,11 @@ def ring_backward(q, k, v, positions, out, lse, d_out, causal, scale, group):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     lengths = gather_lengths(q.shape[2], group)
     delta = (d_out * out).sum(dim=-1)  # (b, h, n_local)
-    dq = torch.zeros_like(q)
+    work = work_dtype(q)
+    dq = torch.zeros_like(q, dtype=work)
     # the accumulators of the block this rank holds
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    dk = torch.zeros_like(k, dtype=work)
+    dv = torch.zeros_like(v, dtype=work)
     block, grads_in, grad_requests = (k, v, positions), None, []
     for step in range(world_size):
         n_next = lengths[(rank - step - 1) % world_size]
@@ -270,7 +286,7 @@ def ring_backward(q, k, v, positions, out, lse, d_out, causal, scale, group):
         dk, dv = dk + dk_b, dv + dv_b
         if world_size > 1:
             # the next block's accumulators come in as this one's go out
-            grads_in = (empty_block(k, n_next), empty_block(v, n_next))
+            grads_in = (empty_block(dk, n_next), empty_block(dv, n_next))
             grad_requests = post_ring_transfer((dk, dv), grads_in, group, 1)
         if step < world_size - 1:
             wait_all(requests)
@@ -278,7 +294,7 @@ def ring_backward(q, k, v, positions, out, lse, d_out, causal, scale, group):
     wait_all(grad_requests)
     if grads_in is not None:
         dk, dv = grads_in  # this rank's own block, home again
-    return dq, dk, dv
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class RingAttention(torch.autograd.Function):
@@ -289,7 +305,7 @@ class RingAttention(torch.autograd.Function):
         out, lse = ring_forward(q, k, v, positions, causal, scale, group)
         ctx.save_for_backward(q, k, v, positions, out, lse)
         ctx.causal, ctx.scale, ctx.group = causal, scale, group
-        return out
+        return out.to(v.dtype)
 
     @staticmethod
     def backward(ctx, d_out):

@@ -29,19 +29,21 @@ def case(method="ring", n=10, batch=1, n_heads=4, n_kv_heads=None, d=8, **kw):
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     base = dict(method=method, n=n, batch=batch, n_heads=n_heads)
     base.update(n_kv_heads=n_kv_heads, d=d, causal=False, layout="contiguous")
-    base.update(seed=0)
+    base.update(seed=0, dtype="float64")
     base.update(kw)
     return base
 
 
 def make_inputs(c):
-    """q, k, v and the output's gradient d_out, float64, from the case's
-    seed: q, d_out (b, h, n, d); k, v (b, n_kv_heads, n, d)."""
+    """q, k, v and the output's gradient d_out from the case's seed, rounded
+    to the case's dtype and held in float64: q, d_out (b, h, n, d); k, v (b,
+    n_kv_heads, n, d)."""
     g = torch.Generator().manual_seed(c["seed"])
     b, n, d = c["batch"], c["n"], c["d"]
 
     def draw(h):
-        return torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+        x = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+        return x.to(getattr(torch, c["dtype"])).double()
 
     return (
         draw(c["n_heads"]),
@@ -52,9 +54,10 @@ def make_inputs(c):
 
 
 def shards_of(c, world_size):
-    """Each rank's positions and its shards of q, k, v, d_out."""
+    """Each rank's positions and its shards of q, k, v, d_out, in the case's
+    dtype."""
     positions = shard_positions(c["n"], world_size, c["layout"])
-    full = make_inputs(c)
+    full = [x.to(getattr(torch, c["dtype"])) for x in make_inputs(c)]
     return positions, [[x[:, :, p] for x in full] for p in positions]
 
 
@@ -104,7 +107,7 @@ def assemble(c, world_size, per_rank):
     for i, like in enumerate(reference_shapes(c)):
         whole = torch.zeros(like, dtype=torch.float64)
         for p, shards in zip(positions, per_rank):
-            whole[:, :, p] = shards[i]
+            whole[:, :, p] = shards[i].double()
         wholes.append(whole)
     return wholes
 
@@ -122,19 +125,21 @@ def reference_shapes(c):
 
 def simulate_case(c, world_size):
     """The ring's single-process simulation of the case: per rank [out, dq,
-    dk, dv]."""
+    dk, dv], in the case's dtype."""
     positions, shards = shards_of(c, world_size)
     qs, ks, vs, d_outs = (list(x) for x in zip(*shards))
     outs, lses = ring.simulate_ring(qs, ks, vs, positions, c["causal"])
     dqs, dks, dvs = ring.simulate_ring_backward(
         qs, ks, vs, positions, outs, lses, d_outs, c["causal"]
     )
-    return [list(x) for x in zip(outs, dqs, dks, dvs)]
+    # the processes return the case's dtype (the simulation, float32 work)
+    dtype = getattr(torch, c["dtype"])
+    return [[x.to(dtype) for x in r] for r in zip(outs, dqs, dks, dvs)]
 
 
 def max_error(xs, ys) -> float:
     return max(
-        (float((x - y).abs().max()) if x.numel() else 0.0)
+        (float((x.double() - y.double()).abs().max()) if x.numel() else 0.0)
         for x, y in zip(xs, ys)
     )
 
