@@ -73,6 +73,7 @@ __all__ = [
     "check_multihead_attention",
     "check_nadaraya_watson",
     "check_online_softmax",
+    "check_overlap_tokens",
     "check_packed_block_mask",
     "check_packed_cross_attention",
     "check_packed_sliding_mask_mod",
@@ -92,6 +93,7 @@ __all__ = [
     "check_softmax",
     "check_split_qkv",
     "check_strided_to_blocked",
+    "check_zigzag_positions",
 ]
 
 # Checkers whose modules import torch load on first use, so that `import
@@ -117,6 +119,10 @@ _LAZY = {
     # torch tensors in, like the chapter's package (no browser notebook)
     "check_exact_memory": "delta",
     "check_delta_step_backward": "delta",
+    # chapter 11's: numpy, but through attnbook.distributed, whose package
+    # also holds the torch.distributed code
+    "check_zigzag_positions": "context_parallel",
+    "check_overlap_tokens": "context_parallel",
 }
 
 
@@ -196,6 +202,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     ),
     "check_nadaraya_watson": ("attnbook.kernel_smoothing.nadaraya_watson",),
     "check_online_softmax": ("attnbook.online_softmax.online_softmax_state",),
+    # overlap_tokens computes the threshold from a link in bytes per second
+    # and rounds it up: its source answers the exercise
+    "check_overlap_tokens": ("attnbook.distributed.cost.overlap_tokens",),
     # no function of the package classifies the tiles of a mask
     "check_packed_block_mask": (),
     # chapter 2 shows single_head_attention, which takes a mask; the exercise
@@ -251,4 +260,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "check_split_qkv": ("attnbook.heads.split_heads",),
     # no function of the package converts a strided layer's weights
     "check_strided_to_blocked": (),
+    "check_zigzag_positions": (
+        "attnbook.distributed.layouts.layout_positions",
+        "attnbook.distributed.layouts.positions_numpy",
+    ),
 }

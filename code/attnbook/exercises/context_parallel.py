@@ -1,0 +1,466 @@
+"""Checkers for attention across devices (chapter 11): the zigzag layout's
+positions, and the fewest tokens per device for which a ring step hides its
+transfer.
+
+The zigzag map's mistakes: the mirror chunk taken as ``P - 1 - r`` instead of
+``2P - 1 - r`` (half the sequence, some of it twice), the second chunk not
+mirrored (``P + r``), the ranks numbered from the other end, the plain
+contiguous and striped layouts, the remainder of ``n`` dropped when ``2P``
+does not divide it, chunks of ``ceil(n / 2P)`` tokens (the last ones short or
+empty) instead of :func:`numpy.array_split`'s, positions returned as floats
+(they index), and a rank with no token given an empty float array
+(``np.array([])``). The order of the positions inside a rank is free: ring
+attention masks by global positions, not by order.
+
+The overlap condition's mistakes are of units: a link's bits per second read
+as bytes, the keys sent without the values (or the reverse), the factor 4 of
+the flops forgotten (``c^2 H d``) or halved (one product of two), a figure for
+both directions used as one direction's, the key/value heads counted as
+query heads (GQA's saving lost), and elements counted instead of bytes.
+
+Numpy only (no torch needed); a reader may answer with torch, and a tensor
+returned is compared as an array.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from ..distributed.layouts import positions_numpy
+from ._framework import Case, Mistake, as_array, run_checks
+
+# --- the zigzag map ----------------------------------------------------------
+
+
+def _reference_zigzag(n, world_size):
+    return positions_numpy(n, world_size, "zigzag")
+
+
+def _chunks(n, world_size):
+    return np.array_split(np.arange(n, dtype=np.int64), 2 * world_size)
+
+
+def _mirror_off_by_p(n, world_size):
+    c = _chunks(n, world_size)
+    return [
+        np.concatenate([c[r], c[world_size - 1 - r]])
+        for r in range(world_size)
+    ]
+
+
+def _not_mirrored(n, world_size):
+    c = _chunks(n, world_size)
+    return [
+        np.concatenate([c[r], c[world_size + r]]) for r in range(world_size)
+    ]
+
+
+def _ranks_reversed(n, world_size):
+    return _reference_zigzag(n, world_size)[::-1]
+
+
+def _contiguous(n, world_size):
+    return np.array_split(np.arange(n, dtype=np.int64), world_size)
+
+
+def _striped(n, world_size):
+    t = np.arange(n, dtype=np.int64)
+    return [t[r::world_size] for r in range(world_size)]
+
+
+def _remainder_dropped(n, world_size):
+    q = n // (2 * world_size)
+    c = [np.arange(j * q, (j + 1) * q) for j in range(2 * world_size)]
+    return [
+        np.concatenate([c[r], c[2 * world_size - 1 - r]])
+        for r in range(world_size)
+    ]
+
+
+def _ceil_chunks(n, world_size):
+    size = -(-n // (2 * world_size))
+    c = [
+        np.arange(min(j * size, n), min((j + 1) * size, n))
+        for j in range(2 * world_size)
+    ]
+    return [
+        np.concatenate([c[r], c[2 * world_size - 1 - r]])
+        for r in range(world_size)
+    ]
+
+
+def _float_positions(n, world_size):
+    return [p.astype(np.float64) for p in _reference_zigzag(n, world_size)]
+
+
+def _empty_float(n, world_size):
+    return [
+        p if len(p) else np.array([]) for p in _reference_zigzag(n, world_size)
+    ]
+
+
+def _parts(value):
+    """The reader's ranks as a list of numpy arrays, or None when ``value`` is
+    not a list, tuple or 2-D array of them. An empty list or tuple is an
+    empty int64 array (it indexes)."""
+    if isinstance(value, (list, tuple)):
+        out = []
+        for part in value:
+            if isinstance(part, (list, tuple)) and len(part) == 0:
+                out.append(np.zeros(0, dtype=np.int64))
+                continue
+            try:
+                out.append(as_array(part))
+            except Exception:
+                return None
+        return out
+    try:
+        a = as_array(value)
+    except Exception:
+        return None
+    return list(a) if a.ndim == 2 else None
+
+
+def _same_positions(got, expected) -> bool:
+    """The same number of ranks, each 1-D and holding the same set of
+    positions (in any order, none twice); integers where the expected are
+    integers."""
+    got, expected = _parts(got), _parts(expected)
+    if got is None or expected is None or len(got) != len(expected):
+        return False
+    for g, e in zip(got, expected):
+        if g.ndim != 1 or e.ndim != 1:
+            return False
+        if (g.dtype.kind in "iu") != (e.dtype.kind in "iu"):
+            return False
+        if not np.array_equal(np.sort(g), np.sort(e)):
+            return False
+    return True
+
+
+def _brief(a: np.ndarray, limit: int = 12) -> str:
+    a = np.sort(a)
+    text = ", ".join(str(int(x)) for x in a[:limit])
+    return "[" + text + (", ...]" if len(a) > limit else "]")
+
+
+def _describe_positions(got, expected, case) -> str:
+    if got is None:
+        return "your function returned None (a missing `return`?)"
+    parts, want = _parts(got), _parts(expected)
+    if parts is None:
+        return (
+            f"expected a list of {len(want)} arrays of positions, one per "
+            f"rank; got {type(got).__name__}"
+        )
+    if len(parts) != len(want):
+        return f"expected {len(want)} ranks, got {len(parts)}"
+    for r, g in enumerate(parts):
+        if g.ndim != 1:
+            return f"rank {r}'s positions have shape {g.shape}, not 1-D"
+        if g.dtype.kind not in "iu":
+            return (
+                f"rank {r}'s positions are {g.dtype}, not integers: they "
+                "index the sequence"
+            )
+    every = np.concatenate(parts).astype(np.int64)
+    n = case.args[0]
+    counts = np.bincount(every[(every >= 0) & (every < n)], minlength=n)
+    notes = []
+    missing = np.flatnonzero(counts == 0)
+    twice = np.flatnonzero(counts > 1)
+    outside = every[(every < 0) | (every >= n)]
+    if len(missing):
+        notes.append(f"positions {_brief(missing)} are on no rank")
+    if len(twice):
+        notes.append(f"positions {_brief(twice)} are on more than one rank")
+    if len(outside):
+        notes.append(f"positions {_brief(outside)} are outside range({n})")
+    for r, (g, e) in enumerate(zip(parts, want)):
+        if not np.array_equal(np.sort(g), np.sort(e)):
+            notes.append(
+                f"rank {r} holds {_brief(g)}; it should hold {_brief(e)}"
+            )
+            break
+    return "; ".join(notes)
+
+
+ZIGZAG_MISTAKES = [
+    Mistake(
+        "mirror_off_by_p",
+        "rank r takes chunks r and P - 1 - r: the mirror of chunk r among 2P "
+        "chunks is 2P - 1 - r, so the second half of the sequence is on no "
+        "rank and some chunks are on two",
+        "with 2P chunks numbered 0 .. 2P - 1, chunk r's mirror is 2P - 1 - r",
+        _mirror_off_by_p,
+    ),
+    Mistake(
+        "not_mirrored",
+        "rank r takes chunks r and P + r: every rank gets an early and a late "
+        "chunk, but the late ones are in the same order as the early ones, so "
+        "the last rank still does the most work",
+        "pair chunk r with its mirror image, 2P - 1 - r: the first with the "
+        "last, the second with the second-to-last",
+        _not_mirrored,
+    ),
+    Mistake(
+        "ranks_reversed",
+        "the ranks are numbered from the other end: rank 0 holds the middle "
+        "chunks",
+        "rank r holds chunk r (from the start) and chunk 2P - 1 - r",
+        _ranks_reversed,
+    ),
+    Mistake(
+        "contiguous",
+        "this is the contiguous layout: P consecutive blocks",
+        "cut the sequence into 2P chunks, not P, and give each rank two",
+        _contiguous,
+    ),
+    Mistake(
+        "striped",
+        "this is the striped layout: token t on rank t mod P",
+        "zigzag keeps chunks whole: rank r holds chunks r and 2P - 1 - r",
+        _striped,
+    ),
+    Mistake(
+        "remainder_dropped",
+        "the chunks have n // 2P tokens each, so the last n mod 2P tokens are "
+        "on no rank",
+        "cut with np.array_split(np.arange(n), 2 * P): the first n mod 2P "
+        "chunks get one token more",
+        _remainder_dropped,
+    ),
+    Mistake(
+        "ceil_chunks",
+        "the chunks have ceil(n / 2P) tokens, so the last chunks are short "
+        "or empty, not the sizes the exercise asks for",
+        "cut with np.array_split(np.arange(n), 2 * P): sizes differ by at "
+        "most one, the longer ones first",
+        _ceil_chunks,
+    ),
+    Mistake(
+        "float_positions",
+        "the positions are floats: they index the sequence, so they must be "
+        "integers",
+        "build them from np.arange (or torch.arange), or cast with "
+        ".astype(np.int64)",
+        _float_positions,
+    ),
+    Mistake(
+        "empty_not_integer",
+        "a rank with no token gets an empty float array (np.array([]) is "
+        "float64), which cannot index",
+        "build every rank's positions from np.arange, or give np.array([], "
+        "dtype=np.int64)",
+        _empty_float,
+    ),
+]
+
+
+def zigzag_cases() -> list[Case]:
+    return [
+        Case("16 tokens on 2 ranks (chunks of 4)", (16, 2)),
+        Case("24 tokens on 4 ranks (chunks of 3)", (24, 4)),
+        Case("10 tokens on 3 ranks (chunks of 2, 2, 2, 2, 1, 1)", (10, 3)),
+        Case("13 tokens on 2 ranks (chunks of 4, 3, 3, 3)", (13, 2)),
+        Case("22 tokens on 3 ranks (chunks of 4, 4, 4, 4, 3, 3)", (22, 3)),
+        Case("7 tokens on 4 ranks (seven chunks of 1, one empty)", (7, 4)),
+        Case("3 tokens on 4 ranks (the last rank holds none)", (3, 4)),
+        Case("5 tokens on 1 rank", (5, 1)),
+    ]
+
+
+def check_zigzag_positions(fn) -> None:
+    """Check ``fn(n, world_size)`` returns the zigzag layout: a list of
+    ``world_size`` integer arrays (numpy or torch, any integer dtype), where
+    rank ``r`` holds the positions of chunks ``r`` and ``2 world_size - 1 -
+    r`` of ``np.array_split(np.arange(n), 2 * world_size)``. The order inside
+    a rank is free."""
+    run_checks(
+        "the zigzag layout",
+        fn,
+        zigzag_cases(),
+        _reference_zigzag,
+        ZIGZAG_MISTAKES,
+        compare=_same_positions,
+        describe=_describe_positions,
+        hint="list each rank's chunks by hand for a small case (8 tokens on "
+        "2 ranks: [0, 1, 6, 7] and [2, 3, 4, 5]) and compare",
+    )
+
+
+# --- the overlap condition ---------------------------------------------------
+
+
+def _tokens(
+    peak_flops,
+    link_bits_per_s,
+    both_directions,
+    n_heads,
+    n_kv_heads,
+    d_head,
+    bytes_per_element,
+    *,
+    bits=8,
+    tensors=2,
+    flop_factor=4,
+    halve=True,
+    kv_count=None,
+    element_bytes=None,
+):
+    """The threshold ``c`` at which ``flop_factor c^2 H d / F = tensors c
+    H_kv d b / B``, computed exactly; the keywords commit the mistakes."""
+    bandwidth = Fraction(link_bits_per_s) / bits
+    if both_directions and halve:
+        bandwidth /= 2
+    kv = n_kv_heads if kv_count is None else kv_count
+    size = bytes_per_element if element_bytes is None else element_bytes
+    c = (
+        Fraction(peak_flops)
+        * tensors
+        * kv
+        * d_head
+        * size
+        / (flop_factor * n_heads * d_head * bandwidth)
+    )
+    return float(c)
+
+
+def _reference_overlap(*args):
+    return _tokens(*args)
+
+
+def _same_number(got, expected) -> bool:
+    """One number, equal to a relative 1e-9."""
+    try:
+        g, e = as_array(got), as_array(expected)
+    except Exception:
+        return False
+    if g.size != 1 or g.dtype.kind not in "iuf":
+        return False
+    g, e = float(g.reshape(())), float(e.reshape(()))
+    return abs(g - e) <= 1e-9 * abs(e)
+
+
+def _describe_number(got, expected, case) -> str:
+    if got is None:
+        return "your function returned None (a missing `return`?)"
+    try:
+        g = as_array(got)
+    except Exception:
+        return f"expected one number, got {type(got).__name__}"
+    if g.size != 1 or g.dtype.kind not in "iuf":
+        return f"expected one number, got an array of shape {g.shape}"
+    g, e = float(g.reshape(())), float(as_array(expected).reshape(()))
+    return f"expected {e:.6g} tokens per device, got {g:.6g} ({g / e:.4g}x)"
+
+
+OVERLAP_MISTAKES = [
+    Mistake(
+        "bits_as_bytes",
+        "the link's bits per second are used as bytes per second: the "
+        "link is 8 times too fast",
+        "a network's rate is in bits (400 Gb/s); divide by 8 for bytes",
+        lambda *a: _tokens(*a, bits=1),
+    ),
+    Mistake(
+        "k_or_v_only",
+        "only one of the keys and the values is sent: a ring step sends "
+        "both, 2 c H_kv d b bytes",
+        "count k AND v: two tensors of c x H_kv x d elements",
+        lambda *a: _tokens(*a, tensors=1),
+    ),
+    Mistake(
+        "no_flop_factor",
+        "the block's flops are counted as c^2 H d: each of the two products "
+        "(q k^T and the weighted sum of v) is c^2 d multiply-adds per head, "
+        "2 flops each",
+        "a block of c queries against c keys is 4 c^2 H d flops",
+        lambda *a: _tokens(*a, flop_factor=1),
+    ),
+    Mistake(
+        "one_product",
+        "the block's flops are counted as 2 c^2 H d: one product; the "
+        "weighted sum of the values costs as much again",
+        "q k^T is 2 c^2 d flops per head and the weights times v another 2 "
+        "c^2 d: 4 c^2 H d",
+        lambda *a: _tokens(*a, flop_factor=2),
+    ),
+    Mistake(
+        "total_as_one_way",
+        "a bandwidth for both directions together is used for one: the ring "
+        "sends one way on each link",
+        "when both_directions is True, halve the figure (NVLink's 900 GB/s "
+        "is 450 GB/s each way)",
+        lambda *a: _tokens(*a, halve=False),
+    ),
+    Mistake(
+        "kv_heads_as_query_heads",
+        "the keys and values are counted with the query heads H: with GQA "
+        "only H_kv heads of k and v exist and travel",
+        "the block sent has n_kv_heads heads; the compute has n_heads",
+        lambda *a: _tokens(*a, kv_count=a[3]),
+    ),
+    Mistake(
+        "elements_not_bytes",
+        "the block is counted in elements, not bytes: bytes_per_element is "
+        "left out",
+        "bytes sent = 2 c H_kv d x bytes_per_element",
+        lambda *a: _tokens(*a, element_bytes=1),
+    ),
+]
+
+
+def overlap_cases() -> list[Case]:
+    return [
+        Case(
+            "H100 (989.4 TFLOP/s), InfiniBand NDR (400 Gb/s each way); 32 "
+            "heads, 4 kv heads of 128, bf16",
+            (989.4e12, 400e9, False, 32, 4, 128, 2),
+        ),
+        Case(
+            "H100, NVLink 4 (900 GB/s = 7.2 Tb/s both ways); 32 heads, 8 kv "
+            "heads of 128, bf16",
+            (989.4e12, 7.2e12, True, 32, 8, 128, 2),
+        ),
+        Case(
+            "A100 (312 TFLOP/s), InfiniBand HDR (200 Gb/s each way); 28 "
+            "heads, 4 kv heads of 64, fp16",
+            (312e12, 200e9, False, 28, 4, 64, 2),
+        ),
+        Case(
+            "A100, NVLink 3 (600 GB/s = 4.8 Tb/s both ways); 48 heads, 8 kv "
+            "heads of 128, fp32",
+            (312e12, 4.8e12, True, 48, 8, 128, 4),
+        ),
+        Case(
+            "a chip of 100 TFLOP/s, a 100 Gb/s link each way; 14 heads, 2 kv "
+            "heads of 32, fp8",
+            (100e12, 100e9, False, 14, 2, 32, 1),
+        ),
+    ]
+
+
+def check_overlap_tokens(fn) -> None:
+    """Check ``fn(peak_flops, link_bits_per_s, both_directions, n_heads,
+    n_kv_heads, d_head, bytes_per_element)`` returns the threshold ``c`` (a
+    float) of tokens per device at which one forward ring step's compute, a
+    block of ``c`` queries against ``c`` keys of every head at ``peak_flops``
+    flop/s (non-causal), takes as long as sending one key-value block of
+    ``c`` tokens one way over the link. ``link_bits_per_s`` is in bits per
+    second; ``both_directions`` says whether that figure counts both
+    directions together."""
+    run_checks(
+        "the overlap condition",
+        fn,
+        overlap_cases(),
+        _reference_overlap,
+        OVERLAP_MISTAKES,
+        compare=_same_number,
+        describe=_describe_number,
+        hint="write both times with units: compute 4 c^2 H d flops / "
+        "(flop/s); transfer 2 c H_kv d b bytes / (bytes/s); set them equal "
+        "and solve for c",
+    )
