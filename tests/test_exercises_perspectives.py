@@ -1431,3 +1431,81 @@ CHUNKED_WRONG += [
     (chunked_float32_then_float64, "float32_arithmetic"),
     (chunked_normaliser_state_first, "normaliser_state_includes_chunk"),
 ]
+
+
+# --- the student reading s1516 of chapter 16 ---------------------------------
+
+
+def nw_nan_to_mean(x_query, x_train, y_train, h):
+    """0 / 0 patched to the mean of y_train (no clipping anywhere)."""
+    k = np.exp(-((x_query[:, None] - x_train[None, :]) ** 2) / (2 * h**2))
+    with np.errstate(invalid="ignore"):
+        out = (k @ y_train) / k.sum(axis=1)
+    return np.where(np.isfinite(out), out, np.mean(y_train))
+
+
+def nw_laplace(x_query, x_train, y_train, h):
+    s = -np.abs(np.subtract.outer(x_query, x_train)) / h
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    return (w / w.sum(axis=1, keepdims=True)) @ y_train
+
+
+def test_a_nan_patched_to_the_mean_is_named_as_such():
+    """The old diagnosis named only the clip, which this answer does not do."""
+    with pytest.raises(ExerciseError) as err:
+        check_nadaraya_watson(nw_nan_to_mean)
+    assert err.value.mistake == "scores_clipped"
+    assert "patched to the mean of y_train" in str(err.value)
+
+
+def test_the_laplace_kernel_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_nadaraya_watson(nw_laplace)
+    assert err.value.mistake == "laplace_kernel"
+
+
+def _linear_with(feature):
+    def attention(q, k, v):
+        fq, fk = feature(torch.as_tensor(q)), feature(torch.as_tensor(k))
+        num = torch.einsum(
+            "...im,...jm,...jd->...id", fq, fk, torch.as_tensor(v)
+        )
+        den = torch.einsum("...im,...jm->...i", fq, fk)
+        return num / den[..., None]
+
+    return attention
+
+
+linear_relu_plus_one = _linear_with(lambda x: torch.relu(x) + 1)
+linear_exp_features = _linear_with(torch.exp)
+linear_softplus_features = _linear_with(F.softplus)
+linear_scaled_inputs = _linear_with(
+    lambda x: F.elu(x / x.shape[-1] ** 0.25) + 1
+)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "key"),
+    [
+        (linear_relu_plus_one, "relu_plus_one"),
+        (linear_exp_features, "exp_feature_map"),
+        (linear_softplus_features, "softplus_feature_map"),
+        (linear_scaled_inputs, "scaled_inputs"),
+    ],
+)
+def test_other_feature_maps_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_linear_attention(wrong)
+    assert err.value.mistake == key, str(err.value)
+
+
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [
+    (nw_nan_to_mean, "scores_clipped"),
+    (nw_laplace, "laplace_kernel"),
+]
+CATALOGUE["check_linear_attention"]["wrong"] += [
+    (linear_relu_plus_one, "relu_plus_one"),
+    (linear_exp_features, "exp_feature_map"),
+    (linear_softplus_features, "softplus_feature_map"),
+    (linear_scaled_inputs, "scaled_inputs"),
+]

@@ -120,6 +120,36 @@ LINEAR_ATTENTION_MISTAKES = [
         _with_features(lambda x: x),
     ),
     Mistake(
+        "relu_plus_one",
+        "the feature map is relu(x) + 1, not elu(x) + 1",
+        "elu(x) + 1 is x + 1 for x > 0 and exp(x) for x <= 0; relu(x) + 1 "
+        "agrees above 0 but is 1 below it",
+        _with_features(lambda x: np.maximum(x, 0) + 1),
+    ),
+    Mistake(
+        "exp_feature_map",
+        "the feature map is exp(x), not elu(x) + 1",
+        "elu(x) + 1 is exp(x) only for x <= 0; above 0 it is x + 1",
+        _with_features(np.exp),
+    ),
+    Mistake(
+        "softplus_feature_map",
+        "the feature map is softplus(x) = log(1 + e^x), not elu(x) + 1",
+        "the chapter's feature map is elu(x) + 1: x + 1 for x > 0 and exp(x) "
+        "for x <= 0",
+        _with_features(lambda x: np.logaddexp(0, x)),
+    ),
+    Mistake(
+        "scaled_inputs",
+        "q and k are scaled by d_k^(-1/4) before the feature map (as the "
+        "1/sqrt(d_k) of softmax attention would be split between them)",
+        "linear attention has no 1/sqrt(d_k): apply elu(x) + 1 to q and k as "
+        "they are",
+        lambda q, k, v: _with_features(
+            lambda x: _elu(x / np.shape(q)[-1] ** 0.25) + 1
+        )(q, k, v),
+    ),
+    Mistake(
         "softmax_attention",
         "this is softmax attention, not linear attention",
         "replace exp(q . k / sqrt(d)) by phi(q) . phi(k) with phi(x) = elu(x) "
@@ -487,13 +517,15 @@ NADARAYA_WATSON_MISTAKES = [
     ),
     Mistake(
         "scores_clipped",
-        "the log-kernel values are clipped from below (np.maximum(s, -700) or "
-        "np.clip) instead of shifted: where every value of a row lies below "
-        "the clip, the clip makes every weight of that row equal",
+        "where every kernel value of a row underflows, that row's estimate "
+        "is the plain mean of y_train: the log-kernel values clipped from "
+        "below (np.maximum(s, -700) or np.clip) instead of shifted, which "
+        "makes every weight of the row equal, or the 0 / 0 = NaN patched to "
+        "the mean of y_train; both give these numbers",
         "subtract each query's largest log-kernel value (keepdims=True along "
         "the training points) before exponentiating: a shift keeps the "
         "differences between the values, which are what the weights depend "
-        "on; a clip erases them",
+        "on; a clip or a patch to the mean erases them",
         lambda *a: _gaussian_nw(
             lambda diff, h: np.maximum(_gauss(diff, h), -700.0), stable=False
         )(*a),
@@ -518,6 +550,14 @@ NADARAYA_WATSON_MISTAKES = [
         "query's sum: subtract each query's maximum over the training "
         "points (axis=-1, keepdims=True), the axis you normalise over",
         _gaussian_nw(_gauss, shift_axis=0),
+    ),
+    Mistake(
+        "laplace_kernel",
+        "the kernel is exp(-|x - x_i| / h) (the Laplace kernel), not the "
+        "Gaussian",
+        "the Gaussian kernel uses the squared distance: exp(-(x - x_i)^2 / "
+        "(2 h^2))",
+        _gaussian_nw(lambda diff, h: -np.abs(diff) / h),
     ),
 ]
 
