@@ -287,7 +287,9 @@ class TinyGPT(nn.Module):
         types = config.layer_types or ("attention",) * config.n_layers
         self.blocks = nn.ModuleList(
             Block(config, use_sdpa, layer_type, source != i)
-            for i, (layer_type, source) in enumerate(zip(types, config.sources))
+            for i, (layer_type, source) in enumerate(
+                zip(types, config.sources)
+            )
         )
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -487,7 +489,9 @@ class TinyGPT(nn.Module):
                     "attention='mla' caches latents in a LatentCache; got "
                     f"cache_class={cache_class.__name__}, options {options}"
                 )
-            return [block.attn.new_cache(batch, max_len) for block in self.blocks]
+            return [
+                block.attn.new_cache(batch, max_len) for block in self.blocks
+            ]
         caches = []
         for i, source in enumerate(cfg.sources):
             if source != i:  # reuses an earlier layer's cache

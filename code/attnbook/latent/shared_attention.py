@@ -64,7 +64,12 @@ class SharedKVAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(
-        self, x, context=None, mask=None, is_causal: bool = False, kv_cache=None
+        self,
+        x,
+        context=None,
+        mask=None,
+        is_causal: bool = False,
+        kv_cache=None,
     ):
         """Attend from ``x`` (batch, n, d_model) to the keys and values in the
         source layer's ``kv_cache``; the n queries are its last n positions.
@@ -89,5 +94,7 @@ class SharedKVAttention(nn.Module):
         if self.use_sdpa:
             out = fused_attention(q, k, v, mask, is_causal)
         else:
-            out = attend(q, k, v, with_causal(mask, is_causal, n, n_k, x.device))
+            out = attend(
+                q, k, v, with_causal(mask, is_causal, n, n_k, x.device)
+            )
         return self.out_proj(out.transpose(1, 2).reshape(b, n, h * d_head))
