@@ -13,7 +13,6 @@ from attnbook.gpt import (
     cache_bytes_per_token,
     cache_layers,
 )
-from attnbook.kv_cache import KVCache
 from attnbook.latent.latent_cache import LatentCache
 from attnbook.latent.mla import MultiHeadLatentAttention
 from attnbook.latent.shared_attention import SharedKVAttention
@@ -194,17 +193,6 @@ def test_sharing_model_decodes_and_trains():
         plain.blocks[0].attn.out_proj.weight.zero_()
     plain(tokens)[:, :, 0].sum().backward()
     assert plain.blocks[0].attn.k_proj.weight.grad.abs().sum() == 0
-
-
-def test_a_sharing_layer_needs_its_sources_cache():
-    layer = SharedKVAttention(16, 4, 2)
-    x = torch.randn(1, 3, 16)
-    with pytest.raises(ValueError, match="give kv_cache"):
-        layer(x)
-    with pytest.raises(ValueError, match="give kv_cache"):
-        layer(x, context=x, kv_cache=KVCache(1, 2, 4, 4))
-    with pytest.raises(ValueError, match="divisible"):
-        SharedKVAttention(15, 4)
 
 
 # ---- cache bytes per token --------------------------------------------------

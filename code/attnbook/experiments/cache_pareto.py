@@ -271,31 +271,64 @@ def front_in_every_seed(runs) -> dict[str, int]:
     return counts
 
 
-def compare(runs, a: str, b: str) -> dict:
+def compare(runs, a: str, b: str, margin: float = 0.002) -> dict:
     """How ``a``'s held-out loss compares with ``b``'s, seed by seed.
 
-    ``differences`` are a - b in the same seed (the same seed draws different
-    weights for different shapes, so a seed pairs runs only by its index);
-    ``spread`` is the larger of the two configurations' ranges over seeds.
-    The verdict is "lower" when a is below b in every seed and the mean
-    difference exceeds the spread, "higher" likewise, else "within the
-    spread".
+    ``differences`` are a - b in the same seed (a seed pairs the runs only by
+    its index: it draws different weights for different shapes, and the same
+    training windows); ``spread`` is the larger of the two configurations'
+    ranges over seeds. The verdict is "lower" when a is below b in every seed
+    and the mean difference exceeds the spread, "higher" likewise, else
+    "within the spread"; "too close to call" when rounding could decide it:
+    the mean's size within ``margin`` (nats) of the spread, or, with a mean
+    beyond the spread, a seed's difference within ``margin`` of zero.
     """
     losses = losses_by_config(runs)
     diff = losses[a] - losses[b]
-    spread = max(np.ptp(losses[a]), np.ptp(losses[b]))
+    spread = float(max(np.ptp(losses[a]), np.ptp(losses[b])))
     mean = float(diff.mean())
-    if np.all(diff < 0) and -mean > spread:
-        verdict = "lower"
-    elif np.all(diff > 0) and mean > spread:
-        verdict = "higher"
+    same_sign = bool(np.all(diff > 0) or np.all(diff < 0))
+    near_zero = bool(np.any(np.abs(diff) < margin))
+    if abs(abs(mean) - spread) < margin or (abs(mean) > spread and near_zero):
+        verdict = "too close to call"
+    elif same_sign and abs(mean) > spread:
+        verdict = "lower" if mean < 0 else "higher"
     else:
         verdict = "within the spread"
     return {
         "differences": diff,
         "mean": mean,
-        "spread": float(spread),
+        "spread": spread,
         "verdict": verdict,
+    }
+
+
+#: the comparisons chapter 12 prints: at equal cache bytes (MLA and CLA2
+#: against GQA and MQA), then what shrinking the cache costs
+PAIRS = (
+    ("MLA-64", "GQA"),
+    ("CLA2-MHA", "GQA"),
+    ("MLA-32", "MQA"),
+    ("CLA2-GQA", "MQA"),
+    ("GQA", "MHA"),
+    ("MQA", "MHA"),
+)
+
+
+def chapter_verdicts(runs, margin: float = 0.002) -> dict:
+    """Chapter 12's verdicts: the configurations on the Pareto front in every
+    seed and in none, the front of the mean losses, and :func:`compare` for
+    each of :data:`PAIRS`."""
+    counts = front_in_every_seed(runs)
+    n_seeds = len({run["seed"] for run in runs})
+    losses = losses_by_config(runs)
+    size = {run["config"]: run["cache_bytes_per_token"] for run in runs}
+    means = {name: (size[name], float(v.mean())) for name, v in losses.items()}
+    return {
+        "front_every_seed": [k for k, c in counts.items() if c == n_seeds],
+        "front_no_seed": [k for k, c in counts.items() if c == 0],
+        "front_of_means": pareto_front(means),
+        "pairs": {(a, b): compare(runs, a, b, margin) for a, b in PAIRS},
     }
 
 

@@ -1,0 +1,117 @@
+"""Chapter 12's loss-against-cache experiment: the committed results file has
+the form the chapter reads, one of its runs retrains to the recorded loss, and
+the chapter's verdicts follow from the file."""
+
+import numpy as np
+import pytest
+
+from attnbook.experiments import cache_pareto
+from attnbook.gpt import cache_bytes_per_token
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return cache_pareto.load_results()
+
+
+def test_results_file_has_every_run_with_its_provenance(results):
+    prov = results["provenance"]
+    for key in ("machine", "torch", "git_commit", "command", "hyper"):
+        assert prov[key], key
+    assert prov["hyper"] == {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in cache_pareto.HYPER.items()
+    }
+    assert prov["configs"] == {
+        k: {
+            name: list(v) if isinstance(v, tuple) else v
+            for name, v in c.items()
+        }
+        for k, c in cache_pareto.CONFIGS.items()
+    }
+    runs = results["runs"]
+    assert sorted((r["config"], r["seed"]) for r in runs) == sorted(
+        (name, seed)
+        for name in cache_pareto.CONFIGS
+        for seed in cache_pareto.SEEDS
+    )
+    for run in runs:
+        config = cache_pareto.model_config(run["config"], 65)
+        assert run["cache_bytes_per_token"] == cache_bytes_per_token(config)
+        assert 0 < run["heldout_loss"] < np.log(65) and run["wall_s"] > 0
+    assert results["total_wall_s"] >= sum(r["wall_s"] for r in runs)
+
+
+def test_one_run_retrains_to_the_recorded_loss(results):
+    """MQA, seed 0, trained again here. The tolerance covers what another
+    CPU's kernels change in 300 steps (measured with
+    scripts/other_numerics.py: a few 1e-5 nats)."""
+    recorded = next(
+        r for r in results["runs"] if (r["config"], r["seed"]) == ("MQA", 0)
+    )
+    again = cache_pareto.train_run("MQA", 0)
+    assert again["parameters"] == recorded["parameters"]
+    assert abs(again["heldout_loss"] - recorded["heldout_loss"]) < 1e-3
+
+
+def test_pareto_front():
+    points = {"a": (1, 2.0), "b": (2, 1.0), "c": (2, 1.5), "d": (1, 2.0)}
+    # c is beaten by b; a and d tie, and neither beats the other
+    assert cache_pareto.pareto_front(points) == ["a", "d", "b"]
+    assert cache_pareto.pareto_front({"x": (3, 1.0)}) == ["x"]
+
+
+def test_compare_verdicts():
+    def runs(a, b):
+        return [
+            {"config": name, "seed": seed, "heldout_loss": loss}
+            for name, losses in (("A", a), ("B", b))
+            for seed, loss in enumerate(losses)
+        ]
+
+    lower = cache_pareto.compare(runs([1.0, 1.01], [1.1, 1.11]), "A", "B")
+    assert lower["verdict"] == "lower"
+    assert lower["spread"] == pytest.approx(0.01)
+    assert lower["mean"] == pytest.approx(-0.1)
+    assert (
+        cache_pareto.compare(runs([1.2, 1.21], [1.1, 1.11]), "A", "B")[
+            "verdict"
+        ]
+        == "higher"
+    )
+    # below in every seed, but by less than the spread
+    assert (
+        cache_pareto.compare(runs([1.0, 1.1], [1.02, 1.12]), "A", "B")[
+            "verdict"
+        ]
+        == "within the spread"
+    )
+    # the mean difference 0.0105 against a spread of 0.01: rounding decides
+    assert (
+        cache_pareto.compare(runs([1.0, 1.01], [1.0105, 1.0205]), "A", "B")[
+            "verdict"
+        ]
+        == "too close to call"
+    )
+
+
+def test_the_chapters_verdicts_follow_from_the_file(results):
+    """What chapter 12 prints, recomputed from the committed file."""
+    runs = results["runs"]
+    verdicts = cache_pareto.chapter_verdicts(runs)
+    counts = cache_pareto.front_in_every_seed(runs)
+    n = len(cache_pareto.SEEDS)
+    assert verdicts["front_every_seed"] == [
+        k for k, c in counts.items() if c == n
+    ]
+    assert verdicts["front_no_seed"] == [
+        k for k, c in counts.items() if c == 0
+    ]
+    for a, b in cache_pareto.PAIRS:
+        mine = cache_pareto.compare(runs, a, b)
+        assert verdicts["pairs"][(a, b)]["verdict"] == mine["verdict"]
+    assert verdicts == cache_pareto.chapter_verdicts(
+        cache_pareto.load_results()["runs"]
+    )
