@@ -45,15 +45,17 @@ def test_results_file_has_every_run_with_its_provenance(results):
 
 
 def test_one_run_retrains_to_the_recorded_loss(results):
-    """MQA, seed 0, trained again here. The tolerance covers what another
-    CPU's kernels change in 300 steps (measured with
-    scripts/other_numerics.py: a few 1e-5 nats)."""
+    """MQA, seed 0, trained again here (about 10 s of CPU). The run is not
+    chaotic at 300 steps: with the other CPU's kernels
+    (scripts/other_numerics.py: AVX2 instead of AVX-512) its held-out loss
+    moved by 1.2e-7 nats; the tolerance leaves a factor of about 1000 for
+    other CPUs and libraries."""
     recorded = next(
         r for r in results["runs"] if (r["config"], r["seed"]) == ("MQA", 0)
     )
     again = cache_pareto.train_run("MQA", 0)
     assert again["parameters"] == recorded["parameters"]
-    assert abs(again["heldout_loss"] - recorded["heldout_loss"]) < 1e-3
+    assert abs(again["heldout_loss"] - recorded["heldout_loss"]) < 1e-4
 
 
 def test_pareto_front():

@@ -282,6 +282,9 @@ def compare(runs, a: str, b: str, margin: float = 0.002) -> dict:
     "within the spread"; "too close to call" when rounding could decide it:
     the mean's size within ``margin`` (nats) of the spread, or, with a mean
     beyond the spread, a seed's difference within ``margin`` of zero.
+    ``every_seed`` says, seed by seed, "above in every seed", "below in every
+    seed", "mixed", or "too close to call" when a difference lies within
+    ``margin`` of zero.
     """
     losses = losses_by_config(runs)
     diff = losses[a] - losses[b]
@@ -295,11 +298,20 @@ def compare(runs, a: str, b: str, margin: float = 0.002) -> dict:
         verdict = "lower" if mean < 0 else "higher"
     else:
         verdict = "within the spread"
+    if near_zero:
+        every_seed = "too close to call"
+    elif np.all(diff > 0):
+        every_seed = "above in every seed"
+    elif np.all(diff < 0):
+        every_seed = "below in every seed"
+    else:
+        every_seed = "mixed"
     return {
         "differences": diff,
         "mean": mean,
         "spread": spread,
         "verdict": verdict,
+        "every_seed": every_seed,
     }
 
 
