@@ -282,9 +282,10 @@ def compare(runs, a: str, b: str, margin: float = 0.002) -> dict:
     "within the spread"; "too close to call" when rounding could decide it:
     the mean's size within ``margin`` (nats) of the spread, or, with a mean
     beyond the spread, a seed's difference within ``margin`` of zero.
-    ``every_seed`` says, seed by seed, "above in every seed", "below in every
-    seed", "mixed", or "too close to call" when a difference lies within
-    ``margin`` of zero.
+    ``every_seed`` says "mixed" when a lies beyond ``margin`` above b in one
+    seed and below it in another; else "too close to call" when a difference
+    lies within ``margin`` of zero; else "above in every seed" or "below in
+    every seed".
     """
     losses = losses_by_config(runs)
     diff = losses[a] - losses[b]
@@ -298,7 +299,9 @@ def compare(runs, a: str, b: str, margin: float = 0.002) -> dict:
         verdict = "lower" if mean < 0 else "higher"
     else:
         verdict = "within the spread"
-    if near_zero:
+    if np.any(diff > margin) and np.any(diff < -margin):
+        every_seed = "mixed"
+    elif near_zero:
         every_seed = "too close to call"
     elif np.all(diff > 0):
         every_seed = "above in every seed"
