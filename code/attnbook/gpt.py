@@ -343,20 +343,23 @@ class TinyGPT(nn.Module):
             )
         # (batch, n, d_model)
         x = self.tok_emb(ids) + self.pos_emb(positions)
-        sources = self.config.sources
-        if kv_cache is None and sources != tuple(range(len(sources))):
-            # layers share keys and values: the sharing layers read them from
-            # their source's cache, kept for this pass only
-            kv_cache = [ConcatKVCache() for _ in sources]
-        for i, block in enumerate(self.blocks):
-            x = block(
-                x,
-                None if kv_cache is None else kv_cache[sources[i]],
-                mask,
-                is_causal,
-            )
+        for block, cache in zip(self.blocks, self.layer_caches(kv_cache)):
+            x = block(x, cache, mask, is_causal)
         # (batch, n, vocab_size)
         return self.head(self.ln_f(x))
+
+    def layer_caches(self, kv_cache) -> list:
+        """The cache each layer attends with: ``kv_cache[i]``, or None without
+        caches; a layer that shares keys and values (``config.kv_sources``)
+        gets its source layer's, made for one pass when ``kv_cache`` is None
+        (a :class:`attnbook.kv_cache.ConcatKVCache`, through which gradients
+        flow)."""
+        sources = self.config.sources
+        if kv_cache is None:
+            if sources == tuple(range(len(sources))):
+                return [None] * len(sources)
+            kv_cache = [ConcatKVCache() for _ in sources]
+        return [kv_cache[source] for source in sources]
 
     def _check_forward(
         self, ids, kv_cache, start_pos: int, positions=None
