@@ -492,13 +492,13 @@ class TinyGPT(nn.Module):
                     "attention='mla' caches latents in a LatentCache; got "
                     f"cache_class={cache_class.__name__}, options {options}"
                 )
-            return [
-                block.attn.new_cache(batch, max_len) for block in self.blocks
-            ]
         caches = []
-        for i, source in enumerate(cfg.sources):
+        for i, (block, source) in enumerate(zip(self.blocks, cfg.sources)):
             if source != i:  # reuses an earlier layer's cache
                 caches.append(caches[source])
+                continue
+            if isinstance(block.attn, MultiHeadLatentAttention):
+                caches.append(block.attn.new_cache(batch, max_len))
                 continue
             caches.append(
                 cache_class(
