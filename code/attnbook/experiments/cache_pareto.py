@@ -355,10 +355,12 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    # read before training: the commit whose code the runs use
+    prov = provenance()
     start = time.perf_counter()
     runs = run_grid(log=lambda line: print(line, flush=True))
     results = {
-        "provenance": provenance(),
+        "provenance": prov,
         "runs": runs,
         "total_wall_s": time.perf_counter() - start,
     }
