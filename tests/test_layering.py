@@ -50,6 +50,7 @@ TORCH_MODULES = [
     "kv_cache.py",
     "latent/latent_cache.py",
     "latent/mla.py",
+    "latent/shared_attention.py",
     "minilm.py",
     "model_shapes.py",
     "multihead.py",

@@ -14,7 +14,9 @@ under other masks (``mask``, ``is_causal``); chapter 8 (the KV cache) shows
 :meth:`TinyGPT.generate`; chapter 11 (grouped-query attention) converts it to
 fewer key/value heads; chapter 15 (the delta rule) replaces some of its
 attention layers by :class:`attnbook.delta.layer.DeltaLayer`
-(``layer_types``); chapter 16 reads its attention.
+(``layer_types``); chapter 12 (latent attention and shared caches) trains
+it with multi-head latent attention (``attention="mla"``) and with layers that
+share keys and values (``kv_sources``); chapter 16 reads its attention.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ from torch import nn
 from . import _validate
 from .delta.layer import KINDS as DELTA_KINDS
 from .delta.layer import DeltaLayer
-from .kv_cache import KVCache
+from .kv_cache import ConcatKVCache, KVCache
+from .latent import cache_size
+from .latent.mla import MultiHeadLatentAttention, check_mla_sizes
+from .latent.shared_attention import SharedKVAttention
 from .multihead import MultiHeadAttention
 
 WEIGHTS_FILE = "tiny_gpt.pt"
@@ -40,7 +45,15 @@ TEXT_FILE = "kjv.txt"
 @dataclass(frozen=True)
 class GPTConfig:
     """Shape of a :class:`TinyGPT`. ``n_kv_heads=None`` means one key/value
-    head per query head: the config then holds ``n_kv_heads = n_heads``."""
+    head per query head: the config then holds ``n_kv_heads = n_heads``.
+
+    ``attention``: ``"mha"`` (:class:`MultiHeadAttention`, grouped by
+    ``n_kv_heads``) or ``"mla"`` (:class:`MultiHeadLatentAttention` with a
+    latent of ``d_latent`` and a rotary key of ``d_rope`` numbers per token).
+    ``kv_sources``: for each layer, the layer whose keys and values it
+    attends with (itself, or an earlier layer that makes its own, as in
+    :func:`attnbook.latent.sharing.cla_sources`); None: every layer its own.
+    """
 
     vocab_size: int
     context_length: int = 256
@@ -51,6 +64,10 @@ class GPTConfig:
     # one entry per layer: "attention" (softmax) or a DeltaLayer kind
     # ("linear", "decay", "delta", "gated_delta", "kda"); None: all softmax
     layer_types: tuple[str, ...] | None = None
+    attention: str = "mha"
+    d_latent: int | None = None
+    d_rope: int = 0
+    kv_sources: tuple[int, ...] | None = None
 
     def __post_init__(self):
         for name in (
@@ -75,6 +92,108 @@ class GPTConfig:
                     f"{types}"
                 )
             object.__setattr__(self, "layer_types", types)
+        self._check_attention()
+        if self.kv_sources is not None:
+            object.__setattr__(
+                self, "kv_sources", check_kv_sources(self, self.kv_sources)
+            )
+
+    def _check_attention(self) -> None:
+        """Raise unless ``attention``, ``d_latent`` and ``d_rope`` fit."""
+        if self.attention not in ("mha", "mla"):
+            raise ValueError(
+                f"attention must be 'mha' or 'mla'; got {self.attention!r}"
+            )
+        if self.attention == "mha":
+            if self.d_latent is not None or self.d_rope:
+                raise ValueError(
+                    "d_latent and d_rope belong to attention='mla'; got "
+                    f"d_latent={self.d_latent}, d_rope={self.d_rope} with "
+                    "attention='mha'"
+                )
+            return
+        if self.n_kv_heads != self.n_heads:
+            raise ValueError(
+                "attention='mla' caches a latent, not key/value heads: leave "
+                f"n_kv_heads None; got n_kv_heads={self.n_kv_heads}"
+            )
+        check_mla_sizes(
+            self.d_model,
+            self.n_heads,
+            self.d_latent,
+            self.d_rope,
+            None,
+            None,
+            None,
+        )
+
+    @property
+    def sources(self) -> tuple[int, ...]:
+        """``kv_sources``, or every layer its own source when None."""
+        return self.kv_sources or tuple(range(self.n_layers))
+
+
+def check_kv_sources(config: GPTConfig, kv_sources) -> tuple[int, ...]:
+    """Raise unless ``kv_sources`` names, for each layer, itself or an earlier
+    layer that makes its own keys and values; return it as a tuple."""
+    sources = tuple(kv_sources)
+    n = config.n_layers
+    if len(sources) != n or not all(
+        isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= i
+        for i, s in enumerate(sources)
+    ):
+        raise ValueError(
+            f"kv_sources must give each of the n_layers={n} layers itself or "
+            f"an earlier layer; got {sources}"
+        )
+    reused = sorted({s for s in sources if sources[s] != s})
+    if reused:
+        raise ValueError(
+            f"kv_sources: layers {reused} share another layer's keys and "
+            f"values and have none of their own to give; got {sources}"
+        )
+    if any(s != i for i, s in enumerate(sources)) and (
+        config.attention != "mha"
+        or set(config.layer_types or ("attention",)) != {"attention"}
+    ):
+        raise ValueError(
+            "layers can share keys and values only in a model of softmax "
+            "attention layers (attention='mha', no layer_types other than "
+            f"'attention'); got attention={config.attention!r}, "
+            f"layer_types={config.layer_types}"
+        )
+    return sources
+
+
+def cache_layers(config: GPTConfig) -> list:
+    """What each layer of a :class:`TinyGPT` of ``config`` caches per token,
+    as :mod:`attnbook.latent.cache_size` counts it: keys and values of
+    ``n_kv_heads`` heads, a latent and a rotary key, nothing for a layer
+    that shares an earlier layer's, nothing per token for a recurrent layer
+    (its state has a fixed size)."""
+    types = config.layer_types or ("attention",) * config.n_layers
+    d_head = config.d_model // config.n_heads
+    layers = []
+    for i, (kind, source) in enumerate(zip(types, config.sources)):
+        if kind != "attention":
+            layers.append(cache_size.LayerFootprint("state", 0))
+        elif source != i:
+            layers.append(cache_size.shared_layer())
+        elif config.attention == "mla":
+            layers.append(
+                cache_size.latent_layer(config.d_latent, config.d_rope)
+            )
+        else:
+            layers.append(cache_size.kv_layer(config.n_kv_heads, d_head))
+    return layers
+
+
+def cache_bytes_per_token(
+    config: GPTConfig, bytes_per_element: float = 2
+) -> float:
+    """Bytes that one token adds to the caches of all layers of a
+    :class:`TinyGPT` of ``config`` (2 bytes a number: bf16)."""
+    return cache_size.bytes_per_token(cache_layers(config), bytes_per_element)
 
 
 class CharTokenizer:
@@ -117,11 +236,20 @@ class Block(nn.Module):
         config: GPTConfig,
         use_sdpa: bool = True,
         layer_type: str = "attention",
+        shares_kv: bool = False,
     ):
         super().__init__()
         d = config.d_model
         self.ln_1 = nn.LayerNorm(d)
-        if layer_type == "attention":
+        if shares_kv:  # attends with an earlier layer's keys and values
+            self.attn = SharedKVAttention(
+                d, config.n_heads, config.n_kv_heads, use_sdpa=use_sdpa
+            )
+        elif layer_type == "attention" and config.attention == "mla":
+            self.attn = MultiHeadLatentAttention(
+                d, config.n_heads, config.d_latent, config.d_rope
+            )
+        elif layer_type == "attention":
             self.attn = MultiHeadAttention(
                 d, config.n_heads, config.n_kv_heads, use_sdpa=use_sdpa
             )
@@ -158,7 +286,10 @@ class TinyGPT(nn.Module):
         self.pos_emb = nn.Embedding(config.context_length, config.d_model)
         types = config.layer_types or ("attention",) * config.n_layers
         self.blocks = nn.ModuleList(
-            Block(config, use_sdpa, layer_type) for layer_type in types
+            Block(config, use_sdpa, layer_type, source != i)
+            for i, (layer_type, source) in enumerate(
+                zip(types, config.sources)
+            )
         )
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -212,12 +343,23 @@ class TinyGPT(nn.Module):
             )
         # (batch, n, d_model)
         x = self.tok_emb(ids) + self.pos_emb(positions)
-        for i, block in enumerate(self.blocks):
-            x = block(
-                x, None if kv_cache is None else kv_cache[i], mask, is_causal
-            )
+        for block, cache in zip(self.blocks, self.layer_caches(kv_cache)):
+            x = block(x, cache, mask, is_causal)
         # (batch, n, vocab_size)
         return self.head(self.ln_f(x))
+
+    def layer_caches(self, kv_cache) -> list:
+        """The cache each layer attends with: ``kv_cache[i]``, or None without
+        caches; a layer that shares keys and values (``config.kv_sources``)
+        gets its source layer's, made for one pass when ``kv_cache`` is None
+        (a :class:`attnbook.kv_cache.ConcatKVCache`, through which gradients
+        flow)."""
+        sources = self.config.sources
+        if kv_cache is None:
+            if sources == tuple(range(len(sources))):
+                return [None] * len(sources)
+            kv_cache = [ConcatKVCache() for _ in sources]
+        return [kv_cache[source] for source in sources]
 
     def _check_forward(
         self, ids, kv_cache, start_pos: int, positions=None
@@ -326,7 +468,10 @@ class TinyGPT(nn.Module):
 
         ``cache_class`` is :class:`KVCache` or a class with its constructor and
         ``update`` (e.g. :class:`attnbook.quantized_cache.QuantizedKVCache`),
-        given ``options`` too.
+        given ``options`` too. A layer that shares keys and values gets its
+        source layer's cache (the same object); a latent-attention layer a
+        :class:`attnbook.latent.latent_cache.LatentCache` (``cache_class`` must
+        then be :class:`KVCache`).
         """
         cfg = self.config
         max_len = (
@@ -341,18 +486,32 @@ class TinyGPT(nn.Module):
                 "there are no position embeddings beyond it"
             )
         weight = self.tok_emb.weight
-        return [
-            cache_class(
-                batch,
-                cfg.n_kv_heads,
-                max_len,
-                cfg.d_model // cfg.n_heads,
-                dtype=weight.dtype,
-                device=weight.device,
-                **options,
+        if cfg.attention == "mla":
+            if cache_class is not KVCache or options:
+                raise ValueError(
+                    "attention='mla' caches latents in a LatentCache; got "
+                    f"cache_class={cache_class.__name__}, options {options}"
+                )
+        caches = []
+        for i, (block, source) in enumerate(zip(self.blocks, cfg.sources)):
+            if source != i:  # reuses an earlier layer's cache
+                caches.append(caches[source])
+                continue
+            if isinstance(block.attn, MultiHeadLatentAttention):
+                caches.append(block.attn.new_cache(batch, max_len))
+                continue
+            caches.append(
+                cache_class(
+                    batch,
+                    cfg.n_kv_heads,
+                    max_len,
+                    cfg.d_model // cfg.n_heads,
+                    dtype=weight.dtype,
+                    device=weight.device,
+                    **options,
+                )
             )
-            for _ in range(cfg.n_layers)
-        ]
+        return caches
 
     @torch.no_grad()
     def generate(
