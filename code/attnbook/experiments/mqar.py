@@ -130,7 +130,7 @@ MODELS = {
     "gated_delta": ("gated_delta", "gated_delta"),
     "hybrid": ("gated_delta", "attention"),
 }
-GRID_PAIRS = (4, 8, 16, 32)
+GRID_PAIRS = (4, 8, 16)
 GRID_SEEDS = (0, 1, 2, 3, 4)
 HYPERPARAMETERS = dict(
     steps=600,
@@ -254,13 +254,20 @@ def cache_numbers(d_model: int, n_tokens: int) -> int:
 
 
 def one_run(job) -> dict:
-    """One (model, seed) of the grid, deterministic and on one thread; the
-    argument is ``(model name, seed, n_pairs, hyper-parameters)``."""
+    """One (model, seed) of the grid, deterministic and on one thread (the
+    settings before it are restored after it); the argument is ``(model
+    name, seed, n_pairs, hyper-parameters)``."""
     name, seed, n_pairs, hp = job
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     wall, cpu = time.perf_counter(), time.process_time()
-    accuracy = train_shifted(MODELS[name], seed, n_pairs, **hp)
+    try:
+        accuracy = train_shifted(MODELS[name], seed, n_pairs, **hp)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
     return {
         "model": name,
         "seed": seed,
@@ -313,6 +320,8 @@ def run_mqar_grid(
     from .. import bench
 
     hp = {**HYPERPARAMETERS, **hyperparameters}
+    # the code the runs start from (a later edit does not change them)
+    commit = _git_commit()
     order = [(m, s, tuple(n_pairs), hp) for s in seeds for m in models]
     start = time.perf_counter()
     runs = []
@@ -337,7 +346,7 @@ def run_mqar_grid(
         "script": "python -m attnbook.experiments.mqar --write",
         "machine": bench.machine(),
         "torch": torch.__version__,
-        "git_commit": _git_commit(),
+        "git_commit": commit,
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "jobs": jobs,
         "wall_s": round(time.perf_counter() - start, 1),
@@ -383,6 +392,93 @@ def accuracies(results: dict) -> dict[str, np.ndarray]:
             rows.append([run["accuracy"][str(n)] for n in results["n_pairs"]])
         table[name] = np.array(rows)
     return table
+
+
+# --- verdicts: what holds in every seed -------------------------------------
+
+SOLVED = 0.99  # an accuracy that counts as solving MQAR at a pair count
+BEATS = 0.1  # a gap in accuracy that counts as one model beating another
+# a value this close to a threshold is on neither side (rounding decides)
+SOLVED_MARGIN, BEATS_MARGIN = 0.005, 0.02
+# (better, worse): the comparisons the chapter states
+COMPARISONS = (
+    ("delta", "linear"),
+    ("gated_delta", "decay"),
+    ("softmax", "gated_delta"),
+    ("hybrid", "gated_delta"),
+)
+NAMES = {
+    "softmax": "softmax attention",
+    "linear": "linear attention",
+    "decay": "scalar decay",
+    "delta": "DeltaNet",
+    "gated_delta": "Gated DeltaNet",
+    "hybrid": "the hybrid",
+}
+
+
+def capacity(results: dict, model: str) -> tuple[int | None, int | None]:
+    """``(solved_up_to, failed_from)`` for ``model``: the largest pair count
+    up to which every seed reached :data:`SOLVED` at every count (None if
+    not even the smallest), and the smallest count from which every seed
+    stayed below it at every count (None if not even the largest). A value
+    within :data:`SOLVED_MARGIN` of the threshold counts as neither."""
+    table = accuracies(results)[model]
+    solved = (table >= SOLVED + SOLVED_MARGIN).all(axis=0) | (
+        table == 1.0
+    ).all(axis=0)
+    failed = (table < SOLVED - SOLVED_MARGIN).all(axis=0)
+    n_pairs = results["n_pairs"]
+    up_to = None
+    for n, ok in zip(n_pairs, solved):
+        if not ok:
+            break
+        up_to = n
+    from_ = None
+    for n, bad in zip(reversed(n_pairs), reversed(failed)):
+        if not bad:
+            break
+        from_ = n
+    return up_to, from_
+
+
+def beaten_at(results: dict, better: str, worse: str) -> list[int]:
+    """The pair counts at which ``better``'s accuracy exceeds ``worse``'s by
+    at least :data:`BEATS` in every seed (each seed compared with the same
+    seed), with :data:`BEATS_MARGIN` to spare."""
+    table = accuracies(results)
+    gap = table[better] - table[worse]  # (seeds, pair counts)
+    clear = (gap >= BEATS + BEATS_MARGIN).all(axis=0)
+    return [n for n, ok in zip(results["n_pairs"], clear) if ok]
+
+
+def verdicts(results: dict) -> list[str]:
+    """The lines the chapter prints: where each model's capacity ends, and
+    which model beats which, each holding in every seed of ``results``."""
+    seeds = len(results["seeds"])
+    lines = []
+    for model in results["models"]:
+        up_to, from_ = capacity(results, model)
+        solved = (
+            f"accuracy >= {SOLVED} in all {seeds} seeds at N <= {up_to}"
+            if up_to is not None
+            else f"accuracy >= {SOLVED} in all {seeds} seeds at no N"
+        )
+        failed = (
+            f"below {SOLVED} in all {seeds} seeds at N >= {from_}"
+            if from_ is not None
+            else "never below it in all seeds"
+        )
+        lines.append(f"{NAMES[model]}: {solved}; {failed}")
+    for better, worse in COMPARISONS:
+        if better in results["models"] and worse in results["models"]:
+            at = beaten_at(results, better, worse)
+            where = f"N = {', '.join(map(str, at))}" if at else "no N"
+            lines.append(
+                f"{NAMES[better]} beats {NAMES[worse]} by at least "
+                f"{BEATS} in all {seeds} seeds at {where}"
+            )
+    return lines
 
 
 def main(argv=None) -> None:
