@@ -398,13 +398,18 @@ def accuracies(results: dict) -> dict[str, np.ndarray]:
 
 SOLVED = 0.99  # an accuracy that counts as solving MQAR at a pair count
 BEATS = 0.1  # a gap in accuracy that counts as one model beating another
+# a run learned the task if its accuracy at the smallest N reached this (a
+# guess is right with probability 1 / (vocab_size / 2))
+LEARNED, LEARNED_MARGIN = 0.5, 0.05
 # a value this close to a threshold is on neither side (rounding decides)
 SOLVED_MARGIN, BEATS_MARGIN = 0.005, 0.02
 # (better, worse): the comparisons the chapter states
 COMPARISONS = (
     ("delta", "linear"),
     ("gated_delta", "decay"),
+    ("softmax", "delta"),
     ("softmax", "gated_delta"),
+    ("softmax", "hybrid"),
     ("hybrid", "gated_delta"),
 )
 NAMES = {
@@ -417,13 +422,18 @@ NAMES = {
 }
 
 
-def capacity(results: dict, model: str) -> tuple[int | None, int | None]:
+def capacity(
+    results: dict, model: str, seeds=None
+) -> tuple[int | None, int | None]:
     """``(solved_up_to, failed_from)`` for ``model``: the largest pair count
     up to which every seed reached :data:`SOLVED` at every count (None if
     not even the smallest), and the smallest count from which every seed
     stayed below it at every count (None if not even the largest). A value
-    within :data:`SOLVED_MARGIN` of the threshold counts as neither."""
+    within :data:`SOLVED_MARGIN` of the threshold counts as neither.
+    ``seeds``: only those of ``results["seeds"]`` (default all)."""
     table = accuracies(results)[model]
+    if seeds is not None:
+        table = table[[results["seeds"].index(s) for s in seeds]]
     solved = (table >= SOLVED + SOLVED_MARGIN).all(axis=0) | (
         table == 1.0
     ).all(axis=0)
@@ -442,6 +452,20 @@ def capacity(results: dict, model: str) -> tuple[int | None, int | None]:
     return up_to, from_
 
 
+def learned_seeds(results: dict, model: str) -> list[int]:
+    """The seeds in which ``model`` learned the task: an accuracy of at least
+    :data:`LEARNED` at the smallest pair count. Raises
+    :class:`attnbook.seeds.TooCloseToCall` if a seed lies within
+    :data:`LEARNED_MARGIN` of it."""
+    from ..seeds import SeedDistribution
+
+    first = accuracies(results)[model][:, 0]
+    SeedDistribution(tuple(results["seeds"]), first).count_at_least(
+        LEARNED, margin=LEARNED_MARGIN
+    )
+    return [s for s, a in zip(results["seeds"], first) if a >= LEARNED]
+
+
 def beaten_at(results: dict, better: str, worse: str) -> list[int]:
     """The pair counts at which ``better``'s accuracy exceeds ``worse``'s by
     at least :data:`BEATS` in every seed (each seed compared with the same
@@ -452,6 +476,16 @@ def beaten_at(results: dict, better: str, worse: str) -> list[int]:
     return [n for n, ok in zip(results["n_pairs"], clear) if ok]
 
 
+def _capacity_text(up_to, from_, seeds: int) -> str:
+    solved = f"N <= {up_to}" if up_to is not None else "no N"
+    failed = f"N >= {from_}" if from_ is not None else "no N"
+    every = "in that seed" if seeds == 1 else f"in all {seeds} seeds"
+    return (
+        f"accuracy >= {SOLVED} {every} at {solved}; below {SOLVED} {every} "
+        f"at {failed}"
+    )
+
+
 def verdicts(results: dict) -> list[str]:
     """The lines the chapter prints: where each model's capacity ends, and
     which model beats which, each holding in every seed of ``results``."""
@@ -459,17 +493,17 @@ def verdicts(results: dict) -> list[str]:
     lines = []
     for model in results["models"]:
         up_to, from_ = capacity(results, model)
-        solved = (
-            f"accuracy >= {SOLVED} in all {seeds} seeds at N <= {up_to}"
-            if up_to is not None
-            else f"accuracy >= {SOLVED} in all {seeds} seeds at no N"
+        lines.append(f"{NAMES[model]}: {_capacity_text(up_to, from_, seeds)}")
+    for model in results["models"]:
+        learned = learned_seeds(results, model)
+        line = (
+            f"{NAMES[model]} learned the task (accuracy >= {LEARNED} at N = "
+            f"{results['n_pairs'][0]}) in {len(learned)} of {seeds} seeds"
         )
-        failed = (
-            f"below {SOLVED} in all {seeds} seeds at N >= {from_}"
-            if from_ is not None
-            else "never below it in all seeds"
-        )
-        lines.append(f"{NAMES[model]}: {solved}; {failed}")
+        if 0 < len(learned) < seeds:
+            up_to, from_ = capacity(results, model, learned)
+            line += f"; in those: {_capacity_text(up_to, from_, len(learned))}"
+        lines.append(line)
     for better, worse in COMPARISONS:
         if better in results["models"] and worse in results["models"]:
             at = beaten_at(results, better, worse)
@@ -493,6 +527,7 @@ def main(argv=None) -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--seeds", type=int, nargs="*", default=GRID_SEEDS)
     parser.add_argument("--models", nargs="*", default=tuple(MODELS))
+    parser.add_argument("--steps", type=int, default=HYPERPARAMETERS["steps"])
     args = parser.parse_args(argv)
 
     def progress(run):
@@ -504,7 +539,11 @@ def main(argv=None) -> None:
         )
 
     results = run_mqar_grid(
-        args.models, tuple(args.seeds), jobs=args.jobs, progress=progress
+        args.models,
+        tuple(args.seeds),
+        jobs=args.jobs,
+        progress=progress,
+        steps=args.steps,
     )
     print(f"wall {results['wall_s']:.0f} s, CPU {results['cpu_s']:.0f} s")
     out = args.out
