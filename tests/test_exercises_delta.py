@@ -112,6 +112,39 @@ def backward_by_hand_numpy(S, k, v, beta, G):
     return dS, dk, dv, np.float64(dbeta)
 
 
+def backward_einsum_beta_as_vector(S, k, v, beta, G):
+    """Correct, by einsum, with dbeta of shape (1,) (a number, as the
+    exercise allows)."""
+    beta = beta.reshape(1)
+    Gk = torch.einsum("ij,i->j", G, k)
+    error = v - torch.einsum("ij,i->j", S, k)
+    dS = G - beta * torch.einsum("i,j->ij", k, Gk)
+    dk = beta * (
+        torch.einsum("ij,j->i", G, error) - torch.einsum("ij,j->i", S, Gk)
+    )
+    dbeta = torch.einsum("i,ij,j->", k, G, error).reshape(1)
+    return dS, dk, beta * Gk, dbeta
+
+
+def backward_wrong_shapes(S, k, v, beta, G):
+    """Wrong only by its shapes: the right values, but dS reshaped to (d_v,
+    d_k), dk as a (1, d_k) row, dv as a (d_v, 1) column, dbeta as (1, 1)
+    (keepdim everywhere). Flattened, every entry is right."""
+    dS, dk, dv, db = backward_autograd(S, k, v, beta, G)
+    return (
+        dS.reshape(S.shape[1], S.shape[0]),
+        dk[None, :],
+        dv[:, None],
+        db.reshape(1, 1),
+    )
+
+
+def backward_dk_as_row(S, k, v, beta, G):
+    """Wrong only by dk's shape: k[None] @ ... gives a (1, d_k) row."""
+    dS, dk, dv, db = backward_autograd(S, k, v, beta, G)
+    return dS, dk.reshape(1, -1), dv, db
+
+
 def backward_float32_numpy(S, k, v, beta, G):
     """Wrong only by its dtype: the right formulas in numpy float32."""
     S, k, v, G = (x.numpy().astype(np.float32) for x in (S, k, v, G))
@@ -178,7 +211,11 @@ CATALOGUE = {
         ],
     },
     "check_delta_step_backward": {
-        "right": [backward_autograd, backward_by_hand_numpy],
+        "right": [
+            backward_autograd,
+            backward_by_hand_numpy,
+            backward_einsum_beta_as_vector,
+        ],
         "wrong": [
             (backward_no_projection, "no_state_path"),
             (backward_k_as_written_key, "read_not_in_dk"),
@@ -188,6 +225,8 @@ CATALOGUE = {
             (backward_dv_no_beta, "dv_without_beta"),
             (backward_float32_numpy, "float32"),
             (backward_normalises_key, "normalised_key"),
+            (backward_wrong_shapes, "wrong_shapes"),
+            (backward_dk_as_row, "wrong_shapes"),
         ],
     },
 }
@@ -221,6 +260,17 @@ def test_the_same_wrong_answer_is_caught_as_numpy_and_as_torch():
 def test_a_wrong_number_of_gradients_is_an_error():
     with pytest.raises(ExerciseError):
         check_delta_step_backward(lambda S, k, v, beta, G: (G, k, v))
+
+
+def test_a_wrong_shape_is_named_with_both_shapes():
+    with pytest.raises(ExerciseError) as err:
+        check_delta_step_backward(backward_wrong_shapes)
+    text = str(err.value)
+    # the first case: d_k = 4, d_v = 3
+    assert "dS has shape (3, 4); the exercise asks for shape (4, 3)" in text
+    assert "dk has shape (1, 4); the exercise asks for shape (4,)" in text
+    assert "dv has shape (3, 1); the exercise asks for shape (3,)" in text
+    assert "dbeta has shape (1, 1); the exercise asks for a number" in text
 
 
 def test_a_float64_answer_near_the_right_one_is_not_called_float32():

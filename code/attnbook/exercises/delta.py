@@ -10,7 +10,10 @@ transposed (``(d_v, d_k)``), or solved as a square system. The backward
 step's mistakes are those of differentiating ``S' = S + beta k (v - S^T
 k)^T`` with one path left out: the state's own path through the correction,
 the read's path to ``k`` (or all of it), the read's part of ``d beta``, the
-``beta`` of ``dv``, or the sign of the read's path to ``k``. Both checkers
+``beta`` of ``dv``, or the sign of the read's path to ``k``; or the right
+gradients in the wrong shapes (each is compared with the exercise's shape
+before its values: ``dS (d_k, d_v)``, ``dk (d_k,)``, ``dv (d_v,)``, ``dbeta``
+a number or of shape ``(1,)``). Both checkers
 also recognise the right answer computed in float32 (every entry a float32
 number, within about 1e-5 of the float64 answer). Inputs are float64 torch
 tensors; the answer may be torch tensors or numpy arrays.
@@ -22,7 +25,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._framework import Case, Mistake, as_array, run_checks, same
+from ._framework import (
+    Case,
+    Mistake,
+    as_array,
+    difference,
+    run_checks,
+    same,
+)
 
 # --- an answer right up to float32 rounding (both exercises) -----------------
 
@@ -243,23 +253,89 @@ def _grads(
 
 
 def _reference_backward(S, k, v, beta, G):
-    return _flat(_grads(S, k, v, beta, G))
+    return _grads(S, k, v, beta, G)
 
 
-def _flat(grads):
-    """The four gradients as one vector, each row-major; a tuple of the
-    wrong length or shape cannot match."""
+_GRADIENT_NAMES = ("dS", "dk", "dv", "dbeta")
+
+
+def _parts(grads) -> tuple:
+    """The four gradients as float64 numpy arrays, each of the shape it was
+    returned in (a float32 answer keeps its float32 values); anything but
+    four of them is an error."""
     if not isinstance(grads, (tuple, list)) or len(grads) != 4:
         raise TypeError(
             "return the four gradients (dS, dk, dv, dbeta) as a tuple"
         )
-    return np.concatenate(
-        [np.atleast_1d(as_array(x)).astype(np.float64).ravel() for x in grads]
-    )
+    return tuple(as_array(x).astype(np.float64) for x in grads)
+
+
+def _flat(grads) -> np.ndarray:
+    """The four gradients as one vector, each row-major. It compares values
+    only: a gradient of the right values in another shape (a (1, d_k) row
+    for dk) gives the same vector, so :func:`_shape_fault` compares the
+    shapes first."""
+    return np.concatenate([np.atleast_1d(x).ravel() for x in _parts(grads)])
+
+
+def _shape_fault(got, expected) -> str | None:
+    """What is wrong with the shapes of the reader's four gradients, or None:
+    dS (d_k, d_v), dk (d_k,) and dv (d_v,) as the inputs S, k and v are;
+    dbeta a number, a 0-d array or one of shape (1,)."""
+    faults = []
+    for name, g, e in zip(_GRADIENT_NAMES, _parts(got), _parts(expected)):
+        allowed = {(), (1,)} if name == "dbeta" else {e.shape}
+        if g.shape not in allowed:
+            wanted = "a number" if name == "dbeta" else f"shape {e.shape}"
+            faults.append(
+                f"{name} has shape {g.shape}; the exercise asks for {wanted}"
+            )
+    return "; ".join(faults) or None
+
+
+class _WrongShapes:
+    """The right gradients, their entries in row-major order, returned in
+    shapes other than the exercise's: :func:`_compare_backward` matches it
+    to a reader's answer whose values are right and whose shapes are not."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _compare_backward(got, expected) -> bool:
+    """The backward checker's comparison: each gradient of the exercise's
+    shape (:func:`_shape_fault`), then the values as :func:`_compare`
+    compares them; for the stand-in :class:`_WrongShapes`, right values in
+    wrong shapes."""
+    if isinstance(expected, _WrongShapes):
+        return _shape_fault(got, expected.value) is not None and _compare(
+            _flat(got), _flat(expected.value)
+        )
+    value = expected.value if isinstance(expected, _InFloat32) else expected
+    if _shape_fault(got, value) is not None:
+        return False
+    flat = _flat(value)
+    if isinstance(expected, _InFloat32):
+        flat = _InFloat32(flat)
+    return _compare(_flat(got), flat)
+
+
+def _describe_backward(got, expected, case=None) -> str:
+    """Which gradients have the wrong shape, or else which differ and by how
+    much."""
+    fault = _shape_fault(got, expected)
+    if fault is not None:
+        return fault
+    parts = []
+    for name, g, e in zip(_GRADIENT_NAMES, _parts(got), _parts(expected)):
+        g = g.reshape(e.shape)  # dbeta of shape (1,)
+        if not _compare(g, e):
+            parts.append(f"{name}: {difference(g, e, case)}")
+    return "; ".join(parts) or "values differ from the reference"
 
 
 def _mistake(**left_out):
-    return lambda S, k, v, beta, G: _flat(_grads(S, k, v, beta, G, **left_out))
+    return lambda S, k, v, beta, G: _grads(S, k, v, beta, G, **left_out)
 
 
 BACKWARD_MISTAKES = [
@@ -305,7 +381,7 @@ BACKWARD_MISTAKES = [
         "k)^T uses k as given, of any length (the models normalise k before "
         "the step, but that is not part of it)",
         "differentiate the step with the k you were given",
-        lambda S, k, v, beta, G: _flat(_grads(S, k / k.norm(), v, beta, G)),
+        lambda S, k, v, beta, G: _grads(S, k / k.norm(), v, beta, G),
     ),
     Mistake(
         "dv_without_beta",
@@ -314,6 +390,15 @@ BACKWARD_MISTAKES = [
         _mistake(beta_in_dv=False),
     ),
     _float32_mistake(_reference_backward),
+    Mistake(
+        "wrong_shapes",
+        "the values are right, but a gradient has the wrong shape: each "
+        "gradient has the shape of what it is the gradient of",
+        "return dS of shape (d_k, d_v) like S, dk (d_k,) like k, dv (d_v,) "
+        "like v, and dbeta a number (a 0-d tensor); no reshape, no "
+        "[:, None], no keepdim",
+        lambda *args: _WrongShapes(_reference_backward(*args)),
+    ),
 ]
 
 
@@ -347,15 +432,18 @@ def check_delta_step_backward(fn) -> None:
     gradients of ``<G, S'>`` for one delta-rule step ``S' = S + beta k (v -
     S^T k)^T``; S, G: (d_k, d_v), k: (d_k,) of any length (the last case's
     is not a unit vector), v: (d_v,), beta: a 0-d tensor; float64 torch
-    tensors."""
+    tensors. Each gradient must have the shape of its input (dbeta: a
+    number, a 0-d array or shape (1,)); a wrong shape is named before any
+    value is compared."""
     run_checks(
         "the backward pass of one delta-rule step",
         fn,
         backward_cases(),
         _reference_backward,
         BACKWARD_MISTAKES,
-        compare=_compare,
-        postprocess=_flat,
+        compare=_compare_backward,
+        postprocess=_parts,
+        describe=_describe_backward,
         hint="write S' = S - beta k k^T S + beta k v^T and differentiate "
         "<G, S'> term by term; check with torch.autograd",
     )
