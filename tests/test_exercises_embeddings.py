@@ -121,6 +121,8 @@ def test_every_cosine_mistake_is_tested():
         "matrix_norms",
         "l1_norms",
         "centred",
+        "norm_floor",
+        "eps_added",
     }
     assert {m.key for m in COSINE_MISTAKES} == tested
 
@@ -1211,3 +1213,101 @@ def test_ppmi_kept_only_above_one_is_not_called_all_zero():
     with pytest.raises(ExerciseError) as err:
         check_ppmi(ppmi_only_above_one)
     assert err.value.mistake != "all_zero"
+
+
+# --- from the expert reading ch01c: a norm clamped to a floor was accepted
+# (every row was 0.2 to 5 long) ----------------------------------------------
+
+
+def cos_clamped_norms(a, b):
+    """The reader's: norms clamped at 1e-3 to avoid dividing by zero."""
+    na = np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-3)
+    nb = np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-3)
+    return (a / na) @ (b / nb).T
+
+
+def cos_clipped_norms_einsum(a, b):
+    """Sums of squares clipped below at 1e-8 (lengths at 1e-4), in einsum."""
+    na = np.sqrt(np.clip(np.einsum("id,id->i", a, a), 1e-8, None))
+    nb = np.sqrt(np.clip(np.einsum("jd,jd->j", b, b), 1e-8, None))
+    return np.einsum("id,jd->ij", a, b) / np.outer(na, nb)
+
+
+def cos_eps_added(a, b):
+    """norm + 1e-8, the habitual guard."""
+    a_hat = a / (np.linalg.norm(a, axis=1, keepdims=True) + 1e-8)
+    b_hat = b / (np.linalg.norm(b, axis=1, keepdims=True) + 1e-8)
+    return a_hat @ b_hat.T
+
+
+def cos_exact_zeros_replaced(a, b):
+    """Right: a zero norm replaced by 1 (a zero row stays zero), no eps."""
+    na = np.linalg.norm(a, axis=1, keepdims=True)
+    nb = np.linalg.norm(b, axis=1, keepdims=True)
+    na[na == 0] = 1.0
+    nb[nb == 0] = 1.0
+    return (a / na) @ (b / nb).T
+
+
+def cos_float32_exact_guard(a, b):
+    """Right: in float32 throughout, zero norms guarded with np.where."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    na = np.sqrt((a * a).sum(axis=1, keepdims=True))
+    nb = np.sqrt((b * b).sum(axis=1, keepdims=True))
+    a_hat = np.where(na > 0, a / np.where(na > 0, na, 1), 0)
+    b_hat = np.where(nb > 0, b / np.where(nb > 0, nb, 1), 0)
+    return a_hat @ b_hat.T
+
+
+def cos_torch_normalize(a, b):
+    """Right: torch's F.normalize, whose eps (1e-12) is far below every
+    nonzero length here."""
+    import torch
+
+    f = torch.nn.functional.normalize
+    return f(torch.as_tensor(a), dim=1) @ f(torch.as_tensor(b), dim=1).T
+
+
+FLOOR_WRONG = [
+    (cos_clamped_norms, "norm_floor"),
+    (cos_clipped_norms_einsum, "norm_floor"),
+    (cos_eps_added, "eps_added"),
+]
+FLOOR_RIGHT = [
+    cos_exact_zeros_replaced,
+    cos_float32_exact_guard,
+    cos_torch_normalize,
+]
+CATALOGUE["check_cosine_similarity"]["wrong"] += FLOOR_WRONG
+CATALOGUE["check_cosine_similarity"]["right"] += FLOOR_RIGHT
+
+
+@pytest.mark.parametrize(
+    "wrong, key", FLOOR_WRONG, ids=[w.__name__ for w, _ in FLOOR_WRONG]
+)
+def test_a_norm_kept_from_zero_by_a_large_eps_is_named(wrong, key):
+    with pytest.raises(ExerciseError) as info, np.errstate(all="ignore"):
+        check_cosine_similarity(wrong)
+    assert info.value.mistake == key, str(info.value)
+    message = str(info.value)
+    assert "1e-6" in message and "where=norms > 0" in message, message
+
+
+@pytest.mark.parametrize("right", FLOOR_RIGHT, ids=lambda f: f.__name__)
+def test_guards_of_exact_zeros_only_pass(right, capsys):
+    check_cosine_similarity(right)
+    assert capsys.readouterr().out.startswith(
+        "Correct: cosine similarity passes all 5 cases."
+    )
+
+
+def test_the_short_rows_leave_the_first_case_and_the_count():
+    """The chapter's committed outputs name the first case (the stub's
+    verdict) and the number of cases (the solution's success line)."""
+    from attnbook.exercises.embeddings import cosine_cases
+
+    cases = cosine_cases()
+    assert len(cases) == 5
+    assert cases[0].name == "square: a and b both (4, 4)"
+    lengths = np.linalg.norm(cases[3].args[0], axis=1)
+    assert lengths.min() <= 1e-6 * (1 + 1e-12)

@@ -56,6 +56,16 @@ def _guarded_rows(x, ord=None):
     )
 
 
+def _floored_cosine(a, b, eps):
+    """The cosines with every row length clamped to at least ``eps``."""
+    return (a / np.maximum(_norm(a), eps)) @ (b / np.maximum(_norm(b), eps)).T
+
+
+def _eps_added_cosine(a, b, eps):
+    """The cosines with ``eps`` added to every row length."""
+    return (a / (_norm(a) + eps)) @ (b / (_norm(b) + eps)).T
+
+
 COSINE_MISTAKES = [
     Mistake(
         "raw_dot",
@@ -208,6 +218,36 @@ COSINE_MISTAKES = [
         "keepdims=True) with its default ord",
         lambda a, b: _guarded_rows(a, ord=1) @ _guarded_rows(b, ord=1).T,
     ),
+    # an eps that keeps the norms away from zero, too large beside the short
+    # rows of the self-comparison case (1e-6 and 1e-4 long): one Mistake per
+    # common eps, as a floor or added
+    *(
+        Mistake(
+            "norm_floor",
+            "the row lengths are clamped to a floor, np.maximum(norm, eps) "
+            "with an eps too large: a nonzero row shorter than eps is divided "
+            "by eps instead of its length, so its cosines shrink towards 0 "
+            "(a row 1e-6 long against itself gets (1e-6 / eps)^2, not 1)",
+            "a cosine does not depend on the lengths of the rows, however "
+            "short; guard only the exact zeros: np.divide(x, norms, "
+            "out=np.zeros_like(x), where=norms > 0)",
+            partial(_floored_cosine, eps=eps),
+        )
+        for eps in (1e-2, 1e-3, 1e-4, 1e-5)
+    ),
+    *(
+        Mistake(
+            "eps_added",
+            "an eps is added to the row lengths, norm + eps: beside a row "
+            "only 1e-6 long it is not small, and that row's cosines shrink "
+            "by the factor norm / (norm + eps)",
+            "a cosine does not depend on the lengths of the rows, however "
+            "short; guard only the exact zeros instead of adding eps: "
+            "np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)",
+            partial(_eps_added_cosine, eps=eps),
+        )
+        for eps in (1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10)
+    ),
     Mistake(
         "centred",
         "each row's mean is subtracted before normalising: that is the "
@@ -234,6 +274,11 @@ def cosine_cases() -> list[Case]:
     with_zero = rows(3, 4)
     with_zero[1] = 0.0
     a_same = rows(4, 6)
+    # two rows far shorter than the others (a guard that floors the norms at
+    # an eps, np.maximum(norm, 1e-3), shrinks their cosines); a cosine does
+    # not depend on length, so the diagonal is still 1
+    for i, length in ((1, 1e-6), (3, 1e-4)):
+        a_same[i] *= length / np.linalg.norm(a_same[i])
     b_zero = rows(2, 4)
     b_zero[0] = 0.0
     return [
@@ -245,7 +290,8 @@ def cosine_cases() -> list[Case]:
             "a single row each: a (1, 7), b (1, 7)", (rows(1, 7), rows(1, 7))
         ),
         Case(
-            "a matrix against itself, (4, 6) (the diagonal is 1)",
+            "a matrix against itself, (4, 6), two of its rows only 1e-6 and "
+            "1e-4 long (the diagonal is 1)",
             (a_same, a_same.copy()),
         ),
         # zero rows on both sides: a guard on a's norms alone still gives NaN
