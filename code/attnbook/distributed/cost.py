@@ -6,9 +6,9 @@ of ``H`` query heads, ``H_kv`` key/value heads of ``d`` features, ``b`` bytes
 per element, and ``g`` bytes per element of the gradients ``dk, dv`` that
 travel in ring's backward pass (by default the width of the ring's
 accumulators: float32, ``g = 4``, for 16-bit inputs;
-:attr:`AttentionShape.grad_bytes`). Each device holds ``c = ceil(n / P)`` tokens (the largest share;
-:func:`tokens_per_device`). Counts are per device; every device sends as much
-as it receives.
+:attr:`AttentionShape.grad_bytes`). Each device holds ``c = ceil(n / P)``
+tokens (the largest share; :func:`tokens_per_device`). Counts are per device;
+every device sends as much as it receives.
 
 - **Ring attention** (Liu et al. 2023). A key-value block is ``2 c H_kv d b``
   bytes. The forward pass sends it ``P - 1`` times (after the last step no
