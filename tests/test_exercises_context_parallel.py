@@ -196,6 +196,19 @@ def overlap_elements(peak_flops, link_bits, both, h, n_kv, d, b):
     return peak_flops * 2 * n_kv * d / (4 * h * d * bandwidth)
 
 
+def overlap_float32(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Correct: the same formula in float32 throughout."""
+    f = np.float32
+    bandwidth = f(link_bits) / f(8) / f(2 if both else 1)
+    return f(peak_flops) * f(n_kv) * f(b) / (f(2) * f(h) * bandwidth)
+
+
+def overlap_ceil(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Wrong: whole tokens, as the package's cost.overlap_tokens counts."""
+    bandwidth = link_bits / 8 / (2 if both else 1)
+    return math.ceil(peak_flops * n_kv * b / (2 * h * bandwidth))
+
+
 CATALOGUE = {
     "check_zigzag_positions": {
         "right": [
@@ -216,7 +229,7 @@ CATALOGUE = {
         ],
     },
     "check_overlap_tokens": {
-        "right": [overlap_by_times, overlap_intensity],
+        "right": [overlap_by_times, overlap_intensity, overlap_float32],
         "wrong": [
             (overlap_bits, "bits_as_bytes"),
             (overlap_k_only, "k_or_v_only"),
@@ -225,6 +238,7 @@ CATALOGUE = {
             (overlap_total, "total_as_one_way"),
             (overlap_mha, "kv_heads_as_query_heads"),
             (overlap_elements, "elements_not_bytes"),
+            (overlap_ceil, "rounded_up"),
         ],
     },
 }
@@ -289,18 +303,41 @@ def test_a_duplicated_position_is_described():
 
 
 def test_no_overlap_case_sits_on_a_whole_number():
-    # the answer is a threshold, compared to 1e-9: no case where rounding
-    # could matter, and every mistake changes every case it can change
+    # the answer is a threshold, compared to a relative 1e-5: in every case
+    # its rounding is told apart from it, and every mistake of a factor
+    # changes every case it can change by far more than that
     from attnbook.exercises.context_parallel import (
         OVERLAP_MISTAKES,
         _reference_overlap,
+        _same_number,
     )
 
     for case in overlap_cases():
         right = _reference_overlap(*case.args)
+        assert abs(math.ceil(right) / right - 1) > 2e-5
+        assert _same_number(np.float32(right), right)
         for mistake in OVERLAP_MISTAKES:
             wrong = mistake.commit(*case.args)
+            if mistake.key == "rounded_up":
+                assert not _same_number(wrong, right)
+                continue
             assert wrong == right or abs(wrong / right - 1) > 0.01
+
+
+def test_a_rounded_answer_is_told_to_stay_a_float():
+    from attnbook.exercises import ExerciseError
+
+    def rounded_down(peak_flops, link_bits, both, h, n_kv, d, b):
+        return math.floor(
+            overlap_by_times(peak_flops, link_bits, both, h, n_kv, d, b)
+        )
+
+    with pytest.raises(ExerciseError) as err:
+        check_overlap_tokens(rounded_down)
+    assert "unrounded" in str(err.value)
+    with pytest.raises(ExerciseError) as err:
+        check_overlap_tokens(overlap_ceil)
+    assert err.value.mistake == "rounded_up"
 
 
 def test_the_first_overlap_case_is_the_h100_over_infiniband():

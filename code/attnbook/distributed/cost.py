@@ -3,16 +3,19 @@ communication hides behind compute.
 
 One attention layer, one sequence of ``n`` tokens on ``P`` devices, a shape
 of ``H`` query heads, ``H_kv`` key/value heads of ``d`` features, ``b`` bytes
-per element. Each device holds ``c = ceil(n / P)`` tokens (the largest share;
-:func:`tokens_per_device`). Counts are per device; every device sends as much
-as it receives.
+per element, and ``g`` bytes per element of the gradients ``dk, dv`` that
+travel in ring's backward pass (by default the width of the ring's
+accumulators: float32, ``g = 4``, for 16-bit inputs;
+:attr:`AttentionShape.grad_bytes`). Each device holds ``c = ceil(n / P)``
+tokens (the largest share; :func:`tokens_per_device`). Counts are per device;
+every device sends as much as it receives.
 
 - **Ring attention** (Liu et al. 2023). A key-value block is ``2 c H_kv d b``
   bytes. The forward pass sends it ``P - 1`` times (after the last step no
   block needs to move). The backward pass sends the key-value blocks ``P -
   1`` times again, and with them the accumulated gradients ``dk, dv`` of the
-  block, which travel ``P`` times: the last hop brings them home
-  (:func:`ring_bytes`).
+  block, ``2 c H_kv d g`` bytes, which travel ``P`` times: the last hop
+  brings them home (:func:`ring_bytes`).
 - **DeepSpeed-Ulysses** (Jacobs et al. 2023). An all-to-all turns each
   device's ``c`` tokens of every head into all ``n`` tokens of ``H / P``
   heads, and a second one turns the output back. Each all-to-all keeps
@@ -35,7 +38,10 @@ as it receives.
   ``B`` (bytes/s). With MHA (``H_kv = H``) and ``b = 2`` that is ``c >= F /
   B``, Liu et al.'s condition. A causal step on a balanced layout computes
   half a block: ``c`` doubles. The backward pass computes 2.5 times the
-  forward's flops (chapter 10's convention) and sends twice the bytes.
+  forward's flops (chapter 10's convention) and sends ``(b + g) / b`` times
+  the bytes (the block and its gradients), so its bound is ``2 (b + g) / (5
+  b)`` times the forward's: 1.2 for bf16 inputs with float32 gradients, 0.8
+  if the gradients travelled at the input's width.
 
 :data:`RATES` holds the published rates, each with its source (keys of
 ``book/references.bib``), :data:`REPORTED` the papers' own figures as
@@ -57,7 +63,9 @@ from .. import _validate
 @dataclass(frozen=True)
 class AttentionShape:
     """The shape of one attention layer: heads, key/value heads, features per
-    head, bytes per element."""
+    head, bytes per element, and the bytes per element of the gradients dk,
+    dv that ring's backward pass sends (None: those of its accumulators,
+    :attr:`grad_bytes`)."""
 
     name: str
     n_heads: int
@@ -65,11 +73,25 @@ class AttentionShape:
     d_head: int
     bytes_per_element: int = 2
     sources: tuple[str, ...] = ()
+    grad_bytes_per_element: int | None = None
 
     def __post_init__(self):
         for field in ("n_heads", "n_kv_heads", "d_head", "bytes_per_element"):
             _validate.positive_int(field, getattr(self, field))
+        if self.grad_bytes_per_element is not None:
+            _validate.positive_int(
+                "grad_bytes_per_element", self.grad_bytes_per_element
+            )
         _validate.group_size(self.n_heads, self.n_kv_heads, f" ({self.name})")
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per element of the dk, dv that travel: as given, or those of
+        the ring's accumulators (``attnbook.distributed.ring.work_dtype``),
+        float32 for 16-bit inputs: ``max(bytes_per_element, 4)``."""
+        if self.grad_bytes_per_element is not None:
+            return self.grad_bytes_per_element
+        return max(self.bytes_per_element, 4)
 
 
 #: A Llama-3-8B-like layer: 32 query heads, 8 key/value heads of 128, bf16.
@@ -227,18 +249,25 @@ def kv_block_bytes(tokens: int, shape: AttentionShape) -> int:
     )
 
 
+def kv_grad_bytes(tokens: int, shape: AttentionShape) -> int:
+    """Bytes of the gradients dk, dv of ``tokens`` tokens as ring's backward
+    pass sends them: ``2 tokens H_kv d g``."""
+    return 2 * tokens * shape.n_kv_heads * shape.d_head * shape.grad_bytes
+
+
 def ring_bytes(
     n: int, world_size: int, shape: AttentionShape, backward: bool = False
 ) -> int:
     """Bytes one device sends in one attention layer's ring pass (forward, or
     backward with ``backward=True``): the key-value block ``P - 1`` times; in
-    the backward pass also the block's ``dk, dv``, ``P`` times (none when
-    ``P = 1``)."""
+    the backward pass also the block's ``dk, dv`` (at ``shape.grad_bytes``
+    per element), ``P`` times (none when ``P = 1``)."""
     p = _validate.positive_int("world_size", world_size)
-    block = kv_block_bytes(tokens_per_device(n, p), shape)
+    c = tokens_per_device(n, p)
     if p == 1:
         return 0
-    return (p - 1) * block + (p * block if backward else 0)
+    grads = p * kv_grad_bytes(c, shape) if backward else 0
+    return (p - 1) * kv_block_bytes(c, shape) + grads
 
 
 def ulysses_kv_heads(world_size: int, shape: AttentionShape) -> int:
@@ -332,8 +361,10 @@ def overlap_tokens(
     one way, at ``flops_per_s``:
 
     ``ceil(F H_kv b / (2 H B))`` forward and non-causal; twice that when
-    causal (a balanced step computes half a block); ``0.8`` times it in the
-    backward pass (2.5 times the flops, twice the bytes). ``d`` cancels.
+    causal (a balanced step computes half a block); ``2 (b + g) / (5 b)``
+    times it in the backward pass (2.5 times the flops; the block and its
+    gradients, ``g = shape.grad_bytes`` bytes per element, travel): 1.2 times
+    for bf16 with float32 gradients. ``d`` cancels.
     Computed exactly (fractions), so a whole-number bound is not pushed up
     by rounding."""
     if not (flops_per_s > 0 and bytes_per_s > 0):
@@ -350,7 +381,8 @@ def overlap_tokens(
     if causal:
         tokens *= 2
     if backward:
-        tokens *= Fraction(4, 5)
+        b, g = shape.bytes_per_element, shape.grad_bytes
+        tokens *= Fraction(2 * (b + g), 5 * b)
     return math.ceil(tokens)
 
 

@@ -100,9 +100,11 @@ def pairs_below(queries: np.ndarray, keys: np.ndarray) -> int:
 
 def causal_work(n: int, world_size: int, layout: str) -> list[int]:
     """Per rank, the (query, key) pairs with key <= query whose query the rank
-    holds: the scores ring attention's causal forward computes on that rank
-    (a query at position ``t`` sees ``t + 1`` keys). They sum to ``n (n +
-    1) / 2``."""
+    holds: the scores a causal ring must compute on that rank (a query at
+    position ``t`` sees ``t + 1`` keys), the work of a kernel that skips the
+    masked ones. They sum to ``n (n + 1) / 2``. (The ring of
+    :mod:`attnbook.distributed.ring` computes every score of a block and
+    masks the hidden ones.)"""
     return [int((p + 1).sum()) for p in positions_numpy(n, world_size, layout)]
 
 
