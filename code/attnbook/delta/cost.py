@@ -2,8 +2,11 @@
 
 Conventions of :mod:`attnbook.cost`: a multiply-add is 2 flops, so an ``(m,
 k) @ (k, n)`` product is ``2 m k n``. Only the products are counted (they
-are the leading terms); the elementwise work (the gates, ``beta``, the
-subtraction), ``O(n d)`` per head, is left out.
+are the leading terms). The elementwise work is left out: ``beta`` and the
+subtraction, ``O(n d)`` per head, and a gate, which in the recurrence scales
+the whole state at every token, ``d_k d_v`` multiplications per token (the
+same order as the products, but one multiplication per entry against their
+six flops).
 
 - :func:`recurrent_flops`: per token, the read ``S^T k`` (``2 d_k d_v``), the
   write ``k u^T`` (``2 d_k d_v``) and the output ``S^T q`` (``2 d_k d_v``);
