@@ -11,9 +11,10 @@ windows of the validation text. The runs take far longer than a notebook may,
 so ``python -m attnbook.experiments.cache_pareto --write`` trains them and
 writes every run, with its provenance, to ``attnbook/data/cache_pareto.json``;
 chapter 12 (latent attention and shared caches) loads that file
-(:func:`load_results`) and computes its verdicts from it (:func:`pareto_front`,
-:func:`front_in_every_seed`, :func:`compare`). ``tests/test_cache_pareto.py``
-retrains one run and checks it against the file.
+(:func:`load_results`) and computes its verdicts from it, each with a margin
+(:func:`pareto_front`, :func:`front_membership`, :func:`front_by_seed`,
+:func:`compare`). ``tests/test_cache_pareto.py`` retrains one run and checks
+it against the file.
 """
 
 from __future__ import annotations
@@ -256,22 +257,54 @@ def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
     return sorted(front, key=lambda name: points[name])
 
 
-def front_in_every_seed(runs) -> dict[str, int]:
-    """For each configuration, in how many seeds it lies on that seed's
-    Pareto front."""
-    counts = dict.fromkeys(dict.fromkeys(run["config"] for run in runs), 0)
+#: the margin (nats) of the chapter's verdicts: closer than this, rounding
+#: on another machine could decide a comparison
+MARGIN = 0.002
+
+TOO_CLOSE = "too close to call"
+
+
+def front_membership(
+    points: dict[str, tuple[float, float]], margin: float = MARGIN
+) -> dict[str, str]:
+    """Whether each point lies on the Pareto front of ``points``, decided
+    with a margin: "on" when its loss is below the loss of every other point
+    with at most its bytes by more than ``margin``, "off" when one of those
+    has a loss below its own by more than ``margin``, else "too close to
+    call". "on" and "off" agree with :func:`pareto_front`."""
+    status = {}
+    for name, (b, loss) in points.items():
+        rivals = [
+            l2
+            for other, (b2, l2) in points.items()
+            if other != name and b2 <= b
+        ]
+        if any(l2 < loss - margin for l2 in rivals):
+            status[name] = "off"
+        elif all(l2 > loss + margin for l2 in rivals):
+            status[name] = "on"
+        else:
+            status[name] = TOO_CLOSE
+    return status
+
+
+def front_by_seed(runs, margin: float = MARGIN) -> dict[str, list[str]]:
+    """For each configuration, its :func:`front_membership` in each seed's
+    Pareto front, in seed order."""
+    names = dict.fromkeys(run["config"] for run in runs)
+    out = {name: [] for name in names}
     for seed in sorted({run["seed"] for run in runs}):
         points = {
             run["config"]: (run["cache_bytes_per_token"], run["heldout_loss"])
             for run in runs
             if run["seed"] == seed
         }
-        for name in pareto_front(points):
-            counts[name] += 1
-    return counts
+        for name, status in front_membership(points, margin).items():
+            out[name].append(status)
+    return out
 
 
-def compare(runs, a: str, b: str, margin: float = 0.002) -> dict:
+def compare(runs, a: str, b: str, margin: float = MARGIN) -> dict:
     """How ``a``'s held-out loss compares with ``b``'s, seed by seed.
 
     ``differences`` are a - b in the same seed (a seed pairs the runs only by
@@ -330,19 +363,43 @@ PAIRS = (
 )
 
 
-def chapter_verdicts(runs, margin: float = 0.002) -> dict:
-    """Chapter 12's verdicts: the configurations on the Pareto front in every
-    seed and in none, the front of the mean losses, and :func:`compare` for
-    each of :data:`PAIRS`."""
-    counts = front_in_every_seed(runs)
-    n_seeds = len({run["seed"] for run in runs})
+def chapter_verdicts(runs, margin: float = MARGIN) -> dict:
+    """Chapter 12's verdicts, each decided with ``margin``.
+
+    ``front_by_seed``: :func:`front_by_seed`; ``front_every_seed`` and
+    ``front_no_seed``: the configurations on the front in every seed, and
+    off it in every seed; ``front_undecided``: for each configuration of
+    which one of these would be said but for a seed too close to call, those
+    seeds; ``front_of_means``: the Pareto front of the mean losses, and
+    ``front_of_means_close``: the configurations whose place on or off it is
+    too close to call; ``pairs``: :func:`compare` for each of
+    :data:`PAIRS`."""
+    by_seed = front_by_seed(runs, margin)
+    seeds = sorted({run["seed"] for run in runs})
     losses = losses_by_config(runs)
     size = {run["config"]: run["cache_bytes_per_token"] for run in runs}
     means = {name: (size[name], float(v.mean())) for name, v in losses.items()}
+    undecided = {
+        name: [seed for seed, s in zip(seeds, status) if s == TOO_CLOSE]
+        for name, status in by_seed.items()
+        # with a seed on and another off, neither "every" nor "no seed"
+        if TOO_CLOSE in status and not {"on", "off"} <= set(status)
+    }
     return {
-        "front_every_seed": [k for k, c in counts.items() if c == n_seeds],
-        "front_no_seed": [k for k, c in counts.items() if c == 0],
+        "front_by_seed": by_seed,
+        "front_every_seed": [
+            k for k, s in by_seed.items() if all(x == "on" for x in s)
+        ],
+        "front_no_seed": [
+            k for k, s in by_seed.items() if all(x == "off" for x in s)
+        ],
+        "front_undecided": undecided,
         "front_of_means": pareto_front(means),
+        "front_of_means_close": [
+            k
+            for k, s in front_membership(means, margin).items()
+            if s == TOO_CLOSE
+        ],
         "pairs": {(a, b): compare(runs, a, b, margin) for a, b in PAIRS},
     }
 
