@@ -118,6 +118,27 @@ def slots_scaled_by_table_length(table, length, block_size):
     return t[p // block_size] * len(table) + p % block_size
 
 
+def slots_last_entry_ragged(table, length, block_size):
+    """Wrong: every entry of the table used, the last one taken for the
+    part-filled block (right only when the table has no spare entries)."""
+    out = []
+    for j, block in enumerate(table):
+        last = j == len(table) - 1
+        n = length - j * block_size if last else block_size
+        out.extend(block * block_size + i for i in range(n))
+    return np.array(out, dtype=np.int64)
+
+
+def slots_used_blocks(table, length, block_size):
+    """Correct: the blocks the sequence uses, the last of them ragged."""
+    used = table[: math.ceil(length / block_size)]
+    out = []
+    for j, block in enumerate(used):
+        n = min(block_size, length - j * block_size)
+        out.extend(block * block_size + i for i in range(n))
+    return np.array(out, dtype=np.int64)
+
+
 # --- one decoding step through a block table ---------------------------------
 
 
@@ -190,6 +211,42 @@ def decode_values_not_masked(q, key_blocks, value_blocks, table, length):
     scores = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
     scores[:, length:] = -np.inf
     w = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
+
+
+def decode_last_entry_ragged(q, key_blocks, value_blocks, table, length):
+    """Wrong: torch, online softmax over every entry of the table, the last
+    entry taken for the part-filled block."""
+    q, kb, vb = (torch.as_tensor(x) for x in (q, key_blocks, value_blocks))
+    size = kb.shape[1]
+    m = torch.full(q.shape[:1], -math.inf, dtype=q.dtype)
+    total = torch.zeros(q.shape[:1], dtype=q.dtype)
+    acc = torch.zeros_like(q)
+    for j, block in enumerate(table):
+        n = size if j < len(table) - 1 else length - j * size
+        if n <= 0:
+            continue
+        s = torch.einsum("hd,nhd->hn", q, kb[block, :n])
+        s = s / math.sqrt(q.shape[-1])
+        new = torch.maximum(m, s.max(-1).values)
+        w = torch.exp(s - new[:, None])
+        rescale = torch.exp(m - new)
+        total = total * rescale + w.sum(-1)
+        acc = acc * rescale[:, None] + torch.einsum(
+            "hn,nhd->hd", w, vb[block, :n]
+        )
+        m = new
+    return acc / total[:, None]
+
+
+def decode_used_blocks(q, key_blocks, value_blocks, table, length):
+    """Correct: numpy, the keys of the blocks the sequence uses, in table
+    order, cut to length before attending."""
+    used = table[: -(-length // key_blocks.shape[1])]
+    k = key_blocks[used].reshape(-1, *key_blocks.shape[2:])[:length]
+    v = value_blocks[used].reshape(-1, *value_blocks.shape[2:])[:length]
+    s = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
+    w = np.exp(s - s.max(-1, keepdims=True))
     return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
 
 
@@ -307,7 +364,7 @@ def slots_into_bool_array(table, length, block_size):
 
 CATALOGUE = {
     "check_block_slots": {
-        "right": [slots_loop, slots_torch, slots_list],
+        "right": [slots_loop, slots_torch, slots_list, slots_used_blocks],
         "wrong": [
             (slots_no_factor, "no_block_factor"),
             (slots_identity, "table_ignored"),
@@ -321,6 +378,7 @@ CATALOGUE = {
             (slots_into_bool_array, "bool_slots"),
             (slots_float, "float_slots"),
             (slots_comprehension_array, "empty_not_integer"),
+            (slots_last_entry_ragged, "last_entry_ragged"),
         ],
     },
     "check_paged_decode": {
@@ -329,6 +387,7 @@ CATALOGUE = {
             decode_by_blocks,
             decode_masked_tail,
             decode_online_torch,
+            decode_used_blocks,
         ],
         "wrong": [
             (decode_whole_blocks, "unfilled_tail_read"),
@@ -341,6 +400,7 @@ CATALOGUE = {
             (decode_all_heads_scaled, "scale_heads_times_d"),
             (decode_merged_by_max, "blocks_by_max"),
             (decode_values_not_masked, "values_not_masked"),
+            (decode_last_entry_ragged, "last_entry_ragged"),
         ],
     },
 }
@@ -372,9 +432,51 @@ def test_the_decode_cases_put_nan_and_inf_in_the_unfilled_tails():
     fills = set()
     for case in decode_cases():
         q, keys, values, table, length = case.args
-        filled = length - (len(table) - 1) * keys.shape[1]
+        used = math.ceil(length / keys.shape[1])
+        filled = length - (used - 1) * keys.shape[1]
         for pool in (keys, values):
-            tail = pool[table[-1], filled:]
+            tail = pool[table[used - 1], filled:]
             if tail.size and not np.isfinite(tail).any():
                 fills.add("nan" if np.isnan(tail).all() else "inf")
     assert fills == {"nan", "inf"}
+
+
+def test_each_checker_has_a_table_with_spare_entries():
+    """A table may be longer than the blocks its sequence uses (engines pad
+    theirs); an answer that takes len(table) for the number of blocks is
+    wrong, and a case must show it."""
+    from attnbook.exercises.serving import decode_cases, slot_cases
+
+    slots = [case.args for case in slot_cases()]
+    assert any(len(t) > math.ceil(n / b) + 1 for t, n, b in slots)
+    decode = [case.args for case in decode_cases()]
+    assert any(
+        len(t) > math.ceil(n / k.shape[1]) + 1 for _, k, _, t, n in decode
+    )
+
+
+def test_the_package_reads_a_longer_table_as_the_references_do():
+    """The package's slots and decoding step, like the checkers'
+    references, ignore a table's spare entries."""
+    from attnbook.exercises.serving import (
+        _reference_decode,
+        _reference_slots,
+        decode_cases,
+    )
+    from attnbook.serving import block_table, paged_cache
+
+    table, length, size = [3, 0, 5, 2, 6], 7, 3
+    expected = [9, 10, 11, 0, 1, 2, 15]
+    assert _reference_slots(table, length, size).tolist() == expected
+    assert block_table.slot_indices(table, length, size).tolist() == expected
+    for case in decode_cases():
+        q, keys, values, table, length = case.args
+        got = paged_cache.paged_decode(
+            torch.as_tensor(q)[:, None],
+            torch.as_tensor(keys),
+            torch.as_tensor(values),
+            table,
+            length,
+        )[:, 0]
+        want = _reference_decode(q, keys, values, table, length)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)

@@ -1,6 +1,9 @@
 """Checkers for serving (chapter 14): the slots of a sequence in a paged
 cache, and one decoding step of attention through a block table whose last
-block is part-filled.
+block is part-filled. A table may hold spare entries beyond the
+``ceil(length / block_size)`` blocks the sequence uses (engines pad their
+tables, and the package's ``check_table`` accepts a longer one), and one case
+of each checker has two.
 
 The slots' mistakes are those of turning a position into a block and an
 offset: the block id used as a slot without the factor ``block_size``, the
@@ -9,10 +12,13 @@ len(table)``), the whole last block read (its unfilled tail included), the
 offset and the block swapped, the slots run on contiguously from the first
 block (``table[0] * block_size + p``), the offset not reduced (``p`` added
 instead of ``p % block_size``), the block scaled by ``len(table)`` instead of
-``block_size``, slots returned as floats (they index), and the empty array of
+``block_size``, slots returned as floats (they index), the empty array of
 a sequence of no positions built as ``np.array([])``, which is float64 and
-cannot index. The decoding step's mistakes: the unfilled tail of the last
-block read as if it held keys, the last block dropped, the newest position
+cannot index, and the table's last entry taken for the part-filled block
+(``len(table)`` blocks used, the last holding ``length - (len(table) - 1) *
+block_size`` positions), wrong when the table has spare entries. The decoding
+step's mistakes: the unfilled tail of the last block read as if it held keys,
+the last block dropped, the newest position
 dropped, the blocks read in the order of their ids instead of the table's, no
 ``1/sqrt(d)`` scaling, or ``1/sqrt(h d)`` (the heads' features counted
 together), and, for a reader who attends block by block, the blocks' outputs
@@ -20,7 +26,8 @@ averaged, weighted by their filled counts or by their largest scores instead
 of merged by their shares of the softmax's mass (chapter 9's merge), and the
 tail's scores masked but not its values: a zero weight times a NaN or an
 infinity left in an unfilled slot is NaN (two cases fill the tails with NaN
-and with infinities).
+and with infinities), and the table's last entry taken for the part-filled
+block, as for the slots.
 
 Numpy only: a reader may answer with torch, and a torch tensor returned is
 compared as an array.
@@ -101,6 +108,20 @@ def _bool_slots(table, length, block_size):
 def _empty_float(table, length, block_size):
     slots = _reference_slots(table, length, block_size)
     return slots if length else np.array([])
+
+
+def _last_entry_ragged(table, length, block_size):
+    """Every entry of the table used, the last taken for the part-filled
+    block: the blocks but the last whole, then the last one's first
+    ``length - (len(table) - 1) * block_size`` slots (none when that is
+    negative, as with two spare entries)."""
+    table = np.asarray(table, dtype=np.int64)
+    if len(table) == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.arange(block_size)
+    whole = (table[:-1, None] * block_size + offsets).reshape(-1)
+    filled = max(0, length - (len(table) - 1) * block_size)
+    return np.concatenate([whole, table[-1] * block_size + offsets[:filled]])
 
 
 def _same_slots(got, expected) -> bool:
@@ -205,6 +226,16 @@ SLOT_MISTAKES = [
         "dtype=np.int64)",
         _empty_float,
     ),
+    Mistake(
+        "last_entry_ragged",
+        "the table's last entry is taken for the part-filled block: a table "
+        "may hold spare entries beyond the ceil(length / block_size) blocks "
+        "the sequence uses, so len(table) is not its number of blocks",
+        "find each position's block from the position, table[p // "
+        "block_size], for p = 0 .. length - 1; the entries past "
+        "table[ceil(length / block_size) - 1] are never read",
+        _last_entry_ragged,
+    ),
 ]
 
 
@@ -217,7 +248,11 @@ def slot_cases() -> list[Case]:
             "table [6, 2, 9, 1], 4 positions, blocks of 1",
             ([6, 2, 9, 1], 4, 1),
         ),
-        Case("table [1, 7, 0], 5 positions, blocks of 2", ([1, 7, 0], 5, 2)),
+        Case(
+            "table [1, 7, 0, 4, 2], 5 positions, blocks of 2 (two spare "
+            "entries)",
+            ([1, 7, 0, 4, 2], 5, 2),
+        ),
         Case("empty table, 0 positions, blocks of 4", ([], 0, 4)),
     ]
 
@@ -225,7 +260,8 @@ def slot_cases() -> list[Case]:
 def check_block_slots(fn) -> None:
     """Check ``fn(table, length, block_size)`` returns the int array (length,)
     of flat slots ``table[p // block_size] * block_size + p % block_size``
-    of positions ``p = 0 .. length - 1``; table: a list of block ids."""
+    of positions ``p = 0 .. length - 1``; table: a list of block ids, at
+    least ``ceil(length / block_size)`` of them (any more are spare)."""
     run_checks(
         "the slots of a sequence in a paged cache",
         fn,
@@ -331,6 +367,13 @@ def _blocks_by_max(q, key_blocks, value_blocks, table, length):
     return (share[..., None] * outs).sum(axis=0)
 
 
+def _decode_last_entry_ragged(q, key_blocks, value_blocks, table, length):
+    size = key_blocks.shape[1]
+    slots = _last_entry_ragged(table, length, size)
+    flat = (x.reshape(-1, *x.shape[2:]) for x in (key_blocks, value_blocks))
+    return _attend(q, *(x[slots] for x in flat))
+
+
 def _values_not_masked(q, key_blocks, value_blocks, table, length):
     size = key_blocks.shape[1]
     used = table[: -(-length // size)]
@@ -365,7 +408,9 @@ DECODE_MISTAKES = [
         "last_block_dropped",
         "only the full blocks are attended: the part-filled last block, "
         "which holds the newest positions, is left out",
-        "the last block holds length - (n_blocks - 1) * block_size positions",
+        "the last block the sequence uses, table[m - 1] with m = "
+        "ceil(length / block_size), holds length - (m - 1) * block_size "
+        "positions",
         _last_block_dropped,
     ),
     Mistake(
@@ -432,6 +477,16 @@ DECODE_MISTAKES = [
         "zero them (np.where / torch.where) before the weighted sum",
         _values_not_masked,
     ),
+    Mistake(
+        "last_entry_ragged",
+        "the table's last entry is taken for the part-filled block: a table "
+        "may hold spare entries beyond the m = ceil(length / block_size) "
+        "blocks the sequence uses, so len(table) is not its number of "
+        "blocks, and the spare blocks hold garbage",
+        "read table[0 .. m - 1] only; block j holds min(block_size, length "
+        "- j * block_size) positions",
+        _decode_last_entry_ragged,
+    ),
 ]
 
 
@@ -450,14 +505,8 @@ def decode_cases() -> list[Case]:
             6,
         ),
         "blocks of 8, table [3], 2 positions": (5, 8, 2, 2, [3], 2),
-        "blocks of 2, table [6, 4, 0, 2], 7 positions": (
-            8,
-            2,
-            3,
-            3,
-            [6, 4, 0, 2],
-            7,
-        ),
+        "blocks of 2, table [6, 4, 0, 2, 7, 1], 7 positions (two spare "
+        "entries)": (8, 2, 3, 3, [6, 4, 0, 2, 7, 1], 7),
         "blocks of 5, table [1, 4], 8 positions, 2 heads of 6": (
             6,
             5,
@@ -499,8 +548,10 @@ def check_paged_decode(fn) -> None:
     decoding step of attention, (n_heads, d): query ``q`` (n_heads, d) over
     the ``length`` positions of a sequence whose keys and values sit in
     ``key_blocks``, ``value_blocks`` (n_blocks, block_size, n_heads, d) at the
-    blocks of ``table``, in order; the slots past ``length`` in the last
-    block hold garbage (NaN or infinities in two cases)."""
+    first ``ceil(length / block_size)`` blocks of ``table``, in order (any
+    entries after them are spare); the slots past ``length`` in the last
+    block, and the spare blocks, hold garbage (NaN or infinities in the
+    unfilled tails of two cases)."""
     run_checks(
         "a decoding step through a block table",
         fn,

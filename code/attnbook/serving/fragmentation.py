@@ -53,8 +53,9 @@ def token_fraction(
     """Fraction of held cache memory that holds real tokens.
 
     A request of ``p`` prompt and ``o`` output tokens holds ``p + t``
-    positions after its ``t``-th new token, ``t = 0 .. o - 1`` (the last new
-    token is never fed back). It reserves, at each of those steps:
+    positions while it computes new token ``t + 1``, ``t = 0 .. o - 1``: its
+    prompt and the ``t`` new tokens fed back so far (the last new token is
+    never fed back). It reserves, at each of those steps:
     ``"max"``: ``max_len`` positions; ``"pow2"``: the vLLM paper's Orca
     (Pow2), room for the output length rounded up to a power of two, plus the
     prompt, at most ``max_len``: ``min(p + 2 ** ceil(log2(o)), max_len)``;
