@@ -372,8 +372,11 @@ def test_an_earlier_bump_does_not_hide_a_step():
     # a run of chapter 12 (us per token of linear attention): a disturbed
     # timing at n = 512, then a step at n = 4096 that stays up
     per_token = [1.30, 2.69, 1.34, 1.33, 2.38, 2.76, 3.80, 3.39]
-    # (1.33 at n = 2048, below 1.34 and 2.38, is a dip)
-    assert steps_and_bumps(per_token) == [
+    # (1.33 at n = 2048, 1 % below 1.34, and 3.80 at n = 16384, 12 % above
+    # 3.39, are within the 1.2x a bump or a dip needs)
+    assert steps_and_bumps(per_token) == [("bump", 1), ("step", 4)]
+    # without that minimum size they were a dip and a bump
+    assert steps_and_bumps(per_token, bump=1.0) == [
         ("bump", 1),
         ("dip", 3),
         ("step", 4),
@@ -389,9 +392,9 @@ def test_steps_and_bumps_on_clean_rows():
     assert steps_and_bumps([4.0, 2.0, 1.0, 1.0]) == []
     assert steps_and_bumps([1.0, 3.0, 1.0, 1.0]) == [("bump", 1)]
     assert steps_and_bumps([1.0, 1.0, 2.0, 2.0, 2.1]) == [("step", 2)]
-    # a step that is also above both neighbours is a step (the 2.0 after
-    # it, below 3.0 and 2.2, is a dip)
-    assert steps_and_bumps([1.0, 1.0, 3.0, 2.0, 2.2]) == [
+    # a step that is also above both neighbours is a step (the 1.7 after
+    # it, more than 1.2x below 3.0 and 2.2, is a dip)
+    assert steps_and_bumps([1.0, 1.0, 3.0, 1.7, 2.2]) == [
         ("step", 2),
         ("dip", 3),
     ]
@@ -401,6 +404,8 @@ def test_steps_and_bumps_on_clean_rows():
         steps_and_bumps([1.0, 0.0, 1.0])
     with pytest.raises(ValueError, match="jump must be greater than 1"):
         steps_and_bumps([1.0, 2.0, 1.0], jump=1.0)
+    with pytest.raises(ValueError, match="bump must be at least 1"):
+        steps_and_bumps([1.0, 2.0, 1.0], bump=0.9)
 
 
 def previous_steps_and_bumps(per_token, jump=1.5, stay=1.2):
@@ -432,7 +437,10 @@ def test_a_bump_before_a_later_step_is_not_a_step():
     and the step comes at n = 2048. The previous rule called n = 512 a step
     "staying up", since every later time stayed above 1.2 times the first."""
     causal = [2.15, 10.66, 3.04, 9.05, 9.44, 10.30, 9.78, 8.11]
-    assert steps_and_bumps(causal) == [
+    # (10.30 at n = 8192 is 5 % above 9.78: no bump since bumps and dips
+    # need 1.2x)
+    assert steps_and_bumps(causal) == [("bump", 1), ("step", 3)]
+    assert steps_and_bumps(causal, bump=1.0) == [
         ("bump", 1),
         ("step", 3),
         ("bump", 5),
@@ -447,7 +455,13 @@ def test_a_bump_before_a_later_step_is_not_a_step():
         ("step", 4),
         ("bump", 6),
     ]
-    assert steps_and_bumps(linear) == [("dip", 3), ("step", 4), ("bump", 6)]
+    # (6.22 at n = 16384, 12 % above 5.48, is no bump)
+    assert steps_and_bumps(linear) == [("dip", 3), ("step", 4)]
+    assert steps_and_bumps(linear, bump=1.0) == [
+        ("dip", 3),
+        ("step", 4),
+        ("bump", 6),
+    ]
 
 
 def bumps_only_steps_and_bumps(per_token, jump=1.5):
@@ -483,7 +497,7 @@ def test_a_dip_is_disturbed_and_fakes_no_bump_or_step():
         ("step", 4),
     ]
     # a dip after a bump is a dip, and the bump is still a bump
-    assert steps_and_bumps([2.0, 5.0, 1.9, 3.0]) == [("bump", 1), ("dip", 2)]
+    assert steps_and_bumps([2.0, 5.0, 1.5, 3.0]) == [("bump", 1), ("dip", 2)]
     # the time after a bump is compared with the bump's reference: no dip
     assert steps_and_bumps([1.0, 1.1, 10.0, 1.2, 1.3]) == [("bump", 2)]
     # a dip is left out of the references: a return to the earlier level
@@ -682,3 +696,37 @@ def test_decayed_needs_self_attention_shapes():
         ValueError, match=r"decay must have at least 1 dimensions"
     ):
         decay_mask(0.5)
+
+
+def test_bumps_and_dips_need_a_minimum_size():
+    """Expert reading ch16c: a dip of 1 % (0.79 against 0.80 and 0.82 us per
+    token, a committed run of chapter 16) was called a disturbed timing and
+    left out of the references; whether such a label appears depends on
+    noise. A bump or a dip must now differ from both neighbours by more than
+    ``bump`` = 1.2 times."""
+    flat = [1.0, 1.0, 1.0, 1.0, 1.0]
+    for size, expected in ((0.01, []), (0.3, ["dip"])):
+        row = flat.copy()
+        row[2] = 1.0 - size
+        assert [kind for kind, _ in steps_and_bumps(row)] == expected
+        row[2] = 1.0 + size
+        assert [kind for kind, _ in steps_and_bumps(row)] == [
+            "bump" if kind == "dip" else kind for kind in expected
+        ]
+    # a 1 % wiggle on a slowly rising row, at every position: no label
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rising = np.linspace(1.0, 1.3, 8)
+        wiggly = rising * (1 + rng.uniform(-0.01, 0.01, size=8))
+        assert steps_and_bumps(wiggly) == []
+    # the committed run of the reading: no dip, the step against n = 4096
+    linear = [0.71, 0.80, 0.79, 0.82, 0.84, 2.32, 2.72, 3.33]
+    causal = [1.13, 1.23, 1.25, 1.27, 1.25, 4.25, 4.60, 4.81]
+    assert steps_and_bumps(linear) == [("step", 5)]
+    assert steps_and_bumps(causal) == [("step", 5)]
+    # what the rule without a minimum size found
+    assert steps_and_bumps(linear, bump=1.0) == [("dip", 2), ("step", 5)]
+    assert steps_and_bumps(causal, bump=1.0) == [("dip", 4), ("step", 5)]
+    # a 30 % dip and a 30 % bump among 1 % wiggles are still found
+    row = [1.0, 1.01, 0.7, 0.99, 1.3, 1.0, 1.01]
+    assert steps_and_bumps(row) == [("dip", 2), ("bump", 4)]

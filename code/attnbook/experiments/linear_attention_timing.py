@@ -67,36 +67,43 @@ def time_against_softmax(
     return {name: [t for t in ts if t < math.inf] for name, ts in best.items()}
 
 
-def steps_and_bumps(per_token, jump: float = 1.5) -> list[tuple[str, int]]:
+def steps_and_bumps(
+    per_token, jump: float = 1.5, bump: float = 1.2
+) -> list[tuple[str, int]]:
     """The steps, the isolated bumps and the dips of a row of per-token times,
     in order of length: ``("step", i)``, ``("bump", i)`` or ``("dip", i)``
     for indices ``0 < i < len(per_token) - 1``.
 
-    The reference of ``i`` is the last earlier time that is neither a bump
-    nor a dip. A *step* at ``i`` is a time more than ``jump`` times its
-    reference that stays up: every later time is also more than ``jump``
-    times that reference. A *bump* is a time, not a step, above the previous
-    time and the next one (and, when the next time is below both of its own
-    neighbours, also above the time after that). A *dip* is a time, not a
-    step, below the previous time (its reference, when the previous time is
-    a bump) and the next one. Bumps and dips are disturbed timings (a dip
-    may also be the lowest point of times that first fall, then rise): they
-    are left out of the references of later times, so that an earlier bump
-    does not hide a step and an earlier dip does not fake one; and a time is
-    not a step if any later time falls back to ``jump`` times its reference
-    or below, so that a disturbed timing followed by the old level is a
-    bump, not a step. A step may still be above both neighbours: a time that
-    jumps, then falls back to a level still more than ``jump`` times the
-    reference.
+    The reference of ``i`` is the last earlier time that is neither a bump nor
+    a dip. A *step* at ``i`` is a time more than ``jump`` times its reference
+    that stays up: every later time is also more than ``jump`` times that
+    reference. A *bump* is a time, not a step, more than ``bump`` times the
+    previous time and the next one (and, when the next time is a dip, also
+    above the time after that: other programs only add time, so a high time
+    before a low one is taken for the disturbed one). A *dip* is a time, not a
+    step, that the previous time (its reference, when the previous time is a
+    bump) and the next one both exceed more than ``bump`` times. Smaller
+    differences, at the level of the noise between runs, are neither: without
+    that minimum size a label would appear and vanish from run to run. Bumps
+    and dips are disturbed timings (a dip may also be the lowest point of times
+    that first fall, then rise): they are left out of the references of later
+    times, so that an earlier bump does not hide a step and an earlier dip does
+    not fake one; and a time is not a step if any later time falls back to
+    ``jump`` times its reference or below, so that a disturbed timing followed
+    by the old level is a bump, not a step. A step may still be above both
+    neighbours: a time that jumps, then falls back to a level still more than
+    ``jump`` times the reference.
     """
     times = [float(t) for t in per_token]
     if any(not math.isfinite(t) or t <= 0 for t in times):
         raise ValueError(
             f"per-token times must be positive and finite, got {times}"
         )
-    jump = float(jump)
+    jump, bump = float(jump), float(bump)
     if not jump > 1:
         raise ValueError(f"jump must be greater than 1, got {jump}")
+    if not bump >= 1:
+        raise ValueError(f"bump must be at least 1, got {bump}")
     found, disturbed = [], set()
     for i in range(1, len(times) - 1):
         reference = next(
@@ -105,17 +112,19 @@ def steps_and_bumps(per_token, jump: float = 1.5) -> list[tuple[str, int]]:
         # a bump just before is left out of a dip's neighbours
         before = reference if ("bump", i - 1) in found else times[i - 1]
         after = times[i + 1]
-        if i + 2 < len(times) and after < min(times[i], times[i + 2]):
+        if i + 2 < len(times) and bump * after < min(times[i], times[i + 2]):
             # the next time is a dip: compare with the one after it
             after = times[i + 2]
         if times[i] > jump * reference and min(times[i + 1 :]) > (
             jump * reference
         ):
             found.append(("step", i))
-        elif times[i - 1] < times[i] > max(after, times[i + 1]):
+        elif times[i] > bump * max(times[i - 1], times[i + 1]) and (
+            times[i] > after
+        ):
             found.append(("bump", i))
             disturbed.add(i)
-        elif before > times[i] < times[i + 1]:
+        elif bump * times[i] < min(before, times[i + 1]):
             found.append(("dip", i))
             disturbed.add(i)
     return found
