@@ -1,7 +1,7 @@
-"""Ring attention and Ulysses on 1, 2 and 4 gloo processes: outputs and the
-gradients of q, k, v equal single-process attention to 1e-10 in float64, and
-the ring's processes equal its single-process simulation. One launch per
-world size runs every case (a process start costs seconds)."""
+"""Ring attention and Ulysses (on every layout) on 1, 2 and 4 gloo processes:
+outputs and the gradients of q, k, v equal single-process attention to 1e-10
+in float64, and the ring's processes equal its single-process simulation. One
+launch per world size runs every case (a process start costs seconds)."""
 
 import pytest
 
@@ -32,6 +32,13 @@ def cases_for(world_size):
             cp.case("ulysses", n=4 * world_size + 1, causal=causal, seed=4),
             cp.case("ulysses", n=11, n_heads=8, n_kv_heads=world_size,
                     batch=2, causal=causal, seed=5),
+        ]  # fmt: skip
+        # Ulysses all-gathers the positions: any layout works
+        cases += [
+            cp.case("ulysses", n=4 * world_size + 3, n_heads=8,
+                    n_kv_heads=world_size, causal=causal, layout=layout,
+                    seed=8)
+            for layout in LAYOUTS[1:]
         ]  # fmt: skip
     # bfloat16 inputs: the ring computes and accumulates in float32
     cases.append(

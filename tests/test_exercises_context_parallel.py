@@ -203,6 +203,31 @@ def overlap_float32(peak_flops, link_bits, both, h, n_kv, d, b):
     return f(peak_flops) * f(n_kv) * f(b) / (f(2) * f(h) * bandwidth)
 
 
+def overlap_multiply_add_as_one(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Wrong: both products, but a multiply-add counted as one flop (2 m^2 h
+    d flops): the same number as one product only, so the same diagnosis."""
+    bandwidth = link_bits / 8 / (2 if both else 1)
+    flops_per_m2 = 2 * h * d  # q k^T and P v, m^2 d multiply-adds each
+    return (2 * n_kv * d * b / bandwidth) / (flops_per_m2 / peak_flops)
+
+
+def overlap_causal_half(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Wrong: the compute halved as if the step were causal (it has no
+    mask)."""
+    bandwidth = link_bits / 8 / (2 if both else 1)
+    compute = 0.5 * 4 * h * d / peak_flops  # times m^2
+    return 2 * n_kv * d * b / bandwidth / compute
+
+
+def overlap_fraction(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Correct: exact, as a Fraction (the float it rounds to is the
+    answer)."""
+    from fractions import Fraction
+
+    one_way = Fraction(link_bits) / 8 / (2 if both else 1)
+    return Fraction(peak_flops) * n_kv * b / (2 * h * one_way)
+
+
 def overlap_ceil(peak_flops, link_bits, both, h, n_kv, d, b):
     """Wrong: whole tokens, as the package's cost.overlap_tokens counts."""
     bandwidth = link_bits / 8 / (2 if both else 1)
@@ -229,12 +254,19 @@ CATALOGUE = {
         ],
     },
     "check_overlap_tokens": {
-        "right": [overlap_by_times, overlap_intensity, overlap_float32],
+        "right": [
+            overlap_by_times,
+            overlap_intensity,
+            overlap_float32,
+            overlap_fraction,
+        ],
         "wrong": [
             (overlap_bits, "bits_as_bytes"),
             (overlap_k_only, "k_or_v_only"),
-            (overlap_one_flop, "no_flop_factor"),
-            (overlap_qk_only, "one_product"),
+            (overlap_one_flop, "quarter_the_flops"),
+            (overlap_qk_only, "half_the_flops"),
+            (overlap_multiply_add_as_one, "half_the_flops"),
+            (overlap_causal_half, "half_the_flops"),
             (overlap_total, "total_as_one_way"),
             (overlap_mha, "kv_heads_as_query_heads"),
             (overlap_elements, "elements_not_bytes"),
@@ -347,3 +379,21 @@ def test_the_first_overlap_case_is_the_h100_over_infiniband():
     shape = AttentionShape("case", args[3], args[4], args[5], args[6])
     exact = overlap_by_times(*args)
     assert overlap_tokens(shape, args[0], args[1] / 8) == math.ceil(exact)
+
+
+def test_half_the_flops_names_every_cause_of_that_number():
+    # one product only, a multiply-add counted as one flop and a causal
+    # halving all give 2 m^2 h d: the diagnosis must fit each of them
+    from attnbook.exercises import ExerciseError
+
+    for wrong in (
+        overlap_qk_only,
+        overlap_multiply_add_as_one,
+        overlap_causal_half,
+    ):
+        with pytest.raises(ExerciseError) as err:
+            check_overlap_tokens(wrong)
+        assert err.value.mistake == "half_the_flops"
+        text = str(err.value)
+        for cause in ("one product", "multiply-add", "causal"):
+            assert cause in text, (wrong.__name__, cause)

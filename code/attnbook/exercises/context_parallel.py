@@ -13,12 +13,14 @@ empty) instead of :func:`numpy.array_split`'s, positions returned as floats
 attention masks by global positions, not by order.
 
 The overlap condition's mistakes are of units: a link's bits per second read
-as bytes, the keys sent without the values (or the reverse), the factor 4 of
-the flops forgotten (``c^2 H d``) or halved (one product of two), a figure for
-both directions used as one direction's, the key/value heads counted as
-query heads (GQA's saving lost), elements counted instead of bytes, and the
-threshold rounded up to whole tokens. The answer is compared to a relative
-1e-5, so that float32 arithmetic passes.
+as bytes, the keys sent without the values (or the reverse), the flops
+``4 m^2 h d`` counted at half or a quarter (one product of two, a multiply-add
+counted as one flop, the compute halved as for a causal mask: each is a factor
+of 2, so the checker names them together), a figure for both directions used
+as one direction's, the key/value heads counted as query heads (GQA's saving
+lost), elements counted instead of bytes, and the threshold rounded up to
+whole tokens. The answer is compared to a relative 1e-5, so that float32
+arithmetic passes; an exact :class:`fractions.Fraction` passes too.
 
 Numpy only (no torch needed); a reader may answer with torch, and a tensor
 returned is compared as an array.
@@ -313,14 +315,14 @@ def _tokens(
     kv_count=None,
     element_bytes=None,
 ):
-    """The threshold ``c`` at which ``flop_factor c^2 H d / F = tensors c
-    H_kv d b / B``, computed exactly; the keywords commit the mistakes."""
+    """The threshold ``m`` at which ``flop_factor m^2 h d / F = tensors m
+    h_kv d e / W``, computed exactly; the keywords commit the mistakes."""
     bandwidth = Fraction(link_bits_per_s) / bits
     if both_directions and halve:
         bandwidth /= 2
     kv = n_kv_heads if kv_count is None else kv_count
     size = bytes_per_element if element_bytes is None else element_bytes
-    c = (
+    m = (
         Fraction(peak_flops)
         * tensors
         * kv
@@ -328,16 +330,22 @@ def _tokens(
         * size
         / (flop_factor * n_heads * d_head * bandwidth)
     )
-    return float(c)
+    return float(m)
 
 
 def _reference_overlap(*args):
     return _tokens(*args)
 
 
+def _plain(got):
+    """An exact Fraction as the float it rounds to; anything else as it is."""
+    return float(got) if isinstance(got, Fraction) else got
+
+
 def _same_number(got, expected) -> bool:
     """One number, equal to a relative 1e-5: float32 arithmetic passes, and
     every listed mistake, a factor of 1.07 or more, fails."""
+    got = _plain(got)
     try:
         g, e = as_array(got), as_array(expected)
     except Exception:
@@ -351,12 +359,16 @@ def _same_number(got, expected) -> bool:
 def _describe_number(got, expected, case) -> str:
     if got is None:
         return "your function returned None (a missing `return`?)"
+    got = _plain(got)
     try:
         g = as_array(got)
     except Exception:
         return f"expected one number, got {type(got).__name__}"
     if g.size != 1 or g.dtype.kind not in "iuf":
-        return f"expected one number, got an array of shape {g.shape}"
+        return (
+            f"expected one number (a float), got an array of shape {g.shape} "
+            f"and dtype {g.dtype}"
+        )
     g, e = float(g.reshape(())), float(as_array(expected).reshape(()))
     text = f"expected {e:.10g} tokens per device, got {g:.10g} ({g / e:.6g}x)"
     if g == round(g) and g in (math.floor(e), math.ceil(e), round(e)):
@@ -378,24 +390,30 @@ OVERLAP_MISTAKES = [
     Mistake(
         "k_or_v_only",
         "only one of the keys and the values is sent: a ring step sends "
-        "both, 2 c H_kv d b bytes",
-        "count k AND v: two tensors of c x H_kv x d elements",
+        "both, 2 m h_kv d e bytes",
+        "count k AND v: two tensors of m x h_kv x d elements",
         lambda *a: _tokens(*a, tensors=1),
     ),
     Mistake(
-        "no_flop_factor",
-        "the block's flops are counted as c^2 H d: each of the two products "
-        "(q k^T and the weighted sum of v) is c^2 d multiply-adds per head, "
-        "2 flops each",
-        "a block of c queries against c keys is 4 c^2 H d flops",
+        "quarter_the_flops",
+        "the block's flops are counted as m^2 h d, a quarter of 4 m^2 h d: "
+        "two factors of 2 are missing, from among one product only (q k^T "
+        "without the weights times v), a multiply-add counted as one flop, "
+        "and the compute halved as for a causal mask",
+        "q k^T is m^2 d multiply-adds per head, 2 flops each, and the "
+        "weights times v as many again: 4 m^2 h d flops, all of them, since "
+        "this step has no mask",
         lambda *a: _tokens(*a, flop_factor=1),
     ),
     Mistake(
-        "one_product",
-        "the block's flops are counted as 2 c^2 H d: one product; the "
-        "weighted sum of the values costs as much again",
-        "q k^T is 2 c^2 d flops per head and the weights times v another 2 "
-        "c^2 d: 4 c^2 H d",
+        "half_the_flops",
+        "the block's flops are counted as 2 m^2 h d, half of 4 m^2 h d: one "
+        "product only (q k^T without the weights times v), a multiply-add "
+        "counted as one flop, or the compute halved as for a causal mask; "
+        "each gives this number",
+        "q k^T is m^2 d multiply-adds per head, 2 flops each, and the "
+        "weights times v as many again: 4 m^2 h d flops, all of them, since "
+        "this step has no mask",
         lambda *a: _tokens(*a, flop_factor=2),
     ),
     Mistake(
@@ -408,8 +426,8 @@ OVERLAP_MISTAKES = [
     ),
     Mistake(
         "kv_heads_as_query_heads",
-        "the keys and values are counted with the query heads H: with GQA "
-        "only H_kv heads of k and v exist and travel",
+        "the keys and values are counted with the query heads h: with GQA "
+        "only h_kv heads of k and v exist and travel",
         "the block sent has n_kv_heads heads; the compute has n_heads",
         lambda *a: _tokens(*a, kv_count=a[3]),
     ),
@@ -417,7 +435,7 @@ OVERLAP_MISTAKES = [
         "elements_not_bytes",
         "the block is counted in elements, not bytes: bytes_per_element is "
         "left out",
-        "bytes sent = 2 c H_kv d x bytes_per_element",
+        "bytes sent = 2 m h_kv d x bytes_per_element",
         lambda *a: _tokens(*a, element_bytes=1),
     ),
     Mistake(
@@ -464,11 +482,11 @@ def overlap_cases() -> list[Case]:
 
 def check_overlap_tokens(fn) -> None:
     """Check ``fn(peak_flops, link_bits_per_s, both_directions, n_heads,
-    n_kv_heads, d_head, bytes_per_element)`` returns the threshold ``c`` (a
+    n_kv_heads, d_head, bytes_per_element)`` returns the threshold ``m`` (a
     float) of tokens per device at which one forward ring step's compute, a
-    block of ``c`` queries against ``c`` keys of every head at ``peak_flops``
+    block of ``m`` queries against ``m`` keys of every head at ``peak_flops``
     flop/s (non-causal), takes as long as sending one key-value block of
-    ``c`` tokens one way over the link. ``link_bits_per_s`` is in bits per
+    ``m`` tokens one way over the link. ``link_bits_per_s`` is in bits per
     second; ``both_directions`` says whether that figure counts both
     directions together."""
     run_checks(
@@ -479,7 +497,7 @@ def check_overlap_tokens(fn) -> None:
         OVERLAP_MISTAKES,
         compare=_same_number,
         describe=_describe_number,
-        hint="write both times with units: compute 4 c^2 H d flops / "
-        "(flop/s); transfer 2 c H_kv d b bytes / (bytes/s); set them equal "
-        "and solve for c",
+        hint="write both times with units: compute 4 m^2 h d flops / "
+        "(flop/s); transfer 2 m h_kv d e bytes / (bytes/s); set them equal "
+        "and solve for m",
     )
