@@ -714,3 +714,46 @@ CATALOGUE["check_pool_kv_heads"]["wrong"] += [
     (pool_numpy_float16, "sixteen_bit_result"),
     (pool_into_bfloat16_buffer, "sixteen_bit_result"),
 ]
+
+
+# --- from the expert reading ch11b (session 9) -------------------------------
+# The exercise asks for indexing the head axis with a tensor of head numbers;
+# the hints of the share checker must point there, not to the expand and
+# reshape of repeat_kv (which the exercise rules out) or to repeat_interleave.
+
+
+def share_by_index_select(x, n_heads):
+    """Correct: index_select on the head axis, then a clone."""
+    g = n_heads // x.shape[1]
+    heads = torch.arange(n_heads) // g
+    return x.index_select(1, heads).clone()
+
+
+def share_by_tensor_index(x, n_heads):
+    """Correct: advanced indexing with a tensor of head numbers (a copy that
+    keeps the dtype)."""
+    return x[:, torch.arange(n_heads) // (n_heads // x.shape[1])]
+
+
+def test_share_hints_point_to_indexing_not_to_the_ruled_out_methods():
+    from attnbook.exercises.gqa import SHARE_MISTAKES
+
+    for mistake in SHARE_MISTAKES:
+        assert "expand(" not in mistake.hint, mistake.key
+        assert "repeat_interleave(" not in mistake.hint, mistake.key
+        assert "expand and reshape" not in mistake.hint, mistake.key
+    for key in ("wrong_order", "scrambled", "scrambled_features"):
+        hints = [m.hint for m in SHARE_MISTAKES if m.key == key]
+        assert all("torch.arange(n_heads) // g" in h for h in hints), key
+
+
+@pytest.mark.parametrize("fn", [share_by_index_select, share_by_tensor_index])
+def test_share_by_a_tensor_of_head_numbers_passes(fn, capsys):
+    check_share_kv_heads(fn)
+    assert "Correct" in capsys.readouterr().out
+
+
+CATALOGUE["check_share_kv_heads"]["right"] += [
+    share_by_index_select,
+    share_by_tensor_index,
+]

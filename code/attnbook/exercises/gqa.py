@@ -53,9 +53,10 @@ SHARE_MISTAKES = [
         "key/value head j % n_kv_heads "
         "(the copies are tiled, as x.repeat(1, g, 1, 1) does) instead of j // "
         "g",
-        "each key/value head serves g *consecutive* query heads: copy each "
-        "head g times in place, "
-        "with x.repeat_interleave(g, dim=1), not the whole stack g times",
+        "each key/value head serves g *consecutive* query heads: index the "
+        "head axis with the head numbers torch.arange(n_heads) // g "
+        "(0, ..., 0, 1, ..., 1, ...), not torch.arange(n_heads) % n_kv_heads, "
+        "and do not tile the whole stack g times",
         lambda x, n_heads: x.repeat(1, _group(x, n_heads), 1, 1),
     ),
     Mistake(
@@ -86,9 +87,9 @@ SHARE_MISTAKES = [
         "scrambled",
         "the copies were made next to the position axis, so the final reshape "
         "mixes positions into heads",
-        "insert the new axis right after the head axis: x[:, :, "
-        "None].expand(b, n_kv, g, n, d), "
-        "then reshape to (b, n_kv * g, n, d)",
+        "copy whole heads along the head axis, leaving positions and "
+        "features where they are: index it with a tensor of head numbers, "
+        "x[:, torch.arange(n_heads) // g], as the exercise asks",
         lambda x, n_heads: (
             x[:, :, :, None]
             .expand(*x.shape[:3], _group(x, n_heads), x.shape[3])
@@ -100,9 +101,9 @@ SHARE_MISTAKES = [
         "the copies were made on the last axis (next to the features), so the "
         "final reshape mixes "
         "features and positions into heads",
-        "insert the new axis right after the head axis: x[:, :, "
-        "None].expand(b, n_kv, g, n, d), "
-        "then reshape to (b, n_kv * g, n, d)",
+        "copy whole heads along the head axis, leaving positions and "
+        "features where they are: index it with a tensor of head numbers, "
+        "x[:, torch.arange(n_heads) // g], as the exercise asks",
         lambda x, n_heads: (
             x[..., None]
             .expand(*x.shape, _group(x, n_heads))
@@ -113,9 +114,9 @@ SHARE_MISTAKES = [
         "first_head_only",
         "every query head reads key/value head 0: the other key/value heads "
         "are never used",
-        "query head j reads key/value head j // g: copy *each* key/value head "
-        "g times, "
-        "x.repeat_interleave(g, dim=1)",
+        "query head j reads key/value head j // g: index the head axis with "
+        "all of those head numbers, x[:, torch.arange(n_heads) // g], so "
+        "that *each* key/value head is copied g times",
         lambda x, n_heads: x[:, :1].expand(x.shape[0], n_heads, *x.shape[2:]),
     ),
     Mistake(
@@ -162,8 +163,8 @@ SHARE_MISTAKES = [
         ".float(), or a buffer made by torch.zeros or torch.empty without a "
         "dtype): sharing copies the keys and values, so it keeps their dtype",
         "keep the input's dtype: build the result from x itself "
-        "(repeat_interleave, expand and reshape, indexing), or pass "
-        "dtype=x.dtype to any buffer you make; a float32 copy of float64 "
+        "(index it with a tensor of head numbers, as the exercise asks), or "
+        "pass dtype=x.dtype to any buffer you make; a float32 copy of float64 "
         "keys has lost digits, and its matmul with float64 queries fails",
         lambda x, n_heads: repeat_kv(x, _group(x, n_heads)).to(torch.float32),
     ),
@@ -173,8 +174,8 @@ SHARE_MISTAKES = [
         ".double(), or a buffer made in float64): sharing copies the keys "
         "and values, so it keeps their dtype",
         "keep the input's dtype: build the result from x itself "
-        "(repeat_interleave, expand and reshape, indexing), or pass "
-        "dtype=x.dtype to any buffer you make; a float64 copy of float32 "
+        "(index it with a tensor of head numbers, as the exercise asks), or "
+        "pass dtype=x.dtype to any buffer you make; a float64 copy of float32 "
         "keys takes twice the memory, and its matmul with float32 queries "
         "fails",
         lambda x, n_heads: repeat_kv(x, _group(x, n_heads)).to(torch.float64),
@@ -185,9 +186,9 @@ SHARE_MISTAKES = [
         ".numpy() on the way, then numpy's repeat): the shared keys and "
         "values go straight into attend or a matmul with torch queries, "
         "which refuses a numpy array",
-        "stay in torch: x.repeat_interleave(g, dim=1), or expand and reshape, "
-        "or index x with a tensor of head numbers; the result must be a "
-        "tensor like x",
+        "stay in torch: index x itself with a tensor of head numbers, "
+        "x[:, torch.arange(n_heads) // g]; the result must be a tensor like "
+        "x",
         lambda x, n_heads: repeat_kv(x, _group(x, n_heads)).numpy(),
     ),
 ]
