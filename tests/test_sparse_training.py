@@ -88,7 +88,9 @@ def test_top_k_reads_k_keys_and_trains_its_indexer_alone():
 def test_the_models_layers_per_variant():
     cfg = st.TrainConfig(n_layers=4)
     kinds = {
-        v: [type(b.attn).__name__ for b in st.build_model(v, cfg, 90, 0).blocks]
+        v: [
+            type(b.attn).__name__ for b in st.build_model(v, cfg, 90, 0).blocks
+        ]
         for v in st.VARIANTS
     }
     assert kinds["full"] == ["MultiHeadAttention"] * 4
@@ -96,10 +98,14 @@ def test_the_models_layers_per_variant():
     assert kinds["sliding+sink"] == ["SinkAttention"] * 4
     assert kinds["top-k"] == ["TopKAttention"] * 4
     # alternating, the last layer full
-    assert kinds["alternating"] == [
-        "SlidingWindowAttention",
-        "MultiHeadAttention",
-    ] * 2
+    assert (
+        kinds["alternating"]
+        == [
+            "SlidingWindowAttention",
+            "MultiHeadAttention",
+        ]
+        * 2
+    )
     with pytest.raises(ValueError, match="variant"):
         st.build_model("dense", cfg, 90, 0)
 

@@ -529,18 +529,29 @@ def per_variant(results: dict, key: str) -> dict:
 FAILS_BELOW = 0.3  # accuracy below this fails the probe (chance: 1/8)
 SOLVES_AT = 0.9  # accuracy at least this solves it
 MARGIN = 0.05  # a seed within this of a threshold makes no verdict
+# the verdicts chapter 13's prose states (tests/test_sparse_training.py)
+CHAPTER_VERDICTS = (
+    "full probe",
+    "sliding probe",
+    "sliding+sink probe",
+    "alternating probe",
+    "top-k probe",
+)
 
 
 def verdicts(results: dict) -> dict:
     """The chapter's verdicts, computed from the results document.
 
-    Returns ``{name: (holds, sentence)}``: per variant, whether it fails the
-    probe in every seed (accuracy below :data:`FAILS_BELOW`) or solves it in
-    every seed (at least :data:`SOLVES_AT`), with :data:`MARGIN` (a seed
-    within it of a threshold raises :class:`attnbook.seeds.TooCloseToCall`);
-    and whether its held-out loss differs from the full model's, seed by seed,
-    by more than the full model's spread over seeds (max minus min), in the
-    same direction in every seed.
+    Returns ``{name: (holds, sentence, ...)}``. ``"<variant> probe"``: holds
+    when the variant fails the probe in every seed (accuracy below
+    :data:`FAILS_BELOW`) or solves it in every seed (at least
+    :data:`SOLVES_AT`), with :data:`MARGIN` (a seed within it of a threshold
+    raises :class:`attnbook.seeds.TooCloseToCall`); then whether it fails,
+    whether it solves. ``"<variant> loss"``: holds when the variant's held-out
+    loss differs from the full model's in the same direction in every seed,
+    each seed's difference larger than the full model's spread over seeds
+    (max minus min); then whether the direction is the same in every seed,
+    and which ("higher" or "lower").
     """
     from ..seeds import paired_difference
 
@@ -574,23 +585,30 @@ def verdicts(results: dict) -> dict:
         if variant == "full":
             continue
         diff = paired_difference(loss[variant], loss["full"])
-        worse = diff.all_at_least(0) and diff.min > spread
-        better = diff.max < 0 and -diff.max > spread
-        if worse or better:
-            word = "higher" if worse else "lower"
+        low, high = np.sort(np.abs(diff.values))[[0, -1]]
+        same_sign = diff.min > 0 or diff.max < 0
+        word = "higher" if diff.min > 0 else "lower"
+        beyond = same_sign and low > spread
+        if beyond:
             text = (
                 f"{variant}: held-out loss {word} than full attention's in "
-                f"every seed, by {min(abs(diff.min), abs(diff.max)):.3f} to "
-                f"{max(abs(diff.min), abs(diff.max)):.3f} nats "
-                f"(full's spread over seeds: {spread:.3f})"
+                f"every seed, by {low:.3f} to {high:.3f} nats, more than "
+                f"full attention's spread over seeds ({spread:.3f})"
+            )
+        elif same_sign:
+            text = (
+                f"{variant}: held-out loss {word} than full attention's in "
+                f"every seed, by {low:.3f} to {high:.3f} nats, but not in "
+                "every seed by more than full attention's spread over "
+                f"seeds ({spread:.3f}): no verdict"
             )
         else:
             text = (
-                f"{variant}: held-out loss not distinguishable from full "
-                f"attention's (differences {diff.min:+.3f} to "
-                f"{diff.max:+.3f}; full's spread over seeds {spread:.3f})"
+                f"{variant}: held-out loss neither higher nor lower than "
+                f"full attention's in every seed (differences "
+                f"{diff.min:+.3f} to {diff.max:+.3f} nats): no verdict"
             )
-        out[f"{variant} loss"] = (worse or better, text, worse, better)
+        out[f"{variant} loss"] = (beyond, text, same_sign, word)
     return out
 
 
