@@ -173,16 +173,19 @@ def test_one_cheap_run_reproduces_the_recorded_one():
     recorded beside the grid, trained again here.
 
     Same code and seed: on the recording machine the numbers agree to the
-    last bit; on a CPU of the other numerics a short run of 100 steps moves
-    only in its last digits, far inside the tolerances.
+    last bit, and under the other CPU numerics (scripts/other_numerics.py)
+    the held-out loss of this 100-step run moved by about 1e-6. The grid's
+    own runs are longer and chaotic across kernels (measured: a full-attention
+    run of 800 steps ended 0.27 lower in probe accuracy under the other
+    numerics), so the test repeats the short run, which it can check.
     """
     results = st.load_results()
     recorded = results["check_run"]
     cfg = st.TrainConfig(**recorded["config"])
     run = st.train_run(recorded["variant"], recorded["seed"], cfg)
     assert run["heldout_loss"] == pytest.approx(
-        recorded["heldout_loss"], abs=0.01
+        recorded["heldout_loss"], abs=1e-3
     )
     assert run["probe_accuracy"] == pytest.approx(
-        recorded["probe_accuracy"], abs=0.02
+        recorded["probe_accuracy"], abs=0.01
     )
