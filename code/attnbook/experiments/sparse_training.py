@@ -204,7 +204,7 @@ class TrainConfig:
     n_needles: int = 8
     min_distance: int = 32
     n_queries: int = 8
-    steps: int = 1200
+    steps: int = 800
     batch: int = 16
     probe_share: float = 0.5
     lr: float = 1e-2
