@@ -154,6 +154,8 @@ def test_the_committed_results_have_their_form():
         (v, s) for v in st.VARIANTS for s in results["seeds"]
     )
     cfg = st.TrainConfig(**results["config"])
+    # the script's defaults: running it again trains these runs
+    assert cfg == st.TrainConfig()
     assert results["reach"] == st.check_reach(cfg)
     for run in results["runs"] + [results["check_run"]]:
         assert 0 <= run["probe_accuracy"] <= 1
