@@ -72,10 +72,10 @@ FULL_ONLY := tests/test_book.py tests/test_notebooks.py tests/test_colab_setup.p
 # Chapters whose outputs are compared there (numpy and matplotlib only, no training); every other
 # chapter runs there too, checked for errors only (--nbval-lax): its printed reprs may differ by version.
 MIN_CHAPTERS := book/02-queries-keys-values.ipynb book/04-softmax.ipynb book/09-flash-attention.ipynb
-# Chapter 12 builds DeepSeek-V3's attention and reads Gemma 3n's and Gemma 4's configurations, which
-# transformers has from version 5 on; the minimum environment's 4.38 cannot run it. Chapter 13 builds
-# gpt-oss's attention and DeepSeek-V3.2's indexer, also new in transformers 5; chapter 14 runs
-# transformers' continuous batching (generate_batch), also new in transformers 5; chapter 15 (the
+# Chapter 13 builds DeepSeek-V3's attention and reads Gemma 3n's and Gemma 4's configurations, which
+# transformers has from version 5 on; the minimum environment's 4.38 cannot run it. Chapter 14 builds
+# gpt-oss's attention and DeepSeek-V3.2's indexer, also new in transformers 5; chapter 15 runs
+# transformers' continuous batching (generate_batch), also new in transformers 5; chapter 16 (the
 # delta rule) runs Qwen3-Next's and Kimi Linear's delta-rule code.
 MIN_NEEDS_NEWER := book/12-latent-attention.ipynb book/13-sparse-attention.ipynb \
 	book/14-serving.ipynb book/15-delta-rule.ipynb

@@ -1,4 +1,4 @@
-"""Chapter 12's loss-against-cache experiment: the committed results file has
+"""Chapter 13's loss-against-cache experiment: the committed results file has
 the form the chapter reads, one of its runs retrains to the recorded loss, and
 the chapter's verdicts follow from the file."""
 
@@ -163,7 +163,7 @@ def test_compare_says_whether_one_sign_holds_in_every_seed():
 
 
 def test_the_chapters_verdicts_follow_from_the_file(results):
-    """What chapter 12 prints, recomputed from the committed file, the
+    """What chapter 13 prints, recomputed from the committed file, the
     fronts by another method than the module's."""
     runs = results["runs"]
     on_front = dict.fromkeys(cache_pareto.CONFIGS, 0)

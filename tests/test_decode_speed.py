@@ -1,4 +1,4 @@
-"""Chapter 11's decoding measurements (attnbook.experiments.decode_speed): what
+"""Chapter 12's decoding measurements (attnbook.experiments.decode_speed): what
 they count and time."""
 
 import dataclasses

@@ -91,8 +91,8 @@ def test_no_answer_is_shown_before_its_exercise(path):
 # algorithm in torch (issue 31, student report 0708).
 NEAR_ANSWERS = {
     "check_ring_decode_step": ("RollingKVCache.update",),
-    # chapter 13's window with sinks holds the window's two conditions, and
-    # the merge of split softmax states is most of chapter 14's block-by-block
+    # chapter 14's window with sinks holds the window's two conditions, and
+    # the merge of split softmax states is most of chapter 15's block-by-block
     # decoding step (issue 31, student report 1314)
     "check_packed_sliding_mask_mod": ("flex.sink_window",),
     "check_paged_decode": ("merge_splits",),

@@ -360,7 +360,7 @@ CATALOGUE = {
 }
 
 
-# --- from the expert reading of chapter 11 (checker-findings) ----------------
+# --- from the expert reading of chapter 12 (checker-findings) ----------------
 
 
 def pool_last(weight, n_heads, n_kv_heads):
@@ -404,7 +404,7 @@ CATALOGUE["check_pool_kv_heads"]["wrong"] += [
 CATALOGUE["check_pool_kv_heads"]["right"] += [pool_in_place_division]
 
 
-# --- from the third reading of chapter 11 (session 3) ------------------------
+# --- from the third reading of chapter 12 (session 3) ------------------------
 
 
 def share_tiled_positions(x, n_heads):
@@ -444,7 +444,7 @@ CATALOGUE["check_pool_kv_heads"]["wrong"] += [
 ]
 
 
-# --- from the expert reading s of chapter 11 (session 6) ---------------------
+# --- from the expert reading s of chapter 12 (session 6) ---------------------
 
 
 def share_into_default_buffer(x, n_heads):

@@ -1,4 +1,4 @@
-"""The grouped-query decoding step checker (chapter 11's hard exercise)
+"""The grouped-query decoding step checker (chapter 12's hard exercise)
 rejects each classic mistake with its diagnosis and accepts right answers.
 
 The wrong solutions are written here independently of the checker's Mistake

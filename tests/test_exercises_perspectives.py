@@ -356,7 +356,7 @@ CATALOGUE = {
 }
 
 
-# --- from the expert reading of chapter 12 (checker-findings) ----------------
+# --- from the expert reading of chapter 13 (checker-findings) ----------------
 
 
 def nw_float32_inputs(x_query, x_train, y_train, h):
@@ -457,7 +457,7 @@ def test_growth_over_the_limit_in_every_try_is_rejected(monkeypatch):
     assert len(tries) == perspectives.LINEAR_TIME_TRIES
 
 
-# --- from the expert reading of chapter 12, session 3 ------------------------
+# --- from the expert reading of chapter 13, session 3 ------------------------
 
 
 def nw_nan_to_nearest(x_query, x_train, y_train, h):
@@ -515,7 +515,7 @@ def test_the_memory_check_of_a_torch_answer_leaves_stderr_to_the_reader(capfd):
     assert largest > 0 and out.shape == (64, 4)
 
 
-# --- from the second expert reading of chapter 12 (session 3) ----------------
+# --- from the second expert reading of chapter 13 (session 3) ----------------
 
 
 def nw_row_shift_column_sum(x_query, x_train, y_train, h):
@@ -894,7 +894,7 @@ CATALOGUE["check_nadaraya_watson"]["wrong"] += [
 ]
 
 
-# --- from the expert reading of chapter 12 (reading s, session 6) -----------
+# --- from the expert reading of chapter 13 (reading s, session 6) -----------
 
 
 def chunked_double_loop_no_state(phi_q, phi_k, v, chunk_size):
@@ -1000,7 +1000,7 @@ CHUNKED_WRONG += [
 ]
 
 
-# --- from the expert reading of chapter 12, session 6 ------------------------
+# --- from the expert reading of chapter 13, session 6 ------------------------
 
 
 def nw_nearest_below(threshold):
@@ -1433,7 +1433,7 @@ CHUNKED_WRONG += [
 ]
 
 
-# --- the student reading s1516 of chapter 16 ---------------------------------
+# --- the student reading s1516 of chapter 17 ---------------------------------
 
 
 def nw_nan_to_mean(x_query, x_train, y_train, h):

@@ -371,7 +371,7 @@ def test_config_errors():
         GPTConfig(vocab_size=5, context_length=0)
 
 
-# ---- latent attention and shared caches (chapter 12) ------------------------
+# ---- latent attention and shared caches (chapter 13) ------------------------
 CACHE_SHAPE = dict(vocab_size=13, context_length=20, n_layers=4, n_heads=4)
 
 

@@ -355,7 +355,7 @@ def test_time_against_softmax_returns_positive_times_per_length():
 
 
 def old_steps_and_bumps(per_token):
-    """The rule chapter 12 used before: a step compared with the maximum of
+    """The rule chapter 13 used before: a step compared with the maximum of
     every earlier time, bumps included."""
     found = []
     for i in range(1, len(per_token) - 1):
@@ -369,7 +369,7 @@ def old_steps_and_bumps(per_token):
 
 
 def test_an_earlier_bump_does_not_hide_a_step():
-    # a run of chapter 12 (us per token of linear attention): a disturbed
+    # a run of chapter 13 (us per token of linear attention): a disturbed
     # timing at n = 512, then a step at n = 4096 that stays up
     per_token = [1.30, 2.69, 1.34, 1.33, 2.38, 2.76, 3.80, 3.39]
     # (1.33 at n = 2048, 1 % below 1.34, and 3.80 at n = 16384, 12 % above
@@ -409,7 +409,7 @@ def test_steps_and_bumps_on_clean_rows():
 
 
 def previous_steps_and_bumps(per_token, jump=1.5, stay=1.2):
-    """The rule chapter 12 used before its sixth reading: a step had only to
+    """The rule chapter 13 used before its sixth reading: a step had only to
     stay above ``stay`` times the median of the earlier times that were not
     bumps."""
     times = list(per_token)
@@ -432,7 +432,7 @@ def previous_steps_and_bumps(per_token, jump=1.5, stay=1.2):
 
 
 def test_a_bump_before_a_later_step_is_not_a_step():
-    """A committed run of chapter 12 (us per token of causal linear
+    """A committed run of chapter 13 (us per token of causal linear
     attention): n = 512 is a disturbed timing (10.66, then 3.04 at n = 1024),
     and the step comes at n = 2048. The previous rule called n = 512 a step
     "staying up", since every later time stayed above 1.2 times the first."""
@@ -700,7 +700,7 @@ def test_decayed_needs_self_attention_shapes():
 
 def test_bumps_and_dips_need_a_minimum_size():
     """Expert reading ch16c: a dip of 1 % (0.79 against 0.80 and 0.82 us per
-    token, a committed run of chapter 16) was called a disturbed timing and
+    token, a committed run of chapter 17) was called a disturbed timing and
     left out of the references; whether such a label appears depends on
     noise. A bump or a dip must now differ from both neighbours by more than
     ``bump`` = 1.2 times."""

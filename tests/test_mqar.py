@@ -1,6 +1,6 @@
 """The MQAR experiment (attnbook.experiments.mqar): its batches, one tiny
 configuration of its training run for each kind of layer, the committed grid
-(attnbook/data/mqar_results.json) and the verdicts chapter 15 prints from it,
+(attnbook/data/mqar_results.json) and the verdicts chapter 16 prints from it,
 and one run of the grid retrained."""
 
 import json

@@ -187,7 +187,7 @@ def test_scores_follow_the_formula():
 
 
 def test_the_shown_source_uses_the_chapters_symbols():
-    """Chapter 13 shows indexer_scores: its head weights are omega there,
+    """Chapter 14 shows indexer_scores: its head weights are omega there,
     because w is a window's width."""
     doc = indexer_scores.__doc__
     assert "omega[t, j]" in doc and "w[t, j]" not in doc

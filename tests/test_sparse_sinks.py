@@ -232,7 +232,7 @@ def test_a_released_gpt_oss_layer_is_refused_by_name():
 
 @pytest.mark.parametrize("function", [sink_attention, sink_scale])
 def test_the_shown_docstrings_write_the_sink_logit_as_beta(function):
-    """Chapter 13 writes head i's sink logit beta_i (s is a key's position);
+    """Chapter 14 writes head i's sink logit beta_i (s is a key's position);
     the docstrings it shows use the same symbol."""
     assert "beta_i" in function.__doc__
     assert "s_h" not in function.__doc__

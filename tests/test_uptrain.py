@@ -1,5 +1,5 @@
 """Uptraining and held-out loss of the tiny GPT (attnbook.experiments.uptrain,
-chapter 11), and the token windows they share with training
+chapter 12), and the token windows they share with training
 (attnbook.gpt.text_windows, window_loss)."""
 
 import copy

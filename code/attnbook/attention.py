@@ -1,7 +1,7 @@
 """Scaled dot-product attention in numpy: ``softmax(q k^T / sqrt(d_k)) v``.
 
 Chapter 4 (softmax) assembles and shows :func:`attention_scores` and
-:func:`scaled_dot_product_attention`; chapters 1 to 3 and 5 to 12 call them,
+:func:`scaled_dot_product_attention`; chapters 1 to 3 and 5 to 13 call them,
 and every faster or cleverer attention in the book is checked against them. The
 torch version, for the models, is :func:`attnbook.attend`.
 """

@@ -8,7 +8,7 @@ token ``i`` with weight ``A[i, j]`` says how much of ``j``'s value flows into
 matrices ``A_L ... A_1`` follow information through all of them (attention
 rollout, Abnar & Zuidema 2020).
 
-Chapter 16 (perspectives) draws attention graphs of the tiny GPT and rolls
+Chapter 17 (perspectives) draws attention graphs of the tiny GPT and rolls
 attention out across its layers.
 """
 

@@ -4,7 +4,7 @@ Timings are noisy, so chapters compare *ratios* measured in the same run, and
 report the machine they ran on (:func:`machine`).
 
 Every chapter that reports a time or a peak of memory measures it here
-(chapters 1, 4, 5, 8, 9, 11 and 12), and names the machine with
+(chapters 1, 4, 5, 8, 9, 12 and 13), and names the machine with
 :func:`machine`. Chapter 4 times with :func:`one_blas_thread` and fits its
 scaling exponents with :func:`fit_power_law`, which says when a fit is not to
 be trusted. Chapter 9 compares its thread counts with :func:`compare_timings`,

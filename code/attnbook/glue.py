@@ -7,7 +7,7 @@ and the markdown says ``{glue:text}`ch8-speedup:.1f` ``. MyST-NB substitutes
 the committed output's value when the book is built, so the text and the table
 beside it always agree. Any chapter may use it.
 
-Chapters 1, 4, 5, 8, 9, 11 and 12 glue their timings into the prose with
+Chapters 1, 4, 5, 8, 9, 12 and 13 glue their timings into the prose with
 :func:`glue`.
 """
 

@@ -11,12 +11,12 @@ tying, Press & Wolf 2017). The package ships weights trained by
 
 Chapter 5 (multi-head attention) reads its heads; chapter 7 (masking) runs it
 under other masks (``mask``, ``is_causal``); chapter 8 (the KV cache) shows
-:meth:`TinyGPT.generate`; chapter 11 (grouped-query attention) converts it to
-fewer key/value heads; chapter 15 (the delta rule) replaces some of its
+:meth:`TinyGPT.generate`; chapter 12 (grouped-query attention) converts it to
+fewer key/value heads; chapter 16 (the delta rule) replaces some of its
 attention layers by :class:`attnbook.delta.layer.DeltaLayer`
-(``layer_types``); chapter 12 (latent attention and shared caches) trains
+(``layer_types``); chapter 13 (latent attention and shared caches) trains
 it with multi-head latent attention (``attention="mla"``) and with layers that
-share keys and values (``kv_sources``); chapter 16 reads its attention.
+share keys and values (``kv_sources``); chapter 17 reads its attention.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ class Block(nn.Module):
             self.attn = MultiHeadAttention(
                 d, config.n_heads, config.n_kv_heads, use_sdpa=use_sdpa
             )
-        else:  # a sibling layer with a recurrent state (chapter 15)
+        else:  # a sibling layer with a recurrent state (chapter 16)
             self.attn = DeltaLayer(d, config.n_heads, layer_type)
         self.ln_2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(

@@ -14,7 +14,7 @@ This module computes grouped attention without materialising the repeated keys
 and values (:func:`grouped_query_attention`, :class:`GroupedQueryAttention`),
 converts a multi-head checkpoint to fewer key/value heads by pooling each
 group's projections (:func:`mha_to_gqa`). The shapes of published GQA and MQA
-models are in :mod:`attnbook.model_shapes`. Chapter 11 (grouped-query
+models are in :mod:`attnbook.model_shapes`. Chapter 12 (grouped-query
 attention) shows :func:`grouped_query_attention` and :func:`pool_kv_heads`; its
 measurements of decoding speed are in :mod:`attnbook.experiments.decode_speed`.
 """

@@ -2,7 +2,7 @@
 what trained heads do.
 
 Three groups of tools for chapter 5 (multi-head attention), which shows most of
-them; chapter 7 (masking) and chapter 16 (perspectives) read attention maps
+them; chapter 7 (masking) and chapter 17 (perspectives) read attention maps
 with them again:
 
 - :func:`split_heads` and :func:`merge_heads` (numpy): the

@@ -14,7 +14,7 @@ estimator is attention with the query ``x``, the keys ``x_i`` and the values
 the attention code, so that the chapter can check the equivalence between two
 independent implementations.
 
-Chapter 16 (perspectives) shows :func:`nadaraya_watson` and
+Chapter 17 (perspectives) shows :func:`nadaraya_watson` and
 :func:`gaussian_kernel_as_attention`.
 """
 

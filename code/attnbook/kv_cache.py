@@ -16,7 +16,7 @@ preallocated one against.
 
 Chapter 8 (the KV cache) shows :meth:`KVCache.update`,
 :meth:`RollingKVCache.update`, :meth:`ConcatKVCache.update` and
-:func:`kv_cache_bytes`; chapter 11 (grouped-query attention) sizes caches with
+:func:`kv_cache_bytes`; chapter 12 (grouped-query attention) sizes caches with
 fewer key/value heads. The int8 cache of chapter 8,
 :class:`attnbook.quantized_cache.QuantizedKVCache`, shares this module's
 checks. Every cache follows :class:`attnbook.cache_protocol.KVCacheProtocol`.

@@ -28,7 +28,7 @@ k_t v_t^T``. :func:`decayed_linear_attention_recurrent` runs that recurrence
 and :func:`decayed_linear_attention` computes the same outputs as a quadratic
 form under the decay-weighted causal mask of :func:`decay_mask`.
 
-Chapter 16 (perspectives) shows :func:`elu_feature_map`,
+Chapter 17 (perspectives) shows :func:`elu_feature_map`,
 :func:`attention_from_features`, :func:`linear_attention_recurrent`,
 :func:`performer_attention`, :func:`decay_mask`,
 :func:`decayed_linear_attention_recurrent` and

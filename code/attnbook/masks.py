@@ -3,7 +3,7 @@
 Chapter 7 (masking) shows :func:`causal_mask` and :func:`sliding_window_mask`,
 and the masks of packed documents (:func:`packed_causal_mask`) and of prefix
 language models (:func:`prefix_lm_mask`); the causal mask serves every causal
-model of the book (chapters 6 to 12 use it), and the KV cache (chapter 8)
+model of the book (chapters 6 to 13 use it), and the KV cache (chapter 8)
 relies on its placing the queries last.
 """
 

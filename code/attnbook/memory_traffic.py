@@ -17,8 +17,8 @@ Specifications of real GPUs are from NVIDIA's whitepapers and datasheets; the
 ``sources`` of each entry are keys in the book's bibliography.
 
 Chapter 9 (FlashAttention) builds its roofline from these counts; chapters
-11, 13 and 14 read the GPU table :data:`GPUS` (chapter 13 the H100's ridge
-point, chapter 14 its peak against its host links).
+12, 14 and 15 read the GPU table :data:`GPUS` (chapter 14 the H100's ridge
+point, chapter 15 its peak against its host links).
 """
 
 from __future__ import annotations

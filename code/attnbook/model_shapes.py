@@ -3,7 +3,7 @@ and their KV cache.
 
 Chapter 8 (the KV cache) counts the flops of generating with and without a
 cache for GPT-2 small and Llama 2 (:mod:`attnbook.decoding`), and the memory of
-their caches; chapter 11 (grouped-query attention) compares the caches of
+their caches; chapter 12 (grouped-query attention) compares the caches of
 models with fewer key/value heads. Both read the one table
 :data:`PUBLISHED_MODELS`, taken from each model's published configuration (the
 ``config.json`` or ``params.json`` released with its weights).

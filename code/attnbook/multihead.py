@@ -3,7 +3,7 @@ its own subspace.
 
 Chapter 5 (multi-head attention) builds this layer and shows
 :meth:`MultiHeadAttention.forward`; chapter 8 (the KV cache) shows it again
-with a cache; chapter 11 (grouped-query attention) gives it fewer key/value
+with a cache; chapter 12 (grouped-query attention) gives it fewer key/value
 heads. The tiny GPT (:mod:`attnbook.gpt`) and the MiniLM encoder
 (:mod:`attnbook.encoder`) are built from it.
 

@@ -17,7 +17,7 @@ to spare:
 threshold: which side of the line such a value falls on is decided by rounding,
 so a verdict built on it is not a result.
 
-Chapters 3, 5, 6, 7, 8 and 11 report their training runs with these tools.
+Chapters 3, 5, 6, 7, 8 and 12 report their training runs with these tools.
 """
 
 from __future__ import annotations

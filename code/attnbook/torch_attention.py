@@ -1,13 +1,13 @@
 """Scaled dot-product attention in torch: the one attention step every torch
 model of the book runs.
 
-Chapter 5 (multi-head attention) shows :func:`attend`; chapter 11
+Chapter 5 (multi-head attention) shows :func:`attend`; chapter 12
 (grouped-query attention) shows :func:`repeat_kv`.
 :class:`attnbook.multihead.MultiHeadAttention` calls :func:`attend` (or torch's
 fused kernel, :func:`fused_attention`, where that gives the same result), and
 every variant in the book plugs into it instead of writing the attention step
-again: grouped-query attention (chapter 11), the position schemes RoPE and
-ALiBi (chapter 6, through ``bias``), the head analyses (chapters 5 and 12,
+again: grouped-query attention (chapter 12), the position schemes RoPE and
+ALiBi (chapter 6, through ``bias``), the head analyses (chapters 5 and 13,
 through ``return_weights``) and the MiniLM encoder (chapters 1 and 5). The
 numpy version of the same formula, for the chapters before torch appears, is
 :func:`attnbook.scaled_dot_product_attention`.

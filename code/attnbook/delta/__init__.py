@@ -16,5 +16,5 @@ once per token. The forms differ in how they write:
 - :mod:`attnbook.delta.cost`: flops of the recurrence, of the chunkwise form
   and of softmax attention, and the bytes a decoded token reads.
 
-Chapter 15 (the delta rule) shows them.
+Chapter 16 (the delta rule) shows them.
 """

@@ -22,7 +22,7 @@ matrix products:
 Without the delta correction ``L`` and ``W`` vanish and ``U = diag(beta) V``.
 The last chunk may be shorter than the others.
 
-Chapter 15 (the delta rule) shows :func:`delta_chunkwise`.
+Chapter 16 (the delta rule) shows :func:`delta_chunkwise`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ six flops).
   context of ``L`` tokens; with ``write=True`` also what it writes: the
   state again (a second ``d_k d_v``), or the token's own key and value.
 
-Chapter 15 (the delta rule) shows them.
+Chapter 16 (the delta rule) shows them.
 """
 
 from __future__ import annotations

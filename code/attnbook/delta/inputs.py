@@ -8,7 +8,7 @@ form subtracts what the state predicts (the delta rule), keys of unit length
 within :data:`KEY_NORM_TOL`. The value checks read the tensors, a GPU sync, so
 they run only while :func:`attnbook._validate.sync_checks_enabled`.
 
-Chapter 15 (the delta rule) uses them through every form it shows.
+Chapter 16 (the delta rule) uses them through every form it shows.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ et al. 2024), per head (a number) or per key channel (KDA). The heads run
 :func:`attnbook.delta.chunkwise.delta_chunkwise`.
 
 The tiny GPT takes it per layer (``GPTConfig.layer_types``), so that a hybrid
-of delta layers and softmax layers is one line of its config. Chapter 15 (the
+of delta layers and softmax layers is one line of its config. Chapter 16 (the
 delta rule) uses it.
 """
 

@@ -1,7 +1,7 @@
 """The delta-rule family as one recurrence over the tokens.
 
 A head keeps a state ``S_t (d_k, d_v)``, stored as in ``transformers`` and in
-chapter 16's linear attention (keys index the rows; papers often write the
+chapter 17's linear attention (keys index the rows; papers often write the
 transpose), and reads it with the query: ``o_t = scale * S_t^T q_t``, ``scale``
 ``1/sqrt(d_k)`` by default as in ``transformers``. Each token first forgets,
 then writes:
@@ -17,7 +17,7 @@ and linear attention (Katharopoulos et al. 2020) with neither gate nor
 correction. :func:`delta_recurrence` runs them all; the named forms are thin
 functions on it.
 
-Chapter 15 (the delta rule) shows :func:`delta_recurrence` and the named
+Chapter 16 (the delta rule) shows :func:`delta_recurrence` and the named
 forms.
 """
 

@@ -1,4 +1,4 @@
-"""Checkers for the delta rule (chapter 15): a state that recalls every pair
+"""Checkers for the delta rule (chapter 16): a state that recalls every pair
 exactly, and the backward pass of one delta-rule step.
 
 The exact memory's mistakes are those of a state written as linear attention

@@ -1,4 +1,4 @@
-"""Checkers for grouped-query attention (chapter 11): sharing key/value heads,
+"""Checkers for grouped-query attention (chapter 12): sharing key/value heads,
 pooling them.
 
 Both exercises have one classic mistake in common: grouping the query heads in

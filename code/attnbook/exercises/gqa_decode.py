@@ -1,4 +1,4 @@
-"""Checker for a grouped-query decoding step (chapter 11, the hard exercise).
+"""Checker for a grouped-query decoding step (chapter 12, the hard exercise).
 
 The reader writes ``grouped_decode_step(q, k_cache, v_cache, lengths)``: one
 decoding step of grouped-query attention over a batch of sequences whose

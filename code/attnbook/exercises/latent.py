@@ -1,4 +1,4 @@
-"""Checkers for latent attention and shared caches (chapter 12): which layer
+"""Checkers for latent attention and shared caches (chapter 13): which layer
 reuses which cache, and the absorbed decoding step of multi-head latent
 attention.
 

@@ -1,4 +1,4 @@
-"""Checkers for serving (chapter 14): the slots of a sequence in a paged
+"""Checkers for serving (chapter 15): the slots of a sequence in a paged
 cache, and one decoding step of attention through a block table whose last
 block is part-filled. A table may hold spare entries beyond the
 ``ceil(length / block_size)`` blocks the sequence uses (engines pad their

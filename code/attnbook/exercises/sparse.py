@@ -1,4 +1,4 @@
-"""Checkers for sparse attention (chapter 13): a FlexAttention ``mask_mod``
+"""Checkers for sparse attention (chapter 14): a FlexAttention ``mask_mod``
 for a packed, sliding, causal batch, and the indexer's causal top-k.
 
 The mask's mistakes are those of combining three conditions: one left out

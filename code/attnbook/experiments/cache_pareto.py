@@ -10,7 +10,7 @@ initial weights and the training windows), then scored on the same held-out
 windows of the validation text. The runs take far longer than a notebook may,
 so ``python -m attnbook.experiments.cache_pareto --write`` trains them and
 writes every run, with its provenance, to ``attnbook/data/cache_pareto.json``;
-chapter 12 (latent attention and shared caches) loads that file
+chapter 13 (latent attention and shared caches) loads that file
 (:func:`load_results`) and computes its verdicts from it, each with a margin
 (:func:`pareto_front`, :func:`front_membership`, :func:`front_by_seed`,
 :func:`compare`). ``tests/test_cache_pareto.py`` retrains one run and checks
@@ -351,7 +351,7 @@ def compare(runs, a: str, b: str, margin: float = MARGIN) -> dict:
     }
 
 
-#: the comparisons chapter 12 prints: at equal cache bytes (MLA and CLA2
+#: the comparisons chapter 13 prints: at equal cache bytes (MLA and CLA2
 #: against GQA and MQA), then what shrinking the cache costs
 PAIRS = (
     ("MLA-64", "GQA"),
@@ -364,7 +364,7 @@ PAIRS = (
 
 
 def chapter_verdicts(runs, margin: float = MARGIN) -> dict:
-    """Chapter 12's verdicts, each decided with ``margin``.
+    """Chapter 13's verdicts, each decided with ``margin``.
 
     ``front_by_seed``: :func:`front_by_seed`; ``front_every_seed`` and
     ``front_no_seed``: the configurations on the front in every seed, and

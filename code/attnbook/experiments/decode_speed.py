@@ -1,7 +1,7 @@
 """How fast a tiny GPT decodes with fewer key/value heads, and what an
 attention call allocates.
 
-Chapter 11 (grouped-query attention) measures, on the CPU of whoever runs it,
+Chapter 12 (grouped-query attention) measures, on the CPU of whoever runs it,
 the decoding speed and cache memory of tiny GPTs with 4, 2 and 1 key/value
 heads (:func:`compare_decode`), and the memory that repeating keys and values
 costs inside one attention call (:func:`bytes_allocated`).

@@ -11,7 +11,7 @@ values random unit vectors; every write has ``beta = 1``. The rules:
 - ``"delta"``: the delta rule, ``passes`` passes over the pairs;
 - ``"gated_delta"``: the delta rule after ``S *= gate``.
 
-Everything is float64 and deterministic given the seed. Chapter 15 (the delta
+Everything is float64 and deterministic given the seed. Chapter 16 (the delta
 rule) runs :func:`recall_accuracy` over seeds and pair counts.
 """
 

@@ -1,7 +1,7 @@
 """How the time of the delta rule's two forms and of softmax attention grows
 with the sequence length, and what one decoded token costs, on this CPU.
 
-Chapter 15 (the delta rule) runs :func:`time_forms` and fits its slopes with
+Chapter 16 (the delta rule) runs :func:`time_forms` and fits its slopes with
 :func:`attnbook.bench.fit_power_law`, and :func:`time_decode_step` for the
 time per decoded token against the context length.
 """

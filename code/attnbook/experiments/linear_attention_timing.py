@@ -1,7 +1,7 @@
 """How the time of softmax and linear attention grows with the sequence length,
 on this CPU.
 
-Chapter 16 (perspectives) runs :func:`time_against_softmax`, fits its exponents
+Chapter 17 (perspectives) runs :func:`time_against_softmax`, fits its exponents
 with :func:`attnbook.bench.fit_power_law` and plots it.
 """
 

@@ -10,7 +10,7 @@ first half of the vocabulary, values (with repetition) from the second half.
 :class:`attnbook.delta.layer.DeltaLayer`) on fresh batches and returns its
 accuracy on a held-out batch.
 
-The grid of chapter 15 (the delta rule) is :func:`run_mqar_grid`: six
+The grid of chapter 16 (the delta rule) is :func:`run_mqar_grid`: six
 two-layer models (:data:`MODELS`: softmax attention, linear attention,
 scalar decay, DeltaNet, Gated DeltaNet, and a hybrid of one Gated DeltaNet
 layer and one softmax layer), every linear layer with the same state, five
@@ -342,7 +342,7 @@ def run_mqar_grid(
                     progress(run)
     torch.set_num_threads(1)
     return {
-        "experiment": "MQAR (Arora et al. 2023), chapter 15",
+        "experiment": "MQAR (Arora et al. 2023), chapter 16",
         "script": "python -m attnbook.experiments.mqar --write",
         "machine": bench.machine(),
         "torch": torch.__version__,

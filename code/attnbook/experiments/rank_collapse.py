@@ -6,7 +6,7 @@ A layer of pure self-attention replaces every token by a weighted average of
 without skip connections, such layers drive all tokens to one vector, and the
 token matrix ``X (n, d)`` to the rank-one matrix ``1 x^T`` (Dong, Cordonnier &
 Loukas 2021). The residual connection ``X + Attn(X)`` is what keeps the
-differences between tokens alive. Chapter 16 (perspectives) shows
+differences between tokens alive. Chapter 17 (perspectives) shows
 :func:`attention_stack` and measures the collapse with and without skip
 connections.
 """

@@ -1,7 +1,7 @@
 """The tiny GPT trained with five attention layouts, judged on held-out text
 and on a long-range retrieval probe that a window cannot solve.
 
-Chapter 13 (sparse attention) loads the results this module's script wrote
+Chapter 14 (sparse attention) loads the results this module's script wrote
 (``python -m attnbook.experiments.sparse_training --write``) and prints
 verdicts computed from them.
 
@@ -529,7 +529,7 @@ def per_variant(results: dict, key: str) -> dict:
 FAILS_BELOW = 0.3  # accuracy below this fails the probe (chance: 1/8)
 SOLVES_AT = 0.9  # accuracy at least this solves it
 MARGIN = 0.05  # a seed within this of a threshold makes no verdict
-# the verdicts chapter 13's prose states (tests/test_sparse_training.py)
+# the verdicts chapter 14's prose states (tests/test_sparse_training.py)
 CHAPTER_VERDICTS = (
     "full probe",
     "sliding probe",

@@ -13,13 +13,13 @@ The uptraining windows should be as long as the text the model is judged on:
 the tiny GPT has learned absolute positions, and a window of 128 characters
 never shows the converted attention at positions 128 and later, which then stay
 unadapted (:func:`heldout_loss_by_position` measures the loss per range of
-positions; chapter 11 shows the difference).
+positions; chapter 12 shows the difference).
 
 Which text windows a short uptraining sees changes where it ends, and a short
 training run may also be chaotic in the last bits of its arithmetic (chapter
 3), so :func:`uptrain_over_seeds` repeats the uptraining over several seeds and
 returns a distribution per model (:class:`UptrainingRuns`), from which chapter
-11 states only verdicts that hold in every seed with a margin. (Measured: this
+12 states only verdicts that hold in every seed with a margin. (Measured: this
 one is not chaotic; each seed's losses agree to about 1e-7 across CPUs'
 kernels. The seeds are there for the windows.)
 """

@@ -11,5 +11,5 @@
 - :mod:`attnbook.latent.cache_size`: bytes per token of every kind of cache,
   for published configurations.
 
-Chapter 12 (latent attention and shared caches) shows them.
+Chapter 13 (latent attention and shared caches) shows them.
 """

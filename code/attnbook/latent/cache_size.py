@@ -13,11 +13,11 @@ A layer adds to the cache, per token:
 
 :func:`layers_of` reads the layers of a model from its ``transformers``
 configuration (Llama, Qwen3, gpt-oss, DeepSeek-V2/V3, Gemma 3n, Gemma 4).
-:data:`PUBLISHED` lists the models chapter 12 compares: where the defaults of
+:data:`PUBLISHED` lists the models chapter 13 compares: where the defaults of
 a configuration class are a released model, the class alone; otherwise the
 published sizes the defaults lack, with their source.
 
-Chapter 12 (latent attention and shared caches) shows :func:`layers_of` and
+Chapter 13 (latent attention and shared caches) shows :func:`layers_of` and
 :func:`cache_bytes`.
 """
 
@@ -147,7 +147,7 @@ class PublishedModel:
         return getattr(transformers, self.config_class)(**dict(self.overrides))
 
     def source_label(self) -> str:
-        """Where the sizes come from, as chapter 12's table prints it: the
+        """Where the sizes come from, as chapter 13's table prints it: the
         bibliography key, or for a row of library defaults the configuration
         class and the installed ``transformers`` version."""
         if not self.library_defaults:

@@ -22,7 +22,7 @@ same. :func:`mla_decode_bytes` counts the bytes a decoding step moves: the
 cache of every sequence of a batch, and optionally the up-projections
 ``W_UK`` and ``W_UV``, read once per step for the whole batch.
 
-Chapter 12 (latent attention and shared caches) shows
+Chapter 13 (latent attention and shared caches) shows
 :func:`mla_attention_flops` and uses :func:`crossover_queries` and
 :func:`mla_decode_bytes`; ``tests/test_latent_cost.py`` checks the flop counts
 against PyTorch's flop counter run on the layer, and the byte counts against

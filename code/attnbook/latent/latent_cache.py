@@ -10,7 +10,7 @@ maps of ``c_t``, so ``c_t`` and the rotary key are all a decoder must keep.
 :class:`attnbook.cache_protocol.KVCacheProtocol`: its ``update(latent,
 rope_key)`` takes the two in the places of a key and a value.
 
-Chapter 12 (latent attention and shared caches) shows
+Chapter 13 (latent attention and shared caches) shows
 :meth:`LatentCache.update`.
 """
 

@@ -27,7 +27,7 @@ one new token). Its weights load from ``transformers``' ``DeepseekV3Attention``
 with :func:`from_deepseek`; ``tests/test_latent_mla.py`` checks both against
 it.
 
-Chapter 12 (latent attention and shared caches) shows
+Chapter 13 (latent attention and shared caches) shows
 :meth:`MultiHeadLatentAttention.forward`,
 :meth:`MultiHeadLatentAttention.attend_decompressed`, and
 :func:`absorbed_attention` in the solution of its exercise.

@@ -14,7 +14,7 @@ position returns what the cache holds. :class:`attnbook.gpt.TinyGPT` builds it
 for the layers its ``kv_sources`` marks as sharing
 (:mod:`attnbook.latent.sharing` computes such maps).
 
-Chapter 12 (latent attention and shared caches) trains tiny GPTs with it.
+Chapter 13 (latent attention and shared caches) trains tiny GPTs with it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ cache layer ``i`` attends with (``i`` itself for a layer that makes its own).
   same attention type (sliding-window or full), the rule of ``transformers``'
   ``Gemma4TextConfig.kv_sharing_modes``.
 
-:func:`producers` lists the layers that make a cache. Chapter 12 (latent
+:func:`producers` lists the layers that make a cache. Chapter 13 (latent
 attention and shared caches) shows :func:`reuse_last_of_type`.
 """
 

@@ -16,5 +16,5 @@ prefix sharing.
   batching) that runs the tiny GPT over all running sequences in one forward
   pass per step, through the block tables.
 
-Chapter 14 (serving) shows them.
+Chapter 15 (serving) shows them.
 """

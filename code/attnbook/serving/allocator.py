@@ -8,7 +8,7 @@ common prompt, the prompt of parallel samples) is written only after a copy:
 others still read it. Freeing a block that is already free is an error, never
 a silent no-op: that is how a double free shows itself.
 
-Chapter 14 (serving) shows :class:`BlockAllocator`.
+Chapter 15 (serving) shows :class:`BlockAllocator`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ order, so position ``p`` lives in block ``table[p // block_size]`` at offset
 *ragged* last block); the gather reads ``length`` positions and never the
 unfilled tail.
 
-Chapter 14 (serving) shows :func:`slot_indices`, :func:`gather` and
+Chapter 15 (serving) shows :func:`slot_indices`, :func:`gather` and
 :func:`paged_attention`; :mod:`attnbook.serving.paged_cache` does the same in
 torch.
 """

@@ -27,7 +27,7 @@ waits at the head of the queue to be prefilled again, prompt and generated
 tokens together. :class:`Stats` counts what that costs and what swapping its
 blocks out to host memory and back would have moved instead.
 
-Chapter 14 (serving) shows :meth:`Engine.step` and runs the tiny GPT
+Chapter 15 (serving) shows :meth:`Engine.step` and runs the tiny GPT
 (:class:`attnbook.gpt.TinyGPT`) on it unchanged.
 """
 

@@ -13,7 +13,7 @@ follows each request from its prefill to its last token and returns the
 fraction of the memory it holds that holds real tokens, summed over every
 step of every request.
 
-Chapter 14 (serving) shows :func:`token_fraction`.
+Chapter 15 (serving) shows :func:`token_fraction`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ accumulates the values block by block.
 so that ``model.new_kv_cache(cache_class=PagedKVCache, block_size=4)`` runs
 the tiny GPT on it unchanged.
 
-Chapter 14 (serving) shows :func:`gather`, :func:`paged_decode` and
+Chapter 15 (serving) shows :func:`gather`, :func:`paged_decode` and
 :meth:`PagedKVCache.update`.
 """
 

@@ -14,7 +14,7 @@ request looks up its prompt's hashes in order and shares the blocks found
 (the allocator's reference counts go up) instead of computing and storing
 them again.
 
-Chapter 14 (serving) shows :func:`block_hashes` and :class:`PrefixIndex`.
+Chapter 15 (serving) shows :func:`block_hashes` and :class:`PrefixIndex`.
 """
 
 from __future__ import annotations

@@ -10,5 +10,5 @@
 - :mod:`attnbook.sparse.layouts`: which layers of a model are sliding and
   which full, how far back the stack reaches, and what a token costs.
 
-Chapter 13 (sparse attention) shows them.
+Chapter 14 (sparse attention) shows them.
 """

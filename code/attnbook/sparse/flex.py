@@ -26,7 +26,7 @@ FlexAttention returns, by the merge of attention states
 one zero key whose score a ``score_mod`` sets to ``beta_i`` (every query reads
 one key more).
 
-Chapter 13 (sparse attention) shows :func:`sliding_window` and
+Chapter 14 (sparse attention) shows :func:`sliding_window` and
 :func:`block_sparse_attend`.
 """
 

@@ -20,7 +20,7 @@ query latent, one key from the token through a LayerNorm, RoPE on the first
 ``d_rope`` features, head weights from the token), so that the two can share
 weights.
 
-Chapter 13 (sparse attention) shows :func:`indexer_scores` and, in a
+Chapter 14 (sparse attention) shows :func:`indexer_scores` and, in a
 solution, :func:`causal_topk`.
 """
 

@@ -17,7 +17,7 @@ before each full one. From that list:
   (scores and weighted sum: ``4 d_head`` flops per head per key read), both
   through :mod:`attnbook.latent.cache_size`'s layers.
 
-Chapter 13 (sparse attention) shows :func:`cost_per_token`.
+Chapter 14 (sparse attention) shows :func:`cost_per_token`.
 """
 
 from __future__ import annotations

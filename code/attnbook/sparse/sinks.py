@@ -19,7 +19,7 @@ empty run whose log-sum-exp is ``beta_i``.
 optionally a sliding window and RoPE, on the ``attention`` hook: gpt-oss's
 attention layer (:func:`from_gpt_oss` copies one from ``transformers``).
 
-Chapter 13 (sparse attention) shows :func:`sink_attention`.
+Chapter 14 (sparse attention) shows :func:`sink_attention`.
 """
 
 from __future__ import annotations
