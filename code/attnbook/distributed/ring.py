@@ -7,7 +7,10 @@ Chapter 11 (attention across devices) shows it. The rank-local steps
 are pure functions of tensors; :func:`simulate_ring` and
 :func:`simulate_ring_backward` run them for every rank in one process, in the
 order the ring runs them, and :func:`ring_attention` runs them on
-``torch.distributed`` (gloo on CPU, NCCL on GPUs) with autograd.
+``torch.distributed`` with autograd: run here with gloo on CPU processes. On
+GPUs NCCL carries only CUDA tensors, while the length and shape checks
+all-gather small CPU tensors, so a process group there needs a CPU backend
+beside NCCL (``backend="cpu:gloo,cuda:nccl"``); that path is untested.
 
 Shapes: on each rank q (b, h, n_local, d), k and v (b, n_kv_heads, n_local,
 d) with ``n_kv_heads`` dividing ``h`` (grouped-query attention), and

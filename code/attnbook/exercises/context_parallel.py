@@ -389,9 +389,12 @@ OVERLAP_MISTAKES = [
     ),
     Mistake(
         "k_or_v_only",
-        "only one of the keys and the values is sent: a ring step sends "
-        "both, 2 m h_kv d e bytes",
-        "count k AND v: two tensors of m x h_kv x d elements",
+        "half the bytes or twice the flops: only one of the keys and the "
+        "values is sent (a ring step sends both, 2 m h_kv d e bytes), or "
+        "the block's flops are counted twice (8 m^2 h d, not 4 m^2 h d); "
+        "each gives this number",
+        "count k AND v, two tensors of m x h_kv x d elements, and the "
+        "flops once, 4 m^2 h d",
         lambda *a: _tokens(*a, tensors=1),
     ),
     Mistake(
