@@ -418,6 +418,25 @@ CATALOGUE["check_nadaraya_watson"]["right"] += [
 CATALOGUE["check_nadaraya_watson"]["wrong"] += [
     (nw_underflow_patched, "underflow_patched")
 ]
+
+
+# --- from the expert reading ch16d (session 9) -------------------------------
+
+
+def nw_leave_one_out(x_query, x_train, y_train, h):
+    """Drops the training points that sit on the query, as a student who has
+    just met leave-one-out bandwidth selection might."""
+    x_query, x_train = np.asarray(x_query), np.asarray(x_train)
+    weights = np.exp(
+        -((x_query[:, None] - x_train[None, :]) ** 2) / (2 * h**2)
+    )
+    weights[x_query[:, None] == x_train[None, :]] = 0.0
+    return weights @ np.asarray(y_train) / weights.sum(axis=1)
+
+
+CATALOGUE["check_nadaraya_watson"]["wrong"] += [
+    (nw_leave_one_out, "leave_one_out")
+]
 CATALOGUE["check_linear_attention"]["right"] += [linear_torch_float32]
 
 

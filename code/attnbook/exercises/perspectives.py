@@ -418,6 +418,16 @@ def _gaussian_nw(
 _gauss = lambda diff, h: -(diff**2) / (2 * h**2)  # noqa: E731
 
 
+def _leave_one_out(x_query, x_train, y_train, bandwidth):
+    diff = (
+        np.asarray(x_query, float)[:, None]
+        - np.asarray(x_train, float)[None, :]
+    )
+    s = np.where(diff == 0, -np.inf, _gauss(diff, bandwidth))
+    k = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (k / k.sum(axis=-1, keepdims=True)) @ np.asarray(y_train, float)
+
+
 def _nearest_fallback(x_query, x_train, y_train, bandwidth):
     """The unstable estimator with each NaN row (all kernel values underflowed)
     patched to the y of the nearest training point."""
@@ -552,6 +562,15 @@ NADARAYA_WATSON_MISTAKES = [
         _gaussian_nw(_gauss, shift_axis=0),
     ),
     Mistake(
+        "leave_one_out",
+        "a training point at the query's own position is left out of the "
+        "sum (the leave-one-out estimate, used to choose a bandwidth), not "
+        "weighted with kernel value 1",
+        "the estimate at x averages every training point, the one at x "
+        "included: exp(0) = 1 is its largest weight",
+        _leave_one_out,
+    ),
+    Mistake(
         "laplace_kernel",
         "the kernel is exp(-|x - x_i| / h) (the Laplace kernel), not the "
         "Gaussian",
@@ -573,7 +592,18 @@ def nadaraya_watson_cases() -> list[Case]:
             "5 queries, 8 training points, bandwidth h = 0.3",
             (x_query, x_train, y_train, 0.3),
         ),
-        Case("a smooth fit, h = 2.0", (x_query, x_train, y_train, 2.0)),
+        # two queries between training points and three on them: a solution
+        # that leaves out a training point at the query's own position
+        # (leave-one-out) differs only where a query sits on a point
+        Case(
+            "a smooth fit, h = 2.0, three queries on training points",
+            (
+                np.concatenate([x_query[:2], x_train[2:5]]),
+                x_train,
+                y_train,
+                2.0,
+            ),
+        ),
         # off the midpoints (0.04 from one point, 0.06 from the next): no
         # near-tie that float32 inputs could flip
         Case(
