@@ -253,11 +253,15 @@ DECODE_MISTAKES = [
     ),
     Mistake(
         "max_includes_stale",
-        "the scores are shifted by their maximum over all n slots, stale ones "
-        "included: where a stale score is far larger, every written slot's "
-        "exp underflows to 0 and the weights are 0 / 0",
-        "take the maximum over the written slots only: mask first (-inf), "
-        "then subtract the row maximum",
+        "the stale slots take part in the softmax's arithmetic: shifted by "
+        "the maximum over all n slots, stale ones included, every written "
+        "slot's exp underflows to 0 where a stale score is far larger (0 / "
+        "0); or shifted by the written slots' maximum and masked by "
+        "multiplying by 0 after exp, where a stale score far above it "
+        "overflows to inf (inf * 0 is NaN); each gives these NaNs",
+        "mask first: set the stale scores to -inf, then take the maximum of "
+        "the row (over the written slots), subtract it and exponentiate "
+        "(exp(-inf) is exactly 0)",
         lambda q, k, v, lengths: _per_head(
             q, k, v, lengths, shift_over_all=True
         ),
