@@ -331,6 +331,22 @@ def decode_torch_broadcast_to_numpy(q, k_cache, v_cache, lengths):
     return out.reshape(b_size, n_heads, -1).numpy()
 
 
+def decode_mask_times_exp(q, k_cache, v_cache, lengths):
+    """Shifts by the maximum over the written slots, as the chapter says, but
+    masks by multiplying the exponentials by 0/1 afterwards (expert reading
+    gqa12a, session 9): a stale score far above the written maximum
+    overflows to inf, and inf * 0 is NaN."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k_cache, v_cache))
+    g = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    scores = np.einsum("bhd,bhnd->bhn", q, k) / np.sqrt(q.shape[-1])
+    written = np.arange(k.shape[2]) < np.asarray(lengths)[:, None]
+    top = np.where(written[:, None], scores, -np.inf).max(-1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(scores - top) * written[:, None]
+        return np.einsum("bhn,bhne->bhe", e / e.sum(-1, keepdims=True), v)
+
+
 CATALOGUE = {
     "check_grouped_decode_step": {
         "wrong": [
@@ -345,6 +361,7 @@ CATALOGUE = {
             (decode_softmax_group_masked, "softmax_over_group"),
             (decode_split_g_first, "wrong_order_in_and_out"),
             (decode_max_before_mask, "max_includes_stale"),
+            (decode_mask_times_exp, "max_includes_stale"),
             (decode_no_max, "unshifted"),
             (decode_unscaled, "not_scaled"),
             (decode_group_scale, "scaled_by_group"),
