@@ -202,6 +202,23 @@ def repeat_kv_inputs(x, n_rep) -> int:
     return positive_int("n_rep", n_rep)
 
 
+def head_layout(
+    d_model, n_heads, n_kv_heads=None
+) -> tuple[int, int, int, int]:
+    """``(d_model, n_kv_heads, n_rep, d_head)`` of an attention layer: raises
+    unless ``n_heads`` divides ``d_model`` and ``n_kv_heads`` (default
+    ``n_heads``) divides ``n_heads``; ``n_rep`` query heads share each
+    key/value head."""
+    d_model = positive_int("d_model", d_model)
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    n_rep = group_size(n_heads, n_kv_heads)
+    if d_model % n_heads:
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}"
+        )
+    return d_model, n_kv_heads, n_rep, d_model // n_heads
+
+
 def group_size(n_heads, n_kv_heads, where: str = "") -> int:
     """Query heads per key/value head; raises unless ``n_kv_heads`` divides
     ``n_heads``.

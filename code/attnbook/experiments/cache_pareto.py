@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import time
 from importlib import resources
 from pathlib import Path
@@ -42,6 +41,7 @@ from ..gpt import (
     window_loss,
 )
 from ..latent.sharing import cla_sources
+from .provenance import git_commit
 from .uptrain import heldout_starts
 
 RESULTS_FILE = "cache_pareto.json"
@@ -179,21 +179,6 @@ def run_grid(names=None, seeds=SEEDS, hyper=HYPER, log=print) -> list[dict]:
                 f"({row['wall_s']:.0f} s)"
             )
     return rows
-
-
-def git_commit() -> str | None:
-    """The commit of the working tree the runs were trained from, or None."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
 
 
 def provenance(hyper=HYPER) -> dict:

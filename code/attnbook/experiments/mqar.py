@@ -41,6 +41,7 @@ from torch import nn
 
 from .. import _validate
 from ..gpt import GPTConfig, TinyGPT
+from . import provenance
 
 
 def mqar_batch(n_pairs: int, vocab_size: int, batch: int, generator):
@@ -277,31 +278,6 @@ def one_run(job) -> dict:
     }
 
 
-def _git_commit() -> str:
-    import pathlib
-    import subprocess
-
-    here = pathlib.Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", str(here.parent)],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + (" (with uncommitted changes)" if dirty else "")
-
-
 def run_mqar_grid(
     models=tuple(MODELS),
     seeds=GRID_SEEDS,
@@ -321,7 +297,7 @@ def run_mqar_grid(
 
     hp = {**HYPERPARAMETERS, **hyperparameters}
     # the code the runs start from (a later edit does not change them)
-    commit = _git_commit()
+    commit = provenance.git_commit()
     order = [(m, s, tuple(n_pairs), hp) for s in seeds for m in models]
     start = time.perf_counter()
     runs = []

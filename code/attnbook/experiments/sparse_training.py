@@ -45,7 +45,6 @@ import argparse
 import functools
 import json
 import math
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -71,6 +70,7 @@ from ..sparse.indexer import causal_topk, indexer_scores, selection_mask
 from ..sparse.layouts import reach
 from ..sparse.sinks import SinkAttention
 from ..torch_attention import attend, repeat_kv, with_causal
+from . import provenance
 from .uptrain import heldout_loss
 
 VARIANTS = ("full", "sliding", "sliding+sink", "alternating", "top-k")
@@ -410,29 +410,6 @@ def train_run(variant: str, seed: int, config: TrainConfig = TrainConfig()):
     }
 
 
-def git_commit() -> str | None:
-    """The repository's HEAD commit (with ``+dirty`` when files changed)."""
-    here = Path(__file__).parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "."],
-            cwd=here.parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+dirty" if dirty else "")
-
-
 def run_grid(
     variants=VARIANTS,
     seeds=range(5),
@@ -459,7 +436,7 @@ def run_grid(
         "script": "python -m attnbook.experiments.sparse_training --write",
         "machine": machine(),
         "torch": torch.__version__,
-        "git_commit": git_commit(),
+        "git_commit": provenance.git_commit(),
         "config": asdict(config),
         "reach": check_reach(config),
         "variants": list(variants),

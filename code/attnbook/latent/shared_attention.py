@@ -45,19 +45,15 @@ class SharedKVAttention(nn.Module):
         use_sdpa: bool = False,
     ):
         super().__init__()
-        d_model = _validate.positive_int("d_model", d_model)
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        self.n_rep = _validate.group_size(n_heads, n_kv_heads)
-        if d_model % n_heads:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}"
-            )
+        # the checks of MultiHeadAttention's constructor
+        d_model, n_kv_heads, self.n_rep, self.d_head = _validate.head_layout(
+            d_model, n_heads, n_kv_heads
+        )
         self.d_model, self.n_heads, self.n_kv_heads = (
             d_model,
             n_heads,
             n_kv_heads,
         )
-        self.d_head = d_model // n_heads
         self.use_sdpa = use_sdpa
         # queries and output: no key or value projection of its own
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
