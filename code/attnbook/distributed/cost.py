@@ -176,14 +176,6 @@ REPORTED: tuple[Reported, ...] = (
         "abstract",
     ),
     Reported(
-        "Ring Attention",
-        "512 times longer sequences than the baselines (vanilla, memory "
-        "efficient attention, blockwise parallel transformers)",
-        "TPUv4-512 (32 GB per TPUv4)",
-        "liu2023ring",
-        "Figure 1 (arXiv v1)",
-    ),
-    Reported(
         "Striped Attention",
         "up to 1.45x end-to-end throughput over Ring Attention in causal "
         "training at a sequence length of 256k",
