@@ -1191,8 +1191,10 @@ def python_lines(fn, *args) -> tuple[object, int]:
     def on_call(frame, event, arg):
         name = frame.f_code.co_filename
         if name not in verdicts:
+            # numpy before 1.25 runs its dispatch wrappers from a pseudo-file
+            # "<__array_function__ internals>": library code too
             verdicts[name] = not (
-                name.startswith("<frozen")
+                name.startswith(("<frozen", "<__array_function__"))
                 or os.path.realpath(name).startswith(libraries)
             )
         return local if verdicts[name] else None
