@@ -624,26 +624,26 @@ def nadaraya_watson_cases() -> list[Case]:
                 0.005,
             ),
         ),
-        # log-kernels -762.9 and -764.1: both underflow, yet the farther point
-        # keeps weight 1 / (1 + e^1.19) = 0.23, so the nearest point's y (the
-        # limit h -> 0) is not the estimate (20.23 here, not 20). At h = 0.001,
-        # the smallest bandwidth of the cases, so that a solution that returns
-        # the nearest y below some bandwidth and the estimate above it is named
-        # as the nearest-point patch at any threshold above 0.001 (a near-tie
-        # at a larger h would be right in such a solution and keep the
-        # diagnosis from being named). The inputs are dyadic (0.5 -+ 5/128, +
-        # 2^-15), exact in float32; scores of -763 still carry a float32
-        # rounding of about 1e-4, which moves a right float32 answer by up to
-        # about 2e-5: the responses are offset to 20, so that the tolerance
-        # (relative 1e-5: 2e-4 here) admits it.
+        # log-kernels -941.9 and -943.4: both underflow, yet the farther point
+        # keeps weight 1 / (1 + e^1.47) = 0.19, so the nearest point's y (the
+        # limit h -> 0) is not the estimate (20.19 here, not 20). At h =
+        # 0.0009, below every other case's bandwidth and below 1e-3, so that a
+        # solution that returns the nearest y below some bandwidth (a threshold
+        # of 1e-3 included) and the estimate above it is named as the
+        # nearest-point patch (a near-tie at a larger h would be right in such
+        # a solution and keep the diagnosis from being named). The inputs are
+        # dyadic (0.5 -+ 5/128, + 2^-15), exact in float32; scores of -942
+        # still carry a float32 rounding of about 1e-4, which moves a right
+        # float32 answer by up to about 2e-5: the responses are offset to 20,
+        # so that the tolerance (relative 1e-5: 2e-4 here) admits it.
         Case(
             "every exp underflows, two training points almost equally near "
-            "(at 0.0390625 and 0.0390930), h = 0.001",
+            "(at 0.0390625 and 0.0390930), h = 0.0009",
             (
                 np.array([0.5]),
                 np.array([0.5 - 5 / 128, 0.5 + 5 / 128 + 2.0**-15]),
                 np.array([20.0, 21.0]),
-                0.001,
+                0.0009,
             ),
         ),
     ]
