@@ -1,5 +1,6 @@
 """Checkers for sparse attention (chapter 14): a FlexAttention ``mask_mod``
-for a packed, sliding, causal batch, and the indexer's causal top-k.
+for a packed, sliding, causal batch, the indexer's causal top-k, and
+block-sparse attention that skips tiles (hard).
 
 The mask's mistakes are those of combining three conditions: one left out
 (causality, with the window two-sided or one-sided; the document; the window),
@@ -22,6 +23,12 @@ order the reader's sort gives the zeros that tie); and the right
 selection returned as float or integer 0/1 rather than booleans. On tied scores
 any tie-break is right: a selection of ``min(k, t + 1)`` admissible keys none
 of which scores below an unselected admissible key is accepted.
+
+The tiled attention's mistakes are those of a tile loop with an online
+softmax: partial tiles read unmasked, empty tiles visited (the count wrong),
+the last, shorter tile dropped, NaN for a query that may read no key, tiles
+merged without rescaling, full tiles left out of the count, and the whole
+n x n mask built at once (found by the peak memory).
 """
 
 from __future__ import annotations
