@@ -446,6 +446,152 @@ def topk_threshold(scores, k):
     return out
 
 
+# --- block-sparse attention that skips tiles ---------------------------------
+
+
+def tiles_numpy(q, k, v, mask_mod, tile):
+    """Query tiles outside, key tiles inside, numpy float64."""
+    q, k, v = q.numpy(), k.numpy(), v.numpy()
+    n_q, n_k = len(q), len(k)
+    out = np.zeros((n_q, v.shape[1]))
+    visited = 0
+    for i in range(0, n_q, tile):
+        rows = np.arange(i, min(i + tile, n_q))
+        m = np.full(len(rows), -np.inf)
+        total = np.zeros(len(rows))
+        acc = np.zeros((len(rows), v.shape[1]))
+        for j in range(0, n_k, tile):
+            cols = np.arange(j, min(j + tile, n_k))
+            ok = mask_mod(
+                0, 0, torch.as_tensor(rows)[:, None], torch.as_tensor(cols)
+            ).numpy()
+            if not ok.any():
+                continue
+            visited += 1
+            s = q[rows] @ k[cols].T / np.sqrt(q.shape[1])
+            if not ok.all():
+                s = np.where(ok, s, -np.inf)
+            new = np.maximum(m, s.max(axis=1))
+            safe = np.where(np.isfinite(new), new, 0.0)
+            a = np.exp(m - safe)
+            p = np.exp(s - safe[:, None])
+            total = a * total + p.sum(axis=1)
+            acc = a[:, None] * acc + p @ v[cols]
+            m = new
+        out[rows] = acc / np.where(total > 0, total, 1.0)[:, None]
+    return out, visited
+
+
+def tiles_torch_keys_outside(q, k, v, mask_mod, tile):
+    """Key tiles outside, query tiles inside, in torch float32: one running
+    (max, sum, output) per query, merged by log-sum-exp."""
+    q, k, v = q.float(), k.float(), v.float()
+    n_q, n_k = q.shape[0], k.shape[0]
+    lse = torch.full((n_q,), float("-inf"))
+    out = torch.zeros(n_q, v.shape[1])
+    visited = 0
+    for j in range(0, n_k, tile):
+        cols = torch.arange(j, min(j + tile, n_k))
+        for i in range(0, n_q, tile):
+            rows = torch.arange(i, min(i + tile, n_q))
+            ok = mask_mod(0, 0, rows[:, None], cols[None, :])
+            ok = ok.expand(len(rows), len(cols))
+            if not ok.any():
+                continue
+            visited += 1
+            s = (q[rows] @ k[cols].T) / q.shape[1] ** 0.5
+            s = s.masked_fill(~ok, float("-inf"))
+            tile_lse = torch.logsumexp(s, dim=1)
+            w = torch.softmax(s, dim=1).nan_to_num(0.0)
+            merged = torch.logaddexp(lse[rows], tile_lse)
+            safe = torch.where(torch.isfinite(merged), merged, 0.0)
+            out[rows] = (lse[rows] - safe).exp()[:, None] * out[rows] + (
+                tile_lse - safe
+            ).exp()[:, None] * (w @ v[cols])
+            lse[rows] = merged
+    return out, visited
+
+
+def _slipped(q, k, v, mask_mod, tile, slip):
+    """A reader's tile loop in torch, with one slip."""
+    n_q, n_k = q.shape[0], k.shape[0]
+    last_q = n_q // tile * tile if slip == "floor" else n_q
+    last_k = n_k // tile * tile if slip == "floor" else n_k
+    out = torch.zeros(n_q, v.shape[1], dtype=q.dtype)
+    tiles = 0
+    for i in range(0, last_q, tile):
+        rows = torch.arange(i, min(i + tile, n_q))
+        best = torch.full((len(rows),), float("-inf"), dtype=q.dtype)
+        denom = torch.zeros(len(rows), dtype=q.dtype)
+        acc = torch.zeros(len(rows), v.shape[1], dtype=q.dtype)
+        for j in range(0, last_k, tile):
+            cols = torch.arange(j, min(j + tile, n_k))
+            ok = mask_mod(0, 0, rows[:, None], cols[None, :])
+            ok = ok.expand(len(rows), len(cols))
+            empty, full = not ok.any(), bool(ok.all())
+            if empty and slip != "every tile":
+                continue
+            if slip == "partial count":
+                tiles += 0 if full else 1
+            else:
+                tiles += 1
+            s = q[rows] @ k[cols].T / q.shape[1] ** 0.5
+            if slip != "unmasked":
+                s = s.masked_fill(~ok, float("-inf"))
+            new = torch.maximum(best, s.amax(dim=1))
+            if slip == "no guard":
+                shift = new
+            else:
+                shift = torch.where(new.isfinite(), new, 0.0)
+            p = (s - shift[:, None]).exp()
+            scale = (best - shift).exp()
+            if slip == "no rescale":
+                scale = torch.ones_like(scale)
+            denom = scale * denom + p.sum(dim=1)
+            acc = scale[:, None] * acc + p @ v[cols]
+            best = new
+        if slip == "no guard":
+            out[rows] = acc / denom[:, None]
+        else:
+            out[rows] = acc / denom.clamp(min=1e-300)[:, None]
+    return out, tiles
+
+
+def tiles_partial_unmasked(q, k, v, mask_mod, tile):
+    return _slipped(q, k, v, mask_mod, tile, "unmasked")
+
+
+def tiles_every_tile(q, k, v, mask_mod, tile):
+    return _slipped(q, k, v, mask_mod, tile, "every tile")
+
+
+def tiles_floor(q, k, v, mask_mod, tile):
+    return _slipped(q, k, v, mask_mod, tile, "floor")
+
+
+def tiles_no_guard(q, k, v, mask_mod, tile):
+    return _slipped(q, k, v, mask_mod, tile, "no guard")
+
+
+def tiles_no_rescale(q, k, v, mask_mod, tile):
+    return _slipped(q, k, v, mask_mod, tile, "no rescale")
+
+
+def tiles_count_partial(q, k, v, mask_mod, tile):
+    return _slipped(q, k, v, mask_mod, tile, "partial count")
+
+
+def tiles_whole_mask_first(q, k, v, mask_mod, tile):
+    """Right, but the mask of every pair is evaluated at once."""
+    n_q, n_k = q.shape[0], k.shape[0]
+    whole = mask_mod(0, 0, torch.arange(n_q)[:, None], torch.arange(n_k))
+
+    def lookup(b, h, q_idx, kv_idx):
+        return whole[q_idx, kv_idx]
+
+    return _slipped(q, k, v, lookup, tile, None)
+
+
 CATALOGUE = {
     "check_packed_sliding_mask_mod": {
         "right": [
@@ -496,6 +642,22 @@ CATALOGUE = {
             (topk_diagonal_off_by_one, "one_future"),
             (topk_masked_with_zero, "zero_masked"),
             (topk_numpy_zero_fill, "zero_masked"),
+        ],
+    },
+    "check_tiled_sparse_attention": {
+        "right": [
+            tiles_numpy,
+            tiles_torch_keys_outside,
+            lambda *args: _slipped(*args, None),
+        ],
+        "wrong": [
+            (tiles_partial_unmasked, "partial_unmasked"),
+            (tiles_every_tile, "empty_visited"),
+            (tiles_floor, "ragged_dropped"),
+            (tiles_no_guard, "nan_rows"),
+            (tiles_no_rescale, "not_rescaled"),
+            (tiles_count_partial, "partial_count_only"),
+            (tiles_whole_mask_first, "dense_mask"),
         ],
     },
 }
@@ -552,3 +714,57 @@ def test_the_topk_cases_keep_k_within_the_keys():
     for case in topk_cases():
         scores, k = case.args
         assert 1 <= k <= scores.shape[-1], case.name
+
+
+def test_the_tiled_reference_equals_dense_attention():
+    """The checker's reference (the package's block_mask and
+    block_sparse_attend) equals dense attention under the whole mask, with a
+    fully masked row 0, on every case; and its tile count is the number of
+    tiles of the dense mask that hold a True."""
+    from attnbook import attend
+    from attnbook.exercises.sparse import _reference_tiled, tiled_cases
+
+    for case in tiled_cases():
+        q, k, v, mask_mod, tile = case.args
+        n_q, n_k = q.shape[0], k.shape[0]
+        mask = mask_mod(
+            0, 0, torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        ).expand(n_q, n_k)
+        out, visited = _reference_tiled(q, k, v, mask_mod, tile)
+        dense = attend(q, k, v, mask).numpy()
+        assert np.allclose(out, dense, atol=1e-12), case.name
+        tiles = sum(
+            bool(mask[i : i + tile, j : j + tile].any())
+            for i in range(0, n_q, tile)
+            for j in range(0, n_k, tile)
+        )
+        assert visited == tiles, case.name
+
+
+def test_the_tiled_cases_cover_ragged_tiles_and_an_empty_row():
+    from attnbook.exercises.sparse import tiled_cases
+
+    cases = tiled_cases()
+    assert any(c.args[0].shape[0] % c.args[4] for c in cases)
+    assert any(c.args[0].shape[0] != c.args[1].shape[0] for c in cases)
+    empty = []
+    for c in cases:
+        q, k, _, mask_mod, _ = c.args
+        mask = mask_mod(
+            0, 0, torch.arange(len(q))[:, None], torch.arange(len(k))[None, :]
+        )
+        empty.append(bool((~mask.any(dim=-1)).any()))
+    assert any(empty)
+
+
+def test_a_right_tiled_answer_stays_far_below_the_memory_bound():
+    """The margin of the memory check: a right answer's peak at n = 2048 is
+    under a third of the bound, n^2 / 4 bytes."""
+    from attnbook.exercises._framework import peak_memory_with_torch
+    from attnbook.exercises.sparse import _sliding
+
+    rng = np.random.default_rng(5)
+    q, k, v = (torch.as_tensor(rng.normal(size=(2048, 8))) for _ in range(3))
+    for fn in (tiles_numpy, tiles_torch_keys_outside):
+        _, peak = peak_memory_with_torch(fn, q, k, v, _sliding(64), 64)
+        assert peak < 2048 * 2048 // 12, (fn.__name__, peak)

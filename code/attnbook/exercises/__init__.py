@@ -58,6 +58,7 @@ __all__ = [
     "check_causal_mask",
     "check_chunked_causal_linear_attention",
     "check_causal_topk",
+    "check_tiled_sparse_attention",
     "check_cosine_similarity",
     "check_cross_attention",
     "check_delta_step_backward",
@@ -116,6 +117,7 @@ _LAZY = {
     # exercise notebook there (scripts/build_lite.py)
     "check_causal_topk": "sparse",
     "check_packed_sliding_mask_mod": "sparse",
+    "check_tiled_sparse_attention": "sparse",
     # torch tensors in, like the chapter's package (no browser notebook)
     "check_exact_memory": "delta",
     "check_delta_step_backward": "delta",
@@ -219,6 +221,12 @@ ANSWERS: dict[str, tuple[str, ...]] = {
         "attnbook.sparse.flex.document",
     ),
     "check_packed_scores": (),
+    # the chapter shows block_sparse_attend before the exercise: it reads a
+    # BlockMask that create_block_mask made and attends over each query
+    # block's gathered keys at once; the exercise classifies the tiles itself
+    # and merges them one by one with an online softmax, which no function
+    # of the package does
+    "check_tiled_sparse_attention": (),
     "check_padding_mask": ("attnbook.padding.key_padding_mask",),
     # paged_attention (gathered, numpy and torch) has the exercise's signature
     # up to the query's shape and passes its checker (issue 31, student

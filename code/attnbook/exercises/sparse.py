@@ -1,5 +1,6 @@
 """Checkers for sparse attention (chapter 14): a FlexAttention ``mask_mod``
-for a packed, sliding, causal batch, and the indexer's causal top-k.
+for a packed, sliding, causal batch, the indexer's causal top-k, and
+block-sparse attention that skips tiles (hard).
 
 The mask's mistakes are those of combining three conditions: one left out
 (causality, with the window two-sided or one-sided; the document; the window),
@@ -22,6 +23,12 @@ order the reader's sort gives the zeros that tie); and the right
 selection returned as float or integer 0/1 rather than booleans. On tied scores
 any tie-break is right: a selection of ``min(k, t + 1)`` admissible keys none
 of which scores below an unselected admissible key is accepted.
+
+The tiled attention's mistakes are those of a tile loop with an online
+softmax: partial tiles read unmasked, empty tiles visited (the count wrong),
+the last, shorter tile dropped, NaN for a query that may read no key, tiles
+merged without rescaling, full tiles left out of the count, and the whole
+n x n mask built at once (found by the peak memory).
 """
 
 from __future__ import annotations
@@ -740,4 +747,348 @@ def check_causal_topk(fn) -> None:
         compare=same_mask,
         postprocess=_as_selection,
         describe=describe_mask,
+    )
+
+
+# --- block-sparse attention that skips tiles (hard) --------------------------
+
+
+def _reference_tiled(q, k, v, mask_mod, tile):
+    """The package's answer: :func:`attnbook.sparse.flex.block_mask` lists
+    the tiles, :func:`attnbook.sparse.flex.block_sparse_attend` reads them;
+    the tiles visited are the partial ones and the full ones."""
+    from ..sparse import flex
+
+    n_q, n_k = q.shape[0], k.shape[0]
+    blocks = flex.block_mask(mask_mod, None, None, n_q, n_k, tile)
+    out = flex.block_sparse_attend(
+        q[None, None], k[None, None], v[None, None], blocks, mask_mod
+    )[0, 0]
+    full = blocks.full_kv_num_blocks
+    visited = int(blocks.kv_num_blocks.sum()) + (
+        0 if full is None else int(full.sum())
+    )
+    return out.numpy(), visited
+
+
+def _tiled(
+    q,
+    k,
+    v,
+    mask_mod,
+    tile,
+    *,
+    mask_partial=True,
+    skip_empty=True,
+    ragged=True,
+    guard_empty_rows=True,
+    rescale=True,
+    count_full=True,
+):
+    """A tile loop with an online softmax (chapter 9), each flag a step that
+    a mistake leaves out."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    n_q, n_k = q.shape[0], k.shape[0]
+    stop_q = n_q if ragged else n_q - n_q % tile
+    stop_k = n_k if ragged else n_k - n_k % tile
+    out = np.zeros((n_q, v.shape[1]))
+    visited = 0
+    for i in range(0, stop_q, tile):
+        rows = np.arange(i, min(i + tile, n_q))
+        m = np.full(len(rows), -np.inf)
+        ell = np.zeros(len(rows))
+        acc = np.zeros((len(rows), v.shape[1]))
+        for j in range(0, stop_k, tile):
+            cols = np.arange(j, min(j + tile, n_k))
+            allowed = mask_mod(
+                0, 0, torch.as_tensor(rows)[:, None], torch.as_tensor(cols)
+            ).numpy()
+            if skip_empty and not allowed.any():
+                continue
+            visited += 1 if count_full or not allowed.all() else 0
+            s = q[rows] @ k[cols].T / np.sqrt(q.shape[1])
+            if mask_partial and not allowed.all():
+                s = np.where(allowed, s, -np.inf)
+            m_new = np.maximum(m, s.max(axis=1))
+            if guard_empty_rows:
+                shift = np.where(np.isfinite(m_new), m_new, 0.0)
+                p = np.exp(s - shift[:, None])
+                old = np.where(np.isfinite(m), np.exp(m - shift), 0.0)
+            else:
+                p = np.exp(s - m_new[:, None])
+                old = np.exp(m - m_new)
+            if not rescale:
+                old = np.ones_like(old)
+            ell = old * ell + p.sum(axis=1)
+            acc = old[:, None] * acc + p @ v[cols]
+            m = m_new
+        if guard_empty_rows:
+            out[rows] = acc / np.where(ell > 0, ell, 1.0)[:, None]
+        else:
+            out[rows] = acc / ell[:, None]
+    return out, visited
+
+
+def _partial_unmasked(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, mask_partial=False)
+
+
+def _empty_visited(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, skip_empty=False)
+
+
+def _ragged_dropped(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, ragged=False)
+
+
+def _nan_rows(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, guard_empty_rows=False)
+
+
+def _not_rescaled(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, rescale=False)
+
+
+def _count_partial_only(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, count_full=False)
+
+
+TILED_MISTAKES = [
+    Mistake(
+        "partial_unmasked",
+        "partial tiles are read without their mask: a query reads the "
+        "masked keys of every tile it visits",
+        "in a tile that is neither empty nor full, set the scores of the "
+        "pairs the mask_mod forbids to -inf before the tile's maximum",
+        _partial_unmasked,
+    ),
+    Mistake(
+        "empty_visited",
+        "empty tiles are visited too: the output is right but the count of "
+        "tiles visited is every tile's",
+        "evaluate the mask_mod on the tile first and skip it (no scores, no "
+        "count) when it allows no pair",
+        _empty_visited,
+    ),
+    Mistake(
+        "ragged_dropped",
+        "the last, shorter tile is dropped (range(n // tile)): the last "
+        "queries get 0 and the last keys are never read",
+        "loop over range(0, n, tile) and cut each tile at n "
+        "(min(start + tile, n))",
+        _ragged_dropped,
+    ),
+    Mistake(
+        "nan_rows",
+        "a query that may read no key gets NaN (0 / 0, or exp(-inf - "
+        "(-inf))), where the book's convention gives 0",
+        "shift by 0 where the running maximum is still -inf, and divide by "
+        "the sum only where it is positive (the output stays 0)",
+        _nan_rows,
+    ),
+    Mistake(
+        "not_rescaled",
+        "the running sum and output are not rescaled when a later tile "
+        "raises the maximum: the tiles are mixed with different shifts",
+        "when the maximum grows from m to m', multiply the sum and the "
+        "accumulated output by exp(m - m') before adding the new tile "
+        "(chapter 9's online softmax)",
+        _not_rescaled,
+    ),
+    Mistake(
+        "partial_count_only",
+        "only the partial tiles are counted: the full tiles are read but "
+        "not counted",
+        "count every tile you read, full and partial",
+        _count_partial_only,
+    ),
+]
+
+
+def _sliding(window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
+def _packed_with_padding(doc_ids):
+    """Causal within each document; a position labelled -1 (padding)
+    reads nothing."""
+    doc_ids = torch.as_tensor(doc_ids)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return same & (kv_idx <= q_idx) & (doc_ids[q_idx] >= 0)
+
+    return mask_mod
+
+
+def _decoding_causal(n_q, n_k):
+    """Causal for the last n_q of n_k positions."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + (n_k - n_q)
+
+    return mask_mod
+
+
+def _every_key(b, h, q_idx, kv_idx):
+    # of both indices, so that it is a mask of the tile's shape
+    return (kv_idx >= 0) & (q_idx >= 0)
+
+
+def tiled_cases() -> list[Case]:
+    rng = np.random.default_rng(3)
+
+    def qkv(n_q, n_k, d, spread=2.0):
+        return tuple(
+            torch.as_tensor(rng.normal(scale=spread, size=(n, d)))
+            for n in (n_q, n_k, n_k)
+        )
+
+    docs = [0] * 11 + [1] * 17 + [2] * 9 + [-1] * 13
+    return [
+        Case(
+            "causal, 37 positions, tiles of 8 (the last one 5 long)",
+            (*qkv(37, 37, 4), _sliding(37), 8),
+        ),
+        Case(
+            "a sliding window of 6, 45 positions, tiles of 8",
+            (*qkv(45, 45, 3), _sliding(6), 8),
+        ),
+        Case(
+            "three packed documents 11, 17, 9, then 13 of padding that "
+            "reads nothing; tiles of 8",
+            (*qkv(50, 50, 4), _packed_with_padding(docs), 8),
+        ),
+        Case(
+            "20 queries, the last of 45 keys (decoding), causal, tiles of 16",
+            (*qkv(20, 45, 5), _decoding_causal(20, 45), 16),
+        ),
+        Case(
+            "no mask, 30 positions, tiles of 8 (every tile full)",
+            (*qkv(30, 30, 4), _every_key, 8),
+        ),
+        Case(
+            "a sliding window of 3, 19 positions, tiles of 16",
+            (*qkv(19, 19, 2, spread=4.0), _sliding(3), 16),
+        ),
+    ]
+
+
+def _as_tiled(out):
+    """The reader's ``(output, tiles)`` as ``(float64 array, int)``."""
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(
+            f"return a pair (output, tiles visited); got {type(out).__name__}"
+        )
+    o, n = out
+    o = np.asarray(o.detach().cpu() if hasattr(o, "detach") else o)
+    n = n.item() if hasattr(n, "item") else n
+    return o.astype(np.float64), int(n)
+
+
+def _same_tiled(got, expected) -> bool:
+    (o, n), (e, m) = got, expected
+    return (
+        n == m
+        and o.shape == e.shape
+        and bool(np.allclose(o, e, rtol=1e-4, atol=1e-5, equal_nan=True))
+    )
+
+
+def _describe_tiled(got, expected, case=None) -> str:
+    (o, n), (e, m) = got, expected
+    parts = []
+    if n != m:
+        parts.append(f"you visited {n} tiles; the mask needs {m}")
+    if o.shape != e.shape:
+        parts.append(f"the output's shape is {o.shape}, not {e.shape}")
+    elif not np.allclose(o, e, rtol=1e-4, atol=1e-5):
+        bad = np.nonzero(~np.isclose(o, e, rtol=1e-4, atol=1e-5).all(-1))[0]
+        what = "NaN" if np.isnan(o[bad]).any() else "wrong"
+        parts.append(
+            f"the output is {what} in {len(bad)} of {len(e)} rows (the "
+            f"first: query {bad[0]})"
+        )
+    return "; ".join(parts) or "the output differs"
+
+
+def _check_tiled_memory(fn, n: int = 2048, tile: int = 64) -> None:
+    """Reject an answer that builds an n x n array: with a window of one
+    tile at n = 2048, the tiles visited hold about 2 n tile scores, and an
+    n x n boolean mask alone takes n^2 bytes (4 MiB). The peak (tracemalloc
+    and torch's profiler, :func:`peak_memory_with_torch`) may not exceed
+    n^2 / 4 bytes (1 MiB); a tile of scores takes 8 tile^2 bytes (32 KiB)."""
+    from ..bench import format_bytes
+    from ._framework import ExerciseError, peak_memory_with_torch
+
+    __tracebackhide__ = True
+    rng = np.random.default_rng(5)
+    q, k, v = (torch.as_tensor(rng.normal(size=(n, 8))) for _ in range(3))
+    _, peak = peak_memory_with_torch(fn, q, k, v, _sliding(tile), tile)
+    if peak > n * n // 4:
+        raise ExerciseError(
+            "block-sparse attention that skips tiles",
+            f"{n} positions, a window of {tile}, tiles of {tile} (memory)",
+            f"your function's peak memory was {format_bytes(peak)}, where "
+            f"one tile's scores take {format_bytes(8 * tile * tile)}",
+            mistake=DENSE_MISTAKES[0],
+        )
+
+
+def _dense_then_tiled(q, k, v, mask_mod, tile):
+    """The whole mask evaluated at once, then tiled: right, but n x n."""
+    n_q, n_k = q.shape[0], k.shape[0]
+    whole = mask_mod(
+        0, 0, torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+    ).numpy()
+
+    def from_whole(b, h, q_idx, kv_idx):
+        return torch.as_tensor(whole[q_idx.numpy(), kv_idx.numpy()])
+
+    return _tiled(q, k, v, from_whole, tile)
+
+
+DENSE_MISTAKES = [
+    Mistake(
+        "dense_mask",
+        "an array of n x n is built (the mask, the scores or their "
+        "indices): what skipping tiles saves",
+        "evaluate the mask_mod on one tile at a time (mask_mod(0, 0, "
+        "rows[:, None], cols[None, :]) for the tile's rows and columns), "
+        "never on every pair at once",
+        _dense_then_tiled,
+    )
+]
+
+
+def check_tiled_sparse_attention(fn) -> None:
+    """Check ``fn(q, k, v, mask_mod, tile)`` returns ``(output, tiles)``:
+    attention of the queries q (n_q, d) over the keys k and values v (n_k,
+    d) that ``mask_mod(b, h, q_idx, kv_idx)`` allows (the queries at
+    positions 0..n_q-1, as FlexAttention numbers them), visiting only the
+    (query tile, key tile) pairs of ``tile`` x ``tile`` that the mask does
+    not empty, and the number of tiles visited. q, k, v are float64 torch
+    tensors; the output may be a tensor or an array (n_q, d); a query that
+    may read no key gets 0. The reference is the package's
+    :func:`attnbook.sparse.flex.block_mask` and
+    :func:`attnbook.sparse.flex.block_sparse_attend`; then the peak memory
+    at n = 2048 must stay below an n x n boolean mask's quarter."""
+    run_checks(
+        "block-sparse attention that skips tiles",
+        fn,
+        tiled_cases(),
+        _reference_tiled,
+        TILED_MISTAKES,
+        compare=_same_tiled,
+        postprocess=_as_tiled,
+        describe=_describe_tiled,
+        quiet=True,
+    )
+    _check_tiled_memory(fn)
+    print(
+        "Correct: block-sparse attention that skips tiles passes all "
+        f"{len(tiled_cases())} cases and never holds an n x n array."
     )
