@@ -1066,7 +1066,7 @@ def test_the_nearest_point_below_a_bandwidth_is_named(threshold, capsys):
     with pytest.raises(ExerciseError) as err:
         check_nadaraya_watson(nw_nearest_below(threshold))
     assert err.value.mistake == "nearest_fallback", str(err.value)
-    assert "h = 0.001" in str(err.value)
+    assert "h = 0.0009" in str(err.value)
     assert "Correct" not in capsys.readouterr().out
 
 
@@ -1082,7 +1082,8 @@ def test_the_near_tie_case_underflows_and_is_far_from_the_nearest_y():
     assert np.all(np.exp(scores) == 0)
     estimate = good_nw(x_query, x_train, y_train, h)
     nearest = y_train[np.abs(np.subtract.outer(x_query, x_train)).argmin(1)]
-    assert np.all(np.abs(estimate - nearest) > 0.2)
+    # 0.187 at h = 0.0009, against a tolerance of 2e-4
+    assert np.all(np.abs(estimate - nearest) > 0.15)
 
 
 def nw_float32_in_place_pair(x_query, x_train, y_train, h):
