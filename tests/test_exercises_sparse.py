@@ -8,6 +8,8 @@ topk, loops, numpy.
 
 import numpy as np
 import pytest
+import math
+
 import torch
 
 from attnbook.exercises import ExerciseError
@@ -592,6 +594,37 @@ def tiles_whole_mask_first(q, k, v, mask_mod, tile):
     return _slipped(q, k, v, lookup, tile, None)
 
 
+def tiles_division_unguarded(q, k, v, mask_mod, tile):
+    """Guards the shift of a row still at -inf but divides by its sum
+    unguarded, so a query with no key is 0 / 0 (expert reading sp14b: it was
+    rejected with only the generic hint)."""
+    n_q, n_k, d = q.shape[0], k.shape[0], q.shape[1]
+    out, visited = torch.zeros(n_q, v.shape[1], dtype=q.dtype), 0
+    for i in range(0, n_q, tile):
+        r = torch.arange(i, min(i + tile, n_q))
+        m = torch.full((len(r),), -math.inf, dtype=q.dtype)
+        ell = torch.zeros(len(r), dtype=q.dtype)
+        acc = torch.zeros(len(r), v.shape[1], dtype=q.dtype)
+        for j in range(0, n_k, tile):
+            c = torch.arange(j, min(j + tile, n_k))
+            allowed = mask_mod(0, 0, r[:, None], c[None, :])
+            allowed = allowed.expand(len(r), len(c))
+            if not allowed.any():
+                continue
+            visited += 1
+            s = (q[r] @ k[c].T) / math.sqrt(d)
+            s = s.masked_fill(~allowed, -math.inf)
+            m_new = torch.maximum(m, s.amax(1))
+            shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
+            scale = torch.exp(m - shift)
+            p = torch.exp(s - shift[:, None])
+            ell = scale * ell + p.sum(1)
+            acc = scale[:, None] * acc + p @ v[c]
+            m = m_new
+        out[r] = acc / ell[:, None]
+    return out, visited
+
+
 CATALOGUE = {
     "check_packed_sliding_mask_mod": {
         "right": [
@@ -655,6 +688,7 @@ CATALOGUE = {
             (tiles_every_tile, "empty_visited"),
             (tiles_floor, "ragged_dropped"),
             (tiles_no_guard, "nan_rows"),
+            (tiles_division_unguarded, "nan_rows"),
             (tiles_no_rescale, "not_rescaled"),
             (tiles_count_partial, "partial_count_only"),
             (tiles_whole_mask_first, "dense_mask"),

@@ -782,11 +782,12 @@ def _tiled(
     skip_empty=True,
     ragged=True,
     guard_empty_rows=True,
+    guard_division=None,
     rescale=True,
     count_full=True,
 ):
     """A tile loop with an online softmax (chapter 9), each flag a step that
-    a mistake leaves out."""
+    a mistake leaves out (``guard_division`` None: as ``guard_empty_rows``)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     n_q, n_k = q.shape[0], k.shape[0]
     stop_q = n_q if ragged else n_q - n_q % tile
@@ -822,7 +823,7 @@ def _tiled(
             ell = old * ell + p.sum(axis=1)
             acc = old[:, None] * acc + p @ v[cols]
             m = m_new
-        if guard_empty_rows:
+        if guard_empty_rows if guard_division is None else guard_division:
             out[rows] = acc / np.where(ell > 0, ell, 1.0)[:, None]
         else:
             out[rows] = acc / ell[:, None]
@@ -843,6 +844,12 @@ def _ragged_dropped(q, k, v, mask_mod, tile):
 
 def _nan_rows(q, k, v, mask_mod, tile):
     return _tiled(q, k, v, mask_mod, tile, guard_empty_rows=False)
+
+
+def _nan_rows_division(q, k, v, mask_mod, tile):
+    # the shift guarded, the division not: NaN only in the rows that may read
+    # no key at all
+    return _tiled(q, k, v, mask_mod, tile, guard_division=False)
 
 
 def _not_rescaled(q, k, v, mask_mod, tile):
@@ -885,6 +892,13 @@ TILED_MISTAKES = [
         "shift by 0 where the running maximum is still -inf, and divide by "
         "the sum only where it is positive (the output stays 0)",
         _nan_rows,
+    ),
+    Mistake(
+        "nan_rows",
+        "a query that may read no key gets NaN: its sums stay 0 and 0 / 0 is "
+        "NaN, where the book's convention gives 0",
+        "divide by the sum only where it is positive (the output stays 0)",
+        _nan_rows_division,
     ),
     Mistake(
         "not_rescaled",
