@@ -6,10 +6,10 @@ functions, the way a reader might write them: helper functions, torch's
 topk, loops, numpy.
 """
 
-import numpy as np
-import pytest
 import math
 
+import numpy as np
+import pytest
 import torch
 
 from attnbook.exercises import ExerciseError
