@@ -13,7 +13,8 @@ READY  := $(VENV)/.ready
 .PHONY: book pdf test test-minimum execute nbval clean system format
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
-# The environment that makes this CPU compute like the other kind (AVX-512 <-> AVX2-only): the
+# The environment that makes this CPU compute with other kernels (torch's AVX2 ones on AVX-512, its default
+# ones elsewhere; MKL's compatibility path; another OpenBLAS family): the
 # committed outputs must survive both, since readers' and CI's machines are of either kind.
 OTHER_NUMERICS = $$($(BIN)/python scripts/other_numerics.py)
 
