@@ -7,6 +7,7 @@ rotations, and explicit d x d rotation matrices.
 
 import cmath
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -548,7 +549,54 @@ def test_t5_buckets_match_transformers(
     ours = P.t5_relative_position_bucket(
         rel, bidirectional, num_buckets, max_distance
     )
-    np.testing.assert_array_equal(ours, theirs)
+    # where a bucket boundary falls exactly on an integer distance, theirs
+    # floors a float32 log that may land either side (it moves with the
+    # machine's log); those ties are checked exactly below
+    keep = ~np.isin(
+        np.abs(rel), _t5_exact_ties(num_buckets, max_distance, bidirectional)
+    )
+    np.testing.assert_array_equal(ours[keep], theirs[keep])
+
+
+def _t5_exact_ties(num_buckets, max_distance, bidirectional):
+    """Distances d with (d/e)^L == (M/e)^k exactly, for some k."""
+    per_side = num_buckets // 2 if bidirectional else num_buckets
+    e, n_log = per_side // 2, per_side - per_side // 2
+    return [
+        d
+        for d in range(e, max_distance + 1)
+        for k in range(1, n_log)
+        if Fraction(d, e) ** n_log == Fraction(max_distance, e) ** k
+    ]
+
+
+@pytest.mark.parametrize(
+    "num_buckets, max_distance",
+    [(32, 128), (16, 64), (64, 256), (8, 20), (6, 9), (32, 1000), (12, 64)],
+)
+def test_t5_bucket_starts_by_exact_arithmetic(num_buckets, max_distance):
+    """Each start is the least integer d with (d/e)^L >= (M/e)^k, found by
+    trying every distance in rational arithmetic."""
+    e, n_log = num_buckets // 2, num_buckets - num_buckets // 2
+    starts = P.t5_bucket_starts(e, max_distance, n_log)
+    for k, start in enumerate(starts, 1):
+        reached = [
+            d
+            for d in range(e, max_distance + 1)
+            if Fraction(d, e) ** n_log >= Fraction(max_distance, e) ** k
+        ]
+        assert start == reached[0], (k, start, reached[0])
+
+
+def test_t5_bucket_on_an_exact_boundary():
+    """3 buckets a side, 1 exact, max 9: 1 + 2 log(d)/log(9) is exactly 2 at
+    d = 3, so distance 3 opens bucket 2 (a float log once put it in 1)."""
+    rel = np.array([-2, -3, -8, -9, 2, 3])
+    expected = [1, 2, 2, 2, 4, 5]
+    assert P.t5_relative_position_bucket(rel, True, 6, 9).tolist() == expected
+    # the default T5 layout has ties too: 8 * 2^(k/2) = 16, 32, 64
+    starts = P.t5_bucket_starts(8, 128, 8).tolist()
+    assert starts[1] == 16 and starts[3] == 32 and starts[5] == 64
 
 
 def test_t5_buckets_by_their_definition():

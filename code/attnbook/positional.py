@@ -332,6 +332,29 @@ def shaw_relative_index(
     return np.clip(offset, -max_distance, max_distance) + max_distance
 
 
+def t5_bucket_starts(exact: int, max_distance: int, n_log: int) -> np.ndarray:
+    """The first distance of each log-spaced T5 bucket ``exact + k``,
+    ``k = 1 .. n_log - 1``: the least integer ``d`` with
+    ``d >= exact * (max_distance / exact) ** (k / n_log)``.
+
+    Decided in integers, ``d**n_log * exact**k >= max_distance**k *
+    exact**n_log``, because a boundary can fall exactly on an integer
+    (``exact = 1, max_distance = 9, n_log = 2``: distance 3 starts bucket 2),
+    and there a floating-point log may land a hair below and drop a bucket.
+    Returns int64 of shape ``(n_log - 1,)``, nondecreasing.
+    """
+    starts = []
+    for k in range(1, n_log):
+        # the float estimate is off by far less than 1: start just below it
+        # and step up to the exact start
+        estimate = exact * (max_distance / exact) ** (k / n_log)
+        d = max(exact, math.floor(estimate) - 1)
+        while d**n_log * exact**k < max_distance**k * exact**n_log:
+            d += 1
+        starts.append(d)
+    return np.array(starts, dtype=np.int64)
+
+
 def t5_relative_position_bucket(
     relative_position,
     bidirectional: bool = True,
@@ -344,9 +367,10 @@ def t5_relative_position_bucket(
     With ``bidirectional`` half of the buckets hold keys after the query; a
     decoder (``bidirectional=False``) gives every later key bucket 0. Of the
     ``B`` buckets for one direction, distances ``0 .. B/2 - 1`` get a bucket
-    each; larger distances share buckets whose widths grow geometrically, and
-    every distance ``>= max_distance`` the last bucket. Returns int64 of
-    ``relative_position``'s shape, in ``[0, num_buckets)``.
+    each; larger distances share buckets whose widths grow geometrically
+    (:func:`t5_bucket_starts`), and every distance ``>= max_distance`` the
+    last bucket. Returns int64 of ``relative_position``'s shape, in
+    ``[0, num_buckets)``.
     """
     rel = np.asarray(relative_position)
     if not np.issubdtype(rel.dtype, np.integer):
@@ -376,17 +400,10 @@ def t5_relative_position_bucket(
             f"max_distance must exceed the {exact} exact buckets; got "
             f"{max_distance}"
         )
-    # log(0) for the exact distances, unused
-    with np.errstate(divide="ignore"):
-        log_bucket = exact + (
-            np.log(distance / exact)
-            / math.log(max_distance / exact)
-            * (num_buckets - exact)
-        )
-    large = np.minimum(
-        np.floor(np.where(distance < exact, exact, log_bucket)),
-        num_buckets - 1,
-    ).astype(np.int64)
+    # exact + (how many log-spaced boundaries the distance has reached); the
+    # last bucket, num_buckets - 1, also holds every distance past max_distance
+    starts = t5_bucket_starts(exact, max_distance, num_buckets - exact)
+    large = exact + np.searchsorted(starts, distance, side="right")
     return bucket + np.where(distance < exact, distance, large)
 
 
