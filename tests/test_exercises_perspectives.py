@@ -683,6 +683,23 @@ def chunked_torch_float32(phi_q, phi_k, v, chunk_size):
     return torch.cat(pieces, dim=-2)
 
 
+def chunked_epsilon(phi_q, phi_k, v, chunk_size):
+    """Wrong (epsilon_in_denominator): the book's loop in float64, with
+    Katharopoulos et al.'s eps = 1e-6 added to each denominator."""
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
+    z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
+    for a in range(0, n, chunk_size):
+        fq, fk, vc = (x[..., a : a + chunk_size, :] for x in (phi_q, phi_k, v))
+        w = np.tril(fq @ np.swapaxes(fk, -1, -2))
+        den = w.sum(-1) + (fq @ z[..., None])[..., 0] + 1e-6
+        out[..., a : a + chunk_size, :] = (w @ vc + fq @ s) / den[..., None]
+        s = s + np.swapaxes(fk, -1, -2) @ vc
+        z = z + fk.sum(-2)
+    return out
+
+
 def chunked_prefix_sums_in_chunk(phi_q, phi_k, v, chunk_size):
     """Right: the inputs' dtype (float32 kept float32), prefix sums of the C
     outer products inside each chunk (C states at a time, never n)."""
@@ -869,6 +886,7 @@ CHUNKED_WRONG = [
     (chunked_masked_quadratic, "quadratic_weights"),
     (chunked_numerator_masked_only, "normaliser_not_masked"),
     (chunked_recurrence, "chunk_size_ignored"),
+    (chunked_epsilon, "epsilon_in_denominator"),
 ]
 
 CHUNKED_RIGHT = [

@@ -751,6 +751,16 @@ def _causal_quadratic(phi_q, phi_k, v, chunk_size=None):
     return ((w @ v) / w.sum(axis=-1, keepdims=True)).astype(dtype)
 
 
+def _causal_epsilon(phi_q, phi_k, v, chunk_size=None, eps=1e-6):
+    """The epsilon_in_denominator mistake: the masked quadratic form with
+    ``eps`` added to each denominator, as the linear-attention code of
+    Katharopoulos et al. does (eps = 1e-6)."""
+    dtype = _result_dtype(phi_q, phi_k, v)
+    phi_q, phi_k, v = (np.asarray(a, np.float64) for a in (phi_q, phi_k, v))
+    w = np.tril(phi_q @ _t(phi_k))
+    return ((w @ v) / (w.sum(axis=-1, keepdims=True) + eps)).astype(dtype)
+
+
 def _causal_float32(phi_q, phi_k, v, chunk_size=None):
     """The float32_arithmetic mistake: right values, computed in float32."""
     phi_q, phi_k, v = (np.asarray(a, np.float32) for a in (phi_q, phi_k, v))
@@ -843,13 +853,25 @@ CHUNKED_CAUSAL_MISTAKES = [
         lambda *a: _causal_chunks(*a, state_first="z"),
     ),
     Mistake(
+        "epsilon_in_denominator",
+        "the denominators have 1e-6 added (as in Katharopoulos et al.'s "
+        "code): the values differ from the exact ratio by about 1e-6 / "
+        "denominator, far beyond float64's precision, which this exercise "
+        "checks",
+        "divide by the sum itself: with positive features every denominator "
+        "is positive, so the exact ratio needs no epsilon",
+        _causal_epsilon,
+    ),
+    Mistake(
         "float32_arithmetic",
-        "the values are those of the right formula computed in float32: on "
-        "float64 inputs they differ from the float64 reference by about "
-        "1e-7 of the outputs, where float64 arithmetic agrees to about 1e-13",
+        "the values agree with the right formula only to about float32's "
+        "precision (about 1e-7 of the outputs, where float64 arithmetic "
+        "agrees to about 1e-13): the usual cause is arithmetic in float32; a "
+        "small number added to the denominators does the same",
         "keep the inputs' precision: do not convert float64 inputs to "
         "float32 (np.float32, torch.tensor(..., dtype=torch.float32), "
-        "torch.zeros without a dtype); float32 inputs may stay float32",
+        "torch.zeros without a dtype); float32 inputs may stay float32; and "
+        "divide by the exact sums, with no epsilon",
         _causal_float32,
     ),
 ]
