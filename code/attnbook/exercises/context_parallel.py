@@ -5,23 +5,23 @@ transfer.
 The zigzag map's mistakes: the mirror chunk taken as ``P - 1 - r`` instead of
 ``2P - 1 - r`` (half the sequence, some of it twice), the second chunk not
 mirrored (``P + r``), the ranks numbered from the other end, the plain
-contiguous and striped layouts, the remainder of ``n`` dropped when ``2P``
-does not divide it (or all of it put in the last chunk), chunks of
-``ceil(n / 2P)`` tokens (the last ones short or empty) instead of
-:func:`numpy.array_split`'s, positions returned as floats
-(they index), and a rank with no token given an empty float array
-(``np.array([])``). The order of the positions inside a rank is free: ring
-attention masks by global positions, not by order.
+contiguous and striped layouts, the remainder of ``n`` dropped when ``2P`` does
+not divide it (or all of it put in the last chunk), chunks of ``ceil(n / 2P)``
+tokens (the last ones short or empty) instead of :func:`numpy.array_split`'s,
+positions returned as floats (they index), and a rank with no token given an
+empty float array (``np.array([])``). The order of the positions inside a rank
+is free: ring attention masks by global positions, not by order.
 
-The overlap condition's mistakes are of units: a link's bits per second read
-as bytes, the keys sent without the values (or the reverse), the flops
-``4 m^2 h d`` counted at half or a quarter (one product of two, a multiply-add
-counted as one flop, the compute halved as for a causal mask: each is a factor
-of 2, so the checker names them together), a figure for both directions used
-as one direction's (or the direction flag read the wrong way round), the
-key/value heads counted as query heads (GQA's saving lost), elements counted
-instead of bytes, and the threshold rounded up to whole tokens. The answer is compared to a relative 1e-5, so that float32
-arithmetic passes; an exact :class:`fractions.Fraction` passes too.
+The overlap condition's mistakes are of units: a link's bits per second read as
+bytes, the keys sent without the values (or the reverse), the flops ``4 m^2 h
+d`` counted at half or a quarter (one product of two, a multiply-add counted as
+one flop, the compute halved as for a causal mask: each is a factor of 2, so
+the checker names them together), a figure for both directions used as one
+direction's (or the direction flag read the wrong way round), the key/value
+heads counted as query heads (GQA's saving lost), elements counted instead of
+bytes, and the threshold rounded up to whole tokens. The answer is compared to
+a relative 1e-5, so that float32 arithmetic passes; an exact
+:class:`fractions.Fraction` passes too.
 
 Numpy only (no torch needed); a reader may answer with torch, and a tensor
 returned is compared as an array.
