@@ -15,12 +15,12 @@ is free: ring attention masks by global positions, not by order.
 The overlap condition's mistakes are of units: a link's bits per second read as
 bytes, the keys sent without the values (or the reverse), the flops
 ``4 m^2 h d`` counted at half or a quarter (one product of two, a multiply-add
-counted as one flop, the compute halved as for a causal mask: each is a factor of 2, so the
-checker names them together), a figure for both directions used as one
-direction's (or the direction flag read the wrong way round), the key/value
-heads counted as query heads (GQA's saving lost), elements counted instead of
-bytes, and the threshold rounded up to whole tokens. The answer is compared to
-a relative 1e-5, so that float32 arithmetic passes; an exact
+counted as one flop, the compute halved as for a causal mask: each is a factor
+of 2, so the checker names them together), a figure for both directions used
+as one direction's (or the direction flag read the wrong way round), the
+key/value heads counted as query heads (GQA's saving lost), elements counted
+instead of bytes, and the threshold rounded up to whole tokens. The answer is
+compared to a relative 1e-5, so that float32 arithmetic passes; an exact
 :class:`fractions.Fraction` passes too.
 
 Numpy only (no torch needed); a reader may answer with torch, and a tensor
