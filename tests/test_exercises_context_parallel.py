@@ -112,6 +112,20 @@ def zigzag_floor_chunks(n, world_size):
     return out
 
 
+def zigzag_last_takes_the_rest(n, world_size):
+    """Wrong: equal chunks of n // 2P, the last one stretched to the end
+    (issue 31, student report 1112)."""
+    size = n // (2 * world_size)
+    starts = [j * size for j in range(2 * world_size)] + [n]
+    chunks = [
+        list(range(starts[j], starts[j + 1])) for j in range(2 * world_size)
+    ]
+    return [
+        np.array(chunks[r] + chunks[2 * world_size - 1 - r], dtype=np.int64)
+        for r in range(world_size)
+    ]
+
+
 def zigzag_ceil_chunks(n, world_size):
     size = math.ceil(n / (2 * world_size))
     tokens = np.arange(n)
@@ -186,6 +200,13 @@ def overlap_total(peak_flops, link_bits, both, h, n_kv, d, b):
     return peak_flops * 2 * n_kv * d * b / (4 * h * d * bandwidth)
 
 
+def overlap_flag_inverted(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Wrong: the direction flag read the wrong way round (issue 31, student
+    report 1112, which got the half-the-flops diagnosis)."""
+    bandwidth = link_bits / 8 / (1 if both else 2)
+    return peak_flops * 2 * n_kv * d * b / (4 * h * d * bandwidth)
+
+
 def overlap_mha(peak_flops, link_bits, both, h, n_kv, d, b):
     bandwidth = link_bits / 8 / (2 if both else 1)
     return peak_flops * 2 * h * d * b / (4 * h * d * bandwidth)
@@ -248,6 +269,7 @@ CATALOGUE = {
             (zigzag_halves, "contiguous"),
             (zigzag_round_robin, "striped"),
             (zigzag_floor_chunks, "remainder_dropped"),
+            (zigzag_last_takes_the_rest, "remainder_in_last"),
             (zigzag_ceil_chunks, "ceil_chunks"),
             (zigzag_linspace, "float_positions"),
             (zigzag_list_then_array, "empty_not_integer"),
@@ -268,6 +290,7 @@ CATALOGUE = {
             (overlap_multiply_add_as_one, "half_the_flops"),
             (overlap_causal_half, "half_the_flops"),
             (overlap_total, "total_as_one_way"),
+            (overlap_flag_inverted, "direction_inverted"),
             (overlap_mha, "kv_heads_as_query_heads"),
             (overlap_elements, "elements_not_bytes"),
             (overlap_ceil, "rounded_up"),

@@ -717,9 +717,8 @@ CATALOGUE["check_pool_kv_heads"]["wrong"] += [
 
 
 # --- from the expert reading ch11b (session 9) -------------------------------
-# The exercise asks for indexing the head axis with a tensor of head numbers;
-# the hints of the share checker must point there, not to the expand and
-# reshape of repeat_kv (which the exercise rules out) or to repeat_interleave.
+# The exercise rules out the expand and reshape of repeat_kv and
+# repeat_interleave: the hints of the share checker must not point there.
 
 
 def share_by_index_select(x, n_heads):
@@ -736,15 +735,22 @@ def share_by_tensor_index(x, n_heads):
 
 
 def test_share_hints_point_to_indexing_not_to_the_ruled_out_methods():
+    # Since the student reading 1112 (issue 31) the exercise no longer names
+    # the method, and no hint prints the answer's code (the index expression
+    # torch.arange(n_heads) // g): the hints of the head-order mistakes state
+    # the rule, output head j is input head j // g, and leave the code to the
+    # reader.
     from attnbook.exercises.gqa import SHARE_MISTAKES
 
     for mistake in SHARE_MISTAKES:
         assert "expand(" not in mistake.hint, mistake.key
         assert "repeat_interleave(" not in mistake.hint, mistake.key
         assert "expand and reshape" not in mistake.hint, mistake.key
+        assert "torch.arange(n_heads)" not in mistake.hint, mistake.key
+        assert "x[:, " not in mistake.hint, mistake.key
     for key in ("wrong_order", "scrambled", "scrambled_features"):
         hints = [m.hint for m in SHARE_MISTAKES if m.key == key]
-        assert all("torch.arange(n_heads) // g" in h for h in hints), key
+        assert all("head j // g" in h for h in hints), key
 
 
 @pytest.mark.parametrize("fn", [share_by_index_select, share_by_tensor_index])
@@ -756,4 +762,24 @@ def test_share_by_a_tensor_of_head_numbers_passes(fn, capsys):
 CATALOGUE["check_share_kv_heads"]["right"] += [
     share_by_index_select,
     share_by_tensor_index,
+]
+
+
+# --- student reading 1112 (issue 31): a pool written for matrices only -------
+
+
+def pool_matrix_only(weight, n_heads, n_kv_heads):
+    """Wrong: right for a matrix, but the final reshape adds a trailing axis
+    to a bias vector, (6,) -> (6, 1)."""
+    g = n_heads // n_kv_heads
+    d_head = weight.shape[0] // n_heads
+    return (
+        weight.reshape(n_kv_heads, g, d_head, -1)
+        .mean(1)
+        .reshape(n_kv_heads * d_head, -1)
+    )
+
+
+CATALOGUE["check_pool_kv_heads"]["wrong"] += [
+    (pool_matrix_only, "trailing_axis_added")
 ]

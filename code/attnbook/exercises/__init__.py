@@ -255,7 +255,13 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # no package function computes it; the chapter shows the index
     # (shaw_relative_index), not the attention
     "check_shaw_attention": (),
-    "check_share_kv_heads": ("attnbook.torch_attention.repeat_kv",),
+    # kv_head_of lists the head numbers to index with: all of the answer but
+    # the indexing (chapter 12 calls it, and the exercise rules it out; issue
+    # 31, student report 1112)
+    "check_share_kv_heads": (
+        "attnbook.torch_attention.repeat_kv",
+        "attnbook.gqa.kv_head_of",
+    ),
     "check_sharing_map": ("attnbook.latent.sharing.reuse_last_of_type",),
     # logsumexp and log_softmax shift by the same maximum with the same
     # helper: their source is the answer but for the last division

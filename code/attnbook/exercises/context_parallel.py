@@ -5,22 +5,23 @@ transfer.
 The zigzag map's mistakes: the mirror chunk taken as ``P - 1 - r`` instead of
 ``2P - 1 - r`` (half the sequence, some of it twice), the second chunk not
 mirrored (``P + r``), the ranks numbered from the other end, the plain
-contiguous and striped layouts, the remainder of ``n`` dropped when ``2P``
-does not divide it, chunks of ``ceil(n / 2P)`` tokens (the last ones short or
-empty) instead of :func:`numpy.array_split`'s, positions returned as floats
-(they index), and a rank with no token given an empty float array
-(``np.array([])``). The order of the positions inside a rank is free: ring
-attention masks by global positions, not by order.
+contiguous and striped layouts, the remainder of ``n`` dropped when ``2P`` does
+not divide it (or all of it put in the last chunk), chunks of ``ceil(n / 2P)``
+tokens (the last ones short or empty) instead of :func:`numpy.array_split`'s,
+positions returned as floats (they index), and a rank with no token given an
+empty float array (``np.array([])``). The order of the positions inside a rank
+is free: ring attention masks by global positions, not by order.
 
-The overlap condition's mistakes are of units: a link's bits per second read
-as bytes, the keys sent without the values (or the reverse), the flops
+The overlap condition's mistakes are of units: a link's bits per second read as
+bytes, the keys sent without the values (or the reverse), the flops
 ``4 m^2 h d`` counted at half or a quarter (one product of two, a multiply-add
 counted as one flop, the compute halved as for a causal mask: each is a factor
 of 2, so the checker names them together), a figure for both directions used
-as one direction's, the key/value heads counted as query heads (GQA's saving
-lost), elements counted instead of bytes, and the threshold rounded up to
-whole tokens. The answer is compared to a relative 1e-5, so that float32
-arithmetic passes; an exact :class:`fractions.Fraction` passes too.
+as one direction's (or the direction flag read the wrong way round), the
+key/value heads counted as query heads (GQA's saving lost), elements counted
+instead of bytes, and the threshold rounded up to whole tokens. The answer is
+compared to a relative 1e-5, so that float32 arithmetic passes; an exact
+:class:`fractions.Fraction` passes too.
 
 Numpy only (no torch needed); a reader may answer with torch, and a tensor
 returned is compared as an array.
@@ -78,6 +79,18 @@ def _striped(n, world_size):
 def _remainder_dropped(n, world_size):
     q = n // (2 * world_size)
     c = [np.arange(j * q, (j + 1) * q) for j in range(2 * world_size)]
+    return [
+        np.concatenate([c[r], c[2 * world_size - 1 - r]])
+        for r in range(world_size)
+    ]
+
+
+def _remainder_in_last(n, world_size):
+    size = n // (2 * world_size)
+    c = [
+        np.arange(j * size, (j + 1) * size) for j in range(2 * world_size - 1)
+    ]
+    c.append(np.arange((2 * world_size - 1) * size, n))
     return [
         np.concatenate([c[r], c[2 * world_size - 1 - r]])
         for r in range(world_size)
@@ -236,6 +249,15 @@ ZIGZAG_MISTAKES = [
         "cut with np.array_split(np.arange(n), 2 * P): the first n mod 2P "
         "chunks get one token more",
         _remainder_dropped,
+    ),
+    Mistake(
+        "remainder_in_last",
+        "the chunks have n // 2P tokens each and the last chunk takes the "
+        "remaining n mod 2P as well, so rank 0, which holds the last chunk, "
+        "gets up to 2P - 1 tokens more than the others",
+        "spread the remainder one token at a time: the first n mod 2P chunks "
+        "get one token more (np.array_split's sizes)",
+        _remainder_in_last,
     ),
     Mistake(
         "ceil_chunks",
@@ -426,6 +448,15 @@ OVERLAP_MISTAKES = [
         "when both_directions is True, halve the figure (NVLink's 900 GB/s "
         "is 450 GB/s each way)",
         lambda *a: _tokens(*a, halve=False),
+    ),
+    Mistake(
+        "direction_inverted",
+        "the both_directions flag is read the wrong way round: a figure for "
+        "both directions is used whole, and a one-way figure is halved",
+        "halve the link's figure only when both_directions is True (NVLink's "
+        "900 GB/s is 450 GB/s each way); a one-way figure, such as an "
+        "InfiniBand port's 400 Gb/s, is already what the ring uses",
+        lambda *a: _tokens(a[0], a[1], not a[2], *a[3:]),
     ),
     Mistake(
         "kv_heads_as_query_heads",

@@ -53,10 +53,10 @@ SHARE_MISTAKES = [
         "key/value head j % n_kv_heads "
         "(the copies are tiled, as x.repeat(1, g, 1, 1) does) instead of j // "
         "g",
-        "each key/value head serves g *consecutive* query heads: index the "
-        "head axis with the head numbers torch.arange(n_heads) // g "
-        "(0, ..., 0, 1, ..., 1, ...), not torch.arange(n_heads) % n_kv_heads, "
-        "and do not tile the whole stack g times",
+        "each key/value head serves g *consecutive* query heads: output head "
+        "j is input head j // g (0, ..., 0, 1, ..., 1, ...), not j % "
+        "n_kv_heads, so the copies of one head must be adjacent, not the "
+        "whole stack tiled g times",
         lambda x, n_heads: x.repeat(1, _group(x, n_heads), 1, 1),
     ),
     Mistake(
@@ -87,9 +87,8 @@ SHARE_MISTAKES = [
         "scrambled",
         "the copies were made next to the position axis, so the final reshape "
         "mixes positions into heads",
-        "copy whole heads along the head axis, leaving positions and "
-        "features where they are: index it with a tensor of head numbers, "
-        "x[:, torch.arange(n_heads) // g], as the exercise asks",
+        "copy whole heads along the head axis (dim 1), leaving positions and "
+        "features where they are: output head j is all of input head j // g",
         lambda x, n_heads: (
             x[:, :, :, None]
             .expand(*x.shape[:3], _group(x, n_heads), x.shape[3])
@@ -101,9 +100,8 @@ SHARE_MISTAKES = [
         "the copies were made on the last axis (next to the features), so the "
         "final reshape mixes "
         "features and positions into heads",
-        "copy whole heads along the head axis, leaving positions and "
-        "features where they are: index it with a tensor of head numbers, "
-        "x[:, torch.arange(n_heads) // g], as the exercise asks",
+        "copy whole heads along the head axis (dim 1), leaving positions and "
+        "features where they are: output head j is all of input head j // g",
         lambda x, n_heads: (
             x[..., None]
             .expand(*x.shape, _group(x, n_heads))
@@ -114,9 +112,8 @@ SHARE_MISTAKES = [
         "first_head_only",
         "every query head reads key/value head 0: the other key/value heads "
         "are never used",
-        "query head j reads key/value head j // g: index the head axis with "
-        "all of those head numbers, x[:, torch.arange(n_heads) // g], so "
-        "that *each* key/value head is copied g times",
+        "query head j reads key/value head j // g for every j, so that "
+        "*each* key/value head is copied g times and none is left unused",
         lambda x, n_heads: x[:, :1].expand(x.shape[0], n_heads, *x.shape[2:]),
     ),
     Mistake(
@@ -162,8 +159,7 @@ SHARE_MISTAKES = [
         "the result is float32 while the input is float64 (a cast, such as "
         ".float(), or a buffer made by torch.zeros or torch.empty without a "
         "dtype): sharing copies the keys and values, so it keeps their dtype",
-        "keep the input's dtype: build the result from x itself "
-        "(index it with a tensor of head numbers, as the exercise asks), or "
+        "keep the input's dtype: build the result from x itself, or "
         "pass dtype=x.dtype to any buffer you make; a float32 copy of float64 "
         "keys has lost digits, and its matmul with float64 queries fails",
         lambda x, n_heads: repeat_kv(x, _group(x, n_heads)).to(torch.float32),
@@ -173,8 +169,7 @@ SHARE_MISTAKES = [
         "the result is float64 while the input is float32 (a cast, such as "
         ".double(), or a buffer made in float64): sharing copies the keys "
         "and values, so it keeps their dtype",
-        "keep the input's dtype: build the result from x itself "
-        "(index it with a tensor of head numbers, as the exercise asks), or "
+        "keep the input's dtype: build the result from x itself, or "
         "pass dtype=x.dtype to any buffer you make; a float64 copy of float32 "
         "keys takes twice the memory, and its matmul with float32 queries "
         "fails",
@@ -186,9 +181,8 @@ SHARE_MISTAKES = [
         ".numpy() on the way, then numpy's repeat): the shared keys and "
         "values go straight into attend or a matmul with torch queries, "
         "which refuses a numpy array",
-        "stay in torch: index x itself with a tensor of head numbers, "
-        "x[:, torch.arange(n_heads) // g]; the result must be a tensor like "
-        "x",
+        "stay in torch: build the result from x itself with torch "
+        "operations; the result must be a tensor like x",
         lambda x, n_heads: repeat_kv(x, _group(x, n_heads)).numpy(),
     ),
 ]
@@ -265,8 +259,10 @@ def check_share_kv_heads(fn) -> None:
     dtype next, which torch refuses for mixed float dtypes. A float32 result of
     float64 keys (``.float()``, or a ``torch.zeros`` buffer of the default
     dtype) is diagnosed as ``changed_dtype``, and a numpy array returned for
-    a torch tensor as ``numpy_result``. The exercise's rule, no call of
-    ``repeat_kv``, is not checked: the checker sees only what ``fn`` returns.
+    a torch tensor as ``numpy_result``. The exercise's rules, no call of
+    ``repeat_kv``, ``repeat_interleave`` or ``gqa.kv_head_of``, are not
+    checked: the checker sees only what ``fn`` returns. No hint prints the
+    answer's code.
     """
     run_checks(
         "sharing key/value heads",
@@ -380,6 +376,17 @@ POOL_MISTAKES = [
             .mean(2)
             .reshape(-1, *w.shape[1:])
         ),
+    ),
+    Mistake(
+        "trailing_axis_added",
+        "the result always gets a trailing axis (a final reshape(n_kv_heads "
+        "* d_head, -1), written for a matrix): a bias vector (n_heads * "
+        "d_head,) comes back as a column (n_kv_heads * d_head, 1)",
+        "keep the weight's trailing shape, weight.shape[1:], which is empty "
+        "for a bias vector: reshape(-1, *weight.shape[1:]) at the end",
+        lambda w, h, n_kv_heads: pool_kv_heads(
+            w, h, n_kv_heads, "mean"
+        ).reshape(n_kv_heads * (w.shape[0] // h), -1),
     ),
     Mistake(
         "global_mean",
