@@ -129,6 +129,17 @@ def slots_last_entry_ragged(table, length, block_size):
     return np.array(out, dtype=np.int64)
 
 
+def slots_last_entry_for_partial_block(table, length, block_size):
+    """Wrong: the full blocks from table[p // block_size], the part-filled
+    one from table[-1] (reading stud131415)."""
+    full = length // block_size
+    out = []
+    for p in range(length):
+        block = table[p // block_size] if p // block_size < full else table[-1]
+        out.append(block * block_size + p % block_size)
+    return np.array(out, dtype=np.int64)
+
+
 def slots_used_blocks(table, length, block_size):
     """Correct: the blocks the sequence uses, the last of them ragged."""
     used = table[: math.ceil(length / block_size)]
@@ -210,6 +221,25 @@ def decode_values_not_masked(q, key_blocks, value_blocks, table, length):
     v = value_blocks[table].reshape(-1, *value_blocks.shape[2:])
     scores = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
     scores[:, length:] = -np.inf
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
+
+
+def decode_last_entry_for_partial_block(
+    q, key_blocks, value_blocks, table, length
+):
+    """Wrong: numpy, the full blocks read from the table in order, the
+    part-filled one from its last entry."""
+    size = key_blocks.shape[1]
+    full, rest = divmod(length, size)
+    blocks = [table[j] for j in range(full)]
+    ks = [key_blocks[b] for b in blocks]
+    vs = [value_blocks[b] for b in blocks]
+    if rest:
+        ks.append(key_blocks[table[-1], :rest])
+        vs.append(value_blocks[table[-1], :rest])
+    k, v = np.concatenate(ks), np.concatenate(vs)
+    scores = np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])
     w = np.exp(scores - scores.max(-1, keepdims=True))
     return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
 
@@ -379,6 +409,7 @@ CATALOGUE = {
             (slots_float, "float_slots"),
             (slots_comprehension_array, "empty_not_integer"),
             (slots_last_entry_ragged, "last_entry_ragged"),
+            (slots_last_entry_for_partial_block, "last_entry_ragged"),
         ],
     },
     "check_paged_decode": {
@@ -401,6 +432,7 @@ CATALOGUE = {
             (decode_merged_by_max, "blocks_by_max"),
             (decode_values_not_masked, "values_not_masked"),
             (decode_last_entry_ragged, "last_entry_ragged"),
+            (decode_last_entry_for_partial_block, "last_entry_ragged"),
         ],
     },
 }

@@ -426,6 +426,34 @@ def topk_masked_with_zero(scores, k):
     return chosen & allowed
 
 
+def topk_zero_then_first_slots(scores, k):
+    """Wrong: the future set to 0 before torch's topk, then the first
+    min(k, t + 1) slots kept; a 0 outranks a negative score and takes a
+    slot (reading stud131415)."""
+    s = torch.as_tensor(scores)
+    n_q, n_k = s.shape
+    t = torch.arange(n_k - n_q, n_k)
+    future = torch.arange(n_k)[None, :] > t[:, None]
+    idx = s.masked_fill(future, 0.0).topk(k, dim=-1).indices
+    out = torch.zeros(n_q, n_k, dtype=torch.bool)
+    for row in range(n_q):
+        out[row, idx[row, : min(k, int(t[row]) + 1)]] = True
+    return out
+
+
+def topk_unmasked_first_slots(scores, k):
+    """Wrong: numpy's argsort of the unmasked scores, then the first
+    min(k, t + 1) keys kept: the right count, the future's keys among
+    them (reading stud131415)."""
+    n_q, n_k = scores.shape
+    order = np.argsort(-scores, axis=-1)
+    out = np.zeros((n_q, n_k), dtype=bool)
+    for row in range(n_q):
+        t = row + n_k - n_q
+        out[row, order[row, : min(k, t + 1)]] = True
+    return out
+
+
 def topk_numpy_zero_fill(scores, k):
     """Wrong: np.where(..., scores, 0) before numpy's (unstable) argsort."""
     n_q, n_k = scores.shape
@@ -518,7 +546,7 @@ def _slipped(q, k, v, mask_mod, tile, slip):
     """A reader's tile loop in torch, with one slip."""
     n_q, n_k = q.shape[0], k.shape[0]
     last_q = n_q // tile * tile if slip == "floor" else n_q
-    last_k = n_k // tile * tile if slip == "floor" else n_k
+    last_k = n_k // tile * tile if slip in ("floor", "key floor") else n_k
     out = torch.zeros(n_q, v.shape[1], dtype=q.dtype)
     tiles = 0
     for i in range(0, last_q, tile):
@@ -569,6 +597,12 @@ def tiles_every_tile(q, k, v, mask_mod, tile):
 
 def tiles_floor(q, k, v, mask_mod, tile):
     return _slipped(q, k, v, mask_mod, tile, "floor")
+
+
+def tiles_key_floor(q, k, v, mask_mod, tile):
+    """Wrong: the key loop stops at the last whole tile, the query loop
+    right (reading stud131415)."""
+    return _slipped(q, k, v, mask_mod, tile, "key floor")
 
 
 def tiles_no_guard(q, k, v, mask_mod, tile):
@@ -675,6 +709,8 @@ CATALOGUE = {
             (topk_diagonal_off_by_one, "one_future"),
             (topk_masked_with_zero, "zero_masked"),
             (topk_numpy_zero_fill, "zero_masked"),
+            (topk_zero_then_first_slots, "zero_masked"),
+            (topk_unmasked_first_slots, "future_selected"),
         ],
     },
     "check_tiled_sparse_attention": {
@@ -687,6 +723,7 @@ CATALOGUE = {
             (tiles_partial_unmasked, "partial_unmasked"),
             (tiles_every_tile, "empty_visited"),
             (tiles_floor, "ragged_dropped"),
+            (tiles_key_floor, "ragged_dropped"),
             (tiles_no_guard, "nan_rows"),
             (tiles_division_unguarded, "nan_rows"),
             (tiles_no_rescale, "not_rescaled"),

@@ -124,6 +124,19 @@ def _last_entry_ragged(table, length, block_size):
     return np.concatenate([whole, table[-1] * block_size + offsets[:filled]])
 
 
+def _last_entry_for_ragged_block(table, length, block_size):
+    """The full blocks looked up right, table[p // block_size], but the
+    table's last entry taken for a part-filled last block."""
+    table = np.asarray(table, dtype=np.int64)
+    p = np.arange(length)
+    blocks = table[p // block_size] if length else p
+    if length % block_size:
+        blocks = np.where(
+            p // block_size == length // block_size, table[-1], blocks
+        )
+    return blocks * block_size + p % block_size
+
+
 def _same_slots(got, expected) -> bool:
     """Equal slots, both integers or both not. No slots at all (length 0):
     an empty list, which indexes, or an empty array of the expected kind (a
@@ -235,6 +248,16 @@ SLOT_MISTAKES = [
         "block_size], for p = 0 .. length - 1; the entries past "
         "table[ceil(length / block_size) - 1] are never read",
         _last_entry_ragged,
+    ),
+    Mistake(
+        "last_entry_ragged",
+        "the table's last entry is taken for the part-filled block, the "
+        "full blocks looked up right: a table may hold spare entries beyond "
+        "the ceil(length / block_size) blocks the sequence uses, so its last "
+        "entry need not be the sequence's last block",
+        "look every position's block up the same way, table[p // "
+        "block_size], the part-filled block's positions included",
+        _last_entry_for_ragged_block,
     ),
 ]
 
@@ -374,6 +397,15 @@ def _decode_last_entry_ragged(q, key_blocks, value_blocks, table, length):
     return _attend(q, *(x[slots] for x in flat))
 
 
+def _decode_last_entry_for_ragged_block(
+    q, key_blocks, value_blocks, table, length
+):
+    size = key_blocks.shape[1]
+    slots = _last_entry_for_ragged_block(table, length, size)
+    flat = (x.reshape(-1, *x.shape[2:]) for x in (key_blocks, value_blocks))
+    return _attend(q, *(x[slots] for x in flat))
+
+
 def _values_not_masked(q, key_blocks, value_blocks, table, length):
     size = key_blocks.shape[1]
     used = table[: -(-length // size)]
@@ -486,6 +518,16 @@ DECODE_MISTAKES = [
         "read table[0 .. m - 1] only; block j holds min(block_size, length "
         "- j * block_size) positions",
         _decode_last_entry_ragged,
+    ),
+    Mistake(
+        "last_entry_ragged",
+        "the table's last entry is taken for the part-filled block, the "
+        "full blocks read right: a table may hold spare entries beyond the "
+        "m = ceil(length / block_size) blocks the sequence uses, and the "
+        "spare blocks hold garbage",
+        "block j of the sequence is table[j] for every j < m, the "
+        "part-filled one included",
+        _decode_last_entry_for_ragged_block,
     ),
 ]
 

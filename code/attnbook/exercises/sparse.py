@@ -497,6 +497,34 @@ def _zero_masked(scores, k):
     return chosen & admissible
 
 
+def _zero_masked_capped(scores, k):
+    """The future set to 0, not -inf, before the top-k, and the first
+    min(k, t + 1) slots kept: a future key's 0 outranks every negative score
+    and takes a slot of query t. Where scores tie with the future's zeros,
+    this version ranks the future first (the tie-break that goes wrong
+    soonest); :class:`_AnyTieBreak` recognises the mistake under any
+    tie-break (:func:`_is_zero_masked_capped`) and gives this function's
+    output in its place."""
+    n_q, n_k = scores.shape
+    admissible = np.isfinite(_future_masked(scores))
+    filled = np.where(admissible, scores, 0.0)
+    # np.lexsort sorts by its last key first: the score, then admissible
+    # (False, the future, first)
+    order = np.lexsort((admissible, -filled), axis=-1)
+    counts = np.arange(n_q) + (n_k - n_q) + 1
+    return _selected(order, n_k, k, counts)
+
+
+def _unmasked_capped(scores, k):
+    """The top-k of the unmasked scores, then the first min(k, t + 1)
+    slots kept: the count is right, but the keys are the best of every
+    position, the future included."""
+    n_q, n_k = scores.shape
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    counts = np.arange(n_q) + (n_k - n_q) + 1
+    return _selected(order, n_k, k, counts)
+
+
 def _one_fewer(scores, k):
     return (
         _reference_topk(scores, k - 1)
@@ -592,6 +620,25 @@ TOPK_MISTAKES = [
         "mask the future with -inf (float('-inf')), so that it ranks below "
         "every real score",
         _zero_masked,
+    ),
+    Mistake(
+        "zero_masked",
+        "the future is masked with 0, not -inf, and the first min(k, t + 1) "
+        "slots are kept: a future key's 0 outranks every negative score, so "
+        "a query selects future keys",
+        "mask the future with -inf (float('-inf')), so that it ranks below "
+        "every real score; then the first min(k, t + 1) slots are all "
+        "admissible",
+        _zero_masked_capped,
+    ),
+    Mistake(
+        "future_selected",
+        "the top-k is taken over the unmasked scores and its first "
+        "min(k, t + 1) slots kept: the count is right, but the keys are the "
+        "best of every position, the future's included",
+        "set the scores of keys s > t to -inf BEFORE taking the top k; "
+        "capping the count afterwards does not remove the future keys",
+        _unmasked_capped,
     ),
     Mistake(
         "ties_kept",
@@ -700,6 +747,24 @@ def _is_zero_masked(selection, scores, k) -> bool:
     return True
 
 
+def _is_zero_masked_capped(selection, scores, k) -> bool:
+    """Whether the boolean ``selection`` is :func:`_zero_masked_capped`'s
+    under some tie-break: each query selects ``min(k, t + 1)`` keys, a future
+    key among them somewhere, and none of them scores below an unselected
+    key once the future's scores are set to 0."""
+    admissible = np.isfinite(_future_masked(scores))
+    if not (selection & ~admissible).any():
+        return False
+    n_q, n_k = scores.shape
+    counts = np.arange(n_q) + (n_k - n_q) + 1
+    if not (selection.sum(axis=-1) == np.minimum(k, counts)).all():
+        return False
+    filled = np.where(admissible, scores, 0.0)
+    lowest = np.where(selection, filled, np.inf).min(axis=-1)
+    rest = np.where(~selection, filled, -np.inf).max(axis=-1)
+    return bool((lowest >= rest).all())
+
+
 class _AnyTieBreak:
     """The reader's ``fn(scores, k)`` (given numpy arrays, or torch tensors
     where it needs them: :class:`ArraysOrTensors`), whose boolean selection,
@@ -708,8 +773,9 @@ class _AnyTieBreak:
     right. A selection that pads a query's slots with future keys, in any
     order, is replaced by :func:`_padded_with_future`'s, and one that masks
     the future with 0, whatever its sort did with the zeros that tie, by
-    :func:`_zero_masked`'s, so that the diagnosis names the mistake whatever
-    the reader's sort did with the scores that tie."""
+    :func:`_zero_masked`'s (or, where it kept the first min(k, t + 1)
+    slots, :func:`_zero_masked_capped`'s), so that the diagnosis names the
+    mistake whatever the reader's sort did with the scores that tie."""
 
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
@@ -726,6 +792,8 @@ class _AnyTieBreak:
                 return _padded_with_future(before, k)
             if _is_zero_masked(got, before, k):
                 return _zero_masked(before, k)
+            if _is_zero_masked_capped(got, before, k):
+                return _zero_masked_capped(before, k)
         return out
 
 
@@ -781,17 +849,20 @@ def _tiled(
     mask_partial=True,
     skip_empty=True,
     ragged=True,
+    ragged_keys=None,
     guard_empty_rows=True,
     guard_division=None,
     rescale=True,
     count_full=True,
 ):
     """A tile loop with an online softmax (chapter 9), each flag a step that
-    a mistake leaves out (``guard_division`` None: as ``guard_empty_rows``)."""
+    a mistake leaves out (``guard_division`` None: as ``guard_empty_rows``;
+    ``ragged_keys`` None: as ``ragged``)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     n_q, n_k = q.shape[0], k.shape[0]
     stop_q = n_q if ragged else n_q - n_q % tile
-    stop_k = n_k if ragged else n_k - n_k % tile
+    ragged_keys = ragged if ragged_keys is None else ragged_keys
+    stop_k = n_k if ragged_keys else n_k - n_k % tile
     out = np.zeros((n_q, v.shape[1]))
     visited = 0
     for i in range(0, stop_q, tile):
@@ -842,6 +913,10 @@ def _ragged_dropped(q, k, v, mask_mod, tile):
     return _tiled(q, k, v, mask_mod, tile, ragged=False)
 
 
+def _ragged_key_tile_dropped(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, ragged_keys=False)
+
+
 def _nan_rows(q, k, v, mask_mod, tile):
     return _tiled(q, k, v, mask_mod, tile, guard_empty_rows=False)
 
@@ -884,6 +959,15 @@ TILED_MISTAKES = [
         "loop over range(0, n, tile) and cut each tile at n "
         "(min(start + tile, n))",
         _ragged_dropped,
+    ),
+    Mistake(
+        "ragged_dropped",
+        "the last, shorter key tile is dropped (the key loop stops at "
+        "n_k - n_k % tile): the queries are all there, but the last keys are "
+        "never read",
+        "loop over range(0, n_k, tile) and cut each key tile at n_k "
+        "(min(start + tile, n_k))",
+        _ragged_key_tile_dropped,
     ),
     Mistake(
         "nan_rows",

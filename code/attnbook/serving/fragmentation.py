@@ -52,20 +52,20 @@ def token_fraction(
 ) -> float:
     """Fraction of held cache memory that holds real tokens.
 
-    A request of ``p`` prompt and ``o`` output tokens holds ``p + t``
+    A request of ``pi`` prompt and ``o`` output tokens holds ``pi + t``
     positions while it computes new token ``t + 1``, ``t = 0 .. o - 1``: its
     prompt and the ``t`` new tokens fed back so far (the last new token is
     never fed back). It reserves, at each of those steps:
     ``"max"``: ``max_len`` positions; ``"pow2"``: the vLLM paper's Orca
     (Pow2), room for the output length rounded up to a power of two, plus the
-    prompt, at most ``max_len``: ``min(p + 2 ** ceil(log2(o)), max_len)``;
-    ``"oracle"``: exactly ``p + o - 1``; ``"paged"``: ``ceil((p + t) /
+    prompt, at most ``max_len``: ``min(pi + 2 ** ceil(log2(o)), max_len)``;
+    ``"oracle"``: exactly ``pi + o - 1``; ``"paged"``: ``ceil((pi + t) /
     block_size) * block_size``.
     """
     prompt = np.asarray(prompt, dtype=np.int64)
     output = np.asarray(output, dtype=np.int64)
     final = prompt + output - 1
-    # tokens held, summed over steps: sum_t (p + t) for t < o
+    # tokens held, summed over steps: sum_t (pi + t) for t < o
     used = (output * prompt + output * (output - 1) // 2).sum()
     if policy == "max":
         held = (output * max_len).sum()
@@ -78,8 +78,8 @@ def token_fraction(
     elif policy == "paged":
         b = _validate.positive_int("block_size", block_size)
         held = sum(
-            (-(-np.arange(p, p + o) // b) * b).sum()
-            for p, o in zip(prompt.tolist(), output.tolist())
+            (-(-np.arange(pi, pi + o) // b) * b).sum()
+            for pi, o in zip(prompt.tolist(), output.tolist())
         )
     else:
         raise ValueError(
