@@ -1685,3 +1685,24 @@ CATALOGUE["check_softmax"]["wrong"] += [
     (softmax_flush_below_1e_11, "flushed_small_weights"),
     (_flush(2e-12), "flushed_small_weights"),
 ]
+
+
+# --- from the student reading of chapter 7 (issue 31, report 0708) ----------
+# a mask cut from a fixed 8 x 8 array passed while every case had n <= 8
+
+
+def causal_mask_from_fixed_buffer(n):
+    """Wrong: the causal mask of an 8-position buffer, cut to n."""
+    return np.tril(np.ones((8, 8), bool))[:n, :n]
+
+
+def test_a_fixed_buffer_causal_mask_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(causal_mask_from_fixed_buffer)
+    assert err.value.mistake == "fixed_size"
+    assert "n = 13" in str(err.value)
+
+
+CATALOGUE["check_causal_mask"]["wrong"] += [
+    (causal_mask_from_fixed_buffer, "fixed_size"),
+]

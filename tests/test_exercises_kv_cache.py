@@ -863,3 +863,38 @@ CATALOGUE = {
         ],
     },
 }
+
+
+# --- from the student reading of chapter 8 (issue 31, report 0708) ----------
+# reading pos - W + 1 .. pos - 1 without max(0, .) got NaN and the generic hint
+
+
+def ring_unclipped_window(q, k_new, v_new, k_ring, v_ring, pos):
+    """Wrong: the held positions read from pos - W + 1 without clipping at
+    0, and the window mask built over them."""
+    w, n = k_ring.shape[-2], q.shape[-2]
+    lo = pos - w + 1
+    old = np.arange(lo, pos)
+    k = np.concatenate([k_ring[..., old % w, :], k_new], -2)
+    v = np.concatenate([v_ring[..., old % w, :], v_new], -2)
+    kp = np.arange(lo, pos + n)[None, :]
+    qp = np.arange(pos, pos + n)[:, None]
+    out, _ = attnbook.scaled_dot_product_attention(
+        q, k, v, mask=(kp <= qp) & (kp > qp - w)
+    )
+    m = min(n, w)
+    new = np.arange(pos + n - m, pos + n)
+    k_ring[..., new % w, :] = k_new[..., n - m :, :]
+    v_ring[..., new % w, :] = v_new[..., n - m :, :]
+    return out, k_ring, v_ring
+
+
+def test_reading_before_position_0_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_ring_decode_step(ring_unclipped_window)
+    assert err.value.mistake == "reads_before_position_0"
+
+
+CATALOGUE["check_ring_decode_step"]["wrong"] += [
+    (ring_unclipped_window, "reads_before_position_0"),
+]

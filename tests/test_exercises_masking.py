@@ -981,3 +981,164 @@ CATALOGUE["check_packed_block_mask"]["wrong"] += [
     (tiles_one_block_too_many, "index_at_n"),
     (tiles_labels_with_empty_documents, "index_at_n"),
 ]
+
+
+# --- from the student reading of chapters 7 and 8 (issue 31, report 0708) ---
+# Masks cut from a fixed 8-position array passed while every case had n <= 8;
+# the padding checker now has a case of n = 40. Four slips of the hard
+# exercise got only the generic hint, and one some-pair test was rejected on
+# the long row without a diagnosis: each is named now.
+
+
+def padding_from_fixed_buffer(lengths, n):
+    """Wrong: the key index of an 8-position buffer, cut to n."""
+    return (np.arange(8)[None, None, :] < lengths[:, None, None])[..., :n]
+
+
+def tiles_from_bounds(lengths, block, full_rule, some_rule):
+    """Tiles from each block's first and last position and document; the
+    full and some-pair tests passed in (the student's formulation, with the
+    query block's end exclusive)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = lengths[lengths > 0]
+    n = int(lengths.sum())
+    n_blocks = -(-n // block)
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    start = np.arange(n_blocks) * block
+    end = np.minimum(start + block, n)
+    first, last = doc[start], doc[end - 1]
+    g = dict(
+        qf=first[:, None],
+        ql=last[:, None],
+        q0=start[:, None],
+        q1=end[:, None],
+        kf=first[None, :],
+        kl=last[None, :],
+        k0=start[None, :],
+        k1=end[None, :],
+    )
+    out = some_rule(**g).astype(np.int64)
+    out[full_rule(**g)] = 2
+    return out
+
+
+def shares_document(qf, ql, kf, kl, **_):
+    return np.maximum(qf, kf) <= np.minimum(ql, kl)
+
+
+def good_some(q1, k0, **g):
+    return shares_document(**g) & (k0 <= q1 - 1)
+
+
+def good_full(qf, ql, kf, kl, q0, k1, **_):
+    return (qf == ql) & (kf == kl) & (qf == kf) & (k1 - 1 <= q0)
+
+
+def tiles_superdiagonal(lengths, block):
+    """Wrong: the some-pair test with the exclusive end taken as a
+    position, k0 <= q1."""
+    return tiles_from_bounds(
+        lengths,
+        block,
+        good_full,
+        lambda q1, k0, **g: shares_document(**g) & (k0 <= q1),
+    )
+
+
+def tiles_some_by_causality(lengths, block):
+    """Wrong: the documents left out of the some-pair test."""
+    return tiles_from_bounds(
+        lengths, block, good_full, lambda q1, k0, **g: k0 <= q1 - 1
+    )
+
+
+def tiles_some_first_or_last(lengths, block):
+    """Wrong: blocks share a document when their first documents or their
+    last documents agree."""
+    return tiles_from_bounds(
+        lengths,
+        block,
+        good_full,
+        lambda qf, ql, kf, kl, q1, k0, **_: (
+            ((qf == kf) | (ql == kl)) & (k0 <= q1 - 1)
+        ),
+    )
+
+
+def tiles_full_without_causality(lengths, block):
+    """Wrong: full when both blocks lie in one document, wherever the tile
+    is."""
+    return tiles_from_bounds(
+        lengths,
+        block,
+        lambda qf, ql, kf, kl, **_: (qf == ql) & (kf == kl) & (qf == kf),
+        good_some,
+    )
+
+
+def tiles_full_any_documents(lengths, block):
+    """Wrong: full when each block lies in a document of its own, not
+    necessarily the same one."""
+    return tiles_from_bounds(
+        lengths,
+        block,
+        lambda qf, ql, kf, kl, q0, k1, **_: (
+            (qf == ql) & (kf == kl) & (k1 - 1 <= q0)
+        ),
+        good_some,
+    )
+
+
+def tiles_right_by_bounds(lengths, block):
+    """Right: the student's accepted answer."""
+    return tiles_from_bounds(lengths, block, good_full, good_some)
+
+
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (padding_from_fixed_buffer, "fixed_size"),
+    ],
+)
+def test_a_fixed_buffer_padding_mask_is_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_padding_mask(wrong)
+    assert err.value.mistake == key
+    assert "n = 40" in str(err.value)
+
+
+def test_the_block_mask_hint_does_not_point_to_a_derivation_in_the_text():
+    def wrong(lengths, block):
+        return np.zeros_like(tiles_right_by_bounds(lengths, block)) + 1
+
+    with pytest.raises(ExerciseError) as err:
+        check_packed_block_mask(wrong)
+    assert "chapter's derivation" not in str(err.value)
+
+
+def test_a_some_pair_slip_is_named_on_a_small_case_and_on_the_long_row():
+    """Caught first by "lengths [9, 1, 14, 2, 4, 2], block 5" (a query
+    block that begins in the document in which the key block ends); the long
+    row, where the student met it, names it too."""
+    from attnbook.exercises.masking import _check_block_memory
+
+    with pytest.raises(ExerciseError) as err:
+        check_packed_block_mask(tiles_some_first_or_last)
+    assert err.value.mistake == "some_first_or_last_document"
+    with pytest.raises(ExerciseError) as err:
+        _check_block_memory(tiles_some_first_or_last)
+    assert "n = 3881" in str(err.value)
+    assert err.value.mistake == "some_first_or_last_document"
+
+
+CATALOGUE["check_padding_mask"]["wrong"] += [
+    (padding_from_fixed_buffer, "fixed_size"),
+]
+CATALOGUE["check_packed_block_mask"]["wrong"] += [
+    (tiles_superdiagonal, "some_superdiagonal"),
+    (tiles_some_by_causality, "some_ignores_documents"),
+    (tiles_some_first_or_last, "some_first_or_last_document"),
+    (tiles_full_without_causality, "full_ignores_causal"),
+    (tiles_full_any_documents, "full_ignores_documents"),
+]
+CATALOGUE["check_packed_block_mask"]["right"] += [tiles_right_by_bounds]

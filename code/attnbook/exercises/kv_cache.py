@@ -401,6 +401,7 @@ def _ring_core(
     chunk_causal=True,
     scale=None,
     nan_while_unfilled=False,
+    unclipped=False,
 ):
     """The right step, and (through its options) the mistakes below: reads
     the positions the ring holds, oldest first, with the new ones after them,
@@ -408,7 +409,9 @@ def _ring_core(
 
     ``write_first`` writes first and reads every key back from the ring, the
     chunk's own too; ``write_before_held`` writes first, reads the held
-    positions back from the ring and the chunk's own keys from ``k_new``."""
+    positions back from the ring and the chunk's own keys from ``k_new``;
+    ``unclipped`` reads the positions pos - W + 1 .. pos - 1 without clipping
+    at 0, negative ones included (slots not yet written), as visible keys."""
     k_ring, v_ring = np.array(k_ring), np.array(v_ring)
     w, n = k_ring.shape[-2], q.shape[-2]
     q_pos = pos + np.arange(n)
@@ -441,7 +444,11 @@ def _ring_core(
         return out, k_ring, v_ring
     if write_before_held:
         write_new()
-    held = np.arange(max(0, pos - w), pos)
+    held = (
+        np.arange(pos - w + 1, pos)
+        if unclipped
+        else np.arange(max(0, pos - w), pos)
+    )
     keys = np.concatenate([k_ring[..., held % w, :], k_new], axis=-2)
     values = np.concatenate([v_ring[..., held % w, :], v_new], axis=-2)
     k_pos = np.concatenate([held, q_pos])
@@ -530,6 +537,18 @@ RING_MISTAKES = [
         "W for each), not the whole ring; masking their scores to -inf is not "
         "enough",
         _ring_mistake(nan_while_unfilled=True),
+    ),
+    Mistake(
+        "reads_before_position_0",
+        "the positions read from the ring are pos - W + 1 .. pos - 1 without "
+        "clipping at 0: before the ring has filled they include negative "
+        "positions, whose slots (j % W) no position has been written to yet "
+        "(they hold NaN here, as memory from np.empty may), and the window "
+        "mask lets the query see them, so its output is NaN",
+        "a position below 0 does not exist: read j = max(0, pos - W + 1) .. "
+        "pos - 1 (or max(0, pos - W) .. pos - 1), and let the key positions "
+        "in the mask start there too",
+        _ring_mistake(unclipped=True),
     ),
     Mistake(
         "overwrites_before_reading",

@@ -159,6 +159,21 @@ PADDING_MISTAKES = [
         lambda lengths, n: _reference(lengths, n).astype(np.int64),
     ),
     Mistake(
+        "fixed_size",
+        "the mask is cut from an array of a fixed size (8 keys): right for n "
+        "<= 8, but for a longer batch it keeps the fixed array's shape and "
+        "misses the later keys",
+        "build the key index from n itself, np.arange(n), so that the mask "
+        "has n keys for every n",
+        lambda lengths, n: _broadcast_or_raw(
+            (np.arange(8)[None, None, :] < np.asarray(lengths)[:, None, None])[
+                ..., :n
+            ],
+            lengths,
+            n,
+        ),
+    ),
+    Mistake(
         "left_padding",
         "the padding is assumed at the start of each sequence (left padding)",
         "in this exercise the real tokens come first: positions 0 .. "
@@ -172,8 +187,8 @@ def padding_mask_cases() -> list[Case]:
     return [
         Case("lengths [3, 5, 1], n = 5", (np.array([3, 5, 1]), 5)),
         Case(
-            "lengths [2, 4], n = 6 (every sequence padded)",
-            (np.array([2, 4]), 6),
+            "lengths [13, 29], n = 40 (every sequence padded)",
+            (np.array([13, 29]), 40),
         ),
         Case("lengths [4], n = 4 (no padding)", (np.array([4]), 4)),
         Case("lengths [1, 1, 2, 7], n = 7", (np.array([1, 1, 2, 7]), 7)),
@@ -415,6 +430,74 @@ def _ends_inclusive(lengths, block):
     return out
 
 
+def _block_grid(lengths, block):
+    """(a, c): query block and key block indices, (n_blocks, 1) and (1,
+    n_blocks); and the documents of each block's first and last position,
+    (n_blocks,) each."""
+    document, _, first, last = _tile_bounds(lengths, block)
+    n_blocks = len(first)
+    a, c = np.arange(n_blocks)[:, None], np.arange(n_blocks)[None, :]
+    return a, c, document[first], document[last]
+
+
+def _some_superdiagonal(lengths, block):
+    """'Some pair visible' tested with the query block's end taken as
+    inclusive (k_first <= q_first + block): the tile just above the diagonal
+    is called partial when one document runs across the two blocks."""
+    reference = _block_reference(lengths, block)
+    a, c, first_doc, last_doc = _block_grid(lengths, block)
+    crossing = (c == a + 1) & (last_doc[:, None] == first_doc[None, :])
+    return np.where(crossing, PARTIAL, reference)
+
+
+def _some_ignores_documents(lengths, block):
+    """'Some pair visible' tested by causality alone (key block <= query
+    block): the tiles across documents that the packed mask skips are called
+    partial."""
+    reference = _block_reference(lengths, block)
+    a, c, _, _ = _block_grid(lengths, block)
+    return np.where((reference == SKIP) & (c <= a), PARTIAL, reference)
+
+
+def _full_ignores_causal(lengths, block):
+    """'Every pair visible' tested by the documents alone: a tile whose two
+    blocks lie wholly in one document is called full, the diagonal tiles and
+    the tiles above the diagonal too."""
+    reference = _block_reference(lengths, block)
+    _, _, first_doc, last_doc = _block_grid(lengths, block)
+    one = first_doc == last_doc
+    same = (
+        one[:, None]
+        & one[None, :]
+        & (first_doc[:, None] == first_doc[None, :])
+    )
+    return np.where(same, FULL, reference)
+
+
+def _full_ignores_documents(lengths, block):
+    """'Every pair visible' tested with each block in *a* document, not the
+    same one: a tile below the diagonal whose query block lies in one
+    document and key block in another is called full."""
+    reference = _block_reference(lengths, block)
+    a, c, first_doc, last_doc = _block_grid(lengths, block)
+    one = first_doc == last_doc
+    return np.where(one[:, None] & one[None, :] & (c < a), FULL, reference)
+
+
+def _some_first_or_last_document(lengths, block):
+    """'Some pair visible' tested on the blocks' first documents and their
+    last documents only: a query block that begins in a later document than
+    the key block and a key block that ends in an earlier one than the query
+    block still share a document between, which is missed."""
+    reference = _block_reference(lengths, block)
+    a, c, first_doc, last_doc = _block_grid(lengths, block)
+    some = (
+        (first_doc[:, None] == first_doc[None, :])
+        | (last_doc[:, None] == last_doc[None, :])
+    ) & (c <= a)
+    return np.where(reference == FULL, FULL, np.where(some, PARTIAL, SKIP))
+
+
 def _index_at_n(err: Exception) -> bool:
     """An index error at index n of an array of n entries."""
     import re
@@ -525,6 +608,58 @@ BLOCK_MASK_MISTAKES = [
         _some_last_query,
     ),
     Mistake(
+        "some_superdiagonal",
+        "the tile just above the diagonal is called partial when a document "
+        "runs across the two blocks: the 'some pair visible' test compares "
+        "the key block's first position with the query block's end taken as "
+        "inclusive (k_first <= q_first + block), so the key one past the last "
+        "query counts as visible",
+        "a key is visible to a query only if it comes no later: the tile "
+        "holds a visible pair only if k_first <= q_last, the query block's "
+        "*last* position, min((a + 1) * block, n) - 1",
+        _some_superdiagonal,
+    ),
+    Mistake(
+        "some_ignores_documents",
+        "the 'some pair visible' test looks at causality alone (key block "
+        "<= query block): a tile whose queries and keys lie in different "
+        "documents is called partial, though the packed mask hides every one "
+        "of its pairs (it is skipped)",
+        "a tile holds a visible pair only if some document has a query in "
+        "the query block and a key, no later than that query, in the key "
+        "block: the two blocks must share a document",
+        _some_ignores_documents,
+    ),
+    Mistake(
+        "some_first_or_last_document",
+        "the 'some pair visible' test compares only the blocks' first "
+        "documents or their last documents: when the query block begins in "
+        "the document in which the key block ends (or a document lies "
+        "between), the two blocks share a document that the test misses",
+        "two blocks share a document when their ranges of documents overlap: "
+        "max(first documents) <= min(last documents)",
+        _some_first_or_last_document,
+    ),
+    Mistake(
+        "full_ignores_causal",
+        "the 'every pair visible' test looks at the documents alone: a tile "
+        "whose two blocks lie in one document is called full even on or "
+        "above the diagonal, where a query may not see the keys after it",
+        "full needs the documents *and* causality: every key of the tile no "
+        "later than every query, k_last <= q_first",
+        _full_ignores_causal,
+    ),
+    Mistake(
+        "full_ignores_documents",
+        "the 'every pair visible' test checks that each block lies in a "
+        "single document, but not that it is the *same* document for both: "
+        "a tile of a query block in one document and a key block in an "
+        "earlier one is called full, though no pair of it may attend",
+        "compare the documents across the tile too: the key block's first "
+        "document must equal the query block's last",
+        _full_ignores_documents,
+    ),
+    Mistake(
         "document_boundary_off_by_one",
         "off by one at the document boundaries: the first position of each "
         "document is counted in the document before it (np.searchsorted on "
@@ -621,7 +756,7 @@ def block_mask_cases() -> list[Case]:
             4,
         ),
         case("lengths [7], block 3 (one document)", [7], 3),
-        case("lengths [9, 1, 14, 6, 2], block 5", [9, 1, 14, 6, 2], 5),
+        case("lengths [9, 1, 14, 2, 4, 2], block 5", [9, 1, 14, 2, 4, 2], 5),
         case("lengths [2, 3], block 1", [2, 3], 1),
         case("lengths [2, 3], block 8 (one block, longer than n)", [2, 3], 8),
         case("lengths [1], block 4 (n = 1)", [1], 4),
@@ -681,6 +816,20 @@ def check_packed_block_mask(fn) -> None:
 RAGGED_ONLY = ("ragged_padded", "floor_blocks")
 
 
+# the hint when no mistake is recognised: the exercise's own definitions (the
+# derivation is in the solution, which the reader has not opened)
+BLOCK_MASK_HINT = (
+    "tile (a, c) has its queries q_first .. q_last and keys k_first .. "
+    "k_last (q_last, k_last = min((b + 1) * block, n) - 1); a pair may "
+    "attend when the key comes no later than the query and both lie in one "
+    "document. The tile holds a visible pair when the two blocks share a "
+    "document and k_first <= q_last; every pair is visible when k_first and "
+    "q_last lie in one document and k_last <= q_first. Print your answer "
+    "next to the tiles of the dense mask on a small case to find the tile "
+    "that differs"
+)
+
+
 def _run_block_checks(fn, cases, mistakes) -> None:
     __tracebackhide__ = True
     run_checks(
@@ -689,6 +838,7 @@ def _run_block_checks(fn, cases, mistakes) -> None:
         cases,
         _block_reference,
         mistakes,
+        hint=BLOCK_MASK_HINT,
         # its "Correct" line waits for the memory check
         quiet=True,
     )
@@ -751,9 +901,18 @@ def _check_block_memory(fn) -> int:
             "arrays of n or of n_blocks x n_blocks entries",
         )
     if not same(as_array(out), expected):
+        # the long row as a case of its own: the mistakes and the hint of the
+        # small cases (no other case to confirm a mistake: the small ones all
+        # passed)
+        _run_block_checks(
+            fn,
+            [Case(case.replace(" (memory)", ""), (lengths, block))],
+            BLOCK_MASK_MISTAKES,
+        )
         raise ExerciseError(
             "packed block mask",
             case,
             "values differ from the reference on a long row",
+            hint=BLOCK_MASK_HINT,
         )
     return n
