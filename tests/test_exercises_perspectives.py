@@ -1565,3 +1565,108 @@ CATALOGUE["check_linear_attention"]["wrong"] += [
     (linear_softplus_features, "softplus_feature_map"),
     (linear_scaled_inputs, "scaled_inputs"),
 ]
+
+
+# --- the student reading stud17 of chapter 17 (session 10) -------------------
+# Realistic slips that got only the generic hint: each now has its Mistake.
+
+
+def linear_scaled_by_sqrt_d(q, k, v):
+    """Wrong: softmax attention's 1/sqrt(d_k) carried over, applied to q and
+    k before elu + 1."""
+    scale = 1 / np.sqrt(np.shape(q)[-1])
+    fq = np.where(q * scale > 0, q * scale + 1, np.exp(q * scale))
+    fk = np.where(k * scale > 0, k * scale + 1, np.exp(k * scale))
+    s = np.einsum("...jm,...jd->...md", fk, v)
+    return (
+        np.einsum("...im,...md->...id", fq, s)
+        / np.einsum("...im,...m->...i", fq, fk.sum(-2))[..., None]
+    )
+
+
+def linear_features_of_key_sum(q, k, v):
+    """Wrong: z = phi(sum_j k_j) instead of sum_j phi(k_j)."""
+    fq, fk, v = phi(q), phi(k), torch.as_tensor(v)
+    z = phi(torch.as_tensor(k).sum(-2))
+    return (fq @ (fk.transpose(-1, -2) @ v)) / (fq @ z.unsqueeze(-1))
+
+
+def chunked_state_overwritten(phi_q, phi_k, v, chunk_size):
+    """Wrong: S = ... in place of S = S + ...: the state keeps only the
+    previous chunk."""
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
+    z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
+    for a in range(0, n, chunk_size):
+        b = min(a + chunk_size, n)
+        fq, fk, vc = phi_q[..., a:b, :], phi_k[..., a:b, :], v[..., a:b, :]
+        w = np.tril(fq @ np.swapaxes(fk, -1, -2))
+        num = w @ vc + fq @ s
+        den = w.sum(-1) + (fq @ z[..., None])[..., 0]
+        out[..., a:b, :] = num / den[..., None]
+        s = np.swapaxes(fk, -1, -2) @ vc
+        z = fk.sum(-2)
+    return out
+
+
+def chunked_triu(phi_q, phi_k, v, chunk_size):
+    """Wrong: np.triu where np.tril was meant, in torch."""
+    fq_all, fk_all, v_all = (torch.as_tensor(x) for x in (phi_q, phi_k, v))
+    n = fq_all.shape[-2]
+    s = fk_all.new_zeros(fk_all.shape[:-2] + (fk_all.shape[-1], v.shape[-1]))
+    z = fk_all.new_zeros(fk_all.shape[:-2] + (fk_all.shape[-1],))
+    outs = []
+    for a in range(0, n, chunk_size):
+        fq, fk, vc = (
+            x[..., a : a + chunk_size, :] for x in (fq_all, fk_all, v_all)
+        )
+        w = torch.triu(fq @ fk.transpose(-1, -2))
+        num = w @ vc + fq @ s
+        den = w.sum(-1) + fq @ z
+        outs.append(num / den.unsqueeze(-1))
+        s = s + fk.transpose(-1, -2) @ vc
+        z = z + fk.sum(-2)
+    return torch.cat(outs, dim=-2).numpy()
+
+
+@pytest.mark.parametrize(
+    "check, wrong, key",
+    [
+        (
+            check_linear_attention,
+            linear_scaled_by_sqrt_d,
+            "scaled_inputs_sqrt",
+        ),
+        (
+            check_linear_attention,
+            linear_features_of_key_sum,
+            "normaliser_of_summed_keys",
+        ),
+        (
+            check_chunked_causal_linear_attention,
+            chunked_state_overwritten,
+            "state_last_chunk_only",
+        ),
+        (
+            check_chunked_causal_linear_attention,
+            chunked_triu,
+            "upper_triangle_mask",
+        ),
+    ],
+)
+def test_the_slips_of_stud17_are_named(check, wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check(wrong)
+    assert err.value.mistake == key, str(err.value)
+    assert "Diagnosis" in str(err.value) and "Hint" in str(err.value)
+
+
+CATALOGUE["check_linear_attention"]["wrong"] += [
+    (linear_scaled_by_sqrt_d, "scaled_inputs_sqrt"),
+    (linear_features_of_key_sum, "normaliser_of_summed_keys"),
+]
+CHUNKED_WRONG += [
+    (chunked_state_overwritten, "state_last_chunk_only"),
+    (chunked_triu, "upper_triangle_mask"),
+]

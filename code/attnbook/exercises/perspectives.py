@@ -150,6 +150,30 @@ LINEAR_ATTENTION_MISTAKES = [
         )(q, k, v),
     ),
     Mistake(
+        "scaled_inputs_sqrt",
+        "q and k are scaled by 1/sqrt(d_k) before the feature map (the "
+        "scale of softmax attention's scores, applied to each of q and k)",
+        "linear attention has no 1/sqrt(d_k): the weights are phi(q) . "
+        "phi(k) with phi(x) = elu(x) + 1 applied to q and k as they are",
+        lambda q, k, v: _with_features(
+            lambda x: _elu(x / np.sqrt(np.shape(q)[-1])) + 1
+        )(q, k, v),
+    ),
+    Mistake(
+        "normaliser_of_summed_keys",
+        "the normaliser uses the features of the summed keys, phi(sum_j "
+        "k_j), instead of the sum of the keys' features, sum_j phi(k_j)",
+        "phi is not linear, so phi of a sum is not the sum of the phi's: "
+        "z = phi(k).sum(axis=-2), the features summed over the keys",
+        lambda q, k, v: (
+            (elu_feature_map(q) @ (_t(elu_feature_map(k)) @ v))
+            / (
+                elu_feature_map(q)
+                @ elu_feature_map(np.sum(k, axis=-2))[..., None]
+            )
+        ),
+    ),
+    Mistake(
         "softmax_attention",
         "this is softmax attention, not linear attention",
         "replace exp(q . k / sqrt(d)) by phi(q) . phi(k) with phi(x) = elu(x) "
@@ -695,9 +719,10 @@ def _causal_chunks(
     """Chunked causal linear attention with switchable mistakes:
     ``state_first`` adds the chunk to the state before reading it,
     ``normaliser`` "causal" or "all" (z over every key), ``diagonal``
-    "inclusive", "strict" (j < i), "next" (j <= i + 1) or "none" (no mask
-    inside the chunk),
-    ``carry`` False resets the state per chunk, ``ragged`` False leaves a
+    "inclusive", "strict" (j < i), "next" (j <= i + 1), "upper" (j >= i,
+    np.triu) or "none" (no mask inside the chunk),
+    ``carry`` False resets the state per chunk, "last" keeps in it only the
+    chunk before (assigned, not added), ``ragged`` False leaves a
     last, partial chunk at zero, ``masked_normaliser`` False takes the
     normaliser's chunk part from the unmasked C x C weights."""
     dtype = _result_dtype(phi_q, phi_k, v)
@@ -707,6 +732,7 @@ def _causal_chunks(
     s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
     z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
     offset = {"inclusive": 0, "strict": -1, "next": 1}.get(diagonal)
+    upper = diagonal == "upper"
     stop = n if ragged else n - n % chunk_size
     for start in range(0, stop, chunk_size):
         sl = slice(start, min(start + chunk_size, n))
@@ -714,6 +740,8 @@ def _causal_chunks(
         w = full = fq @ _t(fk)
         if offset is not None:
             w = np.tril(w, offset)
+        if upper:
+            w = np.triu(w)
         if not carry:
             s, z = s * 0, z * 0
         if state_first:
@@ -727,6 +755,9 @@ def _causal_chunks(
             z = z + fk.sum(axis=-2)
         if state_first is not True:
             s = s + _t(fk) @ vc
+        if carry == "last":
+            # the state holds only this chunk, for the next one
+            s, z = _t(fk) @ vc, fk.sum(axis=-2)
         if normaliser == "all":
             den = fq @ phi_k.sum(axis=-2)[..., :, None]
             den = den[..., 0]
@@ -820,12 +851,30 @@ CHUNKED_CAUSAL_MISTAKES = [
         lambda *a: _causal_chunks(*a, diagonal="next"),
     ),
     Mistake(
+        "upper_triangle_mask",
+        "inside a chunk the mask keeps j >= i (np.triu): each query sees "
+        "its own key and the later keys of its chunk, not the earlier ones",
+        "causal attention keeps the keys at or before the query, the lower "
+        "triangle of the chunk's C x C weights: np.tril(w), not np.triu(w)",
+        lambda *a: _causal_chunks(*a, diagonal="upper"),
+    ),
+    Mistake(
         "state_reset",
         "the state is reset at every chunk: each query sees only the keys of "
         "its own chunk",
         "carry S and z from chunk to chunk: they sum over every earlier "
         "chunk, which is what makes the cost linear and the result exact",
         lambda *a: _causal_chunks(*a, carry=False),
+    ),
+    Mistake(
+        "state_last_chunk_only",
+        "the state holds only the chunk just before (S = phi(K_c)^T V_c "
+        "assigned, not added): a query sees its own chunk and the one before "
+        "it, not the earlier ones (right with two chunks, wrong from the "
+        "third)",
+        "accumulate: S = S + phi(K_c)^T V_c and z = z + phi(K_c).sum(-2), so "
+        "that the state sums over every earlier chunk",
+        lambda *a: _causal_chunks(*a, carry="last"),
     ),
     Mistake(
         "ragged_chunk_dropped",
