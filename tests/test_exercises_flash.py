@@ -1775,3 +1775,53 @@ def merge_scalars_as_arrays(m_a, l_a, m_b, l_b):
 CATALOGUE["check_merge_softmax_states"]["wrong"] += [
     (merge_scalars_as_arrays, "scalar_as_array")
 ]
+
+
+# --- from the student reading of chapters 9 and 10 (issue 31, report 0910) ---
+
+
+def online_float16_buffer(scores):
+    """A buffer of 1024 scores kept in float16 to save memory, each full
+    buffer's state merged into (m, l): the right algorithm on rounded
+    scores."""
+    m, l = -math.inf, 0.0
+    buffer = np.empty(1024, np.float16)
+    filled = 0
+
+    def merged(m, l, filled):
+        block = buffer[:filled].astype(float)
+        m_b = block.max() if filled else -math.inf
+        if m_b == -math.inf:
+            return m, l
+        m_new = max(m, m_b)
+        l_b = np.exp(block - m_b).sum()
+        return m_new, l * math.exp(m - m_new) + l_b * math.exp(m_b - m_new)
+
+    for x in scores:
+        buffer[filled] = x
+        filled += 1
+        if filled == buffer.size:
+            m, l = merged(m, l, filled)
+            filled = 0
+    return merged(m, l, filled)
+
+
+CATALOGUE["check_online_softmax"]["wrong"].append(
+    (online_float16_buffer, "float16_scores")
+)
+
+
+def test_a_float16_row_is_named_not_given_the_generic_hint():
+    """The student's answer: the row stored in float16, then two passes. It
+    fails on its values before the memory check, and the diagnosis names the
+    rounding instead of the generic hint."""
+
+    def stored_float16(scores):
+        row = np.fromiter(scores, dtype=np.float16)
+        m = float(row.max())
+        if m == -math.inf:
+            return m, 0.0
+        return m, float(np.exp(row.astype(np.float64) - m).sum())
+
+    with pytest.raises(ExerciseError, match="rounded to float16"):
+        check_online_softmax(stored_float16)

@@ -953,3 +953,55 @@ def test_unguarded_shares_get_a_hint_that_fits_them():
         check_merge_kernel(merge_shares_unguarded)
     assert err.value.mistake == "unseen_row_zero_total"
     assert "exp(lse_s - lse)" in str(err.value)
+
+
+SETUP_SCRIPT = """
+import torch
+import triton  # first, before anything chooses the interpreter
+import triton.language as tl
+import attnbook.kernels  # the package alone does not choose it
+from attnbook.exercises.flash_decoding import SetupError, check_merge_kernel
+
+
+@triton.jit
+def merge_kernel(O_PART, LSE_PART, OUT, LSE, n_splits, n_rows, d_head,
+                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)
+    tl.store(LSE + row, 0.0)
+
+
+try:
+    check_merge_kernel(merge_kernel)
+except SetupError as err:
+    print("SetupError:", err)
+"""
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(),
+    reason="with a GPU a compiled kernel is the right one",
+)
+def test_a_kernel_compiled_without_a_gpu_is_a_setup_error(tmp_path):
+    """From the student reading of chapters 9 and 10 (issue 31): a script that
+    imports triton before attnbook.kernels.interpreter gets a compiled kernel
+    on a machine without a GPU, and the checker used to report "your function
+    raised RuntimeError: 0 active drivers". It now says that the setup is at
+    fault, and what to import first."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "reader.py"
+    script.write_text(SETUP_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("SetupError:"), result.stdout
+    assert "import attnbook.kernels.interpreter" in result.stdout
+    assert "your function raised" not in result.stdout

@@ -544,6 +544,20 @@ ONLINE_MISTAKES = [
         "it",
         lambda x: _first_score_state(x),
     ),
+    # issue 31, student report 0910: a row (or a buffer) kept in float16 to
+    # save memory failed on its values with only the generic hint
+    Mistake(
+        "float16_scores",
+        "the state is that of the scores rounded to float16: float16 keeps "
+        "about 3 significant digits (a score near 3000 is rounded by up to "
+        "1, and even -0.7 moves by 2e-4), so both m and l are off",
+        "keep the scores, and any buffer of them, at the precision they come "
+        "in (float64 here); to save memory keep fewer of them, not fewer "
+        "bits",
+        lambda x: _reference_state(
+            np.asarray(x, float).astype(np.float16).astype(float)
+        ),
+    ),
     Mistake(
         "tie_dropped",
         "a score equal to the running maximum is dropped: the branches "

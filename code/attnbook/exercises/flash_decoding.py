@@ -9,6 +9,7 @@ with :func:`attnbook.torch_attention.merge_splits` in float64.
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import torch
@@ -605,6 +606,50 @@ MERGE_MISTAKES = [
 ]
 
 
+class SetupError(RuntimeError):
+    """Triton is set up so that the reader's kernel cannot run here: the
+    fault is the Python session's, not the kernel's."""
+
+
+def _check_setup(kernel) -> None:
+    """Raise :class:`SetupError` when the kernel cannot run in this process.
+
+    Without a CUDA GPU a kernel runs only under Triton's interpreter, and the
+    interpreter must have been chosen before the first ``import triton``
+    (:mod:`attnbook.kernels.interpreter` does so; importing
+    :mod:`attnbook.kernels` alone does not, so a script that imports it and
+    then ``triton`` gets compiled kernels and, at launch, Triton's "0 active
+    drivers"). Read from the kernel's type and the loaded Triton, without
+    importing Triton here (issue 31, student report 0910).
+    """
+    interpreted = type(kernel).__name__ == "InterpretedFunction"
+    language = sys.modules.get("triton.language")
+    zeros = getattr(language, "zeros", None)
+    library_interpreted = type(zeros).__name__ == "InterpretedFunction"
+    advice = (
+        "Restart Python and, before anything imports triton, run `import "
+        "attnbook.kernels.interpreter` (it sets TRITON_INTERPRET=1 when "
+        "there is no CUDA GPU; `import attnbook.kernels` alone does not), "
+        "or set TRITON_INTERPRET=1 in the environment; then define the "
+        "kernel again. In the chapter's notebook the setup cell does this."
+    )
+    if not torch.cuda.is_available() and not interpreted:
+        raise SetupError(
+            "this Python has no CUDA GPU, and Triton compiled your kernel "
+            "instead of interpreting it: Triton was imported before "
+            "TRITON_INTERPRET=1 was set, so the kernel cannot run here "
+            "(Triton would report '0 active drivers'). Your kernel is not "
+            "at fault. " + advice
+        )
+    if zeros is not None and interpreted != library_interpreted:
+        raise SetupError(
+            "Triton's library and your kernel disagree about the "
+            "interpreter (TRITON_INTERPRET changed after triton was "
+            "imported), so the first tl function inside the kernel would "
+            "fail. Your kernel is not at fault. " + advice
+        )
+
+
 def check_merge_kernel(kernel) -> None:
     """Check a ``@triton.jit`` kernel that merges the runs of Flash-Decoding:
     per row, ``out = sum_s exp(lse_s - lse) o_s`` and ``lse = logsumexp_s
@@ -628,6 +673,7 @@ def check_merge_kernel(kernel) -> None:
             "check_merge_kernel takes the @triton.jit kernel itself (it "
             f"launches it); got {type(kernel).__name__}"
         )
+    _check_setup(kernel)
     run_checks(
         EXERCISE,
         launch(kernel),

@@ -88,8 +88,7 @@ BLOCK_COUNT_MISTAKES = [
         "only the blocks on the diagonal count, those the mask cuts: the "
         "blocks below it, fully visible to every row, are loaded too",
         "the kernel loads every key block from the first up to the last "
-        "row's last visible key, masked or not: cdiv(min(a0 + block_q, "
-        "n_k), block_k), with a0 the block's first query position",
+        "row's last visible key, masked or not",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: (
                 _cdiv(min(a0 + bq, n_k), bk) - min(a0 + 1, n_k) // bk
@@ -120,9 +119,8 @@ BLOCK_COUNT_MISTAKES = [
         "divide_by_block_q",
         "the keys to cover were divided by block_q, the query block's length, "
         "instead of block_k: right only when the two are equal",
-        "the count is of KEY blocks: the keys to cover, min(a0 + block_q, "
-        "n_k), are cut into blocks of block_k, cdiv(min(a0 + block_q, n_k), "
-        "block_k)",
+        "the count is of KEY blocks: cut the keys to cover into blocks of "
+        "block_k",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq, n_k), bq)
         ),
@@ -131,10 +129,9 @@ BLOCK_COUNT_MISTAKES = [
         "equal_blocks",
         "query block b visits b + 1 key blocks: right only when block_q == "
         "block_k and n_q == n_k",
-        "convert positions, not block numbers: the block's last query is at "
-        "q_block * block_q + block_q - 1 "
-        "(plus n_k - n_q), and the key blocks it needs are cdiv(last + 1, "
-        "block_k)",
+        "convert positions, not block numbers: find the absolute position "
+        "of the block's last query (the offset n_k - n_q included), then the "
+        "key blocks that cover the keys up to it",
         _per_block(lambda a0, qb, n_q, n_k, bq, bk: qb + 1),
     ),
     Mistake(
@@ -142,9 +139,8 @@ BLOCK_COUNT_MISTAKES = [
         "past the last key: the count is not clamped to the key blocks that "
         "exist",
         "the last query block can hang past n_q; its rows past the end see "
-        "keys past n_k, which do not "
-        "exist: cap the keys to cover at n_k, cdiv(min(a0 + block_q, n_k), "
-        "block_k)",
+        "keys past n_k - 1, which do not "
+        "exist: stop at the last key that exists",
         _per_block(lambda a0, qb, n_q, n_k, bq, bk: _cdiv(a0 + bq, bk)),
     ),
     Mistake(
@@ -153,8 +149,7 @@ BLOCK_COUNT_MISTAKES = [
         "down), "
         "right only when it is a multiple of block_k",
         "add the offset to the query positions first, then convert positions "
-        "to blocks: "
-        "cdiv(min(q_block * block_q + block_q + n_k - n_q, n_k), block_k)",
+        "to blocks",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: (
                 _cdiv(min((qb + 1) * bq, n_q), bk) + (n_k - n_q) // bk
@@ -168,8 +163,7 @@ BLOCK_COUNT_MISTAKES = [
         "the cache offset n_k - n_q was counted in whole query blocks "
         "(rounded down), right only when it is a multiple of block_q",
         "add the offset to the query positions first, then convert positions "
-        "to blocks: "
-        "cdiv(min(q_block * block_q + block_q + n_k - n_q, n_k), block_k)",
+        "to blocks",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: _cdiv(
                 min((qb + 1 + (n_k - n_q) // bq) * bq, n_k), bk
@@ -183,7 +177,7 @@ BLOCK_COUNT_MISTAKES = [
         "keys: right only without a cache (n_q = n_k)",
         "the keys to cover end at the block's last query position (offset "
         "included) or at the last key, "
-        "whichever comes first: cdiv(min(a0 + block_q, n_k), block_k)",
+        "whichever comes first",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq, n_q), bk)
         ),
@@ -193,8 +187,7 @@ BLOCK_COUNT_MISTAKES = [
         "the keys to cover were divided by block_k rounding down: a partly "
         "covered "
         "last block is dropped",
-        "a block that holds even one visible key is visited: round up, "
-        "cdiv(min(a0 + block_q, n_k), block_k)",
+        "a block that holds even one visible key is visited: round up",
         _per_block(lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq, n_k) // bk),
     ),
     # the same slip with the cap applied after rounding, at the key blocks
@@ -204,8 +197,7 @@ BLOCK_COUNT_MISTAKES = [
         "floor_not_ceil",
         "the keys to cover were divided by block_k rounding down: a partly "
         "covered last block is dropped",
-        "a block that holds even one visible key is visited: round up, "
-        "cdiv(min(a0 + block_q, n_k), block_k)",
+        "a block that holds even one visible key is visited: round up",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: min(
                 (a0 + bq) // bk, _cdiv(n_k, bk)
@@ -217,7 +209,7 @@ BLOCK_COUNT_MISTAKES = [
         "the keys to cover were divided by block_k rounding to the nearest "
         "block: a last block less than half covered is dropped",
         "a block that holds even one visible key is visited, however few: "
-        "round up, cdiv(min(a0 + block_q, n_k), block_k)",
+        "round up",
         # Python's round (half to even); no case puts the keys to cover at
         # exactly half a block, so rounding half up is diagnosed the same
         _per_block(
@@ -254,8 +246,7 @@ BLOCK_COUNT_MISTAKES = [
         "the last key that exists is n_k - 1, not n_k: the block's last "
         "visible key is "
         "min(a0 + block_q - 1, n_k - 1), and the blocks that hold keys 0 .. "
-        "that key are "
-        "cdiv(min(a0 + block_q, n_k), block_k)",
+        "that key are counted by rounding up",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq - 1, n_k) // bk + 1
         ),
@@ -266,8 +257,8 @@ BLOCK_COUNT_MISTAKES = [
         "ragged last "
         "block, which holds the last n_k % block_k keys, is dropped",
         "the key blocks that exist are cdiv(n_k, block_k), the last one "
-        "possibly ragged; clamping the keys "
-        "to cover, cdiv(min(a0 + block_q, n_k), block_k), counts it",
+        "possibly ragged; clamp the keys to cover, not the count of whole "
+        "blocks, and the ragged block counts",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: min(_cdiv(a0 + bq, bk), n_k // bk)
         ),
@@ -279,8 +270,7 @@ BLOCK_COUNT_MISTAKES = [
         "only when the block's first query position is a multiple of block_k",
         "rows a0 .. a0 + block_q - 1 that start inside a key block reach one "
         "block further than "
-        "block_q / block_k blocks: convert the LAST row's position, "
-        "cdiv(min(a0 + block_q, n_k), block_k)",
+        "block_q / block_k blocks: convert the LAST row's position",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: min(
                 a0 // bk + _cdiv(bq, bk), _cdiv(n_k, bk)
@@ -537,9 +527,8 @@ FLOPS_MISTAKES = [
         "exponentials_counted",
         "the softmax's exponentials are counted, one FLOP per score (B H "
         "n^2 more in the forward)",
-        "count only the matrix products, 4 B H n^2 d for the forward, as "
-        "the FlashAttention papers do: the B H n^2 exponentials are 4d "
-        "times fewer operations, and benchmarks leave them out",
+        "count only the matrix products: that is the convention the "
+        "chapter states for the benchmark's FLOPs",
         _flops_with(
             lambda b, h, n, d: 4.0 * b * h * n * n * d + 1.0 * b * h * n * n
         ),
