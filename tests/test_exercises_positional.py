@@ -374,6 +374,24 @@ ROPE_WRONG = ROPE_BY_HAND + [
         ),
         "key_positions_reversed",
     ),
+    # student report stud0506: the queries counted from 1, the keys from 0
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q, start=1), my_rope(k), v
+        ),
+        "query_positions_shifted",
+    ),
+    # student report stud0506: the scale taken from the values' width
+    (
+        lambda q, k, v: (
+            torch.softmax(
+                my_rope(q) @ my_rope(k).transpose(-1, -2) / v.shape[-1] ** 0.5,
+                dim=-1,
+            )
+            @ v
+        ),
+        "scale_d_v",
+    ),
 ]
 
 CATALOGUE = {
@@ -425,9 +443,28 @@ CATALOGUE = {
                 "geometric_for_any_h",
             ),
             (lambda h, n: np.zeros((h, n, n)), "constant_rows"),
+            # student report stud0506: the odd places of the 2p-head slopes
+            (
+                lambda h, n: loop_bias(h, n, slopes=odd_place_slopes(h)),
+                "interleave_odd",
+            ),
+            # student report stud0506: all slopes sorted steepest first
+            (
+                lambda h, n: loop_bias(
+                    h, n, slopes=sorted(loop_slopes(h), reverse=True)
+                ),
+                "slopes_sorted",
+            ),
         ],
     },
 }
+
+
+def odd_place_slopes(h):
+    """The authors' rule with the slip [1::2] for the extra slopes."""
+    p = 2 ** (h.bit_length() - 1)
+    extra = [2 ** (-8 * (i + 1) / (2 * p)) for i in range(2 * p)][1::2]
+    return [2 ** (-8 * (i + 1) / p) for i in range(p)] + extra[: h - p]
 
 
 def test_rope_dot_T_on_the_batch_gets_the_transpose_hint():

@@ -146,6 +146,28 @@ ROPE_MISTAKES = [
         ),
     ),
     Mistake(
+        "query_positions_shifted",
+        "the queries are rotated at positions 1 .. n instead of 0 .. n - 1 "
+        "(the keys at 0 .. n - 1): every score sees the distance off by one",
+        "rotate query m and key n at their own positions, both counted from 0 "
+        "(or both from 1: only m - n matters, so one shift for both is "
+        "harmless, a shift of one of them is not)",
+        lambda q, k, v: attend(
+            apply_rope(q, positions=torch.arange(1, q.shape[-2] + 1)),
+            apply_rope(k),
+            v,
+        ),
+    ),
+    Mistake(
+        "scale_d_v",
+        "the scores are divided by sqrt(d_v) instead of sqrt(d_k)",
+        "the scale belongs to the dot products q.k, which have d_k terms: "
+        "divide by sqrt(q.shape[-1]), whatever the width of the values",
+        lambda q, k, v: attend(
+            apply_rope(q), apply_rope(k), v, scale=v.shape[-1] ** -0.5
+        ),
+    ),
+    Mistake(
         "no_scale",
         "the scores are not divided by sqrt(d_k)",
         "RoPE preserves lengths, so the scaling of chapter 3 is still needed",
@@ -236,6 +258,14 @@ def _geometric(h):
     return 2.0 ** (-8.0 * np.arange(1, h + 1) / h)
 
 
+def _code_slopes(h, start=0):
+    """The authors' rule, with the extra slopes of 2p heads taken from
+    place ``start`` on, every other one (0 is the rule, 1 the slip)."""
+    p = 2 ** int(np.floor(np.log2(h)))
+    extra = _geometric(2 * p)[start::2][: h - p]
+    return np.concatenate([_geometric(p), extra])
+
+
 ALIBI_MISTAKES = [
     Mistake(
         "sign_error",
@@ -283,6 +313,28 @@ ALIBI_MISTAKES = [
         "other slope of 2p: for h = 12, slopes(8) + "
         "slopes(16)[0::2][:4]",
         lambda h, n: -_geometric(h)[:, None, None] * _distance(n),
+    ),
+    Mistake(
+        "interleave_odd",
+        "for a head count that is not a power of two, the extra slopes were "
+        "taken from the 2p-head sequence at its odd places, [1::2]: they "
+        "repeat slopes of the first p heads",
+        "the extra heads take every other slope of 2p heads starting with the "
+        "first, slopes(2p)[0::2] (exponents -8 r / 2p for r = 1, 3, 5, ...), "
+        "the ones that fall between the p-head slopes",
+        lambda h, n: -_code_slopes(h, start=1)[:, None, None] * _distance(n),
+    ),
+    Mistake(
+        "slopes_sorted",
+        "for a head count that is not a power of two, the slopes were sorted "
+        "steepest first; the authors' code keeps the p-head slopes first and "
+        "appends the extra ones",
+        "head r = 1 .. p takes slope r of p heads, in order; heads p + 1 .. h "
+        "take the extra slopes of 2p heads after them, unsorted (for h = 12 "
+        "the last four are 2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5)",
+        lambda h, n: (
+            -np.sort(alibi_slopes(h))[::-1, None, None] * _distance(n)
+        ),
     ),
     Mistake(
         "constant_rows",
