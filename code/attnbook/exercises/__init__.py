@@ -197,7 +197,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
         "attnbook.online_softmax.merge_softmax_states",
     ),
     # the split and merge without a loop are the exercise; the torch
-    # layer's forward, shown before it, is the main path's interface
+    # layer's forward does all of it and is shown in the solution only
+    # (tests/test_exercise_order.py, NEAR_ANSWERS)
     "check_multihead_attention": (
         "attnbook.heads.split_heads",
         "attnbook.heads.merge_heads",
