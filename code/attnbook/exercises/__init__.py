@@ -244,7 +244,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # cache object that returns keys in time order and attends to nothing; the
     # exercise asks for the attention over a ring passed in, in numpy
     "check_ring_decode_step": (),
-    # the attention step of chapter 6's experiment rotates q and k
+    # the attention step of chapter 6's experiment rotates q and k (at the
+    # same positions: the exercise puts the queries at the end of the keys)
     "check_rope_attention": (
         "attnbook.experiments.extrapolation.PositionalAttention",
     ),
