@@ -104,6 +104,10 @@ NEAR_ANSWERS = {
     # decoding step (issue 31, student report 1314)
     "check_packed_sliding_mask_mod": ("flex.sink_window",),
     "check_paged_decode": ("merge_splits",),
+    # MultiHeadAttention.forward is the exercise's projection, split, attend,
+    # merge and output projection in torch: chapter 5 shows it in the
+    # exercise's solution (issue 31, student report 0506)
+    "check_multihead_attention": ("MultiHeadAttention.forward",),
 }
 
 

@@ -419,7 +419,28 @@ MHA_WRONG = {
     "strided_split": _wrong(
         lambda t, h: t.unflatten(-1, (-1, h)).permute(0, 3, 1, 2), good_merge
     ),
+    # student report stud0506: the values projected with the query matrix
+    "values_with_w_q": lambda x, w_q, w_k, w_v, w_o, n_heads: _loop_variant(
+        x, w_q, w_k, w_q, w_o, n_heads, scale=np.sqrt(n_heads / x.shape[-1])
+    ),
+    # student report stud0506: the scores as k q^T, einsum with the indices
+    # of q and k swapped
+    "scores_transposed": lambda x, w_q, w_k, w_v, w_o, n_heads: (
+        _scores_swapped(x, w_q, w_k, w_v, w_o, n_heads)
+    ),
 }
+
+
+def _scores_swapped(x, w_q, w_k, w_v, w_o, n_heads):
+    """Scores as k q^T, written with einsum: the key index first."""
+    b, n, d = x.shape
+    dh = d // n_heads
+    q, k, v = ((x @ w).reshape(b, n, n_heads, dh) for w in (w_q, w_k, w_v))
+    s = np.einsum("bjhe,bihe->bhji", k, q) / np.sqrt(dh)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    heads = np.einsum("bhij,bjhe->bihe", p, v)
+    return heads.reshape(b, n, d) @ w_o
 
 
 def _loop_variant(x, w_q, w_k, w_v, w_o, n_heads, scale):

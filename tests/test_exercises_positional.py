@@ -41,22 +41,40 @@ def my_rope(x, base=10000.0, sign=1.0, exponent_step=2, start=0):
     return x * angles.cos() + rotate_half(x, sign) * angles.sin()
 
 
-def my_rope_interleaved(x, base=10000.0):
+def my_rope_interleaved(x, base=10000.0, start=0):
     n, d = x.shape[-2:]
     inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq
+    angles = (
+        torch.arange(start, start + n, dtype=torch.float64)[:, None] * inv_freq
+    )
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
     return torch.view_as_real(
         z * torch.polar(torch.ones_like(angles), angles)
     ).flatten(-2)
 
 
+def q_start(q, k):
+    """The first query's position: the queries are the last of the keys'."""
+    return k.shape[-2] - q.shape[-2]
+
+
 def good_rope_attention(q, k, v):
+    return F.scaled_dot_product_attention(
+        my_rope(q, start=q_start(q, k)), my_rope(k), v
+    )
+
+
+def rope_queries_from_zero(q, k, v):
+    """Wrong: right for n_q = n_k, but the queries rotated from position 0."""
     return F.scaled_dot_product_attention(my_rope(q), my_rope(k), v)
 
 
 def good_with_weights(q, k, v):
-    s = my_rope(q) @ my_rope(k).transpose(-1, -2) / q.shape[-1] ** 0.5
+    s = (
+        my_rope(q, start=q_start(q, k))
+        @ my_rope(k).transpose(-1, -2)
+        / q.shape[-1] ** 0.5
+    )
     w = torch.softmax(s, dim=-1)
     return w @ v, w
 
@@ -73,16 +91,22 @@ def test_rope_output_and_weights_pair_passes():
 def test_rope_in_numpy_passes():
     def numpy_version(q, k, v):
         q, k, v = (np.asarray(t) for t in (q, k, v))
-        n, d = q.shape[-2:]
+        n_q, d = q.shape[-2:]
+        n_k = k.shape[-2]
         theta = 10000.0 ** (-np.arange(d // 2) * 2 / d)
-        ang = np.arange(n)[:, None] * theta
-        c, s = np.cos(ang), np.sin(ang)
 
-        def rot(x):
+        def rot(x, positions):
+            ang = positions[:, None] * theta
+            c, s = np.cos(ang), np.sin(ang)
             a, b = x[..., : d // 2], x[..., d // 2 :]
             return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
 
-        scores = rot(q) @ np.swapaxes(rot(k), -1, -2) / np.sqrt(d)
+        positions = np.arange(n_k)
+        scores = (
+            rot(q, positions[n_k - n_q :])
+            @ np.swapaxes(rot(k, positions), -1, -2)
+            / np.sqrt(d)
+        )
         e = np.exp(scores - scores.max(-1, keepdims=True))
         return (e / e.sum(-1, keepdims=True)) @ v
 
@@ -92,12 +116,14 @@ def test_rope_in_numpy_passes():
 ROPE_BY_HAND = [
     (
         lambda q, k, v: F.scaled_dot_product_attention(
-            my_rope(q), my_rope(k), my_rope(v)
+            my_rope(q, start=q_start(q, k)), my_rope(k), my_rope(v)
         ),
         "rope_on_values",
     ),
     (
-        lambda q, k, v: F.scaled_dot_product_attention(my_rope(q), k, v),
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q, start=q_start(q, k)), k, v
+        ),
         "q_only",
     ),
     (
@@ -106,36 +132,44 @@ ROPE_BY_HAND = [
     ),
     (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "no_rope"),
     (
-        lambda q, k, v: my_rope(F.scaled_dot_product_attention(q, k, v)),
+        lambda q, k, v: my_rope(
+            F.scaled_dot_product_attention(q, k, v), start=q_start(q, k)
+        ),
         "rope_on_output",
     ),
     (
         lambda q, k, v: F.scaled_dot_product_attention(
-            my_rope_interleaved(q), my_rope_interleaved(k), v
+            my_rope_interleaved(q, start=q_start(q, k)),
+            my_rope_interleaved(k),
+            v,
         ),
         "interleaved_layout",
     ),
     (
         lambda q, k, v: F.scaled_dot_product_attention(
-            my_rope(q, sign=-1.0), my_rope(k, sign=-1.0), v
+            my_rope(q, sign=-1.0, start=q_start(q, k)),
+            my_rope(k, sign=-1.0),
+            v,
         ),
         "reversed_rotation",
     ),
     (
         lambda q, k, v: F.scaled_dot_product_attention(
-            my_rope(q, exponent_step=1), my_rope(k, exponent_step=1), v
+            my_rope(q, exponent_step=1, start=q_start(q, k)),
+            my_rope(k, exponent_step=1),
+            v,
         ),
         "frequency_exponent",
     ),
     (
         lambda q, k, v: F.scaled_dot_product_attention(
-            my_rope(q), my_rope(k), v, scale=1.0
+            my_rope(q, start=q_start(q, k)), my_rope(k), v, scale=1.0
         ),
         "no_scale",
     ),
     (
         lambda q, k, v: F.scaled_dot_product_attention(
-            my_rope(q), my_rope(k, sign=-1.0), v
+            my_rope(q, start=q_start(q, k)), my_rope(k, sign=-1.0), v
         ),
         "opposite_rotations",
     ),
@@ -352,7 +386,7 @@ def my_rope_at(x, positions):
 
 def rope_float32_in_place(q, k, v):
     """Right: rotates q and k in place (q.copy_), computes in float32."""
-    q.copy_(my_rope(q))
+    q.copy_(my_rope(q, start=q_start(q, k)))
     k.copy_(my_rope(k))
     q32, k32, v32 = q.float(), k.float(), v.float()
     return (
@@ -364,16 +398,40 @@ def rope_float32_in_place(q, k, v):
 ROPE_WRONG = ROPE_BY_HAND + [
     (
         lambda q, k, v: F.scaled_dot_product_attention(
-            my_rope(q), my_rope(k, start=1), v
+            my_rope(q, start=q_start(q, k)), my_rope(k, start=1), v
         ),
         "key_positions_shifted",
     ),
     (
         lambda q, k, v: F.scaled_dot_product_attention(
-            my_rope(q), my_rope_at(k, range(k.shape[-2] - 1, -1, -1)), v
+            my_rope(q, start=q_start(q, k)),
+            my_rope_at(k, range(k.shape[-2] - 1, -1, -1)),
+            v,
         ),
         "key_positions_reversed",
     ),
+    # student report stud0506: the queries counted from 1, the keys from 0
+    (
+        lambda q, k, v: F.scaled_dot_product_attention(
+            my_rope(q, start=q_start(q, k) + 1), my_rope(k), v
+        ),
+        "query_positions_shifted",
+    ),
+    # student report stud0506: the scale taken from the values' width
+    (
+        lambda q, k, v: (
+            torch.softmax(
+                my_rope(q, start=q_start(q, k))
+                @ my_rope(k).transpose(-1, -2)
+                / v.shape[-1] ** 0.5,
+                dim=-1,
+            )
+            @ v
+        ),
+        "scale_d_v",
+    ),
+    # the decoding case: the queries rotated from 0, not from n_k - n_q
+    (rope_queries_from_zero, "queries_from_zero"),
 ]
 
 CATALOGUE = {
@@ -383,7 +441,7 @@ CATALOGUE = {
             good_with_weights,
             rope_float32_in_place,
             lambda q, k, v: F.scaled_dot_product_attention(
-                my_rope(q, start=7), my_rope(k, start=7), v
+                my_rope(q, start=7 + q_start(q, k)), my_rope(k, start=7), v
             ),
         ],
         "wrong": ROPE_WRONG,
@@ -425,9 +483,28 @@ CATALOGUE = {
                 "geometric_for_any_h",
             ),
             (lambda h, n: np.zeros((h, n, n)), "constant_rows"),
+            # student report stud0506: the odd places of the 2p-head slopes
+            (
+                lambda h, n: loop_bias(h, n, slopes=odd_place_slopes(h)),
+                "interleave_odd",
+            ),
+            # student report stud0506: all slopes sorted steepest first
+            (
+                lambda h, n: loop_bias(
+                    h, n, slopes=sorted(loop_slopes(h), reverse=True)
+                ),
+                "slopes_sorted",
+            ),
         ],
     },
 }
+
+
+def odd_place_slopes(h):
+    """The authors' rule with the slip [1::2] for the extra slopes."""
+    p = 2 ** (h.bit_length() - 1)
+    extra = [2 ** (-8 * (i + 1) / (2 * p)) for i in range(2 * p)][1::2]
+    return [2 ** (-8 * (i + 1) / p) for i in range(p)] + extra[: h - p]
 
 
 def test_rope_dot_T_on_the_batch_gets_the_transpose_hint():

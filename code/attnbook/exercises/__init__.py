@@ -197,7 +197,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
         "attnbook.online_softmax.merge_softmax_states",
     ),
     # the split and merge without a loop are the exercise; the torch
-    # layer's forward, shown before it, is the main path's interface
+    # layer's forward does all of it and is shown in the solution only
+    # (tests/test_exercise_order.py, NEAR_ANSWERS)
     "check_multihead_attention": (
         "attnbook.heads.split_heads",
         "attnbook.heads.merge_heads",
@@ -243,7 +244,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # cache object that returns keys in time order and attends to nothing; the
     # exercise asks for the attention over a ring passed in, in numpy
     "check_ring_decode_step": (),
-    # the attention step of chapter 6's experiment rotates q and k
+    # the attention step of chapter 6's experiment rotates q and k (at the
+    # same positions: the exercise puts the queries at the end of the keys)
     "check_rope_attention": (
         "attnbook.experiments.extrapolation.PositionalAttention",
     ),

@@ -426,6 +426,8 @@ def _variant(
     causal=False,
     transpose_w_o=False,
     keys_with_w_q=False,
+    values_with_w_q=False,
+    scores_transposed=False,
 ):
     def mha(x, w_q, w_k, w_v, w_o, h):
         if transpose_w:
@@ -434,6 +436,8 @@ def _variant(
             w_o = w_o.T
         if keys_with_w_q:
             w_k = w_q
+        if values_with_w_q:
+            w_v = w_q
         q, k, v = (split(x @ w, h) for w in (w_q, w_k, w_v))
         s = 1 / np.sqrt(q.shape[-1]) if scale is None else scale(x, h)
         if causal:
@@ -443,6 +447,9 @@ def _variant(
                     q, k, v, mask=causal_mask(n), scale=s
                 )[0]
             )
+        elif scores_transposed:
+            # scores k q^T: entry (j, i) where q_i . k_j belongs at (i, j)
+            concat = merge(softmax(k @ _t(q) * s, axis=axis) @ v)
         else:
             concat = merge(_attend(q, k, v, s, axis))
         return concat @ w_o if out else concat
@@ -597,6 +604,23 @@ MHA_MISTAKES = [
         ". q_j",
         "project the keys with their own matrix: k = x @ w_k",
         _variant(keys_with_w_q=True),
+    ),
+    Mistake(
+        "values_with_w_q",
+        "the values were projected with w_q: v = x @ w_q, so each head "
+        "averages queries instead of values",
+        "project the values with their own matrix: v = x @ w_v",
+        _variant(values_with_w_q=True),
+    ),
+    Mistake(
+        "scores_transposed",
+        "the scores were computed as k q^T: row i holds k_i . q_j, the "
+        "scores of every query against key i, and its softmax normalises "
+        "over the queries",
+        "score as q k^T, shape (batch, n_heads, n_queries, n_keys): row i "
+        "holds query i against every key, and the softmax along the last "
+        "axis normalises over the keys",
+        _variant(scores_transposed=True),
     ),
     Mistake(
         "strided_split",

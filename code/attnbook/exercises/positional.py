@@ -24,18 +24,31 @@ def _first(out):
 # --- attention with RoPE on queries and keys ---------------------------------
 
 
-def _rope_with(x, base=10000.0, sign=1.0, exponent=2.0):
+def _rope_with(x, base=10000.0, sign=1.0, exponent=2.0, positions=None):
     """Half-layout RoPE with a sign on the angle and an exponent ``e`` in
     ``base ** (-e i / d)``."""
     d = x.shape[-1]
     freqs = base ** (-exponent * np.arange(d // 2) / d)
-    return apply_rope(x, frequencies=sign * freqs)
+    return apply_rope(x, positions=positions, frequencies=sign * freqs)
+
+
+def query_positions(q, k, shift=0):
+    """The queries' positions: the last ``n_q`` of the ``n_k`` key positions
+    ``0 .. n_k - 1`` (plus ``shift``)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    return torch.arange(n_k - n_q + shift, n_k + shift)
+
+
+def _rope_q(q, k, **kw):
+    """The queries rotated at their positions, the end of the keys'."""
+    return _rope_with(q, positions=query_positions(q, k), **kw)
 
 
 def rope_attention(q, k, v):
     """The reference: ``softmax(R(q) R(k)^T / sqrt(d_k)) v``, half layout,
-    positions 0..n-1, no mask."""
-    return attend(apply_rope(q), apply_rope(k), v)
+    keys at positions ``0 .. n_k - 1`` and the queries the last ``n_q`` of
+    them, no mask."""
+    return attend(_rope_q(q, k), apply_rope(k), v)
 
 
 ROPE_MISTAKES = [
@@ -46,14 +59,14 @@ ROPE_MISTAKES = [
         "depend on m - n; "
         "rotating v makes what each key hands on depend on its absolute "
         "position",
-        lambda q, k, v: attend(apply_rope(q), apply_rope(k), apply_rope(v)),
+        lambda q, k, v: attend(_rope_q(q, k), apply_rope(k), apply_rope(v)),
     ),
     Mistake(
         "q_only",
         "RoPE was applied to the queries but not to the keys",
         "rotate both: q_m . k_n depends on m - n only when q is turned by "
         "m*theta and k by n*theta",
-        lambda q, k, v: attend(apply_rope(q), k, v),
+        lambda q, k, v: attend(_rope_q(q, k), k, v),
     ),
     Mistake(
         "k_only",
@@ -74,7 +87,7 @@ ROPE_MISTAKES = [
         "k",
         "rotate q and k before computing the scores; the output is not "
         "rotated",
-        lambda q, k, v: apply_rope(attend(q, k, v)),
+        lambda q, k, v: _rope_q(attend(q, k, v), k),
     ),
     Mistake(
         "interleaved_layout",
@@ -84,7 +97,9 @@ ROPE_MISTAKES = [
         "use layout='half': pair i is feature i with feature i + d/2. A "
         "checkpoint cares which one you use",
         lambda q, k, v: attend(
-            apply_rope(q, layout="interleaved"),
+            apply_rope(
+                q, positions=query_positions(q, k), layout="interleaved"
+            ),
             apply_rope(k, layout="interleaved"),
             v,
         ),
@@ -99,7 +114,7 @@ ROPE_MISTAKES = [
         "x2*cos, with positions 0, 1, ..., "
         "n - 1 for q and k alike",
         lambda q, k, v: attend(
-            _rope_with(q, sign=-1.0), _rope_with(k, sign=-1.0), v
+            _rope_q(q, k, sign=-1.0), _rope_with(k, sign=-1.0), v
         ),
     ),
     Mistake(
@@ -108,7 +123,7 @@ ROPE_MISTAKES = [
         "pair i (i = 0 .. d/2 - 1) turns at base**(-2i/d) radians per "
         "position",
         lambda q, k, v: attend(
-            _rope_with(q, exponent=1.0), _rope_with(k, exponent=1.0), v
+            _rope_q(q, k, exponent=1.0), _rope_with(k, exponent=1.0), v
         ),
     ),
     Mistake(
@@ -117,18 +132,17 @@ ROPE_MISTAKES = [
         "depend on m + n, the absolute positions, instead of on m - n",
         "rotate q and k the same way, each by its own position: R(m) q . R(n) "
         "k = q . R(n - m) k",
-        lambda q, k, v: attend(apply_rope(q), _rope_with(k, sign=-1.0), v),
+        lambda q, k, v: attend(_rope_q(q, k), _rope_with(k, sign=-1.0), v),
     ),
     Mistake(
         "key_positions_shifted",
-        "the keys are rotated at positions 1 .. n instead of 0 .. n - 1 (the "
-        "queries at 0 .. n - 1): every score sees the distance off by one",
-        "rotate query m and key n at their own positions, both counted from 0 "
-        "(or both from 1: only "
-        "m - n matters, so one shift for both is harmless, a shift of one of "
-        "them is not)",
+        "the keys are rotated at positions 1 .. n_k instead of 0 .. n_k - 1: "
+        "every score sees the distance off by one",
+        "rotate the keys at 0 .. n_k - 1 and the queries at n_k - n_q .. n_k "
+        "- 1 (or shift both alike: only m - n matters, so one shift for both "
+        "is harmless, a shift of one of them is not)",
         lambda q, k, v: attend(
-            apply_rope(q),
+            _rope_q(q, k),
             apply_rope(k, positions=torch.arange(1, k.shape[-2] + 1)),
             v,
         ),
@@ -140,16 +154,48 @@ ROPE_MISTAKES = [
         "..., n - 1 to the keys as to "
         "the queries",
         lambda q, k, v: attend(
-            apply_rope(q),
+            _rope_q(q, k),
             apply_rope(k, positions=torch.arange(k.shape[-2] - 1, -1, -1)),
             v,
+        ),
+    ),
+    Mistake(
+        "queries_from_zero",
+        "the queries were rotated at positions 0 .. n_q - 1, as if they began "
+        "the sequence; they are the last n_q of the n_k positions",
+        "rotate the keys at 0 .. n_k - 1 and the queries at n_k - n_q .. n_k "
+        "- 1 (apply_rope's positions argument), so that each score sees the "
+        "true distance between its query and key",
+        lambda q, k, v: attend(apply_rope(q), apply_rope(k), v),
+    ),
+    Mistake(
+        "query_positions_shifted",
+        "the queries are rotated one position too far, at n_k - n_q + 1 .. "
+        "n_k instead of n_k - n_q .. n_k - 1: every score sees the distance "
+        "off by one",
+        "rotate query m and key n at their own positions, both counted from 0 "
+        "(or both from 1: only m - n matters, so one shift for both is "
+        "harmless, a shift of one of them is not)",
+        lambda q, k, v: attend(
+            apply_rope(q, positions=query_positions(q, k, shift=1)),
+            apply_rope(k),
+            v,
+        ),
+    ),
+    Mistake(
+        "scale_d_v",
+        "the scores are divided by sqrt(d_v) instead of sqrt(d_k)",
+        "the scale belongs to the dot products q.k, which have d_k terms: "
+        "divide by sqrt(q.shape[-1]), whatever the width of the values",
+        lambda q, k, v: attend(
+            _rope_q(q, k), apply_rope(k), v, scale=v.shape[-1] ** -0.5
         ),
     ),
     Mistake(
         "no_scale",
         "the scores are not divided by sqrt(d_k)",
         "RoPE preserves lengths, so the scaling of chapter 3 is still needed",
-        lambda q, k, v: attend(apply_rope(q), apply_rope(k), v, scale=1.0),
+        lambda q, k, v: attend(_rope_q(q, k), apply_rope(k), v, scale=1.0),
     ),
 ]
 
@@ -170,12 +216,12 @@ def rope_attention_cases() -> list[Case]:
             (t(2, 5, 16, scale=1.5), t(2, 5, 16, scale=1.5), t(2, 5, 16)),
         ),
         Case(
-            "d_v = 6 differs from d_k = 4, n = 7",
-            (t(7, 4, scale=2.0), t(7, 4, scale=2.0), t(7, 6)),
+            "d_v = 6 differs from d_k = 4, 3 queries at the end of 7 keys",
+            (t(3, 4, scale=2.0), t(7, 4, scale=2.0), t(7, 6)),
         ),
         Case(
-            "a single position (n = 1): no rotation at all",
-            (t(1, 8), t(1, 8), t(1, 8)),
+            "a single query at the end of 6 keys (one decoding step)",
+            (t(1, 8, scale=1.5), t(6, 8, scale=1.5), t(6, 8)),
         ),
     ]
 
@@ -184,8 +230,9 @@ def check_rope_attention(fn) -> None:
     """Check ``fn(q, k, v)`` = attention with RoPE (half layout, base 10000) on
     ``q`` and ``k``.
 
-    q, k: torch float64 ``(..., n, d_k)``; v: ``(..., n, d_v)``; positions ``0
-    .. n-1``; no mask; scores scaled by ``1/sqrt(d_k)``. ``fn`` may return the
+    q: torch float64 ``(..., n_q, d_k)``; k: ``(..., n_k, d_k)``; v: ``(...,
+    n_k, d_v)``; keys at positions ``0 .. n_k - 1``, queries the last ``n_q``
+    of them; no mask; scores scaled by ``1/sqrt(d_k)``. ``fn`` may return the
     output or ``(output, weights)``.
     """
     run_checks(
@@ -236,6 +283,14 @@ def _geometric(h):
     return 2.0 ** (-8.0 * np.arange(1, h + 1) / h)
 
 
+def _code_slopes(h, start=0):
+    """The authors' rule, with the extra slopes of 2p heads taken from
+    place ``start`` on, every other one (0 is the rule, 1 the slip)."""
+    p = 2 ** int(np.floor(np.log2(h)))
+    extra = _geometric(2 * p)[start::2][: h - p]
+    return np.concatenate([_geometric(p), extra])
+
+
 ALIBI_MISTAKES = [
     Mistake(
         "sign_error",
@@ -283,6 +338,28 @@ ALIBI_MISTAKES = [
         "other slope of 2p: for h = 12, slopes(8) + "
         "slopes(16)[0::2][:4]",
         lambda h, n: -_geometric(h)[:, None, None] * _distance(n),
+    ),
+    Mistake(
+        "interleave_odd",
+        "for a head count that is not a power of two, the extra slopes were "
+        "taken from the 2p-head sequence at its odd places, [1::2]: they "
+        "repeat slopes of the first p heads",
+        "the extra heads take every other slope of 2p heads starting with the "
+        "first, slopes(2p)[0::2] (exponents -8 r / 2p for r = 1, 3, 5, ...), "
+        "the ones that fall between the p-head slopes",
+        lambda h, n: -_code_slopes(h, start=1)[:, None, None] * _distance(n),
+    ),
+    Mistake(
+        "slopes_sorted",
+        "for a head count that is not a power of two, the slopes were sorted "
+        "steepest first; the authors' code keeps the p-head slopes first and "
+        "appends the extra ones",
+        "head r = 1 .. p takes slope r of p heads, in order; heads p + 1 .. h "
+        "take the extra slopes of 2p heads after them, unsorted (for h = 12 "
+        "the last four are 2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5)",
+        lambda h, n: (
+            -np.sort(alibi_slopes(h))[::-1, None, None] * _distance(n)
+        ),
     ),
     Mistake(
         "constant_rows",

@@ -31,7 +31,7 @@ def _softmax(s):
 
 def _rows(n: int, max_distance: int, offset=None) -> np.ndarray:
     """(n, n) int: the table row of (query i, key j); by default
-    ``clip(j - i, -K, K) + K``."""
+    ``clip(j - i, -kappa, kappa) + kappa``."""
     i = np.arange(n)
     if offset is None:
         offset = i[None, :] - i[:, None]
@@ -62,8 +62,9 @@ def _shaw(q, k, v, rel_k, rel_v, rows=None, scale_relative=True):
 
 def shaw_attention(q, k, v, rel_k, rel_v):
     """The reference: ``softmax((q k^T + q . a^K_{c(j-i)}) / sqrt(d_k))`` times
-    ``v + a^V_{c(j-i)}``, with ``c`` the offset ``j - i`` clipped to ``[-K,
-    K]`` (``rel_k`` has ``2K + 1`` rows, row ``r`` for offset ``r - K``)."""
+    ``v + a^V_{c(j-i)}``, with ``c`` the offset ``j - i`` clipped to ``[-kappa,
+    kappa]`` (``rel_k`` has ``2 kappa + 1`` rows, row ``r`` for offset ``r -
+    kappa``)."""
     return _shaw(q, k, v, rel_k, rel_v)
 
 
@@ -124,17 +125,19 @@ SHAW_MISTAKES = [
         "offset_reversed",
         "the tables were indexed by i - j (query minus key) instead of j - i: "
         "a key before the query reads the vector of the key as far after it",
-        "row r of the tables holds the offset r - K of the key from the "
-        "query, j - i; a key 2 back is row K - 2",
+        "row r of the tables holds the offset r - kappa of the key from the "
+        "query, j - i; a key 2 back is row kappa - 2",
         _with_rows(lambda n, m: _rows(n, m, offset=-_offsets(n))),
     ),
     Mistake(
         "offsets_not_clipped",
-        "the offsets were not clipped to [-K, K] on both sides: numpy reads a "
+        "the offsets were not clipped to [-kappa, kappa] on both sides: numpy "
+        "reads a "
         "negative row index from the end of the table (or raises for one past "
-        "it), so the keys more than K away read wrong vectors",
-        "clip first, then shift: np.clip(j - i, -K, K) + K; every key more "
-        "than K away shares the vector of offset -K or +K",
+        "it), so the keys more than kappa away read wrong vectors",
+        "clip first, then shift: np.clip(j - i, -kappa, kappa) + kappa; every "
+        "key more "
+        "than kappa away shares the vector of offset -kappa or +kappa",
         _with_rows(lambda n, m: np.minimum(_offsets(n), m) + m),
         raises=_is_out_of_bounds,
     ),
@@ -144,11 +147,14 @@ SHAW_MISTAKES = [
     *(
         Mistake(
             "index_not_shifted",
-            "the clipped offset was used as the row without adding K: offset "
-            "0 reads the row of offset -K, and the keys before the query read "
+            "the clipped offset was used as the row without adding kappa: "
+            "offset "
+            "0 reads the row of offset -kappa, and the keys before the query "
+            "read "
             "the last rows of the table (numpy's negative indices) or none",
-            "row = clip(j - i, -K, K) + K, so that offset -K is row 0 and "
-            "offset 0 the middle row K",
+            "row = clip(j - i, -kappa, kappa) + kappa, so that offset -kappa "
+            "is row 0 and "
+            "offset 0 the middle row kappa",
             _unshifted(keys, values),
         )
         for keys, values in (
@@ -196,9 +202,11 @@ SHAW_MEMORY_MISTAKES = [
         "pairwise_tables",
         "the values are right, but the peak memory was that of an (n, n, d) "
         "array: the tables were gathered for every (query, key) pair",
-        "the tables have only 2K + 1 rows: compute q @ rel_k.T once, (n, 2K + "
+        "the tables have only 2 kappa + 1 rows: compute q @ rel_k.T once, (n, "
+        "2 kappa + "
         "1), and pick entry [i, row(i, j)] for each pair; for the values, "
-        "add up each row's weights per table row, (n, 2K + 1), and multiply "
+        "add up each row's weights per table row, (n, 2 kappa + 1), and "
+        "multiply "
         "by rel_v",
         shaw_attention,
     ),
@@ -252,15 +260,16 @@ def check_shaw_attention(fn) -> None:
     """Check ``fn(q, k, v, rel_k, rel_v)``: Shaw et al.'s self-attention with
     relative key and value vectors, without forming an ``(n, n, d)`` array.
 
-    q, k: ``(..., n, d_k)``, v: ``(..., n, d_v)``, rel_k: ``(2K + 1, d_k)``,
-    rel_v: ``(2K + 1, d_v)`` (row ``r`` for the offset ``r - K`` of the key
-    from the query, offsets clipped to ``[-K, K]``); no mask; returns ``(...,
-    n, d_v)``. Besides the values on the cases, the checker measures the peak
-    memory (:mod:`tracemalloc`, which sees numpy's arrays, and, where torch is
-    imported, the largest allocation torch's profiler sees) at n = 256, d_k =
-    d_v = 128, K = 4: an answer that gathers the tables for every pair (an (n,
-    n, d) array, 64 MiB) is rejected; the answer the exercise asks for needs a
-    few (n, n) arrays.
+    q, k: ``(..., n, d_k)``, v: ``(..., n, d_v)``, rel_k: ``(2 kappa + 1,
+    d_k)``,
+    rel_v: ``(2 kappa + 1, d_v)`` (row ``r`` for the offset ``r - kappa`` of
+    the key from the query, offsets clipped to ``[-K, K]``); no mask; returns
+    ``(..., n, d_v)``. Besides the values on the cases, the checker measures
+    the peak memory (:mod:`tracemalloc`, which sees numpy's arrays, and, where
+    torch is imported, the largest allocation torch's profiler sees) at n =
+    256, d_k = d_v = 128, K = 4: an answer that gathers the tables for every
+    pair (an (n, n, d) array, 64 MiB) is rejected; the answer the exercise asks
+    for needs a few (n, n) arrays.
     """
     __tracebackhide__ = True
     cases = shaw_cases()
