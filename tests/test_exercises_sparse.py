@@ -537,7 +537,11 @@ def _slipped(q, k, v, mask_mod, tile, slip):
                 tiles += 0 if full else 1
             else:
                 tiles += 1
-            s = q[rows] @ k[cols].T / q.shape[1] ** 0.5
+            s = q[rows] @ k[cols].T
+            if slip == "divided by d":
+                s = s / q.shape[1]
+            elif slip != "no scale":
+                s = s / q.shape[1] ** 0.5
             if slip != "unmasked":
                 s = s.masked_fill(~ok, float("-inf"))
             new = torch.maximum(best, s.amax(dim=1))
@@ -773,6 +777,14 @@ def tiles_scores_per_strip(q, k, v, mask_mod, tile):
     return out, visited
 
 
+def tiles_without_scale(q, k, v, mask_mod, tile):
+    return _slipped(q, k, v, mask_mod, tile, "no scale")
+
+
+def tiles_divided_by_d(q, k, v, mask_mod, tile):
+    return _slipped(q, k, v, mask_mod, tile, "divided by d")
+
+
 def tiles_meshgrid_float32(q, k, v, mask_mod, tile):
     """Right: NumPy in float32, the mask_mod given each tile's pairs as two
     index grids (np.meshgrid), the tile's scores only after its test."""
@@ -877,6 +889,8 @@ CATALOGUE = {
             (tiles_count_partial, "partial_count_only"),
             (tiles_whole_mask_first, "dense_mask"),
             (tiles_four_corners, "corners_only"),
+            (tiles_without_scale, "wrong_scale"),
+            (tiles_divided_by_d, "wrong_scale"),
             (tiles_scores_before_the_test, "empty_scored"),
             (tiles_all_scored_torch32, "empty_scored"),
             (tiles_strip_per_query_tile, "strip"),

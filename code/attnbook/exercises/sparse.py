@@ -29,7 +29,8 @@ of which scores below an unselected admissible key is accepted.
 The tiled attention's mistakes are those of a tile loop with an online
 softmax: partial tiles read unmasked, empty tiles visited (the count wrong),
 the last, shorter tile dropped, NaN for a query that may read no key, tiles
-merged without rescaling, full tiles left out of the count, and tiles judged
+merged without rescaling, full tiles left out of the count, the scores not
+scaled by 1 / sqrt(d) (or by 1 / d), and tiles judged
 empty by their four corners (one case puts a document, with padding on both
 sides of it, inside one tile). The work that skipping saves is measured, not
 read from the count the reader returns: the mask evaluated on a strip of a
@@ -796,12 +797,16 @@ def _tiled(
     count_full=True,
     corners=False,
     score_empty=False,
+    scale=None,
 ):
     """A tile loop with an online softmax (chapter 9), each flag a step that
     a mistake leaves out (``guard_division`` None: as ``guard_empty_rows``;
     ``corners``: a tile judged empty by its four corners alone;
-    ``score_empty``: every tile's scores computed before the test)."""
+    ``score_empty``: every tile's scores computed before the test;
+    ``scale``: the scores' factor, None for 1 / sqrt(d))."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    if scale is None:
+        scale = 1 / np.sqrt(q.shape[1])
     n_q, n_k = q.shape[0], k.shape[0]
     stop_q = n_q if ragged else n_q - n_q % tile
     stop_k = n_k if ragged else n_k - n_k % tile
@@ -815,7 +820,7 @@ def _tiled(
         for j in range(0, stop_k, tile):
             cols = np.arange(j, min(j + tile, n_k))
             if score_empty:
-                scores = q[rows] @ k[cols].T / np.sqrt(q.shape[1])
+                scores = q[rows] @ k[cols].T * scale
             if corners:
                 ends_q = torch.as_tensor(rows[[0, 0, -1, -1]])
                 ends_k = torch.as_tensor(cols[[0, -1, 0, -1]])
@@ -830,7 +835,7 @@ def _tiled(
             if score_empty:
                 s = scores
             else:
-                s = q[rows] @ k[cols].T / np.sqrt(q.shape[1])
+                s = q[rows] @ k[cols].T * scale
             if mask_partial and not allowed.all():
                 s = np.where(allowed, s, -np.inf)
             m_new = np.maximum(m, s.max(axis=1))
@@ -881,6 +886,14 @@ def _not_rescaled(q, k, v, mask_mod, tile):
 
 def _count_partial_only(q, k, v, mask_mod, tile):
     return _tiled(q, k, v, mask_mod, tile, count_full=False)
+
+
+def _unscaled(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, scale=1.0)
+
+
+def _scaled_by_d(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, scale=1 / q.shape[1])
 
 
 def _corners_only(q, k, v, mask_mod, tile):
@@ -942,6 +955,18 @@ TILED_MISTAKES = [
         "not counted",
         "count every tile you read, full and partial",
         _count_partial_only,
+    ),
+    Mistake(
+        "wrong_scale",
+        "the scores are not divided by sqrt(d): the softmax is too sharp",
+        "scale each tile's scores q k^T by 1 / sqrt(d), d the width of q",
+        _unscaled,
+    ),
+    Mistake(
+        "wrong_scale",
+        "the scores are divided by d, not sqrt(d): the softmax is too flat",
+        "scale each tile's scores q k^T by 1 / sqrt(d), d the width of q",
+        _scaled_by_d,
     ),
     Mistake(
         "corners_only",
