@@ -4,8 +4,10 @@ block-sparse attention that skips tiles (hard).
 
 The mask's mistakes are those of combining three conditions: one left out
 (causality, with the window two-sided or one-sided; the document; the window),
-the documents compared by their order (``>=`` or ``<=``, right only while the
-labels increase along the row: one case labels them out of order), the window
+the documents compared by their order (``>=``, right only while the labels
+increase along the row: one case labels them out of order; or ``<=``, wrong
+even then, since under causality every earlier key's label is at most the
+query's), the window
 one too wide or one too narrow, a query that cannot read itself (``kv_idx <
 q_idx``), some or all of the conditions joined by "or", and Python's ``and``,
 ``or`` or ``if`` where FlexAttention traces tensors (it needs ``&``, ``|``
@@ -27,8 +29,15 @@ of which scores below an unselected admissible key is accepted.
 The tiled attention's mistakes are those of a tile loop with an online
 softmax: partial tiles read unmasked, empty tiles visited (the count wrong),
 the last, shorter tile dropped, NaN for a query that may read no key, tiles
-merged without rescaling, full tiles left out of the count, and the whole
-n x n mask built at once (found by the peak memory).
+merged without rescaling, full tiles left out of the count, the scores not
+scaled by 1 / sqrt(d) (or by 1 / d), and tiles judged
+empty by their four corners (one case puts a document, with padding on both
+sides of it, inside one tile). The work that skipping saves is measured, not
+read from the count the reader returns: the mask evaluated on a strip of a
+query tile against every key, or on all n x n pairs at once (the sizes the
+mask_mod is asked about, and the peak memory), and the empty tiles' scores
+computed and thrown away (the memory allocated after each evaluation of the
+mask_mod, counted: no timing).
 """
 
 from __future__ import annotations
@@ -118,9 +127,10 @@ def _no_causal_one_sided(doc_ids, window):
 
 def _document_order(compare: str):
     """The document condition written as an order: ``>=`` (a key's
-    document at or after the query's) or ``<=``. Under causality it equals
-    ``==`` while the labels increase along the row, and crosses documents
-    otherwise."""
+    document at or after the query's) or ``<=``. Under causality ``>=``
+    equals ``==`` while the labels increase along the row, and crosses
+    documents otherwise; ``<=`` always holds for an earlier key while they
+    increase, so it crosses documents even then."""
 
     def factory(doc_ids, window):
         def mask_mod(b, h, q_idx, kv_idx):
@@ -854,11 +864,18 @@ def _tiled(
     guard_division=None,
     rescale=True,
     count_full=True,
+    corners=False,
+    score_empty=False,
+    scale=None,
 ):
     """A tile loop with an online softmax (chapter 9), each flag a step that
     a mistake leaves out (``guard_division`` None: as ``guard_empty_rows``;
-    ``ragged_keys`` None: as ``ragged``)."""
+    ``ragged_keys`` None: as ``ragged``; ``corners``: a tile judged empty by
+    its four corners alone; ``score_empty``: every tile's scores computed
+    before the test; ``scale``: the scores' factor, None for 1 / sqrt(d))."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    if scale is None:
+        scale = 1 / np.sqrt(q.shape[1])
     n_q, n_k = q.shape[0], k.shape[0]
     stop_q = n_q if ragged else n_q - n_q % tile
     ragged_keys = ragged if ragged_keys is None else ragged_keys
@@ -872,13 +889,23 @@ def _tiled(
         acc = np.zeros((len(rows), v.shape[1]))
         for j in range(0, stop_k, tile):
             cols = np.arange(j, min(j + tile, n_k))
+            if score_empty:
+                scores = q[rows] @ k[cols].T * scale
+            if corners:
+                ends_q = torch.as_tensor(rows[[0, 0, -1, -1]])
+                ends_k = torch.as_tensor(cols[[0, -1, 0, -1]])
+                if not mask_mod(0, 0, ends_q, ends_k).any():
+                    continue
             allowed = mask_mod(
                 0, 0, torch.as_tensor(rows)[:, None], torch.as_tensor(cols)
             ).numpy()
             if skip_empty and not allowed.any():
                 continue
             visited += 1 if count_full or not allowed.all() else 0
-            s = q[rows] @ k[cols].T / np.sqrt(q.shape[1])
+            if score_empty:
+                s = scores
+            else:
+                s = q[rows] @ k[cols].T * scale
             if mask_partial and not allowed.all():
                 s = np.where(allowed, s, -np.inf)
             m_new = np.maximum(m, s.max(axis=1))
@@ -933,6 +960,18 @@ def _not_rescaled(q, k, v, mask_mod, tile):
 
 def _count_partial_only(q, k, v, mask_mod, tile):
     return _tiled(q, k, v, mask_mod, tile, count_full=False)
+
+
+def _unscaled(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, scale=1.0)
+
+
+def _scaled_by_d(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, scale=1 / q.shape[1])
+
+
+def _corners_only(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, corners=True)
 
 
 TILED_MISTAKES = [
@@ -1000,6 +1039,28 @@ TILED_MISTAKES = [
         "count every tile you read, full and partial",
         _count_partial_only,
     ),
+    Mistake(
+        "wrong_scale",
+        "the scores are not divided by sqrt(d): the softmax is too sharp",
+        "scale each tile's scores q k^T by 1 / sqrt(d), d the width of q",
+        _unscaled,
+    ),
+    Mistake(
+        "wrong_scale",
+        "the scores are divided by d, not sqrt(d): the softmax is too flat",
+        "scale each tile's scores q k^T by 1 / sqrt(d), d the width of q",
+        _scaled_by_d,
+    ),
+    Mistake(
+        "corners_only",
+        "a tile is judged empty by its four corners: where the mask forbids "
+        "the corners but allows pairs inside (a document with padding on "
+        "both sides of it, within one tile), the tile is skipped",
+        "evaluate the mask_mod on every pair of the tile (rows[:, None], "
+        "cols[None, :]) and skip it only when none is allowed: the corners "
+        "decide only for masks such as causal or a window",
+        _corners_only,
+    ),
 ]
 
 
@@ -1045,7 +1106,9 @@ def tiled_cases() -> list[Case]:
             for n in (n_q, n_k, n_k)
         )
 
-    docs = [0] * 11 + [1] * 17 + [2] * 9 + [-1] * 13
+    # the third document sits inside the tile of positions 40-47, with
+    # padding on both sides of it: the tile's four corners are all masked
+    docs = [0] * 11 + [1] * 17 + [-1] * 13 + [2] * 6 + [-1] * 3
     return [
         Case(
             "causal, 37 positions, tiles of 8 (the last one 5 long)",
@@ -1056,8 +1119,9 @@ def tiled_cases() -> list[Case]:
             (*qkv(45, 45, 3), _sliding(6), 8),
         ),
         Case(
-            "three packed documents 11, 17, 9, then 13 of padding that "
-            "reads nothing; tiles of 8",
+            "packed documents 11, 17 and 6, with 13 of padding (which reads "
+            "nothing) before the third and 3 after it: the third lies inside "
+            "one tile of 8",
             (*qkv(50, 50, 4), _packed_with_padding(docs), 8),
         ),
         Case(
@@ -1113,26 +1177,195 @@ def _describe_tiled(got, expected, case=None) -> str:
     return "; ".join(parts) or "the output differs"
 
 
-def _check_tiled_memory(fn, n: int = 2048, tile: int = 64) -> None:
-    """Reject an answer that builds an n x n array: with a window of one
-    tile at n = 2048, the tiles visited hold about 2 n tile scores, and an
-    n x n boolean mask alone takes n^2 bytes (4 MiB). The peak (tracemalloc
-    and torch's profiler, :func:`peak_memory_with_torch`) may not exceed
-    n^2 / 4 bytes (1 MiB); a tile of scores takes 8 tile^2 bytes (32 KiB)."""
+# The geometry of the work and memory checks: a sliding window of one tile,
+# so that of the (n / tile)^2 tiles the mask leaves 2 n / tile - 1 non-empty
+# (63 of 1024); d = 2 keeps the output (n d 8 bytes, 32 KiB) small beside a
+# strip of a query tile against every key.
+WORK_N, WORK_D, WORK_TILE = 2048, 2, 64
+
+
+def _work_inputs(n: int = WORK_N, d: int = WORK_D):
+    rng = np.random.default_rng(5)
+    return tuple(torch.as_tensor(rng.normal(size=(n, d))) for _ in range(3))
+
+
+def _tensors(x):
+    """The tensors in ``x``, a tensor or nested tuples, lists and dicts."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for item in x:
+            yield from _tensors(item)
+    elif isinstance(x, dict):
+        for item in x.values():
+            yield from _tensors(item)
+
+
+def _new_float_bytes(out, inputs) -> int:
+    """The bytes of the floating-point tensors in ``out`` that share no
+    storage with a tensor of ``inputs`` (views and in-place results left
+    out)."""
+    try:
+        shared = {t.untyped_storage().data_ptr() for t in _tensors(inputs)}
+        return sum(
+            t.numel() * t.element_size()
+            for t in _tensors(out)
+            if t.is_floating_point()
+            and t.untyped_storage().data_ptr() not in shared
+        )
+    except (RuntimeError, NotImplementedError):
+        # a tensor without a storage (a functorch wrapper): not counted
+        return 0
+
+
+def _index_bytes(*indices) -> int:
+    """The bytes of the index arrays (or tensors) a mask_mod is given."""
+    return sum(
+        int(x.nbytes)
+        if isinstance(x, np.ndarray)
+        else x.numel() * x.element_size()
+        for x in indices
+        if isinstance(x, (np.ndarray, torch.Tensor))
+    )
+
+
+def _watch_tile_work(fn, q, k, v, mask_mod, tile):
+    """Run ``fn(q, k, v, mask_mod, tile)`` with the checker's ``mask_mod``
+    wrapped; return ``(pairs, work)``: the number of pairs of each call of
+    the mask_mod, and for each stretch of the reader's code between two
+    calls (and before the first and after the last) the bytes it allocated.
+
+    A stretch's bytes are the larger of numpy's, :mod:`tracemalloc`'s peak
+    above the stretch's start less the bytes of the indices that the call
+    ending it was given, and torch's, the floating-point tensors computed
+    (views and in-place results left out; seen by a
+    :class:`torch.overrides.TorchFunctionMode`). The mask_mod's own work is
+    not counted. Counted bytes, not time: the same on a busy machine."""
+    import tracemalloc
+
+    from torch.overrides import TorchFunctionMode
+
+    state = {"inside": False, "start": 0, "torch": 0}
+    pairs, work = [], []
+
+    def end_stretch(index_bytes):
+        _, peak = tracemalloc.get_traced_memory()
+        numpy_bytes = peak - state["start"] - index_bytes
+        work.append(max(numpy_bytes, state["torch"]))
+
+    def start_stretch():
+        tracemalloc.reset_peak()
+        state["start"] = tracemalloc.get_traced_memory()[0]
+        state["torch"] = 0
+
+    def watched(b, h, q_idx, kv_idx):
+        end_stretch(_index_bytes(q_idx, kv_idx))
+        state["inside"] = True
+        try:
+            allowed = mask_mod(b, h, q_idx, kv_idx)
+        finally:
+            state["inside"] = False
+        pairs.append(int(np.prod(getattr(allowed, "shape", ()))))
+        start_stretch()
+        return allowed
+
+    class FloatAllocations(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if not state["inside"]:
+                state["torch"] += _new_float_bytes(out, (args, kwargs))
+            return out
+
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        with FloatAllocations():
+            start_stretch()
+            fn(q, k, v, watched, tile)
+            end_stretch(0)
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    return pairs, work
+
+
+def _check_tiled_work(fn) -> None:
+    """Reject an answer that does the work of the tiles it says it skips,
+    measured, not taken from the count it returns: at n = 2048 with a window
+    of one tile of 64, where 63 of the 1024 tiles are non-empty.
+
+    - A mask_mod evaluated on more pairs than a tile's at once: a strip of
+      a query tile against every key, or the whole n x n mask.
+    - Scores computed for the empty tiles: a right answer allocates nothing
+      of a tile's size between the evaluation of an empty tile's mask and
+      the next evaluation; one that scores every tile allocates the tile's
+      scores there, 4 tile^2 bytes or more (16 KiB in float32). An answer
+      that allocates 3 tile^2 bytes or more (:func:`_watch_tile_work`) after
+      more than half of its evaluations, before the next one or its end, is
+      rejected; a right one does so after about the 63 non-empty tiles'."""
+    from ..bench import format_bytes
+    from ._framework import ExerciseError, pristine
+
+    __tracebackhide__ = True
+    n, tile = WORK_N, WORK_TILE
+    pairs, work = _watch_tile_work(
+        fn, *pristine(_work_inputs()), _sliding(tile), tile
+    )
+    case = f"{n} positions, a window of {tile}, tiles of {tile} (work)"
+    largest = max(pairs, default=0)
+    if largest > tile * tile:
+        raise ExerciseError(
+            "block-sparse attention that skips tiles",
+            case,
+            f"your function evaluated the mask_mod on {largest} pairs at "
+            f"once, where a tile holds {tile * tile}",
+            mistake=DENSE_MISTAKES[0] if largest >= n * n else STRIP_MISTAKE,
+        )
+    tiles, needed = (n // tile) ** 2, 2 * (n // tile) - 1
+    # work[0] is the stretch before the first evaluation
+    scored = sum(w >= 3 * tile * tile for w in work[1:])
+    if scored > tiles // 2:
+        threshold = format_bytes(3 * tile * tile)
+        float32_tile = format_bytes(4 * tile * tile)
+        raise ExerciseError(
+            "block-sparse attention that skips tiles",
+            case,
+            f"after {scored} of your {len(pairs)} evaluations of the "
+            f"mask_mod your function allocated {threshold} or more before "
+            f"the next (a tile of scores takes {float32_tile} in float32), "
+            f"where the mask leaves {needed} of the {tiles} tiles non-empty",
+            mistake=EMPTY_SCORED_MISTAKE,
+        )
+
+
+def _check_tiled_memory(fn) -> None:
+    """Reject an answer that holds a strip of a query tile against every key,
+    or the whole n x n: at n = 2048 and d = 2 with a window of one tile of
+    64, the peak (tracemalloc and torch's profiler,
+    :func:`peak_memory_with_torch`) may not exceed three quarters of a strip
+    of float32 scores, 3 n tile bytes (384 KiB). A strip of scores takes
+    512 KiB in float32 and 1 MiB in float64, the n x n boolean mask 4 MiB; a
+    right answer holds the output (n d 8 bytes, 32 KiB), perhaps float32
+    copies of the inputs, and a few tiles of scores (8 tile^2 bytes each,
+    32 KiB): the book's, 173 KiB."""
     from ..bench import format_bytes
     from ._framework import ExerciseError, peak_memory_with_torch
 
     __tracebackhide__ = True
-    rng = np.random.default_rng(5)
-    q, k, v = (torch.as_tensor(rng.normal(size=(n, 8))) for _ in range(3))
+    n, tile = WORK_N, WORK_TILE
+    q, k, v = _work_inputs()
     _, peak = peak_memory_with_torch(fn, q, k, v, _sliding(tile), tile)
-    if peak > n * n // 4:
+    if peak > 3 * n * tile:
         raise ExerciseError(
             "block-sparse attention that skips tiles",
             f"{n} positions, a window of {tile}, tiles of {tile} (memory)",
             f"your function's peak memory was {format_bytes(peak)}, where "
-            f"one tile's scores take {format_bytes(8 * tile * tile)}",
-            mistake=DENSE_MISTAKES[0],
+            f"one tile's scores take {format_bytes(8 * tile * tile)} and a "
+            "strip of a query tile against every key "
+            f"{format_bytes(8 * tile * n)}",
+            mistake=DENSE_MISTAKES[0] if peak >= n * n else STRIP_MISTAKE,
         )
 
 
@@ -1149,6 +1382,31 @@ def _dense_then_tiled(q, k, v, mask_mod, tile):
     return _tiled(q, k, v, from_whole, tile)
 
 
+def _strip_then_tiled(q, k, v, mask_mod, tile):
+    """The mask of a query tile against every key evaluated at once, then
+    cut into tiles: right, but tile x n at a time."""
+    n_q, n_k = q.shape[0], k.shape[0]
+    strips = {}
+
+    def from_strip(b, h, q_idx, kv_idx):
+        start = int(q_idx.min())
+        if start not in strips:
+            rows = torch.arange(start, min(start + tile, n_q))
+            strips[start] = mask_mod(
+                0, 0, rows[:, None], torch.arange(n_k)[None, :]
+            ).numpy()
+        strip = strips[start]
+        return torch.as_tensor(strip[q_idx.numpy() - start, kv_idx.numpy()])
+
+    return _tiled(q, k, v, from_strip, tile)
+
+
+def _empty_scored(q, k, v, mask_mod, tile):
+    """Every tile's scores computed before the test; the empty ones thrown
+    away and not counted: the output and the count right, nothing saved."""
+    return _tiled(q, k, v, mask_mod, tile, score_empty=True)
+
+
 DENSE_MISTAKES = [
     Mistake(
         "dense_mask",
@@ -1158,8 +1416,27 @@ DENSE_MISTAKES = [
         "rows[:, None], cols[None, :]) for the tile's rows and columns), "
         "never on every pair at once",
         _dense_then_tiled,
-    )
+    ),
+    Mistake(
+        "strip",
+        "a strip is built at once, a query tile against every key (the "
+        "mask_mod evaluated on it, or its scores): tile x n pairs, where "
+        "skipping needs one tile of tile x tile at a time",
+        "loop over the key tiles inside each query tile, and evaluate the "
+        "mask_mod and the scores of one tile at a time",
+        _strip_then_tiled,
+    ),
+    Mistake(
+        "empty_scored",
+        "the scores of every tile are computed, and those of the empty tiles "
+        "thrown away after the test: the count of tiles visited is right, "
+        "but skipping saves nothing",
+        "evaluate the tile's mask first, and compute a tile's scores only "
+        "once it has proved non-empty",
+        _empty_scored,
+    ),
 ]
+STRIP_MISTAKE, EMPTY_SCORED_MISTAKE = DENSE_MISTAKES[1:]
 
 
 def check_tiled_sparse_attention(fn) -> None:
@@ -1172,8 +1449,12 @@ def check_tiled_sparse_attention(fn) -> None:
     tensors; the output may be a tensor or an array (n_q, d); a query that
     may read no key gets 0. The reference is the package's
     :func:`attnbook.sparse.flex.block_mask` and
-    :func:`attnbook.sparse.flex.block_sparse_attend`; then the peak memory
-    at n = 2048 must stay below an n x n boolean mask's quarter."""
+    :func:`attnbook.sparse.flex.block_sparse_attend`. Then, at n = 2048
+    with a window of one tile of 64, the work is measured rather than read
+    from the count (:func:`_check_tiled_work`: the mask_mod evaluated on one
+    tile at a time, the empty tiles not scored), and the peak memory must
+    stay below three quarters of a strip of float32 scores
+    (:func:`_check_tiled_memory`)."""
     run_checks(
         "block-sparse attention that skips tiles",
         fn,
@@ -1185,6 +1466,7 @@ def check_tiled_sparse_attention(fn) -> None:
         describe=_describe_tiled,
         quiet=True,
     )
+    _check_tiled_work(fn)
     _check_tiled_memory(fn)
     print(
         "Correct: block-sparse attention that skips tiles passes all "
