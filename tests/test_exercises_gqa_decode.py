@@ -111,6 +111,20 @@ def decode_torch_grouped(q, k_cache, v_cache, lengths):
     return out.reshape(b_size, n_heads, -1)
 
 
+def decode_fill_dtype_min(q, k_cache, v_cache, lengths):
+    """Right: the stale scores set to the most negative number of their dtype
+    rather than -inf, below any score the cases produce (written scores reach
+    -7e4 and no lower), so their exponentials are exactly 0."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = np.einsum("bhgd,bhnd->bhgn", rows, k_cache) / np.sqrt(d_k)
+    stale = ~_written(lengths, n)[:, None, None]
+    scores = np.where(stale, np.finfo(scores.dtype).min, scores)
+    out = np.einsum("bhgn,bhne->bhge", _softmax_rows(scores), v_cache)
+    return out.reshape(b_size, n_heads, -1)
+
+
 # --- wrong answers -----------------------------------------------------------
 
 
@@ -347,6 +361,36 @@ def decode_mask_times_exp(q, k_cache, v_cache, lengths):
         return np.einsum("bhn,bhne->bhe", e / e.sum(-1, keepdims=True), v)
 
 
+def decode_fill_minus_1000(q, k_cache, v_cache, lengths):
+    """Masks with a finite -1000 instead of -inf, one sequence at a time
+    (expert reading gqa12b, session 10): where every written score of a row
+    lies below -1000, the stale slots take the weights."""
+    b_size, n_heads, d_k = q.shape
+    n_kv = k_cache.shape[1]
+    g = n_heads // n_kv
+    out = np.empty((b_size, n_heads, v_cache.shape[-1]))
+    for b in range(b_size):
+        rows = q[b].reshape(n_kv, g, d_k)
+        scores = rows @ k_cache[b].transpose(0, 2, 1) / np.sqrt(d_k)
+        scores[:, :, lengths[b] :] = -1000.0
+        out[b] = (_softmax_rows(scores) @ v_cache[b]).reshape(n_heads, -1)
+    return out
+
+
+def decode_torch_fill_minus_1e4(q, k_cache, v_cache, lengths):
+    """torch's masked_fill with -1e4, a constant chosen to stay finite in
+    float16, in place of -inf."""
+    q, k, v = (torch.from_numpy(np.asarray(a)) for a in (q, k_cache, v_cache))
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k.shape[1], k.shape[2]
+    rows = q.view(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = rows @ k.transpose(-1, -2) / d_k**0.5
+    mask = torch.arange(n) < torch.as_tensor(lengths)[:, None]
+    scores = scores.masked_fill(~mask[:, None, None], -1e4)
+    out = torch.softmax(scores, dim=-1) @ v
+    return out.reshape(b_size, n_heads, -1)
+
+
 CATALOGUE = {
     "check_grouped_decode_step": {
         "wrong": [
@@ -357,6 +401,8 @@ CATALOGUE = {
             (decode_before_newest, "newest_slot_dropped"),
             (decode_through_length, "one_stale_slot"),
             (decode_mask_after, "masked_after_softmax"),
+            (decode_fill_minus_1000, "finite_mask"),
+            (decode_torch_fill_minus_1e4, "finite_mask"),
             (decode_softmax_axis_2, "softmax_over_group"),
             (decode_softmax_group_masked, "softmax_over_group"),
             (decode_split_g_first, "wrong_order_in_and_out"),
@@ -377,6 +423,7 @@ CATALOGUE = {
             decode_broadcast_matmul,
             decode_in_place,
             decode_torch_grouped,
+            decode_fill_dtype_min,
         ],
     }
 }
@@ -448,3 +495,37 @@ def test_the_cases_have_stale_slots_and_a_full_cache():
     assert any(c.args[1].shape[1] == 1 for c in cases)
     assert any(c.args[0].dtype == np.float32 for c in cases)
     assert any(c.args[1].shape[-1] != c.args[2].shape[-1] for c in cases)
+
+
+def test_a_case_has_every_written_score_below_a_finite_mask():
+    """A sequence whose written scores all lie below -1e4 while it has stale
+    slots: a finite fill of -1e4 (or -30, or -1000) gives the stale slots the
+    weights there, so only -inf (or slicing) passes (expert reading gqa12b)."""
+    found = False
+    for case in gqa_decode.decode_cases():
+        q, k, _, lengths = case.args
+        b_size, n_heads, d_k = q.shape
+        n_kv, n = k.shape[1], k.shape[2]
+        rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+        scores = np.einsum("bigd,bind->bign", rows, k) / np.sqrt(d_k)
+        for b, written in enumerate(lengths):
+            if written < n and (scores[b, ..., :written] < -1e4).all():
+                found = True
+    assert found
+
+
+@pytest.mark.parametrize("fill", [-30.0, -1000.0, -1e4])
+def test_a_finite_fill_is_named(fill):
+    def decode(q, k_cache, v_cache, lengths):
+        b_size, n_heads, d_k = q.shape
+        n_kv, n = k_cache.shape[1], k_cache.shape[2]
+        rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+        scores = np.einsum("bhgd,bhnd->bhgn", rows, k_cache) / np.sqrt(d_k)
+        scores = np.where(_written(lengths, n)[:, None, None], scores, fill)
+        out = np.einsum("bhgn,bhne->bhge", _softmax_rows(scores), v_cache)
+        return out.reshape(b_size, n_heads, -1)
+
+    with pytest.raises(ExerciseError) as err:
+        check_grouped_decode_step(decode)
+    assert err.value.mistake == "finite_mask"
+    assert err.value.case.startswith("large scores")

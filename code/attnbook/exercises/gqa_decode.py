@@ -58,10 +58,12 @@ def _per_head(
     shift_over_all=False,
     shift=True,
     zero_after_softmax=False,
+    fill=None,
 ):
     """A decoding step with one knob turned: which key/value head a query
     head reads, the scale, how many slots it sees, and how the softmax treats
-    the stale slots."""
+    the stale slots (``fill``: their scores set to that finite number, the
+    softmax over all n slots)."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     b_size, n_heads, d_k = q.shape
     n_kv, n = k.shape[1], k.shape[2]
@@ -76,6 +78,10 @@ def _per_head(
                 weights = _softmax(scores)
                 weights[written:] = 0.0
                 out[b, j] = weights @ v[b, i]
+                continue
+            if fill is not None:
+                scores[written:] = fill
+                out[b, j] = _softmax(scores) @ v[b, i]
                 continue
             m = seen(written, n)
             if m < 1:
@@ -234,6 +240,16 @@ DECODE_MISTAKES = [
         ),
     ),
     Mistake(
+        "finite_mask",
+        "the stale slots' scores are set to a finite number (such as -1e4) "
+        "instead of -inf: where every written score of a row lies below it, "
+        "the stale slots take the weights",
+        "mask with -inf (np.where(written, scores, -np.inf)), which no score "
+        "can fall below, or slice the written slots out; a finite fill only "
+        "works while every score stays above it",
+        lambda q, k, v, lengths: _per_head(q, k, v, lengths, fill=-1e4),
+    ),
+    Mistake(
         "softmax_over_group",
         "the softmax runs over the group axis of the (B, H_kv, g, n) scores "
         "instead of over the slots",
@@ -373,6 +389,38 @@ def _case(
     )
 
 
+def _with_sequence_below(case, seed, top):
+    """``case`` with one more sequence, of length 1, whose one written key
+    points against its group's queries: every written score is ``top`` or
+    less, below a finite mask value such as -1e4 (the stale slots' scores
+    stay in the thousands). Its stale slots and values are drawn as
+    :func:`_cache` draws them."""
+    q, k, v, lengths = case.args
+    _, n_heads, d_k = q.shape
+    n_kv, n = k.shape[1], k.shape[2]
+    rng = np.random.default_rng(seed)
+    q_new = 1000.0 * rng.normal(size=(1, n_heads, d_k))
+    k_new = _cache(rng, 1, n_kv, n, d_k, (1,))
+    v_new = _cache(rng, 1, n_kv, n, v.shape[-1], (1,))
+    # (n_kv, g, d_k): each group's queries, and the direction of their mean
+    rows = q_new[0].reshape(n_kv, n_heads // n_kv, d_k)
+    mean = rows.mean(axis=1)
+    direction = mean / np.linalg.norm(mean, axis=-1, keepdims=True)
+    # (n_kv, g): every query of a group has a positive part along it
+    along = np.einsum("igd,id->ig", rows, direction) / np.sqrt(d_k)
+    assert (along > 0).all()
+    k_new[0, :, 0] = direction * (top / along.min(axis=1))[:, None]
+    return Case(
+        case.name,
+        (
+            np.concatenate([q, q_new.astype(q.dtype)]),
+            np.concatenate([k, k_new.astype(k.dtype)]),
+            np.concatenate([v, v_new.astype(v.dtype)]),
+            np.append(lengths, 1),
+        ),
+    )
+
+
 def decode_cases() -> list[Case]:
     return [
         _case(
@@ -447,18 +495,23 @@ def decode_cases() -> list[Case]:
             (3, 8),
             dtype=np.float32,
         ),
-        _case(
-            "large scores: |q . k| / sqrt(d_k) in the thousands, 4 query "
-            "heads share 2, lengths (6, 3)",
-            6,
-            2,
-            4,
-            2,
-            6,
-            4,
-            4,
-            (6, 3),
-            q_scale=1000.0,
+        _with_sequence_below(
+            _case(
+                "large scores: |q . k| / sqrt(d_k) in the thousands, 4 query "
+                "heads share 2, lengths (6, 3, 1), the third sequence's one "
+                "written key scoring -3e4 or less in every head",
+                6,
+                2,
+                4,
+                2,
+                6,
+                4,
+                4,
+                (6, 3),
+                q_scale=1000.0,
+            ),
+            seed=16,
+            top=-3e4,
         ),
         _case(
             "stale slots holding huge keys (about 1e4): 4 query heads share "
