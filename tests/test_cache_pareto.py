@@ -7,6 +7,7 @@ import pytest
 
 from attnbook.experiments import cache_pareto
 from attnbook.gpt import cache_bytes_per_token
+from attnbook.seeds import TooCloseToCall
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -162,6 +163,42 @@ def test_compare_says_whether_one_sign_holds_in_every_seed():
     )
 
 
+def test_worse_in_every_seed_pairs_the_runs_by_seed():
+    def runs(a, b):
+        return [
+            {"config": name, "seed": seed, "heldout_loss": loss}
+            for name, losses in (("A", a), ("B", b))
+            for seed, loss in enumerate(losses)
+        ]
+
+    def worse(a, b):
+        return cache_pareto.worse_in_every_seed(runs(a, b), "A", "B")
+
+    # above in every seed by 0.01, though the ranges over seeds are 0.2:
+    # the unpaired rule calls it within the spread, the paired one worse
+    shared = [1.0, 1.1, 1.2]
+    above = [x + 0.01 for x in shared]
+    assert worse(above, shared) is True
+    assert (
+        cache_pareto.compare(runs(above, shared), "A", "B")["verdict"]
+        == "within the spread"
+    )
+    assert worse(shared, above) is False
+    # one seed below by more than the margin decides "not in every seed",
+    # even with another seed within the margin of zero
+    assert worse([1.01, 1.1005, 1.19], shared) is False
+    # a seed within the margin of zero, none clearly below: rounding decides
+    for close in ([1.01, 1.101, 1.21], [1.01, 1.1, 1.21], [1.01, 1.099, 1.21]):
+        with pytest.raises(TooCloseToCall, match=r"seed\(s\) \[1\]"):
+            worse(close, shared)
+    verdicts = cache_pareto.paired_verdicts(runs(above, shared))
+    assert verdicts["A", "B"]["verdict"] == "worse in every seed"
+    assert verdicts["A", "B"]["least"] == pytest.approx(0.01)
+    assert verdicts["B", "A"]["verdict"] == "not in every seed"
+    close = cache_pareto.paired_verdicts(runs([1.01, 1.101, 1.21], shared))
+    assert close["A", "B"]["verdict"] == "too close to call"
+
+
 def test_the_chapters_verdicts_follow_from_the_file(results):
     """What chapter 13 prints, recomputed from the committed file, the
     fronts by another method than the module's."""
@@ -275,3 +312,58 @@ def test_the_chapters_verdicts_follow_from_the_file(results):
         assert abs(c["mean"]) < spread - 0.002
         assert c["verdict"] == "within the spread"
         assert c["every_seed"] == every_seed[(a, b)]
+    # paired by seed (every configuration trained on the same windows in a
+    # seed, all scored on the same held-out windows), recomputed seed by
+    # seed: a above b by more than the margin in each seed, or below it by
+    # at least the margin in one, else too close to call
+    by_config = {
+        name: {
+            r["seed"]: r["heldout_loss"] for r in runs if r["config"] == name
+        }
+        for name in cache_pareto.CONFIGS
+    }
+    worse, close_pairs = [], []
+    for a in cache_pareto.CONFIGS:
+        for b in cache_pareto.CONFIGS:
+            if a == b:
+                continue
+            gaps = [
+                by_config[a][s] - by_config[b][s] for s in cache_pareto.SEEDS
+            ]
+            expect = (
+                "not in every seed"
+                if min(gaps) <= -margin
+                else "worse in every seed"
+                if min(gaps) >= margin
+                else "too close to call"
+            )
+            got = verdicts["paired"][a, b]
+            assert got["verdict"] == expect, (a, b)
+            assert got["least"] == pytest.approx(min(gaps))
+            if expect == "worse in every seed":
+                worse.append((a, b))
+            elif expect == "too close to call":
+                close_pairs.append((a, b))
+    # what chapter 13 says: MQA worse than MHA, MLA-64 and CLA2-MHA worse
+    # than GQA at equal cache, every new design worse than MHA, CLA2-GQA than
+    # GQA; MLA-32 against GQA and MLA-64 against MQA too close to call
+    assert sorted(worse) == sorted(
+        [
+            ("MQA", "MHA"),
+            ("MLA-64", "MHA"),
+            ("MLA-64", "GQA"),
+            ("MLA-32", "MHA"),
+            ("CLA2-MHA", "MHA"),
+            ("CLA2-MHA", "GQA"),
+            ("CLA2-GQA", "MHA"),
+            ("CLA2-GQA", "GQA"),
+        ]
+    )
+    assert sorted(close_pairs) == [("MLA-32", "GQA"), ("MLA-64", "MQA")]
+    # the paired verdict agrees with compare's sign in every seed on the
+    # chapter's six pairs
+    for (a, b), c in verdicts["pairs"].items():
+        paired = verdicts["paired"][a, b]["verdict"]
+        assert (paired == "worse in every seed") == (
+            c["every_seed"] == "above in every seed"
+        )

@@ -13,8 +13,8 @@ writes every run, with its provenance, to ``attnbook/data/cache_pareto.json``;
 chapter 13 (latent attention and shared caches) loads that file
 (:func:`load_results`) and computes its verdicts from it, each with a margin
 (:func:`pareto_front`, :func:`front_membership`, :func:`front_by_seed`,
-:func:`compare`). ``tests/test_cache_pareto.py`` retrains one run and checks
-it against the file.
+:func:`compare`, :func:`worse_in_every_seed`).
+``tests/test_cache_pareto.py`` retrains one run and checks it against the file.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from ..gpt import (
     window_loss,
 )
 from ..latent.sharing import cla_sources
+from ..seeds import TooCloseToCall
 from .provenance import git_commit
 from .uptrain import heldout_starts
 
@@ -336,6 +337,55 @@ def compare(runs, a: str, b: str, margin: float = MARGIN) -> dict:
     }
 
 
+def worse_in_every_seed(runs, a: str, b: str, margin: float = MARGIN) -> bool:
+    """Whether ``a``'s held-out loss lies above ``b``'s in every seed by more
+    than ``margin`` (nats), the runs paired by seed.
+
+    :func:`compare`'s verdict weighs the mean difference against the spread
+    over seeds, which counts what the seeds share (the training windows, the
+    held-out windows) as noise; this verdict compares each seed's runs with
+    each other. False when ``a`` lies below ``b`` by at least ``margin`` in
+    one seed, which decides "not in every seed" whatever the other seeds
+    say; else raises :class:`attnbook.seeds.TooCloseToCall` when a seed's
+    difference lies within ``margin`` of zero; else True. It says what held
+    in these seeds, not a test of significance.
+    """
+    losses = losses_by_config(runs)
+    diff = losses[a] - losses[b]
+    if np.any(diff <= -margin):
+        return False
+    seeds = sorted({run["seed"] for run in runs})
+    near = [s for s, d in zip(seeds, diff) if abs(d) < margin]
+    if near:
+        raise TooCloseToCall(
+            f"{a} - {b}: seed(s) {near} within {margin} nats of zero"
+        )
+    return True
+
+
+def paired_verdicts(runs, margin: float = MARGIN) -> dict:
+    """:func:`worse_in_every_seed` for every ordered pair of configurations:
+    ``{(a, b): {"verdict": ..., "least": ...}}`` with verdict "worse in every
+    seed", "not in every seed" or "too close to call", and ``least`` the
+    smallest of the seeds' differences a - b."""
+    losses = losses_by_config(runs)
+    out = {}
+    for a in losses:
+        for b in losses:
+            if a == b:
+                continue
+            try:
+                worse = worse_in_every_seed(runs, a, b, margin)
+                verdict = (
+                    "worse in every seed" if worse else "not in every seed"
+                )
+            except TooCloseToCall:
+                verdict = TOO_CLOSE
+            least = float((losses[a] - losses[b]).min())
+            out[a, b] = {"verdict": verdict, "least": least}
+    return out
+
+
 #: the comparisons chapter 13 prints: at equal cache bytes (MLA and CLA2
 #: against GQA and MQA), then what shrinking the cache costs
 PAIRS = (
@@ -358,7 +408,7 @@ def chapter_verdicts(runs, margin: float = MARGIN) -> dict:
     seeds; ``front_of_means``: the Pareto front of the mean losses, and
     ``front_of_means_close``: the configurations whose place on or off it is
     too close to call; ``pairs``: :func:`compare` for each of
-    :data:`PAIRS`."""
+    :data:`PAIRS`; ``paired``: :func:`paired_verdicts`."""
     by_seed = front_by_seed(runs, margin)
     seeds = sorted({run["seed"] for run in runs})
     losses = losses_by_config(runs)
@@ -386,6 +436,7 @@ def chapter_verdicts(runs, margin: float = MARGIN) -> dict:
             if s == TOO_CLOSE
         ],
         "pairs": {(a, b): compare(runs, a, b, margin) for a, b in PAIRS},
+        "paired": paired_verdicts(runs, margin),
     }
 
 
