@@ -889,7 +889,18 @@ CHUNKED_WRONG = [
     (chunked_epsilon, "epsilon_in_denominator"),
 ]
 
+
+def chunked_loop_checking_inputs(phi_q, phi_k, v, chunk_size):
+    """Right: the book's loop after an input check that runs a generator
+    expression over every entry of phi_q (one Python step per element, no
+    step of the algorithm)."""
+    if any(x < 0 for x in np.ravel(phi_q)):
+        raise ValueError("features must be non-negative")
+    return chunked_loop(phi_q, phi_k, v, chunk_size)
+
+
 CHUNKED_RIGHT = [
+    chunked_loop_checking_inputs,
     chunked_loop,
     chunked_prefix_sums_in_chunk,
     chunked_augmented_in_place,

@@ -1229,12 +1229,21 @@ CHUNK_STEP_N = 1024
 CHUNK_STEP_RATIO = 4.0
 
 
+# the code objects of one expression evaluated per element
+COMPREHENSIONS = ("<genexpr>", "<listcomp>", "<setcomp>", "<dictcomp>")
+
+
 def python_lines(fn, *args) -> tuple[object, int]:
     """Call ``fn(*args)`` and count the lines of Python it executes outside
     the libraries: numpy, torch and everything else installed, the standard
     library and attnbook. The reader's own code (a notebook cell, a script)
     counts, helpers and lambdas included; what runs in compiled code does
-    not. Returns ``(fn(*args), lines)``.
+    not, nor what runs inside a generator expression or a comprehension
+    that has a frame of its own (an input check such as ``any(x < 0 for x
+    in phi_q.ravel())`` evaluates one expression per element, and is no
+    step of the algorithm; Python 3.12 and later run list, set and dict
+    comprehensions in the enclosing frame, where they count). Returns
+    ``(fn(*args), lines)``.
 
     A count, not a time: it is the same on every run, on any machine.
     """
@@ -1260,6 +1269,8 @@ def python_lines(fn, *args) -> tuple[object, int]:
         return local
 
     def on_call(frame, event, arg):
+        if frame.f_code.co_name in COMPREHENSIONS:
+            return None
         name = frame.f_code.co_filename
         if name not in verdicts:
             # numpy before 1.25 runs its dispatch wrappers from a pseudo-file
