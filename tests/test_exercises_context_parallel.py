@@ -212,6 +212,21 @@ def overlap_mha(peak_flops, link_bits, both, h, n_kv, d, b):
     return peak_flops * 2 * h * d * b / (4 * h * d * bandwidth)
 
 
+def overlap_compute_on_kv_heads(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Wrong: the compute counted on the key/value heads (issue 31, expert
+    report cp11e, which got a diagnosis that named only the other way of
+    losing h_kv / h)."""
+    bandwidth = link_bits / 8 / (2 if both else 1)
+    compute = 4 * n_kv * d / peak_flops  # times m^2
+    return 2 * n_kv * d * b / bandwidth / compute
+
+
+def overlap_shape_one(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Correct: a numpy array of shape (1,)."""
+    one_way = np.array([link_bits / 8]) / (2 if both else 1)
+    return peak_flops * n_kv * b / (2 * h * one_way)
+
+
 def overlap_elements(peak_flops, link_bits, both, h, n_kv, d, b):
     bandwidth = link_bits / 8 / (2 if both else 1)
     return peak_flops * 2 * n_kv * d / (4 * h * d * bandwidth)
@@ -281,6 +296,7 @@ CATALOGUE = {
             overlap_intensity,
             overlap_float32,
             overlap_fraction,
+            overlap_shape_one,
         ],
         "wrong": [
             (overlap_bits, "bits_as_bytes"),
@@ -291,7 +307,8 @@ CATALOGUE = {
             (overlap_causal_half, "half_the_flops"),
             (overlap_total, "total_as_one_way"),
             (overlap_flag_inverted, "direction_inverted"),
-            (overlap_mha, "kv_heads_as_query_heads"),
+            (overlap_mha, "same_heads_both_sides"),
+            (overlap_compute_on_kv_heads, "same_heads_both_sides"),
             (overlap_elements, "elements_not_bytes"),
             (overlap_ceil, "rounded_up"),
         ],
@@ -420,3 +437,44 @@ def test_half_the_flops_names_every_cause_of_that_number():
         text = str(err.value)
         for cause in ("one product", "multiply-add", "causal"):
             assert cause in text, (wrong.__name__, cause)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_nan_or_inf_answer_is_explained(value):
+    # before: the checker itself crashed on round(nan) or round(inf) (issue
+    # 31, expert report cp11e)
+    from attnbook.exercises import ExerciseError
+
+    def broken(peak_flops, link_bits, both, h, n_kv, d, b):
+        return np.float64(value)
+
+    with pytest.raises(ExerciseError) as err:
+        check_overlap_tokens(broken)
+    assert err.value.mistake is None
+    assert f"got {value}" in str(err.value)
+
+
+def test_an_integer_division_that_gives_inf_is_explained():
+    from attnbook.exercises import ExerciseError
+
+    def floored(peak_flops, link_bits, both, h, n_kv, d, b):
+        one_way = link_bits / 8 / (2 if both else 1)
+        compute = 4 * h * d // peak_flops  # 0: integer division
+        with np.errstate(divide="ignore"):
+            return np.float64(2 * n_kv * d * b / one_way) / compute
+
+    with pytest.raises(ExerciseError) as err:
+        check_overlap_tokens(floored)
+    assert "division by zero" in str(err.value)
+
+
+def test_the_same_head_count_names_both_ways_of_losing_grouping():
+    from attnbook.exercises import ExerciseError
+
+    for wrong in (overlap_mha, overlap_compute_on_kv_heads):
+        with pytest.raises(ExerciseError) as err:
+            check_overlap_tokens(wrong)
+        assert err.value.mistake == "same_heads_both_sides"
+        text = str(err.value)
+        assert "sent with the query heads" in text
+        assert "compute with the key/value heads" in text

@@ -18,10 +18,13 @@ bytes, the keys sent without the values (or the reverse), the flops
 counted as one flop, the compute halved as for a causal mask: each is a factor
 of 2, so the checker names them together), a figure for both directions used
 as one direction's (or the direction flag read the wrong way round), the
-key/value heads counted as query heads (GQA's saving lost), elements counted
+same number of heads for the compute and the transfer (the key/value heads
+counted as query heads, or the compute counted on the key/value heads: GQA's
+saving lost either way), elements counted
 instead of bytes, and the threshold rounded up to whole tokens. The answer is
 compared to a relative 1e-5, so that float32 arithmetic passes; an exact
-:class:`fractions.Fraction` passes too.
+:class:`fractions.Fraction` passes too. A nan or inf returned is explained (a
+division by zero), not diagnosed.
 
 Numpy only (no torch needed); a reader may answer with torch, and a tensor
 returned is compared as an array.
@@ -378,6 +381,16 @@ def _same_number(got, expected) -> bool:
     return abs(g - e) <= 1e-5 * abs(e)
 
 
+_NON_FINITE = {
+    False: "a division by zero; a factor that should be small but positive "
+    "came out 0 (an integer division, //, rounds 4 h d / F down to 0); "
+    "compute each time with / and print it",
+    True: "not a number, from 0 / 0, inf / inf or 0 times inf; a factor "
+    "came out 0 or inf (an integer division, //, rounds 4 h d / F down to "
+    "0); compute each time with / and print it",
+}
+
+
 def _describe_number(got, expected, case) -> str:
     if got is None:
         return "your function returned None (a missing `return`?)"
@@ -392,6 +405,11 @@ def _describe_number(got, expected, case) -> str:
             f"and dtype {g.dtype}"
         )
     g, e = float(g.reshape(())), float(as_array(expected).reshape(()))
+    if not math.isfinite(g):
+        return (
+            f"expected {e:.10g} tokens per device, got {g}: "
+            + _NON_FINITE[math.isnan(g)]
+        )
     text = f"expected {e:.10g} tokens per device, got {g:.10g} ({g / e:.6g}x)"
     if g == round(g) and g in (math.floor(e), math.ceil(e), round(e)):
         text += (
@@ -459,10 +477,13 @@ OVERLAP_MISTAKES = [
         lambda *a: _tokens(a[0], a[1], not a[2], *a[3:]),
     ),
     Mistake(
-        "kv_heads_as_query_heads",
-        "the keys and values are counted with the query heads h: with GQA "
-        "only h_kv heads of k and v exist and travel",
-        "the block sent has n_kv_heads heads; the compute has n_heads",
+        "same_heads_both_sides",
+        "the compute and the transfer are counted with the same number of "
+        "heads: either the keys and values sent with the query heads h, or "
+        "the compute with the key/value heads h_kv (both give this number); "
+        "either way grouped-query attention's factor h_kv / h is lost",
+        "the block sent has n_kv_heads heads of k and v; the compute has "
+        "n_heads, since every query head attends",
         lambda *a: _tokens(*a, kv_count=a[3]),
     ),
     Mistake(
