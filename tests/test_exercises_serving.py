@@ -53,6 +53,13 @@ def slots_comprehension_array(table, length, block_size):
     )
 
 
+def slots_torch_tensor_of_table(table, length, block_size):
+    """Wrong: torch.tensor of an empty table is float32, so the slots of
+    the empty sequence cannot index."""
+    p = torch.arange(length)
+    return torch.tensor(table)[p // block_size] * block_size + p % block_size
+
+
 def slots_no_factor(table, length, block_size):
     return np.array(
         [table[p // block_size] + p % block_size for p in range(length)],
@@ -408,6 +415,7 @@ CATALOGUE = {
             (slots_into_bool_array, "bool_slots"),
             (slots_float, "float_slots"),
             (slots_comprehension_array, "empty_not_integer"),
+            (slots_torch_tensor_of_table, "empty_not_integer"),
             (slots_last_entry_ragged, "last_entry_ragged"),
             (slots_last_entry_for_partial_block, "last_entry_ragged"),
         ],

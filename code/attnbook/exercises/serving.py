@@ -234,9 +234,9 @@ SLOT_MISTAKES = [
     Mistake(
         "empty_not_integer",
         "for 0 positions the slots are an empty float array (np.array([]) "
-        "is float64), which cannot index memory",
-        "build the slots from np.arange(length), or give np.array(..., "
-        "dtype=np.int64)",
+        "is float64, torch.tensor([]) float32), which cannot index memory",
+        "build the slots from np.arange(length) or torch.arange(length), or "
+        "give the dtype (np.int64, torch.long)",
         _empty_float,
     ),
     Mistake(
