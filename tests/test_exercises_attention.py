@@ -1696,6 +1696,21 @@ def causal_mask_from_fixed_buffer(n):
     return np.tril(np.ones((8, 8), bool))[:n, :n]
 
 
+_BUFFER_1024 = torch.tril(torch.ones(1024, 1024, dtype=torch.bool))
+
+
+def causal_mask_from_1024_buffer(n):
+    """Wrong: a causal mask cut from a 1024-position torch buffer (a usual
+    context length), right for every n <= 1024."""
+    return _BUFFER_1024[:n, :n]
+
+
+def test_a_1024_buffer_causal_mask_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(causal_mask_from_1024_buffer)
+    assert err.value.mistake == "fixed_size"
+
+
 def test_a_fixed_buffer_causal_mask_is_named():
     with pytest.raises(ExerciseError) as err:
         check_causal_mask(causal_mask_from_fixed_buffer)
@@ -1705,4 +1720,5 @@ def test_a_fixed_buffer_causal_mask_is_named():
 
 CATALOGUE["check_causal_mask"]["wrong"] += [
     (causal_mask_from_fixed_buffer, "fixed_size"),
+    (causal_mask_from_1024_buffer, "fixed_size"),
 ]

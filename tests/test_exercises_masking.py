@@ -990,6 +990,13 @@ CATALOGUE["check_packed_block_mask"]["wrong"] += [
 # the long row without a diagnosis: each is named now.
 
 
+def padding_from_1024_buffer(lengths, n):
+    """Wrong: the key index of a 1024-position buffer (a usual context
+    length), cut to n: right for every n <= 1024."""
+    keys = np.arange(1024)[None, None, :]
+    return (keys < np.asarray(lengths)[:, None, None])[..., :n]
+
+
 def padding_from_fixed_buffer(lengths, n):
     """Wrong: the key index of an 8-position buffer, cut to n."""
     return (np.arange(8)[None, None, :] < lengths[:, None, None])[..., :n]
@@ -1098,13 +1105,14 @@ def tiles_right_by_bounds(lengths, block):
     "wrong, key",
     [
         (padding_from_fixed_buffer, "fixed_size"),
+        (padding_from_1024_buffer, "fixed_size"),
     ],
 )
 def test_a_fixed_buffer_padding_mask_is_named(wrong, key):
     with pytest.raises(ExerciseError) as err:
         check_padding_mask(wrong)
     assert err.value.mistake == key
-    assert "n = 40" in str(err.value)
+    assert "n = 4100" in str(err.value)
 
 
 def test_the_block_mask_hint_does_not_point_to_a_derivation_in_the_text():
@@ -1133,6 +1141,7 @@ def test_a_some_pair_slip_is_named_on_a_small_case_and_on_the_long_row():
 
 CATALOGUE["check_padding_mask"]["wrong"] += [
     (padding_from_fixed_buffer, "fixed_size"),
+    (padding_from_1024_buffer, "fixed_size"),
 ]
 CATALOGUE["check_packed_block_mask"]["wrong"] += [
     (tiles_superdiagonal, "some_superdiagonal"),

@@ -1577,6 +1577,17 @@ CAUSAL_MISTAKES.append(
 )
 CAUSAL_MISTAKES.append(
     Mistake(
+        "fixed_size",
+        "the mask is cut from an array of a fixed size (1024 x 1024, a usual "
+        "context length): right for n <= 1024, but for a longer sequence it "
+        "keeps the fixed array's shape and misses the later positions",
+        "build the mask from n itself, np.arange(n) for the query and the key "
+        "indices, so that it is (n, n) for every n",
+        lambda n: np.tril(np.ones((1024, 1024), bool))[:n, :n],
+    )
+)
+CAUSAL_MISTAKES.append(
+    Mistake(
         "squeezed",
         "the mask is right for n >= 2 but loses its shape for a single "
         "position: squeezed, "
@@ -1597,8 +1608,10 @@ def check_causal_mask(fn) -> None:
     instead of masking them. So is an integer 0/1 mask: attnbook's attention
     and PyTorch reject it, and ``~`` on it is bitwise NOT.
     """
-    # informative sizes first; 13 and 40 beyond any small fixed buffer
-    cases = [Case(f"n = {n}", (n,)) for n in (5, 13, 40, 1)]
+    # informative sizes first; 13 beyond a small fixed buffer, 4100 beyond
+    # the power-of-two buffers up to 4096 (a larger buffer escapes any
+    # finite list of cases)
+    cases = [Case(f"n = {n}", (n,)) for n in (5, 13, 4100, 1)]
     run_checks(
         "causal mask",
         fn,

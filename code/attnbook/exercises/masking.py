@@ -174,6 +174,22 @@ PADDING_MISTAKES = [
         ),
     ),
     Mistake(
+        "fixed_size",
+        "the mask is cut from an array of a fixed size (1024 keys, a usual "
+        "context length): right for n <= 1024, but for a longer batch it "
+        "keeps the fixed array's shape and misses the later keys",
+        "build the key index from n itself, np.arange(n), so that the mask "
+        "has n keys for every n",
+        lambda lengths, n: _broadcast_or_raw(
+            (
+                np.arange(1024)[None, None, :]
+                < np.asarray(lengths)[:, None, None]
+            )[..., :n],
+            lengths,
+            n,
+        ),
+    ),
+    Mistake(
         "left_padding",
         "the padding is assumed at the start of each sequence (left padding)",
         "in this exercise the real tokens come first: positions 0 .. "
@@ -187,8 +203,9 @@ def padding_mask_cases() -> list[Case]:
     return [
         Case("lengths [3, 5, 1], n = 5", (np.array([3, 5, 1]), 5)),
         Case(
-            "lengths [13, 29], n = 40 (every sequence padded)",
-            (np.array([13, 29]), 40),
+            "lengths [13, 2900], n = 4100 (every sequence padded; longer "
+            "than a fixed buffer of up to 4096 keys)",
+            (np.array([13, 2900]), 4100),
         ),
         Case("lengths [4], n = 4 (no padding)", (np.array([4]), 4)),
         Case("lengths [1, 1, 2, 7], n = 7", (np.array([1, 1, 2, 7]), 7)),
