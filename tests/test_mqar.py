@@ -62,6 +62,20 @@ def test_the_results_file_is_well_formed(results):
         assert results[key], key
     hp = results["hyperparameters"]
     assert set(hp) == set(mqar.HYPERPARAMETERS)
+    # every model's learning rate, chosen by the recorded sweep on a seed
+    # that is not one of the grid's
+    sweep = results["lr_sweep"]
+    assert sweep["seed"] not in results["seeds"]
+    assert sweep["rule"] == mqar.LR_RULE
+    assert (
+        hp["lr"]
+        == sweep["chosen"]
+        == mqar.choose_lr(sweep["runs"], results["n_pairs"])
+    )
+    assert sorted((r["model"], r["lr"]) for r in sweep["runs"]) == sorted(
+        (m, c) for m in mqar.MODELS for c in sweep["candidates"]
+    )
+    assert all(r["seed"] == sweep["seed"] for r in sweep["runs"])
     assert results["models"] == {
         name: list(layers) for name, layers in mqar.MODELS.items()
     }
@@ -75,6 +89,7 @@ def test_the_results_file_is_well_formed(results):
         (m, s) for m in mqar.MODELS for s in seeds
     )
     for run in runs:
+        assert run["lr"] == hp["lr"][run["model"]]
         assert list(run["accuracy"]) == [str(n) for n in n_pairs]
         for n, a in zip(n_pairs, run["accuracy"].values()):
             # a count of right answers out of eval_batch * n queries
@@ -87,6 +102,39 @@ def test_the_results_file_is_well_formed(results):
     )
     table = mqar.accuracies(results)
     assert all(t.shape == (len(seeds), len(n_pairs)) for t in table.values())
+
+
+def test_the_learning_rate_rule_takes_the_best_mean_and_the_smaller_on_a_tie():
+    def run(model, lr, accuracies):
+        return {
+            "model": model,
+            "lr": lr,
+            "accuracy": {str(n): a for n, a in zip((4, 8), accuracies)},
+        }
+
+    runs = [
+        run("linear", 1e-2, [0.9, 0.5]),
+        run("linear", 3e-2, [1.0, 0.3]),
+        run("delta", 1e-2, [0.5, 0.5]),
+        run("delta", 3e-3, [0.5, 0.5]),
+    ]
+    assert mqar.choose_lr(runs, (4, 8)) == {"linear": 1e-2, "delta": 3e-3}
+
+
+def test_the_curriculum_adds_the_pair_counts_one_by_one():
+    counts = (4, 8, 16, 32)
+    # no curriculum: the counts take turns from the first step
+    assert [mqar.curriculum_pairs(counts, s, 100, 0.0) for s in range(8)] == [
+        4,
+        8,
+        16,
+        32,
+    ] * 2
+    staged = [mqar.curriculum_pairs(counts, s, 100, 0.4) for s in range(100)]
+    # 40 steps in four stages of 10: first N = 4 alone, then 4 and 8, ...
+    assert set(staged[:10]) == {4} and set(staged[10:20]) == {4, 8}
+    assert set(staged[20:30]) == {4, 8, 16} and set(staged[40:]) == set(counts)
+    assert staged[40:44] == [4, 8, 16, 32]
 
 
 def _printed_lines(source_marker):
