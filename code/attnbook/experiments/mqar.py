@@ -14,12 +14,13 @@ The grid of chapter 16 (the delta rule) is :func:`run_mqar_grid`: six
 two-layer models (:data:`MODELS`: softmax attention, linear attention,
 scalar decay, DeltaNet, Gated DeltaNet, and a hybrid of one Gated DeltaNet
 layer and one softmax layer), every linear layer with the same state, five
-seeds, each model trained once on a mixture of the pair counts
-:data:`GRID_PAIRS` and scored at each. Every model is a
-:class:`ShiftedGPT`: the tiny GPT with the previous token's embedding added
-to each input, so that MQAR measures the recall and not how fast a model
-learns to bind a value to the key before it. It does not fit the chapter's
-one-minute budget, so it is run once by::
+seeds, each model trained once on the pair counts :data:`GRID_PAIRS`
+(entering one by one, a curriculum, then taking turns) with one learning
+rate chosen on another seed (:data:`LR_RULE`), and scored at each. Every
+model is a :class:`ShiftedGPT`: the tiny GPT with the previous token's
+embedding added to each input, so that MQAR measures the recall and not
+how fast a model learns to bind a value to the key before it. It does not
+fit the chapter's one-minute budget, so it is run once by::
 
     python -m attnbook.experiments.mqar --write
 
