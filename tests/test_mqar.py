@@ -198,15 +198,15 @@ def test_capacity_and_comparisons_hold_in_every_seed_with_a_margin():
     )
 
 
-# One run of the grid, retrained: DeltaNet, seed 0, whose accuracy at N = 16
-# (about 0.71) is far from every threshold of the verdicts (0.99, and gaps of
-# 0.1 to linear attention's accuracy near a guess). Retrained on the machine
-# that wrote the file it matched to every digit; with the other CPU's
-# numerics (scripts/other_numerics.py) it differed by 0.008. The tolerance
-# allows six times that; a changed model, task or optimiser moves it by far
-# more. About 15 CPU-seconds.
-REPRODUCED = ("delta", 0, 16)
-TOLERANCE = 0.05
+# One run of the grid, retrained: linear attention, seed 1, whose accuracy at
+# N = 32 (about 0.79) is far from every threshold of the verdicts (0.99; a
+# gap of 0.1 + 0.02 to softmax attention's 1.0, 0.09 away; DeltaNet's and
+# scalar decay's gaps to it, far below 0.1). The tolerance allows several
+# times the difference that the other CPU's numerics (scripts/other_numerics.py)
+# gave the previous grid's retrained run (0.008); a changed model, task,
+# curriculum or optimiser moves it by far more. About 20 CPU-seconds.
+REPRODUCED = ("linear", 1, 32)
+TOLERANCE = 0.04
 
 
 def test_one_run_of_the_grid_reproduces(results, one_torch_thread):
