@@ -62,6 +62,12 @@ def test_the_results_file_is_well_formed(results):
         assert results[key], key
     hp = results["hyperparameters"]
     assert set(hp) == set(mqar.HYPERPARAMETERS)
+    # one learning rate for every model, chosen on a seed that is not one
+    # of the grid's (mqar.LR_RULE), and recorded per model
+    assert mqar.LR_SEED not in results["seeds"]
+    assert results["lr_rule"] == mqar.LR_RULE
+    assert results["lr_sweep"] is None
+    assert hp["lr"] == {m: mqar.HYPERPARAMETERS["lr"] for m in mqar.MODELS}
     assert results["models"] == {
         name: list(layers) for name, layers in mqar.MODELS.items()
     }
@@ -75,6 +81,7 @@ def test_the_results_file_is_well_formed(results):
         (m, s) for m in mqar.MODELS for s in seeds
     )
     for run in runs:
+        assert run["lr"] == hp["lr"][run["model"]]
         assert list(run["accuracy"]) == [str(n) for n in n_pairs]
         for n, a in zip(n_pairs, run["accuracy"].values()):
             # a count of right answers out of eval_batch * n queries
@@ -87,6 +94,39 @@ def test_the_results_file_is_well_formed(results):
     )
     table = mqar.accuracies(results)
     assert all(t.shape == (len(seeds), len(n_pairs)) for t in table.values())
+
+
+def test_the_learning_rate_rule_takes_the_best_mean_and_the_smaller_on_a_tie():
+    def run(model, lr, accuracies):
+        return {
+            "model": model,
+            "lr": lr,
+            "accuracy": {str(n): a for n, a in zip((4, 8), accuracies)},
+        }
+
+    runs = [
+        run("linear", 1e-2, [0.9, 0.5]),
+        run("linear", 3e-2, [1.0, 0.3]),
+        run("delta", 1e-2, [0.5, 0.5]),
+        run("delta", 3e-3, [0.5, 0.5]),
+    ]
+    assert mqar.choose_lr(runs, (4, 8)) == {"linear": 1e-2, "delta": 3e-3}
+
+
+def test_the_curriculum_adds_the_pair_counts_one_by_one():
+    counts = (4, 8, 16, 32)
+    # no curriculum: the counts take turns from the first step
+    assert [mqar.curriculum_pairs(counts, s, 100, 0.0) for s in range(8)] == [
+        4,
+        8,
+        16,
+        32,
+    ] * 2
+    staged = [mqar.curriculum_pairs(counts, s, 100, 0.4) for s in range(100)]
+    # 40 steps in four stages of 10: first N = 4 alone, then 4 and 8, ...
+    assert set(staged[:10]) == {4} and set(staged[10:20]) == {4, 8}
+    assert set(staged[20:30]) == {4, 8, 16} and set(staged[40:]) == set(counts)
+    assert staged[40:44] == [4, 8, 16, 32]
 
 
 def _printed_lines(source_marker):
@@ -158,15 +198,17 @@ def test_capacity_and_comparisons_hold_in_every_seed_with_a_margin():
     )
 
 
-# One run of the grid, retrained: DeltaNet, seed 0, whose accuracy at N = 16
-# (about 0.71) is far from every threshold of the verdicts (0.99, and gaps of
-# 0.1 to linear attention's accuracy near a guess). Retrained on the machine
-# that wrote the file it matched to every digit; with the other CPU's
-# numerics (scripts/other_numerics.py) it differed by 0.008. The tolerance
-# allows six times that; a changed model, task or optimiser moves it by far
-# more. About 15 CPU-seconds.
-REPRODUCED = ("delta", 0, 16)
-TOLERANCE = 0.05
+# One run of the grid, retrained: linear attention, seed 1, whose accuracy at
+# N = 32 (about 0.79) is far from every threshold of the verdicts (0.99; a
+# gap of 0.1 + 0.02 to softmax attention's 1.0, 0.09 away; DeltaNet's gap
+# to it, below zero). Retrained on the machine that
+# wrote the file it matched to every digit; with the other CPU's numerics
+# (scripts/other_numerics.py) it differed by 0.0004, and the previous grid's
+# retrained run by 0.008. The tolerance allows five times the larger; a
+# changed model, task, curriculum or optimiser moves it by far more. About
+# 20 CPU-seconds.
+REPRODUCED = ("linear", 1, 32)
+TOLERANCE = 0.04
 
 
 def test_one_run_of_the_grid_reproduces(results, one_torch_thread):

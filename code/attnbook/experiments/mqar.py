@@ -14,12 +14,13 @@ The grid of chapter 16 (the delta rule) is :func:`run_mqar_grid`: six
 two-layer models (:data:`MODELS`: softmax attention, linear attention,
 scalar decay, DeltaNet, Gated DeltaNet, and a hybrid of one Gated DeltaNet
 layer and one softmax layer), every linear layer with the same state, five
-seeds, each model trained once on a mixture of the pair counts
-:data:`GRID_PAIRS` and scored at each. Every model is a
-:class:`ShiftedGPT`: the tiny GPT with the previous token's embedding added
-to each input, so that MQAR measures the recall and not how fast a model
-learns to bind a value to the key before it. It does not fit the chapter's
-one-minute budget, so it is run once by::
+seeds, each model trained once on the pair counts :data:`GRID_PAIRS`
+(entering one by one, a curriculum, then taking turns) with one learning
+rate chosen on another seed (:data:`LR_RULE`), and scored at each. Every
+model is a :class:`ShiftedGPT`: the tiny GPT with the previous token's
+embedding added to each input, so that MQAR measures the recall and not
+how fast a model learns to bind a value to the key before it. It does not
+fit the chapter's one-minute budget, so it is run once by::
 
     python -m attnbook.experiments.mqar --write
 
@@ -131,17 +132,29 @@ MODELS = {
     "gated_delta": ("gated_delta", "gated_delta"),
     "hybrid": ("gated_delta", "attention"),
 }
-GRID_PAIRS = (4, 8, 16)
+GRID_PAIRS = (4, 8, 16, 32)
 GRID_SEEDS = (0, 1, 2, 3, 4)
+# the learning rate was chosen on a seed of its own, not one of the grid's;
+# lr_sweep runs such a choice per model (Zoology sweeps the learning rate per
+# model and reports the best)
+LR_SEED = 100
+LR_CANDIDATES = (1e-3, 3e-3, 1e-2)
+LR_RULE = (
+    "one learning rate for every model: the smallest candidate of "
+    "(1e-3, 3e-3, 1e-2), at which every model learned the task (accuracy "
+    ">= 0.5 at the smallest N) in a pilot run on seed 100, not a grid seed, "
+    "with the grid's other hyper-parameters"
+)
 HYPERPARAMETERS = dict(
-    steps=600,
+    steps=1000,
     batch=32,
-    vocab_size=64,
+    vocab_size=128,
     d_model=64,
-    n_heads=2,
-    lr=3e-3,
+    n_heads=4,
+    lr=1e-3,  # LR_RULE; recorded per model
     weight_decay=0.1,
     eval_batch=256,
+    curriculum=0.5,
 )
 RESULTS_FILE = "mqar_results.json"
 
@@ -178,20 +191,23 @@ def train_shifted(
     layer_types,
     seed: int,
     n_pairs=GRID_PAIRS,
-    steps: int = 600,
+    steps: int = 1000,
     batch: int = 32,
-    vocab_size: int = 64,
+    vocab_size: int = 128,
     d_model: int = 64,
-    n_heads: int = 2,
-    lr: float = 3e-3,
+    n_heads: int = 4,
+    lr: float = 1e-2,
     weight_decay: float = 0.1,
     eval_batch: int = 256,
+    curriculum: float = 0.0,
 ) -> dict[int, float]:
     """Train a :class:`ShiftedGPT` with ``layer_types`` on MQAR and return its
     accuracy at each pair count of ``n_pairs``.
 
     Step ``s`` trains on a fresh batch of ``n_pairs[s % len(n_pairs)]``
-    pairs (the counts take turns), with AdamW and a one-cycle schedule (10 %
+    pairs (the counts take turns) or, with a ``curriculum`` c > 0, of
+    :func:`curriculum_pairs` (the counts enter one by one over the first
+    fraction c of the steps), with AdamW and a one-cycle schedule (10 %
     warm-up to ``lr``, then cosine decay). The accuracy at each count is that
     of the predicted values on ``eval_batch`` held-out sequences, drawn from
     a generator of their own. Every random choice comes from ``seed``; run it
@@ -218,7 +234,7 @@ def train_shifted(
         optimizer, max_lr=lr, total_steps=steps, pct_start=0.1
     )
     for step in range(steps):
-        n = n_pairs[step % len(n_pairs)]
+        n = curriculum_pairs(n_pairs, step, steps, curriculum)
         ids, targets, _ = mqar_batch(n, vocab_size, batch, generator)
         loss = F.cross_entropy(
             model(ids).flatten(0, 1), targets.flatten(), ignore_index=-100
@@ -241,6 +257,18 @@ def train_shifted(
     return accuracy
 
 
+def curriculum_pairs(n_pairs, step: int, steps: int, curriculum: float):
+    """The pair count of training step ``step`` of ``steps``: the counts
+    ``n_pairs`` take turns, but during the first fraction ``curriculum`` of
+    the steps only the first ``j`` of them do, ``j`` growing from 1 to all
+    in equal stages (0: all counts from the first step)."""
+    n_pairs = tuple(n_pairs)
+    if curriculum > 0:
+        stage = len(n_pairs) * step // max(1, int(curriculum * steps))
+        n_pairs = n_pairs[: min(len(n_pairs), stage + 1)]
+    return n_pairs[step % len(n_pairs)]
+
+
 def state_numbers(d_model: int, n_heads: int) -> int:
     """The numbers a linear layer of the grid keeps: ``n_heads`` states of
     ``d_head x d_head`` (the same for every kind)."""
@@ -257,8 +285,11 @@ def cache_numbers(d_model: int, n_tokens: int) -> int:
 def one_run(job) -> dict:
     """One (model, seed) of the grid, deterministic and on one thread (the
     settings before it are restored after it); the argument is ``(model
-    name, seed, n_pairs, hyper-parameters)``."""
+    name, seed, n_pairs, hyper-parameters)``, whose ``lr`` is a number or a
+    dictionary from model names to numbers."""
     name, seed, n_pairs, hp = job
+    if isinstance(hp["lr"], dict):
+        hp = {**hp, "lr": hp["lr"][name]}
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)
@@ -272,34 +303,16 @@ def one_run(job) -> dict:
     return {
         "model": name,
         "seed": seed,
+        "lr": hp["lr"],
         "accuracy": {str(n): a for n, a in accuracy.items()},
         "wall_s": round(time.perf_counter() - wall, 1),
         "cpu_s": round(time.process_time() - cpu, 1),
     }
 
 
-def run_mqar_grid(
-    models=tuple(MODELS),
-    seeds=GRID_SEEDS,
-    n_pairs=GRID_PAIRS,
-    jobs: int = 1,
-    progress=None,
-    **hyperparameters,
-) -> dict:
-    """Train every model of ``models`` for every seed and return the
-    results with their provenance (the dictionary the JSON file holds).
-
-    ``hyperparameters`` override :data:`HYPERPARAMETERS`; ``jobs`` processes
-    run the runs, each on one thread (the results do not depend on it);
-    ``progress(run)`` is called after each run.
-    """
-    from .. import bench
-
-    hp = {**HYPERPARAMETERS, **hyperparameters}
-    # the code the runs start from (a later edit does not change them)
-    commit = provenance.git_commit()
-    order = [(m, s, tuple(n_pairs), hp) for s in seeds for m in models]
-    start = time.perf_counter()
+def run_all(order, jobs: int = 1, progress=None) -> list[dict]:
+    """:func:`one_run` of every job of ``order``, in ``jobs`` processes;
+    ``progress(run)`` after each."""
     runs = []
     if jobs == 1:
         for job in order:
@@ -317,6 +330,92 @@ def run_mqar_grid(
                 if progress:
                     progress(run)
     torch.set_num_threads(1)
+    return runs
+
+
+def choose_lr(sweep_runs, n_pairs) -> dict[str, float]:
+    """Per model, the learning rate whose run had the highest mean accuracy
+    over ``n_pairs`` (the smaller one on a tie): :data:`LR_RULE`."""
+    best = {}
+    for run in sweep_runs:
+        mean = float(np.mean([run["accuracy"][str(n)] for n in n_pairs]))
+        name = run["model"]
+        if name not in best or (mean, -run["lr"]) > best[name][:2]:
+            best[name] = (mean, -run["lr"], run["lr"])
+    return {name: lr for name, (_, _, lr) in best.items()}
+
+
+def lr_sweep(
+    models=tuple(MODELS),
+    n_pairs=GRID_PAIRS,
+    lr_candidates=LR_CANDIDATES,
+    lr_seed: int = LR_SEED,
+    jobs: int = 1,
+    progress=None,
+    **hyperparameters,
+) -> dict:
+    """One run per model of ``models`` and learning rate of
+    ``lr_candidates`` on the seed ``lr_seed``, and each model's choice by
+    :func:`choose_lr`: the record ``lr_sweep`` of the results file."""
+    hp = {**HYPERPARAMETERS, **hyperparameters}
+    n_pairs = tuple(n_pairs)
+    order = [
+        (m, lr_seed, n_pairs, {**hp, "lr": c})
+        for c in lr_candidates
+        for m in models
+    ]
+    start = time.perf_counter()
+    runs = run_all(order, jobs, progress)
+    return {
+        "rule": LR_RULE,
+        "seed": lr_seed,
+        "candidates": list(lr_candidates),
+        "chosen": choose_lr(runs, n_pairs),
+        "hyperparameters": {k: v for k, v in hp.items() if k != "lr"},
+        "n_pairs": list(n_pairs),
+        "git_commit": provenance.git_commit(),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "cpu_s": round(sum(r["cpu_s"] for r in runs), 1),
+        "runs": runs,
+    }
+
+
+def run_mqar_grid(
+    models=tuple(MODELS),
+    seeds=GRID_SEEDS,
+    n_pairs=GRID_PAIRS,
+    jobs: int = 1,
+    progress=None,
+    lr=None,
+    **hyperparameters,
+) -> dict:
+    """Train every model of ``models`` for every seed and return the
+    results with their provenance (the dictionary the JSON file holds).
+
+    ``lr``: a dictionary from model names to learning rates, or a recorded
+    :func:`lr_sweep` (whose choice is taken and recorded as ``lr_sweep``);
+    when None, every model gets ``hyperparameters["lr"]`` (:data:`LR_RULE`).
+    ``hyperparameters`` override the rest of :data:`HYPERPARAMETERS`;
+    ``jobs`` processes run the runs, each on one thread (the results do not
+    depend on it); ``progress(run)`` is called after each run.
+    """
+    from .. import bench
+
+    hp = {**HYPERPARAMETERS, **hyperparameters}
+    if LR_SEED in seeds:
+        raise ValueError(f"seed {LR_SEED} chose the learning rate")
+    # the code the runs start from (a later edit does not change them)
+    commit = provenance.git_commit()
+    n_pairs = tuple(n_pairs)
+    start = time.perf_counter()
+    sweep = None
+    if lr is None:
+        lr = {m: hp["lr"] for m in models}
+    elif "chosen" in lr:
+        sweep, lr = lr, lr["chosen"]
+    hp["lr"] = {m: lr[m] for m in models}
+    order = [(m, s, n_pairs, hp) for s in seeds for m in models]
+    runs = run_all(order, jobs, progress)
     return {
         "experiment": "MQAR (Arora et al. 2023), chapter 16",
         "script": "python -m attnbook.experiments.mqar --write",
@@ -328,6 +427,8 @@ def run_mqar_grid(
         "wall_s": round(time.perf_counter() - start, 1),
         "cpu_s": round(sum(r["cpu_s"] for r in runs), 1),
         "hyperparameters": hp,
+        "lr_rule": LR_RULE if sweep is None else sweep["rule"],
+        "lr_sweep": sweep,
         "models": {m: list(MODELS[m]) for m in models},
         "n_pairs": list(n_pairs),
         "seeds": list(seeds),
@@ -381,6 +482,8 @@ LEARNED, LEARNED_MARGIN = 0.5, 0.05
 SOLVED_MARGIN, BEATS_MARGIN = 0.005, 0.02
 # (better, worse): the comparisons the chapter states
 COMPARISONS = (
+    ("softmax", "linear"),
+    ("softmax", "decay"),
     ("delta", "linear"),
     ("gated_delta", "decay"),
     ("softmax", "delta"),
@@ -503,23 +606,80 @@ def main(argv=None) -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--seeds", type=int, nargs="*", default=GRID_SEEDS)
     parser.add_argument("--models", nargs="*", default=tuple(MODELS))
-    parser.add_argument("--steps", type=int, default=HYPERPARAMETERS["steps"])
+    parser.add_argument("--n-pairs", type=int, nargs="*", default=GRID_PAIRS)
+    for name in ("steps", "batch", "vocab_size", "d_model", "n_heads"):
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=HYPERPARAMETERS[name],
+        )
+    parser.add_argument(
+        "--curriculum", type=float, default=HYPERPARAMETERS["curriculum"]
+    )
+    parser.add_argument(
+        "--lr",
+        nargs="*",
+        metavar="MODEL=LR",
+        help="each model's learning rate (default: chosen by the sweep)",
+    )
+    parser.add_argument(
+        "--lr-candidates", type=float, nargs="*", default=LR_CANDIDATES
+    )
+    parser.add_argument("--lr-seed", type=int, default=LR_SEED)
+    parser.add_argument(
+        "--sweep-only",
+        action="store_true",
+        help="run only the learning-rate sweep and write it to --out",
+    )
+    parser.add_argument(
+        "--lr-sweep", help="take the learning rates from this recorded sweep"
+    )
     args = parser.parse_args(argv)
 
     def progress(run):
         cells = " ".join(f"{a:.3f}" for a in run["accuracy"].values())
         print(
-            f"{run['model']:>12} seed {run['seed']}: {cells} "
-            f"({run['cpu_s']:.0f} CPU-s)",
+            f"{run['model']:>12} seed {run['seed']} lr {run['lr']:g}: "
+            f"{cells} ({run['cpu_s']:.0f} CPU-s)",
             flush=True,
         )
 
+    lr = None
+    if args.lr:
+        lr = {m: float(v) for m, v in (a.split("=") for a in args.lr)}
+    if args.lr_sweep:
+        lr = load_results(args.lr_sweep)
+    hp = dict(
+        steps=args.steps,
+        batch=args.batch,
+        vocab_size=args.vocab_size,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        curriculum=args.curriculum,
+    )
+    if args.sweep_only:
+        sweep = lr_sweep(
+            args.models,
+            tuple(args.n_pairs),
+            tuple(args.lr_candidates),
+            args.lr_seed,
+            args.jobs,
+            progress,
+            **hp,
+        )
+        print(f"chosen: {sweep['chosen']}; CPU {sweep['cpu_s']:.0f} s")
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(sweep, f, indent=1)
+            f.write("\n")
+        return
     results = run_mqar_grid(
         args.models,
         tuple(args.seeds),
+        tuple(args.n_pairs),
         jobs=args.jobs,
         progress=progress,
-        steps=args.steps,
+        lr=lr,
+        **hp,
     )
     print(f"wall {results['wall_s']:.0f} s, CPU {results['cpu_s']:.0f} s")
     out = args.out
