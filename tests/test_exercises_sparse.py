@@ -210,6 +210,19 @@ def packed_sliding_python_and(doc_ids, window):
     return mask_mod
 
 
+def packed_sliding_capped(doc_ids, window):
+    """A window capped at 8 keys: right while every window that cuts is
+    narrower than 8 (expert reading sp14d: accepted then)."""
+    docs = torch.as_tensor(doc_ids)
+    width = min(window, 8)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = docs[q_idx] == docs[kv_idx]
+        return same & (kv_idx <= q_idx) & (q_idx - kv_idx < width)
+
+    return mask_mod
+
+
 def packed_sliding_two_args(doc_ids, window):
     def mask_mod(q_idx, kv_idx):
         return kv_idx <= q_idx
@@ -973,6 +986,14 @@ def test_a_python_if_is_named_in_the_diagnosis():
     with pytest.raises(ExerciseError) as err:
         check_packed_sliding_mask_mod(packed_sliding_python_if)
     assert "`if`" in str(err.value), str(err.value)
+
+
+def test_a_window_capped_at_8_is_rejected():
+    """One case's window (12) is wider than 8 and still cuts its document,
+    so a window capped at 8 keys fails (expert reading sp14d: accepted
+    while the only wide window exceeded every document)."""
+    with pytest.raises(ExerciseError):
+        check_packed_sliding_mask_mod(packed_sliding_capped)
 
 
 def test_a_selection_in_the_wrong_dtype_says_its_pattern_is_right():

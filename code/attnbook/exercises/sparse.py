@@ -346,7 +346,10 @@ def packed_sliding_cases() -> list[Case]:
 
     return [
         Case("three documents 5, 9, 6; window 4", (docs(5, 9, 6), 4)),
-        Case("one document of 12; window 3", (docs(12), 3)),
+        Case(
+            "one document of 20; window 12 (wide, and it still cuts)",
+            (docs(20), 12),
+        ),
         Case(
             "documents 2, 7, 3, 8; window 5 (longer than two documents)",
             (docs(2, 7, 3, 8), 5),
