@@ -210,6 +210,19 @@ def packed_sliding_python_and(doc_ids, window):
     return mask_mod
 
 
+def packed_sliding_capped(doc_ids, window):
+    """A window capped at 8 keys: right while every window that cuts is
+    narrower than 8 (expert reading sp14d: accepted then)."""
+    docs = torch.as_tensor(doc_ids)
+    width = min(window, 8)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = docs[q_idx] == docs[kv_idx]
+        return same & (kv_idx <= q_idx) & (q_idx - kv_idx < width)
+
+    return mask_mod
+
+
 def packed_sliding_two_args(doc_ids, window):
     def mask_mod(q_idx, kv_idx):
         return kv_idx <= q_idx
@@ -819,6 +832,33 @@ def tiles_divided_by_d(q, k, v, mask_mod, tile):
     return _slipped(q, k, v, mask_mod, tile, "divided by d")
 
 
+def tiles_exp_of_raw_scores(q, k, v, mask_mod, tile):
+    """Tiles classified, skipped and masked right, but no running maximum:
+    the exponentials of the raw scores are summed, which is exact until a
+    score passes about 709 and exp overflows to inf (expert reading sp14d:
+    accepted while every case's scores were of order 10)."""
+    n_q, n_k, d = q.shape[0], k.shape[0], q.shape[1]
+    out, visited = torch.zeros(n_q, v.shape[1], dtype=q.dtype), 0
+    for i in range(0, n_q, tile):
+        r = torch.arange(i, min(i + tile, n_q))
+        total = torch.zeros(len(r), dtype=q.dtype)
+        acc = torch.zeros(len(r), v.shape[1], dtype=q.dtype)
+        for j in range(0, n_k, tile):
+            c = torch.arange(j, min(j + tile, n_k))
+            a = mask_mod(0, 0, r[:, None], c[None, :]).expand(len(r), len(c))
+            if not a.any():
+                continue
+            visited += 1
+            s = q[r] @ k[c].T / d**0.5
+            if not a.all():
+                s = s.masked_fill(~a, float("-inf"))
+            p = torch.exp(s)
+            total = total + p.sum(1)
+            acc = acc + p @ v[c]
+        out[r] = acc / torch.where(total > 0, total, 1.0)[:, None]
+    return out, visited
+
+
 def tiles_meshgrid_float32(q, k, v, mask_mod, tile):
     """Right: NumPy in float32, the mask_mod given each tile's pairs as two
     index grids (np.meshgrid), the tile's scores only after its test."""
@@ -932,6 +972,7 @@ CATALOGUE = {
             (tiles_all_scored_torch32, "empty_scored"),
             (tiles_strip_per_query_tile, "strip"),
             (tiles_scores_per_strip, "strip"),
+            (tiles_exp_of_raw_scores, "no_running_max"),
         ],
     },
 }
@@ -945,6 +986,14 @@ def test_a_python_if_is_named_in_the_diagnosis():
     with pytest.raises(ExerciseError) as err:
         check_packed_sliding_mask_mod(packed_sliding_python_if)
     assert "`if`" in str(err.value), str(err.value)
+
+
+def test_a_window_capped_at_8_is_rejected():
+    """One case's window (12) is wider than 8 and still cuts its document,
+    so a window capped at 8 keys fails (expert reading sp14d: accepted
+    while the only wide window exceeded every document)."""
+    with pytest.raises(ExerciseError):
+        check_packed_sliding_mask_mod(packed_sliding_capped)
 
 
 def test_a_selection_in_the_wrong_dtype_says_its_pattern_is_right():
@@ -1013,6 +1062,26 @@ def test_the_tiled_reference_equals_dense_attention():
             for j in range(0, n_k, tile)
         )
         assert visited == tiles, case.name
+
+
+def test_a_tiled_case_has_scores_whose_exp_overflows():
+    """One case's scores pass 709, where exp overflows in float64, so that
+    an answer without a running maximum returns NaN there while the
+    reference stays finite (issue 31, expert reading sp14d)."""
+    from attnbook.exercises.sparse import _reference_tiled, tiled_cases
+
+    large = []
+    for case in tiled_cases():
+        q, k, v, mask_mod, tile = case.args
+        n_q, n_k = q.shape[0], k.shape[0]
+        mask = mask_mod(
+            0, 0, torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        ).expand(n_q, n_k)
+        scores = (q @ k.T / q.shape[1] ** 0.5)[mask]
+        if scores.max() > 709.8:
+            large.append(case.name)
+            assert np.isfinite(_reference_tiled(*case.args)[0]).all()
+    assert large
 
 
 def test_the_tiled_cases_cover_ragged_tiles_and_an_empty_row():

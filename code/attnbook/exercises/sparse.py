@@ -346,7 +346,10 @@ def packed_sliding_cases() -> list[Case]:
 
     return [
         Case("three documents 5, 9, 6; window 4", (docs(5, 9, 6), 4)),
-        Case("one document of 12; window 3", (docs(12), 3)),
+        Case(
+            "one document of 20; window 12 (wide, and it still cuts)",
+            (docs(20), 12),
+        ),
         Case(
             "documents 2, 7, 3, 8; window 5 (longer than two documents)",
             (docs(2, 7, 3, 8), 5),
@@ -863,6 +866,7 @@ def _tiled(
     guard_empty_rows=True,
     guard_division=None,
     rescale=True,
+    running_max=True,
     count_full=True,
     corners=False,
     score_empty=False,
@@ -872,7 +876,9 @@ def _tiled(
     a mistake leaves out (``guard_division`` None: as ``guard_empty_rows``;
     ``ragged_keys`` None: as ``ragged``; ``corners``: a tile judged empty by
     its four corners alone; ``score_empty``: every tile's scores computed
-    before the test; ``scale``: the scores' factor, None for 1 / sqrt(d))."""
+    before the test; ``running_max``: False to exponentiate the raw scores,
+    with no maximum subtracted; ``scale``: the scores' factor, None for 1 /
+    sqrt(d))."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     if scale is None:
         scale = 1 / np.sqrt(q.shape[1])
@@ -909,6 +915,12 @@ def _tiled(
             if mask_partial and not allowed.all():
                 s = np.where(allowed, s, -np.inf)
             m_new = np.maximum(m, s.max(axis=1))
+            if not running_max:
+                # exp of the raw scores: exp(-inf) is 0, exp(> 709.78) inf
+                p = np.exp(s)
+                ell = ell + p.sum(axis=1)
+                acc = acc + p @ v[cols]
+                continue
             if guard_empty_rows:
                 shift = np.where(np.isfinite(m_new), m_new, 0.0)
                 p = np.exp(s - shift[:, None])
@@ -956,6 +968,12 @@ def _nan_rows_division(q, k, v, mask_mod, tile):
 
 def _not_rescaled(q, k, v, mask_mod, tile):
     return _tiled(q, k, v, mask_mod, tile, rescale=False)
+
+
+def _no_running_max(q, k, v, mask_mod, tile):
+    # inf, and inf / inf = NaN, on purpose: no warning
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _tiled(q, k, v, mask_mod, tile, running_max=False)
 
 
 def _count_partial_only(q, k, v, mask_mod, tile):
@@ -1033,6 +1051,16 @@ TILED_MISTAKES = [
         _not_rescaled,
     ),
     Mistake(
+        "no_running_max",
+        "the scores are exponentiated as they are, with no running maximum "
+        "subtracted: exp overflows once a score passes about 709 in float64 "
+        "(88 in float32), and inf / inf is NaN",
+        "keep a running maximum m per query, exponentiate s - m, and rescale "
+        "the sum and the output by exp(m - m') when the maximum grows "
+        "(chapter 9's online softmax)",
+        _no_running_max,
+    ),
+    Mistake(
         "partial_count_only",
         "only the partial tiles are counted: the full tiles are read but "
         "not counted",
@@ -1106,6 +1134,14 @@ def tiled_cases() -> list[Case]:
             for n in (n_q, n_k, n_k)
         )
 
+    def large_scores(n=37, d=4):
+        # queries and keys of spread 20: scores q.k / sqrt(d) of spread
+        # about 400, the largest near 1e3; values of spread 1
+        return tuple(
+            torch.as_tensor(rng.normal(scale=s, size=(n, d)))
+            for s in (20.0, 20.0, 1.0)
+        )
+
     # the third document sits inside the tile of positions 40-47, with
     # padding on both sides of it: the tile's four corners are all masked
     docs = [0] * 11 + [1] * 17 + [-1] * 13 + [2] * 6 + [-1] * 3
@@ -1135,6 +1171,11 @@ def tiled_cases() -> list[Case]:
         Case(
             "a sliding window of 3, 19 positions, tiles of 16",
             (*qkv(19, 19, 2, spread=4.0), _sliding(3), 16),
+        ),
+        Case(
+            "causal, 37 positions, tiles of 8, scores up to about 1e3 (exp "
+            "of such a score overflows, even in float64)",
+            (*large_scores(), _sliding(37), 8),
         ),
     ]
 
