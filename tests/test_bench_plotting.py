@@ -382,3 +382,55 @@ def test_thread_verdict_ratios_never_print_as_a_threshold_they_are_not():
     assert bench._ratio_text(1.05, 0.05) == "1.05"
     assert bench._ratio_text(0.93, 0.05) == "0.93"
     assert bench._ratio_text(0.9501, 0.05) == "0.9501"
+
+
+def _rounds(*triples):
+    return [dict(zip((16, 32, 64), t)) for t in triples]
+
+
+def test_saving_ratios_give_none_where_the_first_doubling_saved_nothing():
+    ratios = bench.saving_ratios(_rounds((4.0, 2.0, 1.5), (1.0, 1.2, 0.5)))
+    assert ratios == [0.25, None]
+
+
+def test_tile_saving_verdict_every_case_has_its_own_words():
+    """Reading fl09e, E1: the committed run's fastest runs showed no saving
+    from the first doubling while the medians did, and the verdict said
+    without qualification that the first doubling saved no time, with a
+    "nan" ratio in the prose. Every case now has its words and no NaN."""
+    verdict = bench.tile_saving_verdict
+    none = verdict(_rounds((1.0, 1.2, 0.5), (1.0, 1.0, 0.5)))
+    assert none.startswith("in all 2 rounds the 32 x 32 tiles took no less")
+    assert "no ratio to read" in none
+    some = verdict(_rounds((1.0, 1.2, 0.5), (4.0, 2.0, 1.0)))
+    assert some.startswith("in 1 of the 2 rounds")
+    assert "does not decide" in some
+    between = verdict(_rounds((4.0, 2.0, 1.2), (4.0, 2.0, 1.3)))
+    assert between.startswith(
+        "in all 2 rounds the ratio of the second doubling's saving to the "
+        "first's ran from 0.35 to 0.40: between"
+    )
+    above = verdict(_rounds((4.0, 2.0, 0.5)))
+    assert above.startswith("in the one round") and "was 0.75" in above
+    assert "more than either cost" in above
+    below = verdict(_rounds((4.0, 2.0, 1.9), (4.0, 2.0, 2.2)))
+    assert "from -0.10 to 0.05" in below and "less than either" in below
+    near = verdict(_rounds((4.0, 2.0, 1.2), (4.0, 2.0, 1.45)))
+    assert "from 0.28 to 0.40, and in 1 of 2 it lies within 0.05" in near
+    assert "does not decide" in near
+    mixed = verdict(_rounds((4.0, 2.0, 1.3), (4.0, 2.0, 0.5)))
+    assert "different bands" in mixed and "does not decide" in mixed
+    for text in (none, some, between, above, below, near, mixed):
+        assert "nan" not in text.lower().split()
+    with pytest.raises(ValueError):
+        verdict([])
+
+
+def test_saving_band_margin_is_on_both_sides_of_each_bound():
+    assert bench.saving_band(0.21) == "margin"
+    assert bench.saving_band(0.29) == "margin"
+    assert bench.saving_band(0.46) == "margin"
+    assert bench.saving_band(0.54) == "margin"
+    assert bench.saving_band(0.19) == "below"
+    assert bench.saving_band(0.31) == "between"
+    assert bench.saving_band(0.56) == "above"

@@ -1465,7 +1465,7 @@ def test_backward_whole_boolean_mask_is_rejected_by_its_memory():
     with pytest.raises(ExerciseError) as err:
         check_blockwise_attention_backward(bwd_whole_causal_mask)
     assert err.value.mistake == "square_array"
-    assert "1.0 bytes per query-key pair" in str(err.value)
+    assert "1.00 bytes per query-key pair" in str(err.value)
 
 
 def test_backward_success_names_both_paths(capsys):
@@ -1825,3 +1825,98 @@ def test_a_float16_row_is_named_not_given_the_generic_hint():
 
     with pytest.raises(ExerciseError, match="rounded to float16"):
         check_online_softmax(stored_float16)
+
+
+# --- a mask of the whole score matrix packed into bits (reading fl09e, E2) ---
+
+
+def bwd_packed_mask_rows(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: the whole causal mask, packed once with np.packbits (1 bit per
+    query-key pair, n_q x n_k / 8 bytes); each tile unpacks the rows and
+    slices its columns (the expert reader's packed_mask, which the old
+    threshold of half a byte per pair let through)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    packed = np.packbits(_visible(n_q, n_k, slice(None)), axis=-1)
+    big_d = np.sum(d_out * out, -1, keepdims=True)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        k_j, v_j = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(k_j, -1, -2)
+        if causal:
+            bits = np.unpackbits(packed, axis=-1, count=n_k)
+            s = np.where(bits[:, cols].astype(bool), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        ds = p * (d_out @ np.swapaxes(v_j, -1, -2) - big_d)
+        dq += tau * ds @ k_j
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_packed_mask_tiles(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: the whole causal mask packed into bits, only under the mask;
+    each tile unpacks just the bytes of its own columns, so the only part
+    that grows as n_q n_k is the packed mask, 1/8 byte per pair."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    if causal:
+        packed = np.packbits(_visible(n_q, n_k, slice(None)), axis=-1)
+    big_d = np.sum(d_out * out, -1, keepdims=True)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        k_j, v_j = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(k_j, -1, -2)
+        if causal:
+            first = cols.start // 8  # the byte that holds column cols.start
+            chunk = packed[:, first : (cols.stop + 7) // 8]
+            bits = np.unpackbits(chunk, axis=-1)
+            start = cols.start - 8 * first
+            vis = bits[:, start : start + cols.stop - cols.start]
+            s = np.where(vis.astype(bool), s, -np.inf)
+        p = np.exp(s - lse[..., None])
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        ds = p * (d_out @ np.swapaxes(v_j, -1, -2) - big_d)
+        dq += tau * ds @ k_j
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+CATALOGUE["check_blockwise_attention_backward"]["wrong"] += [
+    (bwd_packed_mask_rows, "square_array"),
+    (bwd_packed_mask_tiles, "square_array"),
+]
+
+
+@pytest.mark.parametrize(
+    "wrong", [bwd_packed_mask_rows, bwd_packed_mask_tiles]
+)
+def test_backward_bit_packed_whole_mask_is_rejected_by_its_memory(wrong):
+    with pytest.raises(ExerciseError) as err:
+        check_blockwise_attention_backward(wrong)
+    assert err.value.mistake == "square_array"
+    assert "bytes per query-key pair" in str(err.value)
+
+
+def test_backward_right_solutions_clear_the_square_limit_with_a_margin():
+    """Every right answer's part growing as n_q n_k, measured one size up
+    from the smallest (n = 512, 1024 and 2048, where the checker confirms),
+    is under a quarter of the limit: half a bit per pair leaves a margin on
+    both sides, against 0 for these and 1/8 byte for a packed mask."""
+    from attnbook.exercises._framework import peak_memory_with_torch
+    from attnbook.exercises.flash import SQUARE_LIMIT, _square_part
+
+    def peak_at(fn, n, causal):
+        rng = np.random.default_rng(26)
+        args = [rng.normal(size=(n, 16)) for _ in range(5)]
+        args.insert(4, rng.normal(size=n) + 3.0)
+        kwargs = {"causal": causal, "block_k": 64}
+        return max(peak_memory_with_torch(fn, *args, **kwargs)[1], 1)
+
+    for right in CATALOGUE["check_blockwise_attention_backward"]["right"]:
+        for causal in (False, True):
+            peaks = [peak_at(right, n, causal) for n in (512, 1024, 2048)]
+            assert abs(_square_part(peaks, 512)) < SQUARE_LIMIT / 4, (
+                right.__name__,
+                causal,
+            )

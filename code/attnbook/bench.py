@@ -8,7 +8,9 @@ Every chapter that reports a time or a peak of memory measures it here
 :func:`machine`. Chapter 4 times with :func:`one_blas_thread` and fits its
 scaling exponents with :func:`fit_power_law`, which says when a fit is not to
 be trusted. Chapter 9 compares its thread counts with :func:`compare_timings`,
-which decides only when the fastest runs and the medians agree.
+which decides only when the fastest runs and the medians agree, and its tile
+sizes with :func:`tile_saving_verdict`, which decides only what every round
+of the run shows.
 """
 
 from __future__ import annotations
@@ -568,4 +570,110 @@ def one_thread_verdict(
         f"{_ratio_text(o_fast, margin)} and {_ratio_text(o_med, margin)} "
         "with one), so on "
         "this machine and run it gained no time over naive attention"
+    )
+
+
+# what a ratio of the tile-size savings says, by its band (chapter 9)
+_SAVING_WORDS = {
+    "above": (
+        "more than either cost of the model gives: the time per score itself "
+        "fell as the tiles grew, or other load disturbed the run"
+    ),
+    "below": (
+        "less than either cost of the model gives: the time per score fell "
+        "mostly in the first doubling, or larger tiles paid for something "
+        "else (a working set outgrowing a cache), or other load disturbed the "
+        "run"
+    ),
+    "between": (
+        "between the two models' 0.25 and 0.5; this is consistent with a mix "
+        "of the fixed cost per call and the cost that grows with the side, "
+        "but also with the fixed cost per call plus a time per score that "
+        "falls as the tiles grow (numpy's reductions and small BLAS products "
+        "run faster on larger arrays), so this ratio alone does not say which "
+        "cost made up the saving"
+    ),
+}
+
+
+def saving_band(ratio: float, margin: float = 0.05) -> str:
+    """Where a ratio of the second doubling's saving to the first's lies
+    against the two-cost model's 0.25 and 0.5: "below", "between", "above",
+    or "margin" within ``margin`` of either bound, where timing noise could
+    put it on the other side."""
+    if abs(ratio - 0.25) <= margin or abs(ratio - 0.5) <= margin:
+        return "margin"
+    if 0.25 < ratio < 0.5:
+        return "between"
+    return "above" if ratio > 0.5 else "below"
+
+
+def saving_ratios(rounds, sides=(16, 32, 64)) -> list[float | None]:
+    """For each round (a dict from the tile's side to its time in that
+    round), the time the second doubling of the side saved over the time the
+    first saved; None for a round in which the first doubling saved no time
+    (there is no ratio to read)."""
+    small, middle, large = sides
+    ratios = []
+    for times in rounds:
+        first = times[small] - times[middle]
+        second = times[middle] - times[large]
+        ratios.append(second / first if first > 0 else None)
+    return ratios
+
+
+def tile_saving_verdict(rounds, sides=(16, 32, 64), margin=0.05) -> str:
+    """Chapter 9's sentence on what doubling the tile's side twice saved,
+    from every round of a run: ``rounds`` holds, for each round, a dict from
+    the tile's side to its time in that round (the sides timed in turn, so
+    that a burst of load falls on all of them alike).
+
+    A band of the ratio (:func:`saving_band`) is stated only when every
+    round's first doubling saved time and every round's ratio lies in that
+    band, outside ``margin`` of the bounds; otherwise the sentence says what
+    the rounds showed and that the run does not decide.
+    """
+    if not rounds:
+        raise ValueError("tile_saving_verdict needs at least one round")
+    small, middle, _ = sides
+    ratios = saving_ratios(rounds, sides)
+    n = len(rounds)
+    every = "the one round" if n == 1 else f"all {n} rounds"
+    no_saving = sum(r is None for r in ratios)
+    if no_saving == n:
+        return (
+            f"in {every} the {middle} x {middle} tiles took no less time "
+            f"than the {small} x {small} ones, so in this run the first "
+            "doubling saved no time and there is no ratio to read"
+        )
+    if no_saving:
+        return (
+            f"in {no_saving} of the {n} rounds the {middle} x {middle} tiles "
+            f"took no less time than the {small} x {small} ones, and in the "
+            "others they took less, so the rounds disagree on whether the "
+            "first doubling saved time at all, and this run does not decide "
+            "what the ratio is"
+        )
+    ratio = "the ratio of the second doubling's saving to the first's"
+    span = (
+        f"{ratio} was {ratios[0]:.2f}"
+        if n == 1
+        else f"{ratio} ran from {min(ratios):.2f} to {max(ratios):.2f}"
+    )
+    over = "in the one round" if n == 1 else f"over the {n} rounds"
+    bands = [saving_band(r, margin) for r in ratios]
+    if len(set(bands)) == 1 and bands[0] != "margin":
+        return f"in {every} {span}: " + _SAVING_WORDS[bands[0]]
+    near = bands.count("margin")
+    if near:
+        return (
+            f"{over} {span}, and in {near} of {n} it lies "
+            f"within {margin:.2f} of one of the model's bounds, 0.25 and 0.5, "
+            "where timing noise could put it on either side, so this run does "
+            "not decide what the ratio says"
+        )
+    return (
+        f"{over} {span}, falling in different bands (below "
+        "0.25, between 0.25 and 0.5, above 0.5), so this run does not decide "
+        "what the ratio says"
     )
