@@ -17,6 +17,7 @@ from attnbook.exercises import (
     check_grouped_decode_step,
 )
 from attnbook.exercises import gqa_decode
+from attnbook.exercises._framework import peak_memory_with_torch, pristine
 
 
 def _softmax_rows(s):
@@ -345,6 +346,91 @@ def decode_torch_broadcast_to_numpy(q, k_cache, v_cache, lengths):
     return out.reshape(b_size, n_heads, -1).numpy()
 
 
+def decode_repeat_per_group(q, k_cache, v_cache, lengths):
+    """Right values, the cache copied per query head one group at a time
+    (expert reading gqa12c, session 10): np.repeat of one key/value head
+    for the g query heads of its group, its scores, then the same for the
+    values. Each copy is one group's, so the peak stays under the limit; the
+    copies add up to g times the cache."""
+    b_size, n_heads, d_k = q.shape
+    n_kv = k_cache.shape[1]
+    g = n_heads // n_kv
+    out = np.empty((b_size, n_heads, v_cache.shape[-1]))
+    for b in range(b_size):
+        L = int(lengths[b])
+        for i in range(n_kv):
+            rows = q[b, i * g : (i + 1) * g]
+            # (g, n, d_k): one copy per query head of the group, dropped
+            # as soon as the scores are made
+            s = np.einsum(
+                "gd,gnd->gn", rows, np.repeat(k_cache[b, i][None], g, 0)
+            )
+            weights = _softmax_rows(s[:, :L] / np.sqrt(d_k))
+            out[b, i * g : (i + 1) * g] = np.einsum(
+                "gn,gne->ge", weights, np.repeat(v_cache[b, i, :L][None], g, 0)
+            )
+    return out
+
+
+def decode_keys_per_head(q, k_cache, v_cache, lengths):
+    """Right values, a loop over query heads that takes a float64 copy
+    (astype copies) of its key/value head's written keys and values for each
+    query head: g copies of the cache, one head at a time."""
+    b_size, n_heads, d_k = q.shape
+    g = n_heads // k_cache.shape[1]
+    out = np.empty((b_size, n_heads, v_cache.shape[-1]))
+    for b in range(b_size):
+        for j in range(n_heads):
+            keys = k_cache[b, j // g, : lengths[b]].astype(np.float64)
+            values = v_cache[b, j // g, : lengths[b]].astype(np.float64)
+            out[b, j] = _softmax_rows(keys @ q[b, j] / np.sqrt(d_k)) @ values
+    return out
+
+
+def decode_torch_expand_per_group(q, k_cache, v_cache, lengths):
+    """Right values, torch: each group's key/value head expanded to g heads
+    and made contiguous (a copy) one group at a time."""
+    q, k, v = (torch.as_tensor(a) for a in (q, k_cache, v_cache))
+    b_size, n_heads, d_k = q.shape
+    n_kv = k.shape[1]
+    g = n_heads // n_kv
+    out = torch.empty(b_size, n_heads, v.shape[-1], dtype=q.dtype)
+    for b in range(b_size):
+        L = int(lengths[b])
+        for i in range(n_kv):
+            keys = k[b, i, :L].expand(g, -1, -1).contiguous()
+            values = v[b, i, :L].expand(g, -1, -1).contiguous()
+            rows = q[b, i * g : (i + 1) * g, None]  # (g, 1, d_k)
+            s = rows @ keys.transpose(1, 2) / d_k**0.5
+            out[b, i * g : (i + 1) * g] = (torch.softmax(s, -1) @ values)[:, 0]
+    return out.numpy()
+
+
+def decode_one_copy_of_cache(q, k_cache, v_cache, lengths):
+    """Right: one contiguous float64 copy of the keys and of the values
+    (np.array copies), then the grouped layout: a copy of the cache, not per
+    query head."""
+    k = np.array(k_cache, dtype=np.float64)
+    v = np.array(v_cache, dtype=np.float64)
+    return decode_einsum_float32(q, k, v, lengths)
+
+
+def decode_float32_per_sequence(q, k_cache, v_cache, lengths):
+    """Right: a loop over sequences, each sequence's written slots copied
+    to float32 once, and its groups served as g rows."""
+    b_size, n_heads, d_k = q.shape
+    n_kv = k_cache.shape[1]
+    g = n_heads // n_kv
+    out = np.empty((b_size, n_heads, v_cache.shape[-1]))
+    for b in range(b_size):
+        keys = k_cache[b, :, : lengths[b]].astype(np.float32)
+        values = v_cache[b, :, : lengths[b]].astype(np.float32)
+        rows = q[b].reshape(n_kv, g, d_k).astype(np.float32)
+        s = rows @ keys.transpose(0, 2, 1) / np.sqrt(d_k)
+        out[b] = (_softmax_rows(s) @ values).reshape(n_heads, -1)
+    return out
+
+
 def decode_mask_times_exp(q, k_cache, v_cache, lengths):
     """Shifts by the maximum over the written slots, as the chapter says, but
     masks by multiplying the exponentials by 0/1 afterwards (expert reading
@@ -416,6 +502,9 @@ CATALOGUE = {
             (decode_torch_repeat_interleave, "repeated_kv"),
             (decode_torch_repeat_to_numpy, "repeated_kv"),
             (decode_torch_broadcast_to_numpy, "repeated_kv"),
+            (decode_repeat_per_group, "repeated_kv"),
+            (decode_keys_per_head, "repeated_kv"),
+            (decode_torch_expand_per_group, "repeated_kv"),
         ],
         "right": [
             decode_by_loops,
@@ -424,6 +513,8 @@ CATALOGUE = {
             decode_in_place,
             decode_torch_grouped,
             decode_fill_dtype_min,
+            decode_one_copy_of_cache,
+            decode_float32_per_sequence,
         ],
     }
 }
@@ -465,6 +556,48 @@ def test_copies_made_in_torch_are_measured_when_numpy_is_returned(copies):
     assert err.value.mistake == "repeated_kv"
     assert err.value.case.startswith("memory")
     assert "peak memory was 32.0 MiB" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "copies",
+    [
+        decode_repeat_per_group,
+        decode_keys_per_head,
+        decode_torch_expand_per_group,
+    ],
+)
+def test_copies_made_a_piece_at_a_time_are_added_up(copies):
+    """A per-query-head copy made one group or one head at a time stays
+    under the peak's limit (each piece is one group's), and is rejected by
+    the volume it allocates, added up line by line (expert reading gqa12c)."""
+    case = gqa_decode._case("m", 8, 2, 16, 2, 2048, 64, 64, (2048, 1748))
+    with pytest.raises(ExerciseError) as err:
+        check_grouped_decode_step(copies)
+    assert err.value.mistake == "repeated_kv"
+    assert err.value.case.startswith("memory")
+    assert "in all, added up line by line" in str(err.value)
+    _, peak = peak_memory_with_torch(copies, *case.args)
+    repeated = 2 * 16 * 2048 * 64 * 8
+    assert peak < gqa_decode.PEAK_SHARE * repeated
+
+
+def test_the_volume_is_a_count_that_repeats():
+    """The volume is a count of bytes, not a time: the same on every run
+    (so the verdict cannot flip under load), and far apart for a right
+    answer and the copies made group by group."""
+    from attnbook.exercises._framework import allocation_volume
+
+    case = gqa_decode._case("m", 8, 2, 16, 2, 2048, 64, 64, (2048, 1748))
+    repeated = 2 * 16 * 2048 * 64 * 8
+
+    def volume(fn):
+        return allocation_volume(fn, *pristine(case.args))[1]
+
+    right = {volume(decode_by_loops) for _ in range(3)}
+    wrong = {volume(decode_repeat_per_group) for _ in range(3)}
+    assert len(right) == 1 and len(wrong) == 1
+    assert right.pop() < 0.2 * repeated
+    assert wrong.pop() > 1.5 * repeated
 
 
 def test_each_mistake_is_named_as_itself():

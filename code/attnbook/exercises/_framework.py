@@ -101,6 +101,129 @@ def peak_memory_with_torch(fn, *args, **kwargs) -> tuple[object, int]:
     return out, peak
 
 
+def is_reader_code(filename: str) -> bool:
+    """Whether code from ``filename`` is the reader's own (a notebook cell, a
+    script, the reader's module) rather than a library's: numpy, torch and
+    everything else installed, the standard library and attnbook are
+    libraries."""
+    import os
+
+    if filename.startswith(("<frozen", "<__array_function__")):
+        # numpy before 1.25 runs its dispatch wrappers from a pseudo-file
+        # "<__array_function__ internals>": library code too
+        return False
+    return not os.path.realpath(filename).startswith(_library_paths())
+
+
+def _library_paths() -> tuple[str, ...]:
+    import os
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(
+        os.path.realpath(paths[key]) + os.sep
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if key in paths
+    ) + (
+        os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep,
+    )
+
+
+# a line's excursion below this is not counted as copying: a few rows of
+# numbers, a Python object or two, what the tracing itself allocates
+SMALL_EXCURSION = 64 * 1024
+
+
+def allocation_volume(fn, *args) -> tuple[object, int]:
+    """Call ``fn(*args)``; return ``(its result, the bytes it allocated line
+    by line)``: the sum, over the lines of the reader's own code that run
+    (:func:`is_reader_code`, helpers, lambdas and generator expressions
+    included), of how far :mod:`tracemalloc`'s traced memory rose above its
+    value at the start of the line, counting only rises of at least
+    ``SMALL_EXCURSION`` (64 KiB). What a call into a library allocates
+    counts within the reader's line that made it; a function with no lines
+    of the reader's (a library function passed as the answer) counts as one
+    line.
+
+    Unlike a peak, which a copy made one piece at a time stays under, this
+    adds up the pieces: ``g`` copies of a cache made one group at a time
+    count as ``g`` copies. It sees numpy's arrays (and Python's objects),
+    not torch's allocator (:func:`torch_allocation_total`). A count of bytes,
+    not a time: the same on every run, under any load."""
+    import gc
+    import sys
+    import tracemalloc
+
+    total = 0
+    start = 0
+
+    def close_line():
+        # the excursion of the line that ran since the last event
+        nonlocal total, start
+        now, peak = tracemalloc.get_traced_memory()
+        if peak - start >= SMALL_EXCURSION:
+            total += peak - start
+        tracemalloc.reset_peak()
+        start = now
+
+    def local(frame, event, arg):
+        if event == "line":
+            close_line()
+        return local
+
+    verdicts: dict[str, bool] = {}
+
+    def on_call(frame, event, arg):
+        name = frame.f_code.co_filename
+        if name not in verdicts:
+            verdicts[name] = is_reader_code(name)
+        return local if verdicts[name] else None
+
+    gc.collect()
+    tracemalloc.start()
+    previous = sys.gettrace()
+    try:
+        tracemalloc.reset_peak()
+        start, _ = tracemalloc.get_traced_memory()
+        sys.settrace(on_call)
+        try:
+            out = fn(*args)
+        finally:
+            sys.settrace(previous)
+        close_line()
+    finally:
+        tracemalloc.stop()
+    return out, total
+
+
+def torch_allocation_total(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), the bytes torch allocated during the call, all
+    its allocations added up)``, by its profiler, as
+    :func:`largest_torch_allocation` measures their largest (0 when the
+    answer uses numpy only)."""
+    out, prof = _torch_profile(fn, *args, **kwargs)
+    records = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if records is None:
+        # no raw records in this torch: the operators' net allocations
+        sizes = [
+            e.self_cpu_memory_usage
+            for e in prof.events()
+            if e.self_cpu_memory_usage > 0
+        ]
+        return out, sum(sizes)
+    from torch.autograd import DeviceType
+
+    # every allocation on the CPU (a free is a record of negative size)
+    total = sum(
+        r.nbytes()
+        for r in records.events()
+        if r.name() == "[memory]"
+        and r.nbytes() > 0
+        and r.device_type() == DeviceType.CPU
+    )
+    return out, total
+
+
 def torch_profiler_ready() -> bool:
     """Whether the reader's session has imported torch, and it is a real
     torch with a profiler (in the browser a stand-in module blocks it): only
@@ -122,6 +245,16 @@ def largest_torch_allocation(fn, *args, **kwargs):
     the call)``: tracemalloc does not see torch's CPU allocator, its profiler
     does (0 when the answer uses numpy only). Its first start in a session
     takes seconds."""
+    out, prof = _torch_profile(fn, *args, **kwargs)
+    sizes = [
+        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
+    ]
+    return out, max(sizes, default=0)
+
+
+def _torch_profile(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), torch's profiler, memory profiled, that ran
+    during the call)``."""
     import warnings
 
     from torch.profiler import ProfilerActivity, profile
@@ -140,10 +273,7 @@ def largest_torch_allocation(fn, *args, **kwargs):
             # ... and "profiler_stop"
             with _quiet_stderr():
                 prof.__exit__(None, None, None)
-    sizes = [
-        e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0
-    ]
-    return out, max(sizes, default=0)
+    return out, prof
 
 
 class _quiet_stderr:

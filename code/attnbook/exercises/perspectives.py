@@ -1247,18 +1247,10 @@ def python_lines(fn, *args) -> tuple[object, int]:
 
     A count, not a time: it is the same on every run, on any machine.
     """
-    import os
     import sys
-    import sysconfig
 
-    paths = sysconfig.get_paths()
-    libraries = tuple(
-        os.path.realpath(paths[key]) + os.sep
-        for key in ("stdlib", "platstdlib", "purelib", "platlib")
-        if key in paths
-    ) + (
-        os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep,
-    )
+    from ._framework import is_reader_code
+
     lines = 0
     verdicts: dict[str, bool] = {}
 
@@ -1273,12 +1265,7 @@ def python_lines(fn, *args) -> tuple[object, int]:
             return None
         name = frame.f_code.co_filename
         if name not in verdicts:
-            # numpy before 1.25 runs its dispatch wrappers from a pseudo-file
-            # "<__array_function__ internals>": library code too
-            verdicts[name] = not (
-                name.startswith(("<frozen", "<__array_function__"))
-                or os.path.realpath(name).startswith(libraries)
-            )
+            verdicts[name] = is_reader_code(name)
         return local if verdicts[name] else None
 
     previous = sys.gettrace()
