@@ -590,6 +590,41 @@ def merge_shift_clamped_at_0(
 
 
 @triton.jit
+def merge_mean_shift(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # shifted by the mean of the row's finite log-sum-exps (the padding and
+    # the empty runs left out), not by their maximum
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    seen = lse_s > float("-inf")
+    count = tl.sum(seen.to(tl.float32), 0)
+    shift = tl.sum(tl.where(seen, lse_s, 0.0), 0) / tl.maximum(count, 1.0)
+    w = tl.exp(lse_s - shift)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, shift + tl.log(total))
+
+
+@triton.jit
 def merge_shift_clamped_at_30(
     O_PART,
     LSE_PART,
@@ -819,6 +854,7 @@ CATALOGUE = {
             (merge_unshifted_guarded, "not_shifted"),
             (merge_shift_clamped_at_0, "shift_clamped"),
             (merge_shift_clamped_at_30, "shift_clamped"),
+            (merge_mean_shift, "mean_shift"),
             (merge_shift_clamped_unguarded, "shift_clamped"),
             (merge_masked_by_tensor_bounds, "store_into_other_row"),
             (merge_runs_unmasked, "load_past_d_head"),

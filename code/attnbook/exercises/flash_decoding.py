@@ -292,13 +292,15 @@ def merge_cases() -> list[Case]:
             2,
         ),
         _case(
-            "log-sum-exps far apart (uniform in -120 .. 120): four runs, "
-            "5 rows, d = 32",
+            "log-sum-exps far apart (uniform in -120 .. 120; the first row "
+            "(100, -100, -100, -100), whose maximum lies 150 above its mean): "
+            "four runs, 5 rows, d = 32",
             4,
             5,
             32,
             3,
             spread=120.0,
+            first_row=(100.0, -100.0, -100.0, -100.0),
         ),
         # every run's log-sum-exp far below 0: float32's exp(lse_s - c)
         # underflows to 0 for any constant shift c >= 0 (below about -104),
@@ -387,6 +389,22 @@ def _shift_clamped(guarded: bool):
     return merge
 
 
+def _mean_shift(o_part, lse_part):
+    # shifted by the mean of the row's finite log-sum-exps, in float32 as the
+    # kernel computes it: right while the maximum lies less than about 88
+    # above that mean; beyond, exp overflows to inf, the output is inf / inf
+    # = NaN and the log-sum-exp inf
+    lse = lse_part.float()
+    finite = torch.isfinite(lse)
+    count = finite.float().sum(0).clamp(min=1.0)
+    shift = torch.where(finite, lse, torch.zeros_like(lse)).sum(0) / count
+    w = torch.exp(lse - shift)
+    total = w.sum(0)
+    total_safe = torch.where(total == 0, torch.ones_like(total), total)
+    out = (w[..., None] * o_part.float()).sum(0) / total_safe[:, None]
+    return _joined(out, shift + torch.log(total))
+
+
 def _unseen_row_nan(o_part, lse_part):
     ref = merged(o_part, lse_part)
     ref[torch.isneginf(lse_part).all(0).numpy()] = np.nan
@@ -449,6 +467,18 @@ def _store_race(err: Exception) -> bool:
 
 
 MERGE_MISTAKES = [
+    Mistake(
+        "mean_shift",
+        "the log-sum-exps were shifted by their mean instead of their "
+        "maximum: "
+        "where a run's log-sum-exp lies more than about 88 above the mean, "
+        "exp(lse_s - mean) overflows to inf in float32, and the row comes out "
+        "with output NaN (inf / inf) and log-sum-exp inf",
+        "shift by the row's maximum m = tl.max(lse_s, 0), so that every "
+        "weight exp(lse_s - m) lies in [0, 1]; replace m by 0 only where it "
+        "is -inf",
+        _mean_shift,
+    ),
     Mistake(
         "store_past_d_head",
         "the output was stored without the mask c < d_head: with BLOCK_D > "
