@@ -859,6 +859,37 @@ def tiles_exp_of_raw_scores(q, k, v, mask_mod, tile):
     return out, visited
 
 
+def tiles_max_from_zero(q, k, v, mask_mod, tile):
+    """The online softmax with its running maximum started at 0, not -inf:
+    exact while some allowed score of each row lies above about -745, else
+    the row's exponentials underflow to 0 and its output is 0 (expert
+    reading sp14e)."""
+    n_q, n_k, d = q.shape[0], k.shape[0], q.shape[1]
+    out, visited = torch.zeros(n_q, v.shape[1], dtype=q.dtype), 0
+    for i in range(0, n_q, tile):
+        r = torch.arange(i, min(i + tile, n_q))
+        m = torch.zeros(len(r), dtype=q.dtype)
+        total = torch.zeros(len(r), dtype=q.dtype)
+        acc = torch.zeros(len(r), v.shape[1], dtype=q.dtype)
+        for j in range(0, n_k, tile):
+            c = torch.arange(j, min(j + tile, n_k))
+            a = mask_mod(0, 0, r[:, None], c[None, :]).expand(len(r), len(c))
+            if not a.any():
+                continue
+            visited += 1
+            s = q[r] @ k[c].T / d**0.5
+            if not a.all():
+                s = s.masked_fill(~a, float("-inf"))
+            m_new = torch.maximum(m, s.max(1).values)
+            p = torch.exp(s - m_new[:, None])
+            scale = torch.exp(m - m_new)
+            total = scale * total + p.sum(1)
+            acc = scale[:, None] * acc + p @ v[c]
+            m = m_new
+        out[r] = acc / torch.where(total > 0, total, 1.0)[:, None]
+    return out, visited
+
+
 def tiles_meshgrid_float32(q, k, v, mask_mod, tile):
     """Right: NumPy in float32, the mask_mod given each tile's pairs as two
     index grids (np.meshgrid), the tile's scores only after its test."""
@@ -973,6 +1004,7 @@ CATALOGUE = {
             (tiles_strip_per_query_tile, "strip"),
             (tiles_scores_per_strip, "strip"),
             (tiles_exp_of_raw_scores, "no_running_max"),
+            (tiles_max_from_zero, "running_max_from_zero"),
         ],
     },
 }

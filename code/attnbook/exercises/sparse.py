@@ -867,6 +867,7 @@ def _tiled(
     guard_division=None,
     rescale=True,
     running_max=True,
+    max_from_zero=False,
     count_full=True,
     corners=False,
     score_empty=False,
@@ -877,7 +878,8 @@ def _tiled(
     ``ragged_keys`` None: as ``ragged``; ``corners``: a tile judged empty by
     its four corners alone; ``score_empty``: every tile's scores computed
     before the test; ``running_max``: False to exponentiate the raw scores,
-    with no maximum subtracted; ``scale``: the scores' factor, None for 1 /
+    with no maximum subtracted; ``max_from_zero``: the running maximum
+    started at 0, not -inf; ``scale``: the scores' factor, None for 1 /
     sqrt(d))."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     if scale is None:
@@ -890,7 +892,7 @@ def _tiled(
     visited = 0
     for i in range(0, stop_q, tile):
         rows = np.arange(i, min(i + tile, n_q))
-        m = np.full(len(rows), -np.inf)
+        m = np.full(len(rows), 0.0 if max_from_zero else -np.inf)
         ell = np.zeros(len(rows))
         acc = np.zeros((len(rows), v.shape[1]))
         for j in range(0, stop_k, tile):
@@ -974,6 +976,10 @@ def _no_running_max(q, k, v, mask_mod, tile):
     # inf, and inf / inf = NaN, on purpose: no warning
     with np.errstate(over="ignore", invalid="ignore"):
         return _tiled(q, k, v, mask_mod, tile, running_max=False)
+
+
+def _max_from_zero(q, k, v, mask_mod, tile):
+    return _tiled(q, k, v, mask_mod, tile, max_from_zero=True)
 
 
 def _count_partial_only(q, k, v, mask_mod, tile):
@@ -1061,6 +1067,17 @@ TILED_MISTAKES = [
         _no_running_max,
     ),
     Mistake(
+        "running_max_from_zero",
+        "the running maximum starts at 0 instead of -inf: a row whose every "
+        "allowed score lies below about -745 (float64) is shifted by 0, each "
+        "exp(s - 0) underflows to 0, and the row's output comes out 0 instead "
+        "of the weighted mean of its values",
+        "start the running maximum at -inf (np.full(rows, -np.inf)), so that "
+        "the first tile's own maximum becomes the shift; guard only a row "
+        "that has seen no key yet",
+        _max_from_zero,
+    ),
+    Mistake(
         "partial_count_only",
         "only the partial tiles are counted: the full tiles are read but "
         "not counted",
@@ -1136,11 +1153,13 @@ def tiled_cases() -> list[Case]:
 
     def large_scores(n=37, d=4):
         # queries and keys of spread 20: scores q.k / sqrt(d) of spread
-        # about 400, the largest near 1e3; values of spread 1
-        return tuple(
-            torch.as_tensor(rng.normal(scale=s, size=(n, d)))
-            for s in (20.0, 20.0, 1.0)
-        )
+        # about 400, the largest near 1e3; values of spread 1. Then the first
+        # tile of queries and keys is set to -30 and +30 in every channel:
+        # queries 0-7 score -1800 against every key they may read, so exp
+        # underflows unless each row is shifted by its own maximum
+        q, k, v = (rng.normal(scale=s, size=(n, d)) for s in (20.0, 20.0, 1.0))
+        q[:8], k[:8] = -30.0, 30.0
+        return tuple(torch.as_tensor(x) for x in (q, k, v))
 
     # the third document sits inside the tile of positions 40-47, with
     # padding on both sides of it: the tile's four corners are all masked
@@ -1174,7 +1193,9 @@ def tiled_cases() -> list[Case]:
         ),
         Case(
             "causal, 37 positions, tiles of 8, scores up to about 1e3 (exp "
-            "of such a score overflows, even in float64)",
+            "of such a score overflows, even in float64), and queries 0-7 "
+            "scoring -1800 against every key they may read (exp of such a "
+            "score underflows to 0)",
             (*large_scores(), _sliding(37), 8),
         ),
     ]
