@@ -584,7 +584,10 @@ def _capacity_text(up_to, from_, seeds: int) -> str:
 
 def verdicts(results: dict) -> list[str]:
     """The lines the chapter prints: where each model's capacity ends, and
-    which model beats which, each holding in every seed of ``results``."""
+    which model beats which, each holding in every seed of ``results``;
+    then, for each pair of :data:`DIRECTIONS`, in how many seeds one is
+    ahead of the other at the largest pair count. Each line states the
+    threshold it tests, margin included."""
     seeds = len(results["seeds"])
     lines = []
     for model in results["models"]:
