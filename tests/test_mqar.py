@@ -187,15 +187,46 @@ def test_capacity_and_comparisons_hold_in_every_seed_with_a_margin():
     assert mqar.capacity(results, "linear") == (None, 8)
     # gaps: 0.4 and 0.1 (seed 4) at N = 8, 0.2 at N = 16; 0.1 < 0.1 + margin
     assert mqar.beaten_at(results, "delta", "linear") == [16]
+    # the direction at the largest N: a gap of 0.2 in every seed
+    assert mqar.direction_at_largest(results, "delta", "linear") == (5, 0)
+    assert mqar.direction_at_largest(results, "linear", "delta") == (0, 5)
     lines = mqar.verdicts(results)
+    # the printed thresholds are those the verdicts test, margins included
     assert lines[0] == (
-        "softmax attention: accuracy >= 0.99 in all 5 seeds at N <= 8; "
-        "below 0.99 in all 5 seeds at no N"
+        "softmax attention: accuracy >= 0.995 (0.99 + margin 0.005) in all "
+        "5 seeds at N <= 8; below 0.985 (0.99 - margin) in all 5 seeds at "
+        "no N"
     )
     assert (
-        "DeltaNet beats linear attention by at least 0.1 in all 5 seeds at "
-        "N = 16" in lines
+        "DeltaNet beats linear attention by at least 0.12 (0.1 + margin "
+        "0.02) in all 5 seeds at N = 16" in lines
     )
+    assert lines[-1] == (
+        "at N = 16: linear attention ahead of DeltaNet by more than 0.02 in "
+        "0 of 5 seeds, behind by more than 0.02 in 5"
+    )
+
+
+def test_the_direction_counts_a_gap_within_the_margin_as_neither():
+    results = _synthetic(
+        {
+            "linear": [[1.0, 0.9, 0.80]] * 3 + [[1.0, 0.9, 0.5]] * 2,
+            "delta": [[1.0, 0.9, 0.79]] * 3 + [[1.0, 0.9, 0.6]] * 2,
+        }
+    )
+    # gaps 0.01 (within 0.02) in three seeds, -0.1 in two
+    assert mqar.direction_at_largest(results, "linear", "delta") == (0, 2)
+    assert mqar.direction_at_largest(results, "delta", "linear") == (2, 0)
+
+
+def test_the_committed_grid_puts_linear_attention_ahead_of_deltanet():
+    # the chapter's sentence on the direction at N = 32: ahead by more than
+    # the margin in four seeds, within it in the fifth, behind in none
+    results = mqar.load_results()
+    assert mqar.direction_at_largest(results, "linear", "delta") == (4, 0)
+    table = mqar.accuracies(results)
+    gap = table["linear"][:, -1] - table["delta"][:, -1]
+    assert (gap > 0).all()
 
 
 # One run of the grid, retrained: linear attention, seed 1, whose accuracy at

@@ -491,6 +491,10 @@ COMPARISONS = (
     ("softmax", "hybrid"),
     ("hybrid", "gated_delta"),
 )
+# (first, second): the directions the chapter states at the largest pair
+# count, where no comparison above holds: in how many seeds the first is
+# ahead by more than BEATS_MARGIN, and in how many behind by more than it
+DIRECTIONS = (("linear", "delta"),)
 NAMES = {
     "softmax": "softmax attention",
     "linear": "linear attention",
@@ -555,19 +559,35 @@ def beaten_at(results: dict, better: str, worse: str) -> list[int]:
     return [n for n, ok in zip(results["n_pairs"], clear) if ok]
 
 
+def direction_at_largest(
+    results: dict, first: str, second: str
+) -> tuple[int, int]:
+    """``(ahead, behind)``: in how many seeds ``first``'s accuracy at the
+    largest pair count exceeds ``second``'s (same seed) by more than
+    :data:`BEATS_MARGIN`, and in how many it falls short by more than it;
+    a seed whose gap lies within the margin counts as neither."""
+    table = accuracies(results)
+    gap = table[first][:, -1] - table[second][:, -1]
+    return int((gap > BEATS_MARGIN).sum()), int((gap < -BEATS_MARGIN).sum())
+
+
 def _capacity_text(up_to, from_, seeds: int) -> str:
     solved = f"N <= {up_to}" if up_to is not None else "no N"
     failed = f"N >= {from_}" if from_ is not None else "no N"
     every = "in that seed" if seeds == 1 else f"in all {seeds} seeds"
     return (
-        f"accuracy >= {SOLVED} {every} at {solved}; below {SOLVED} {every} "
-        f"at {failed}"
+        f"accuracy >= {SOLVED + SOLVED_MARGIN:.3f} (0.99 + margin "
+        f"{SOLVED_MARGIN}) {every} at {solved}; below "
+        f"{SOLVED - SOLVED_MARGIN:.3f} (0.99 - margin) {every} at {failed}"
     )
 
 
 def verdicts(results: dict) -> list[str]:
     """The lines the chapter prints: where each model's capacity ends, and
-    which model beats which, each holding in every seed of ``results``."""
+    which model beats which, each holding in every seed of ``results``;
+    then, for each pair of :data:`DIRECTIONS`, in how many seeds one is
+    ahead of the other at the largest pair count. Each line states the
+    threshold it tests, margin included."""
     seeds = len(results["seeds"])
     lines = []
     for model in results["models"]:
@@ -577,7 +597,8 @@ def verdicts(results: dict) -> list[str]:
         learned = learned_seeds(results, model)
         line = (
             f"{NAMES[model]} learned the task (accuracy >= {LEARNED} at N = "
-            f"{results['n_pairs'][0]}) in {len(learned)} of {seeds} seeds"
+            f"{results['n_pairs'][0]}, no seed within {LEARNED_MARGIN} of "
+            f"it) in {len(learned)} of {seeds} seeds"
         )
         if 0 < len(learned) < seeds:
             up_to, from_ = capacity(results, model, learned)
@@ -589,7 +610,18 @@ def verdicts(results: dict) -> list[str]:
             where = f"N = {', '.join(map(str, at))}" if at else "no N"
             lines.append(
                 f"{NAMES[better]} beats {NAMES[worse]} by at least "
-                f"{BEATS} in all {seeds} seeds at {where}"
+                f"{BEATS + BEATS_MARGIN:.2f} ({BEATS} + margin "
+                f"{BEATS_MARGIN}) in all {seeds} seeds at {where}"
+            )
+    largest = results["n_pairs"][-1]
+    for first, second in DIRECTIONS:
+        if first in results["models"] and second in results["models"]:
+            ahead, behind = direction_at_largest(results, first, second)
+            lines.append(
+                f"at N = {largest}: {NAMES[first]} ahead of "
+                f"{NAMES[second]} by more than {BEATS_MARGIN} in {ahead} of "
+                f"{seeds} seeds, behind by more than {BEATS_MARGIN} in "
+                f"{behind}"
             )
     return lines
 
