@@ -1173,13 +1173,15 @@ DENSE_MATRIX = Mistake(
 
 SQUARE_ARRAY = Mistake(
     "square_array",
-    "your function holds an array of n_q x n_k entries of a small type (a "
-    "boolean mask of the whole score matrix takes 1 byte per entry, a "
-    "bit-packed one 1/8 byte): part of its memory grows as n_q n_k, where a "
-    "pass over blocks of keys holds n_q x block_k at a time",
+    "part of your function's memory grows as n_q n_k, the bytes per "
+    "query-key pair measured above: a boolean mask of the whole score "
+    "matrix takes 1 byte per pair, a bit-packed one 1/8, probability tiles "
+    "kept for every block 4 (float32) or 8 (float64), where a pass over "
+    "blocks of keys holds n_q x block_k at a time",
     "build each tile's causal mask from the tile's own keys (key j is "
     "visible to query i when j <= i + n_k - n_q), not by slicing a mask of "
-    "the whole score matrix, packed or not",
+    "the whole score matrix, packed or not, and keep no tile after its "
+    "block",
     _backward_reference,
 )
 
