@@ -6,6 +6,8 @@ Mistake functions, the way a reader might write them (with explicit loops or
 torch), and each must get its diagnosis.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -875,6 +877,23 @@ def chunked_masked_quadratic(phi_q, phi_k, v, chunk_size):
     return (w @ v) / w.sum(-1, keepdims=True)
 
 
+def chunked_accumulate(phi_q, phi_k, v, chunk_size):
+    """Wrong: the recurrence over positions, written with
+    itertools.accumulate and a list comprehension (no for statement),
+    chunk_size ignored (expert reading ps17j)."""
+    n = phi_q.shape[-2]
+    states = itertools.accumulate(
+        phi_k[..., i, :, None] * v[..., i, None, :] for i in range(n)
+    )
+    norms = itertools.accumulate(phi_k[..., i, :] for i in range(n))
+    rows = [
+        np.einsum("...m,...md->...d", phi_q[..., i, :], s)
+        / np.einsum("...m,...m->...", phi_q[..., i, :], z)[..., None]
+        for i, (s, z) in enumerate(zip(states, norms))
+    ]
+    return np.stack(rows, axis=-2)
+
+
 CHUNKED_WRONG = [
     (chunked_state_before_read, "state_includes_chunk"),
     (chunked_global_normaliser, "normaliser_not_causal"),
@@ -887,6 +906,7 @@ CHUNKED_WRONG = [
     (chunked_numerator_masked_only, "normaliser_not_masked"),
     (chunked_recurrence, "chunk_size_ignored"),
     (chunked_epsilon, "epsilon_in_denominator"),
+    (chunked_accumulate, "chunk_size_ignored"),
 ]
 
 
@@ -937,7 +957,9 @@ def test_chunked_stub_is_not_attempted():
 def test_an_answer_that_ignores_the_chunk_size_says_by_how_much():
     with pytest.raises(ExerciseError) as err:
         check_chunked_causal_linear_attention(chunked_recurrence)
-    assert "chunk_size = 1 and 64 (lines of Python executed)" in str(err.value)
+    assert "m = d_v = 16 and 32, chunk_size = 64 (lines of Python" in str(
+        err.value
+    )
     assert "the chunk size is ignored" in str(err.value)
 
 

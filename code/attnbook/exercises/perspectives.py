@@ -1056,12 +1056,14 @@ def check_chunked_causal_linear_attention(fn) -> None:
     times, :func:`work_growth`): an answer without a running state, whose
     chunks re-read all earlier keys, does about 256 times the work at 16 times
     the length, and is rejected. Last, the lines of Python it executes on
-    n = 1024 with chunk_size = 1 and chunk_size = 64 are counted
-    (:func:`python_lines`; a count, the same under any load): an answer that
-    ignores the chunk size and advances one position per step executes at
-    least one line per position with either, and is rejected. A loop over
-    chunks, whatever it does inside a chunk, and an answer vectorised over
-    the chunks execute far fewer.
+    n = 1024 with chunk_size = 64 are counted (:func:`python_lines`; a count,
+    the same under any load), at m = d_v = 16 and again at 32: an answer
+    that advances one position per step (a loop, a comprehension,
+    itertools.accumulate) executes at least one line per position, as many
+    at either width, and is rejected; a loop over chunks, whatever it does
+    inside a chunk, and an answer vectorised over the chunks execute far
+    fewer, and an input check written in Python executes one line per
+    element, twice as many at twice the width, and is let through.
     """
     __tracebackhide__ = True
     run_checks(
@@ -1213,37 +1215,29 @@ def _causal_quadratic_chunks(phi_q, phi_k, v, chunk_size):
     )
 
 
-# The chunk sizes compared, the length, and the least ratio of the counts
-# of executed lines, steps(chunk_size = 1) / steps(chunk_size = 64), that an
-# answer which executes at least one line of Python per position at chunk
-# size 64 must show. The counts are of lines, not of seconds: the same answer
-# gets the same counts on any machine under any load, so the verdict cannot
-# flip. A loop over chunks of 64 makes 16 steps on n = 1024, a few lines
-# each, far fewer than 1024 lines, whatever it does inside a chunk (C x C
-# weights, or prefix sums of the chunk's states); an answer vectorised over
-# the chunks executes a few lines in all. An answer that advances one
-# position per step executes at least two lines per position (the loop's and
-# its body's) at either chunk size: a ratio of 1.
-CHUNK_STEP_SIZES = (64, 1)
+# The chunk size of the count and the length. The counts are of lines, not
+# of seconds: the same answer gets the same counts on any machine under any
+# load, so the verdict cannot flip. A loop over chunks of 64 makes 16 steps
+# on n = 1024, a few lines each, far fewer than 1024 lines, whatever it does
+# inside a chunk (C x C weights, or prefix sums of the chunk's states); an
+# answer vectorised over the chunks executes a few lines in all. An answer
+# that advances one position per step executes at least one line per
+# position at any chunk size and any width.
+CHUNK_STEP_SIZES = (64,)
 CHUNK_STEP_N = 1024
-CHUNK_STEP_RATIO = 4.0
-
-
-# the code objects of one expression evaluated per element
-COMPREHENSIONS = ("<genexpr>", "<listcomp>", "<setcomp>", "<dictcomp>")
+# the least growth of the line count, with features and values twice as
+# wide, that reads as per-element Python (an input check: about 2x) rather
+# than per-position steps (1x)
+CHUNK_WIDTH_GROWTH = 1.5
 
 
 def python_lines(fn, *args) -> tuple[object, int]:
     """Call ``fn(*args)`` and count the lines of Python it executes outside
     the libraries: numpy, torch and everything else installed, the standard
     library and attnbook. The reader's own code (a notebook cell, a script)
-    counts, helpers and lambdas included; what runs in compiled code does
-    not, nor what runs inside a generator expression or a comprehension
-    that has a frame of its own (an input check such as ``any(x < 0 for x
-    in phi_q.ravel())`` evaluates one expression per element, and is no
-    step of the algorithm; Python 3.12 and later run list, set and dict
-    comprehensions in the enclosing frame, where they count). Returns
-    ``(fn(*args), lines)``.
+    counts, helpers, lambdas, generator expressions and comprehensions
+    included; what runs in compiled code does not. Returns ``(fn(*args),
+    lines)``.
 
     A count, not a time: it is the same on every run, on any machine.
     """
@@ -1261,8 +1255,6 @@ def python_lines(fn, *args) -> tuple[object, int]:
         return local
 
     def on_call(frame, event, arg):
-        if frame.f_code.co_name in COMPREHENSIONS:
-            return None
         name = frame.f_code.co_filename
         if name not in verdicts:
             verdicts[name] = is_reader_code(name)
@@ -1280,29 +1272,45 @@ def python_lines(fn, *args) -> tuple[object, int]:
 def _check_chunked_work(fn, m=16, d_v=16) -> None:
     """Reject an answer that advances one position per step whatever
     ``chunk_size`` is: at chunks of 64 it executes at least one line of
-    Python per position, about as many as at chunks of 1."""
+    Python per position, and as many when the features and values are twice
+    as wide.
+
+    The second count tells per-position steps from per-element ones: an
+    input check in Python (``any(x < 0 for x in phi_q.ravel())``) also
+    executes a line per position and more, but its count doubles with the
+    widths, while a recurrence over positions (a for loop, a comprehension,
+    ``itertools.accumulate``) executes as many lines at any width. An answer
+    with both is not told apart from a right one with the check.
+    """
     from ._framework import ExerciseError
 
     __tracebackhide__ = True
     rng = _rng(1214)
     n = CHUNK_STEP_N
-    phi_q, phi_k = (elu_feature_map(rng.normal(size=(n, m))) for _ in "qk")
-    v = rng.normal(size=(n, d_v))
-    large, small = CHUNK_STEP_SIZES
-    # fresh copies: an answer that changes its inputs in place does not
-    # change those of the next call
-    steps = {
-        size: python_lines(fn, phi_q.copy(), phi_k.copy(), v.copy(), size)[1]
-        for size in (large, small)
-    }
-    if steps[large] >= n and steps[small] < CHUNK_STEP_RATIO * steps[large]:
-        raise ExerciseError(
-            "chunked causal linear attention",
-            f"n = {n}, m = d_v = {m}, chunk_size = {small} and {large} "
-            "(lines of Python executed)",
-            f"with chunk_size = {large} your function executed "
-            f"{steps[large]} lines of Python on {n} positions, at least one "
-            f"per position, and {steps[small]} with chunk_size = {small} (a "
-            f"loop over chunks of {large}: {n // large} steps)",
-            mistake=CHUNKED_CAUSAL_COST_MISTAKES[2],
+    (large,) = CHUNK_STEP_SIZES
+
+    def lines(width_m, width_v, chunk_size):
+        phi_q, phi_k = (
+            elu_feature_map(rng.normal(size=(n, width_m))) for _ in "qk"
         )
+        v = rng.normal(size=(n, width_v))
+        # fresh arrays for every call: an answer that changes its inputs in
+        # place does not change those of the next call
+        return python_lines(fn, phi_q, phi_k, v, chunk_size)[1]
+
+    steps = lines(m, d_v, large)
+    if steps < n:
+        return
+    wider = lines(2 * m, 2 * d_v, large)
+    if wider >= CHUNK_WIDTH_GROWTH * steps:
+        return
+    raise ExerciseError(
+        "chunked causal linear attention",
+        f"n = {n}, m = d_v = {m} and {2 * m}, chunk_size = {large} (lines of "
+        "Python executed)",
+        f"with chunk_size = {large} your function executed {steps} lines of "
+        f"Python on {n} positions, at least one per position (a loop over "
+        f"chunks of {large}: {n // large} steps), and {wider} with features "
+        "and values twice as wide: steps per position, not per element",
+        mistake=CHUNKED_CAUSAL_COST_MISTAKES[2],
+    )
