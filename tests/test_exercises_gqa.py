@@ -298,10 +298,22 @@ def share_by_repeat_interleave(x, n_heads):
 
 
 def pool_float32(w, n_heads, n_kv_heads):
-    """Correct, in float32 and through numpy."""
+    """Correct, in float32 and through numpy, back in torch at the end."""
     import numpy as np
 
     a = w.numpy().astype(np.float32)
+    g = n_heads // n_kv_heads
+    return torch.from_numpy(
+        a.reshape(n_kv_heads, g, a.shape[0] // n_heads, *a.shape[1:])
+        .mean(axis=1)
+        .reshape(-1, *a.shape[1:])
+    )
+
+
+def pool_numpy_result(w, n_heads, n_kv_heads):
+    """Wrong (numpy_result): the right mean, left as a numpy array, which
+    Parameter.copy_ refuses (expert reading gqa12e)."""
+    a = w.numpy()
     g = n_heads // n_kv_heads
     return (
         a.reshape(n_kv_heads, g, a.shape[0] // n_heads, *a.shape[1:])
@@ -355,6 +367,7 @@ CATALOGUE = {
             (pool_all_heads, "global_mean"),
             (pool_all_heads_tiled, "global_mean"),
             (pool_max, "max"),
+            (pool_numpy_result, "numpy_result"),
         ],
     },
 }
@@ -622,11 +635,14 @@ def pool_mean_then_half(weight, n_heads, n_kv_heads):
 
 
 def pool_numpy_float16(weight, n_heads, n_kv_heads):
-    """The right mean in numpy, stored with astype(np.float16)."""
+    """The right mean in numpy, stored with astype(np.float16), handed back
+    as a torch tensor."""
     a = weight.numpy()
     g = n_heads // n_kv_heads
     pooled = a.reshape(n_kv_heads, g, -1, *a.shape[1:]).mean(axis=1)
-    return pooled.reshape(-1, *a.shape[1:]).astype(np.float16)
+    return torch.from_numpy(
+        pooled.reshape(-1, *a.shape[1:]).astype(np.float16)
+    )
 
 
 def pool_into_bfloat16_buffer(weight, n_heads, n_kv_heads):

@@ -436,6 +436,18 @@ def _rounded_mean(dtype):
 
 POOL_MISTAKES += [
     Mistake(
+        "numpy_result",
+        "the result is a numpy array while the weight is a torch tensor (a "
+        ".numpy() on the way): mha_to_gqa copies the pooled weights into the "
+        "layer's parameters with Parameter.copy_, which refuses a numpy "
+        "array",
+        "return a torch tensor, as the weight is: pool with torch "
+        "operations, or wrap numpy's result in torch.from_numpy",
+        lambda w, h, n_kv_heads: (
+            pool_kv_heads(w, h, n_kv_heads, "mean").detach().numpy()
+        ),
+    ),
+    Mistake(
         "sixteen_bit_result",
         "the mean is right but returned in bfloat16 (a .bfloat16() cast of "
         "the result, or a buffer made in bfloat16): its 8 significant bits "
@@ -540,8 +552,10 @@ def check_pool_kv_heads(fn) -> None:
     (``mha_to_gqa`` copies them with ``Parameter.copy_``, which casts to the
     parameter's dtype), so the dtype the function returns does not reach the
     model, and a mean taken in float32 is within about 1e-7 of the float64
-    one, far inside the tolerance. (Sharing is judged differently: its copies
-    go straight into a matmul, see :func:`check_share_kv_heads`.)
+    one, far inside the tolerance. The result must be a torch tensor, as the
+    weight is: ``copy_`` refuses a numpy array (``numpy_result``). (Sharing
+    is judged more strictly: its copies go straight into a matmul, see
+    :func:`check_share_kv_heads`.)
     """
     run_checks(
         "mean-pooling key/value heads",
@@ -549,5 +563,15 @@ def check_pool_kv_heads(fn) -> None:
         pool_cases(),
         lambda w, h, n_kv_heads: pool_kv_heads(w, h, n_kv_heads, "mean"),
         POOL_MISTAKES,
+        compare=same_values_and_kind,
         describe=describe_pool,
     )
+
+
+def same_values_and_kind(got, expected) -> bool:
+    """:func:`same`, and a torch tensor where ``expected`` is one (which
+    ``Parameter.copy_`` needs); the dtype is not judged. A mistake that the
+    checker commits in numpy is matched by its values alone."""
+    if hasattr(expected, "detach") and not hasattr(got, "detach"):
+        return False
+    return same(got, expected)
