@@ -898,3 +898,97 @@ def test_reading_before_position_0_is_named():
 CATALOGUE["check_ring_decode_step"]["wrong"] += [
     (ring_unclipped_window, "reads_before_position_0"),
 ]
+
+
+# --- from the expert reading of chapter 8 (report kv08d, E1) ----------------
+# a chunk longer than W written in one assignment into np.asarray(k_ring) (a
+# view of the ring's memory) or np.copy(k_ring) (a new array) passed: the
+# watch lived only in the ring's class, which both conversions drop
+
+
+def ring_chunk_at_once_into_asarray(q, k_new, v_new, k_ring, v_ring, pos):
+    """Wrong: right outputs; the whole chunk written in one assignment into
+    np.asarray of the rings, whose slots repeat when n_new > W."""
+    out, _, _ = ring_good_gather_float32(
+        q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+    )
+    k_ring, v_ring = np.asarray(k_ring), np.asarray(v_ring)
+    slots = (pos + np.arange(q.shape[-2])) % k_ring.shape[-2]
+    k_ring[..., slots, :] = k_new
+    v_ring[..., slots, :] = v_new
+    return out, k_ring, v_ring
+
+
+def ring_chunk_at_once_into_np_copy(q, k_new, v_new, k_ring, v_ring, pos):
+    """Wrong: the same write into np.copy of the rings."""
+    out, _, _ = ring_good_gather_float32(
+        q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+    )
+    k_ring, v_ring = np.copy(k_ring), np.copy(v_ring)
+    slots = (pos + np.arange(q.shape[-2])) % k_ring.shape[-2]
+    k_ring[..., slots, :] = k_new
+    v_ring[..., slots, :] = v_new
+    return out, k_ring, v_ring
+
+
+def ring_chunk_at_once_into_plain_view(q, k_new, v_new, k_ring, v_ring, pos):
+    """Wrong: the same write into np.array of one ring and a plain
+    ndarray view of the other."""
+    out, _, _ = ring_good_gather_float32(
+        q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+    )
+    k_ring, v_ring = np.array(k_ring), v_ring.view(np.ndarray)
+    slots = (pos + np.arange(q.shape[-2])) % k_ring.shape[-2]
+    k_ring[..., slots, :] = k_new
+    v_ring[..., slots, :] = v_new
+    return out, k_ring, v_ring
+
+
+def ring_good_last_w_into_asarray(q, k_new, v_new, k_ring, v_ring, pos):
+    """Right: only the last min(n_new, W) tokens, written in one assignment
+    into np.asarray of the rings (the rings' own memory)."""
+    out, _, _ = ring_good_gather_float32(
+        q, k_new, v_new, k_ring.copy(), v_ring.copy(), pos
+    )
+    k_ring, v_ring = np.asarray(k_ring), np.asarray(v_ring)
+    w, n = k_ring.shape[-2], q.shape[-2]
+    last = np.arange(max(0, n - w), n)
+    k_ring[..., (pos + last) % w, :] = k_new[..., last, :]
+    v_ring[..., (pos + last) % w, :] = v_new[..., last, :]
+    return out, k_ring, v_ring
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        ring_chunk_at_once_into_asarray,
+        ring_chunk_at_once_into_np_copy,
+        ring_chunk_at_once_into_plain_view,
+    ],
+)
+def test_a_chunk_written_at_once_through_a_conversion_is_named(wrong):
+    with pytest.raises(ExerciseError) as err:
+        check_ring_decode_step(wrong)
+    assert err.value.mistake == "repeated_slot_write"
+    assert err.value.case.startswith("a prompt of 6")
+    assert "slot 0 of k_ring" in str(err.value).splitlines()[0]
+
+
+def test_numpy_conversions_are_restored_after_the_check(capsys):
+    before = (np.asarray, np.array, np.ascontiguousarray, np.asfortranarray)
+    check_ring_decode_step(ring_good_last_w_into_asarray)
+    with pytest.raises(ExerciseError):
+        check_ring_decode_step(ring_chunk_at_once_into_asarray)
+    after = (np.asarray, np.array, np.ascontiguousarray, np.asfortranarray)
+    assert after == before
+    assert "Correct" in capsys.readouterr().out
+
+
+CATALOGUE["check_ring_decode_step"]["wrong"] += [
+    (ring_chunk_at_once_into_asarray, "repeated_slot_write"),
+    (ring_chunk_at_once_into_np_copy, "repeated_slot_write"),
+    (ring_chunk_at_once_into_plain_view, "repeated_slot_write"),
+]
+CATALOGUE["check_ring_decode_step"]["right"] += [
+    ring_good_last_w_into_asarray,
+]

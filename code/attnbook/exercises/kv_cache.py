@@ -16,6 +16,9 @@ and out:
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import numpy as np
 
 from ..attention import scaled_dot_product_attention
@@ -711,10 +714,12 @@ class _WatchedRing(np.ndarray):
     value``, ``np.put_along_axis``) that writes one slot more than once with
     different values. numpy leaves unspecified which of those values is kept
     (for advanced assignments "there is in general no guarantee for the
-    iteration order"). Views, copies made by its methods (``.copy()``,
-    ``.astype``) and the results of arithmetic on it are watched too;
-    ``np.array(ring)``, ``np.concatenate``, ``np.where`` and writes through
-    torch are not."""
+    iteration order"). Views (``.view(np.ndarray)`` too), copies made by its
+    methods (``.copy()``, ``.astype``) or by numpy's functions (``np.copy``),
+    and the results of arithmetic on it are watched too, and so, while the
+    driver runs the reader's step, are its conversions ``np.asarray(ring)``,
+    ``np.array(ring)`` (``_conversions_watched``); writes through torch are
+    not."""
 
     _log = None
     _slots = None
@@ -724,6 +729,30 @@ class _WatchedRing(np.ndarray):
         self._log = getattr(obj, "_log", None)
         self._slots = getattr(obj, "_slots", None)
         self._name = getattr(obj, "_name", "the ring")
+
+    def watch(self, result):
+        """``result`` watched like this ring when it is a plain numpy array
+        of the ring's shape of slots (a copy or a view of it)."""
+        if (
+            self._log is not None
+            and type(result) is np.ndarray
+            and result.ndim >= 2
+            and result.shape[-2] == self._slots
+        ):
+            result = result.view(_WatchedRing)
+            result._log, result._slots = self._log, self._slots
+            result._name = self._name
+        return result
+
+    def __array_function__(self, func, types, args, kwargs):
+        # np.copy(ring) and the like return a plain array: watch it too
+        return self.watch(
+            super().__array_function__(func, types, args, kwargs)
+        )
+
+    def view(self, *args, **kwargs):
+        # ring.view(np.ndarray) is a plain array over the same memory
+        return self.watch(super().view(*args, **kwargs))
 
     def __setitem__(self, index, value):
         if (
@@ -765,6 +794,37 @@ def _repeated_slot(shape, index, value, dtype):
     return int(np.unravel_index(targets[clash[0]], shape)[-2])
 
 
+# numpy's conversions that return a plain array for an ndarray subclass
+# without asking the subclass (they are not dispatched to
+# ``__array_function__``)
+_CONVERSIONS = ("asarray", "array", "ascontiguousarray", "asfortranarray")
+
+
+@contextlib.contextmanager
+def _conversions_watched():
+    """While the reader's step runs, ``np.asarray(k_ring)``, ``np.array(
+    k_ring)`` and the like return watched arrays, so that a chunk written
+    into them in one assignment is seen as well as one written into the
+    ring itself; numpy's own functions are restored afterwards."""
+    originals = {name: getattr(np, name) for name in _CONVERSIONS}
+
+    def watching(convert):
+        @functools.wraps(convert)
+        def converted(a, *args, **kwargs):
+            out = convert(a, *args, **kwargs)
+            return a.watch(out) if isinstance(a, _WatchedRing) else out
+
+        return converted
+
+    for name, convert in originals.items():
+        setattr(np, name, watching(convert))
+    try:
+        yield
+    finally:
+        for name, convert in originals.items():
+            setattr(np, name, convert)
+
+
 def _watched(ring, log, window, name):
     ring = np.asarray(ring).view(_WatchedRing)
     ring._log, ring._slots, ring._name = log, window, name
@@ -797,7 +857,7 @@ def _drive(step):
         outs, pos, log, repeated = [], start, [], None
         for n in chunks:
             chunk = slice(pos, pos + n)
-            got = step(
+            args = (
                 q[..., chunk, :].copy(),
                 k[..., chunk, :].copy(),
                 v[..., chunk, :].copy(),
@@ -805,6 +865,8 @@ def _drive(step):
                 _watched(v_ring, log, window, "v_ring"),
                 pos,
             )
+            with _conversions_watched():
+                got = step(*args)
             out, k_ring, v_ring = _ring_triple(got)
             if log and repeated is None:
                 name, slot = log[0]
