@@ -992,3 +992,63 @@ CATALOGUE["check_ring_decode_step"]["wrong"] += [
 CATALOGUE["check_ring_decode_step"]["right"] += [
     ring_good_last_w_into_asarray,
 ]
+
+
+# --- from expert reading kv08e: unwritten slots hidden by np.isnan, and a
+# chunk written with ndarray.put
+
+
+def _window_attention(q, keys, values, mask):
+    s = q @ np.swapaxes(keys, -1, -2) / np.sqrt(q.shape[-1])
+    s = np.where(mask, s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ values
+
+
+def ring_masked_by_isnan(q, k_new, v_new, k_ring, v_ring, pos):
+    """Wrong: attends over every slot and hides the never-written ones by
+    np.isnan, not by their positions: right only while they hold NaN."""
+    w, n = k_ring.shape[-2], q.shape[-2]
+    s = np.arange(w)
+    slot_pos = pos - 1 - ((pos - 1 - s) % w)
+    written = ~np.isnan(k_ring).any(-1)
+    keys = np.concatenate([np.nan_to_num(k_ring), k_new], -2)
+    values = np.concatenate([np.nan_to_num(v_ring), v_new], -2)
+    kp = np.concatenate([slot_pos, pos + np.arange(n)])
+    qp = pos + np.arange(n)[:, None]
+    valid = np.concatenate(
+        [written, np.ones(written.shape[:-1] + (n,), bool)], -1
+    )
+    out = _window_attention(
+        q, keys, values, valid[..., None, :] & (kp <= qp) & (kp > qp - w)
+    )
+    last = np.arange(max(0, n - w), n)
+    k_ring[..., (pos + last) % w, :] = k_new[..., last, :]
+    v_ring[..., (pos + last) % w, :] = v_new[..., last, :]
+    return out, k_ring, v_ring
+
+
+def ring_chunk_by_put(q, k_new, v_new, k_ring, v_ring, pos):
+    """Wrong: every new token written with ndarray.put in one call, into the
+    rings passed in: a chunk longer than W writes some slots twice."""
+    w, n = k_ring.shape[-2], q.shape[-2]
+    held = np.arange(max(0, pos - w + 1), pos)
+    keys = np.concatenate([k_ring[..., held % w, :], k_new], -2)
+    values = np.concatenate([v_ring[..., held % w, :], v_new], -2)
+    kp = np.concatenate([held, pos + np.arange(n)])
+    qp = pos + np.arange(n)[:, None]
+    out = _window_attention(q, keys, values, (kp <= qp) & (kp > qp - w))
+    for ring, new in ((k_ring, k_new), (v_ring, v_new)):
+        flat = np.arange(ring.size).reshape(ring.shape)
+        ring.put(flat[..., (pos + np.arange(n)) % w, :].ravel(), new.ravel())
+    return out, k_ring, v_ring
+
+
+def test_unwritten_slots_hidden_by_isnan_are_caught_by_finite_garbage():
+    with pytest.raises(ExerciseError):
+        check_ring_decode_step(ring_masked_by_isnan)
+
+
+CATALOGUE["check_ring_decode_step"]["wrong"] += [
+    (ring_chunk_by_put, "repeated_slot_write"),
+]
