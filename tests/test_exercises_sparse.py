@@ -16,6 +16,7 @@ from attnbook.exercises import ExerciseError
 from attnbook.exercises.sparse import (
     check_causal_topk,
     check_packed_sliding_mask_mod,
+    check_tiled_sparse_attention,
 )
 
 # --- the packed, sliding, causal mask_mod ------------------------------------
@@ -925,6 +926,136 @@ def tiles_meshgrid_float32(q, k, v, mask_mod, tile):
     return out, visited
 
 
+def _tiles_classified(name, classify):
+    """Right: numpy float64 online softmax, each tile classified as empty,
+    full or partial by ``classify(allowed)`` (expert reading sp14f, E3)."""
+
+    def tiles(q, k, v, mask_mod, tile):
+        q, k, v = q.numpy(), k.numpy(), v.numpy()
+        n_q, n_k = len(q), len(k)
+        out = np.zeros((n_q, v.shape[1]))
+        visited = 0
+        for i in range(0, n_q, tile):
+            rows = np.arange(i, min(i + tile, n_q))
+            m = np.full(len(rows), -np.inf)
+            total = np.zeros(len(rows))
+            acc = np.zeros((len(rows), v.shape[1]))
+            for j in range(0, n_k, tile):
+                cols = np.arange(j, min(j + tile, n_k))
+                a = mask_mod(
+                    0,
+                    0,
+                    torch.as_tensor(rows)[:, None],
+                    torch.as_tensor(cols)[None, :],
+                ).expand(len(rows), len(cols))
+                kind = classify(a)
+                if kind == "empty":
+                    continue
+                visited += 1
+                s = q[rows] @ k[cols].T / np.sqrt(q.shape[1])
+                if kind == "partial":
+                    s = np.where(a.numpy(), s, -np.inf)
+                new = np.maximum(m, s.max(1))
+                safe = np.where(np.isfinite(new), new, 0.0)
+                old = np.exp(m - safe)
+                p = np.exp(s - safe[:, None])
+                total = old * total + p.sum(1)
+                acc = old[:, None] * acc + p @ v[cols]
+                m = new
+            out[rows] = acc / np.where(total > 0, total, 1.0)[:, None]
+        return out, visited
+
+    tiles.__name__ = tiles.__qualname__ = name
+    return tiles
+
+
+def _by_fraction(f) -> str:
+    return "empty" if f == 0 else "full" if f == 1 else "partial"
+
+
+def _by_float64_sum(a) -> str:
+    s = a.to(torch.float64).sum()
+    return "empty" if s == 0 else "full" if s == a.numel() else "partial"
+
+
+# the mean of the mask tile: a float copy of it, a tile's bytes
+tiles_mean_numpy = _tiles_classified(
+    "tiles_mean_numpy", lambda a: _by_fraction(a.numpy().mean())
+)
+tiles_mean_torch = _tiles_classified(
+    "tiles_mean_torch", lambda a: _by_fraction(a.float().mean())
+)
+tiles_float64_mask_sum = _tiles_classified(
+    "tiles_float64_mask_sum", _by_float64_sum
+)
+
+
+def tiles_scored_then_mean(q, k, v, mask_mod, tile):
+    """Wrong, through .numpy(): every tile's scores computed, then the mask
+    tile's mean tested, the empty ones thrown away and not counted."""
+    q, k, v = q.numpy(), k.numpy(), v.numpy()
+    n_q, n_k = len(q), len(k)
+    out, visited = np.zeros((n_q, v.shape[1])), 0
+    for i in range(0, n_q, tile):
+        rows = np.arange(i, min(i + tile, n_q))
+        m = np.full(len(rows), -np.inf)
+        total = np.zeros(len(rows))
+        acc = np.zeros((len(rows), v.shape[1]))
+        for j in range(0, n_k, tile):
+            cols = np.arange(j, min(j + tile, n_k))
+            s = np.einsum("qd,kd->qk", q[rows], k[cols]) / np.sqrt(q.shape[1])
+            a = mask_mod(
+                0, 0, torch.as_tensor(rows)[:, None], torch.as_tensor(cols)
+            ).expand(len(rows), len(cols))
+            if a.numpy().mean() == 0:
+                continue
+            visited += 1
+            s = np.where(a.numpy(), s, -np.inf)
+            new = np.maximum(m, s.max(1))
+            safe = np.where(np.isfinite(new), new, 0.0)
+            old = np.exp(m - safe)
+            p = np.exp(s - safe[:, None])
+            total = old * total + p.sum(1)
+            acc = old[:, None] * acc + p @ v[cols]
+            m = new
+        out[rows] = acc / np.where(total > 0, total, 1.0)[:, None]
+    return out, visited
+
+
+def tiles_gather_then_softmax(q, k, v, mask_mod, tile):
+    """Wrong: the tiles classified one at a time, then every non-empty key
+    tile of a query tile gathered and one plain softmax taken over them (no
+    online softmax): under a causal mask the last query tile holds a strip
+    of 64 x 2048 scores (expert reading sp14f, E2)."""
+    q, k, v = q.numpy(), k.numpy(), v.numpy()
+    n_q, n_k = len(q), len(k)
+    out = np.zeros((n_q, v.shape[1]))
+    visited = 0
+    for i in range(0, n_q, tile):
+        rows = np.arange(i, min(i + tile, n_q))
+        kept, masks = [], []
+        for j in range(0, n_k, tile):
+            cols = np.arange(j, min(j + tile, n_k))
+            a = mask_mod(
+                0, 0, torch.as_tensor(rows)[:, None], torch.as_tensor(cols)
+            ).expand(len(rows), len(cols))
+            if not a.any():
+                continue
+            visited += 1
+            kept.append(cols)
+            masks.append(a.numpy())
+        if not kept:
+            continue
+        cols, a = np.concatenate(kept), np.concatenate(masks, axis=1)
+        s = np.where(a, q[rows] @ k[cols].T / np.sqrt(q.shape[1]), -np.inf)
+        m = s.max(1)
+        m = np.where(np.isfinite(m), m, 0.0)
+        p = np.exp(s - m[:, None])
+        total = p.sum(1)
+        out[rows] = (p @ v[cols]) / np.where(total > 0, total, 1.0)[:, None]
+    return out, visited
+
+
 CATALOGUE = {
     "check_packed_sliding_mask_mod": {
         "right": [
@@ -985,6 +1116,9 @@ CATALOGUE = {
             tiles_torch_keys_outside,
             lambda *args: _slipped(*args, None),
             tiles_meshgrid_float32,
+            tiles_mean_numpy,
+            tiles_mean_torch,
+            tiles_float64_mask_sum,
         ],
         "wrong": [
             (tiles_partial_unmasked, "partial_unmasked"),
@@ -1005,6 +1139,8 @@ CATALOGUE = {
             (tiles_scores_per_strip, "strip"),
             (tiles_exp_of_raw_scores, "no_running_max"),
             (tiles_max_from_zero, "running_max_from_zero"),
+            (tiles_gather_then_softmax, "strip"),
+            (tiles_scored_then_mean, "empty_scored"),
         ],
     },
 }
@@ -1174,7 +1310,7 @@ def test_the_work_check_separates_skipping_from_scoring_every_tile():
     threshold = 3 * WORK_TILE * WORK_TILE
 
     def scored(fn):
-        pairs, work = _watch_tile_work(
+        pairs, work, _ = _watch_tile_work(
             fn, *_work_inputs(), _sliding(WORK_TILE), WORK_TILE
         )
         assert max(pairs) <= WORK_TILE * WORK_TILE, fn.__name__
@@ -1206,3 +1342,43 @@ def test_a_tiled_case_hides_a_document_from_the_corners():
                 corners = block[[0, 0, -1, -1], [0, -1, 0, -1]]
                 hidden.append(bool(block.any()) and not corners.any())
     assert any(hidden)
+
+
+def test_the_work_check_counts_the_scores_of_the_keys():
+    """Where the keys stay in torch or leave it by .numpy(), the work check
+    counts the scores computed from them, not bytes: a right answer that
+    takes the float mean of each mask tile computes scores after the 63
+    non-empty tiles' evaluations only, and one that scores every tile after
+    nearly all of them, in torch and in numpy (expert reading sp14f, E3)."""
+    from attnbook.exercises.sparse import (
+        WORK_N,
+        WORK_TILE,
+        _sliding,
+        _watch_tile_work,
+        _work_inputs,
+    )
+
+    tiles, needed = (WORK_N // WORK_TILE) ** 2, 2 * (WORK_N // WORK_TILE) - 1
+    half = WORK_TILE * WORK_TILE // 2
+
+    def scored(fn):
+        _, _, scores = _watch_tile_work(
+            fn, *_work_inputs(), _sliding(WORK_TILE), WORK_TILE
+        )
+        assert scores is not None, fn.__name__
+        return sum(s >= half for s in scores[1:])
+
+    for fn in (tiles_numpy, tiles_mean_numpy, tiles_mean_torch):
+        assert scored(fn) == needed, fn.__name__
+    assert scored(tiles_torch_keys_outside) == needed
+    for fn in (tiles_scored_then_mean, tiles_all_scored_torch32):
+        assert scored(fn) >= tiles - 1, fn.__name__
+
+
+def test_the_causal_memory_check_names_a_gathered_strip():
+    """Under a window of one tile a query tile has two non-empty key tiles;
+    under the causal mask the last has 32, and gathering them for one
+    softmax holds a strip (expert reading sp14f, E2)."""
+    with pytest.raises(ExerciseError) as err:
+        check_tiled_sparse_attention(tiles_gather_then_softmax)
+    assert "causal" in str(err.value), str(err.value)

@@ -1291,34 +1291,97 @@ def _index_bytes(*indices) -> int:
     )
 
 
+# The functions whose result is a product of their inputs: the scores, when
+# one input comes from the keys.
+PRODUCTS = frozenset(
+    {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "einsum", "dot"}
+    | {"inner", "tensordot", "mv", "addmm", "baddbmm", "linear"}
+)
+
+
+class _KeyArray(np.ndarray):
+    """A NumPy array computed from the keys (``k.numpy()`` under
+    :func:`_watch_tile_work`): slicing, indexing and arithmetic keep the
+    class, and a product with it (``@``, ``np.dot``, ``np.einsum``) adds the
+    elements of its result to the current stretch's count of scores."""
+
+    counter: dict | None = None
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = [
+            x.view(np.ndarray) if isinstance(x, _KeyArray) else x
+            for x in inputs
+        ]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(
+                x.view(np.ndarray) if isinstance(x, _KeyArray) else x
+                for x in kwargs["out"]
+            )
+        out = getattr(ufunc, method)(*plain, **kwargs)
+        if ufunc is np.matmul and _KeyArray.counter is not None:
+            _KeyArray.counter["scores"] += int(np.size(out))
+        if isinstance(out, np.ndarray) and not isinstance(out, _KeyArray):
+            return out.view(_KeyArray)
+        return out
+
+    def __array_function__(self, func, types, args, kwargs):
+        out = super().__array_function__(func, types, args, kwargs)
+        if func.__name__ in PRODUCTS and _KeyArray.counter is not None:
+            _KeyArray.counter["scores"] += int(np.size(out))
+        return out
+
+
 def _watch_tile_work(fn, q, k, v, mask_mod, tile):
     """Run ``fn(q, k, v, mask_mod, tile)`` with the checker's ``mask_mod``
-    wrapped; return ``(pairs, work)``: the number of pairs of each call of
-    the mask_mod, and for each stretch of the reader's code between two
-    calls (and before the first and after the last) the bytes it allocated.
+    wrapped; return ``(pairs, work, scores)``: the number of pairs of each
+    call of the mask_mod, and for each stretch of the reader's code between
+    two calls (and before the first and after the last) the bytes it
+    allocated and the scores it computed (None for every stretch when no
+    product of the keys was seen).
 
-    A stretch's bytes are the larger of numpy's, :mod:`tracemalloc`'s peak
+    Scores are counted, not guessed: every tensor computed from ``k``
+    (indexed, sliced, cast, transposed) is followed, through a
+    :class:`torch.overrides.TorchFunctionMode`, and so is the array that
+    ``.numpy()`` makes of one (a :class:`_KeyArray`); a product of one of
+    them (``@``, ``matmul``, ``einsum``, ``bmm``, ``np.dot``) adds the
+    elements of its result. An answer that leaves torch otherwise
+    (``np.asarray(k)``) is not followed, and its work is judged by bytes: a
+    stretch's bytes are the larger of numpy's, :mod:`tracemalloc`'s peak
     above the stretch's start less the bytes of the indices that the call
     ending it was given, and torch's, the floating-point tensors computed
-    (views and in-place results left out; seen by a
-    :class:`torch.overrides.TorchFunctionMode`). The mask_mod's own work is
-    not counted. Counted bytes, not time: the same on a busy machine."""
+    (views and in-place results left out). The mask_mod's own work is not
+    counted. Counted bytes and elements, not time: the same on a busy
+    machine."""
     import tracemalloc
+    import weakref
 
     from torch.overrides import TorchFunctionMode
 
-    state = {"inside": False, "start": 0, "torch": 0}
-    pairs, work = [], []
+    state = {"inside": False, "start": 0, "torch": 0, "scores": 0}
+    pairs, work, scores = [], [], []
+    from_keys = {}  # id -> weakref of the tensors computed from k
+
+    def derived(t) -> bool:
+        ref = from_keys.get(id(t))
+        return ref is not None and ref() is t
+
+    def follow(t) -> None:
+        try:
+            from_keys[id(t)] = weakref.ref(t)
+        except TypeError:
+            pass
 
     def end_stretch(index_bytes):
         _, peak = tracemalloc.get_traced_memory()
         numpy_bytes = peak - state["start"] - index_bytes
         work.append(max(numpy_bytes, state["torch"]))
+        scores.append(state["scores"])
 
     def start_stretch():
         tracemalloc.reset_peak()
         state["start"] = tracemalloc.get_traced_memory()[0]
         state["torch"] = 0
+        state["scores"] = 0
 
     def watched(b, h, q_idx, kv_idx):
         end_stretch(_index_bytes(q_idx, kv_idx))
@@ -1331,26 +1394,41 @@ def _watch_tile_work(fn, q, k, v, mask_mod, tile):
         start_stretch()
         return allowed
 
-    class FloatAllocations(TorchFunctionMode):
+    class Watch(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            if not state["inside"]:
-                state["torch"] += _new_float_bytes(out, (args, kwargs))
+            if state["inside"]:
+                return out
+            state["torch"] += _new_float_bytes(out, (args, kwargs))
+            if not any(derived(t) for t in _tensors((args, kwargs))):
+                return out
+            name = getattr(func, "__name__", "")
+            if name in PRODUCTS:
+                state["scores"] += sum(t.numel() for t in _tensors(out))
+            if name == "numpy" and isinstance(out, np.ndarray):
+                return out.view(_KeyArray)
+            for t in _tensors(out):
+                follow(t)
             return out
 
     tracing = tracemalloc.is_tracing()
     if not tracing:
         tracemalloc.start()
+    _KeyArray.counter = state
+    follow(k)
     try:
-        with FloatAllocations():
+        with Watch():
             start_stretch()
             fn(q, k, v, watched, tile)
             end_stretch(0)
     finally:
+        _KeyArray.counter = None
         if not tracing:
             tracemalloc.stop()
-    return pairs, work
+    if not any(scores):
+        scores = None
+    return pairs, work, scores
 
 
 def _check_tiled_work(fn) -> None:
@@ -1360,19 +1438,24 @@ def _check_tiled_work(fn) -> None:
 
     - A mask_mod evaluated on more pairs than a tile's at once: a strip of
       a query tile against every key, or the whole n x n mask.
-    - Scores computed for the empty tiles: a right answer allocates nothing
-      of a tile's size between the evaluation of an empty tile's mask and
-      the next evaluation; one that scores every tile allocates the tile's
-      scores there, 4 tile^2 bytes or more (16 KiB in float32). An answer
-      that allocates 3 tile^2 bytes or more (:func:`_watch_tile_work`) after
-      more than half of its evaluations, before the next one or its end, is
-      rejected; a right one does so after about the 63 non-empty tiles'."""
+    - Scores computed for the empty tiles: a right answer computes no scores
+      between the evaluation of an empty tile's mask and the next
+      evaluation; one that scores every tile computes a tile's there. Where
+      the scores are counted (:func:`_watch_tile_work`: products of the
+      keys, in torch or in the arrays ``.numpy()`` makes of them), an answer
+      that computes half a tile of scores (tile^2 / 2) or more after more
+      than half of its evaluations, before the next one or its end, is
+      rejected; a right one does so after the 63 non-empty tiles'. Where
+      they are not (the keys turned into an array by ``np.asarray``), bytes
+      stand in for them: 3 tile^2 bytes or more allocated (a tile of scores
+      takes 4 tile^2 in float32), so that there a float copy of a mask tile
+      counts as scores."""
     from ..bench import format_bytes
     from ._framework import ExerciseError, pristine
 
     __tracebackhide__ = True
     n, tile = WORK_N, WORK_TILE
-    pairs, work = _watch_tile_work(
+    pairs, work, scores = _watch_tile_work(
         fn, *pristine(_work_inputs()), _sliding(tile), tile
     )
     case = f"{n} positions, a window of {tile}, tiles of {tile} (work)"
@@ -1386,48 +1469,66 @@ def _check_tiled_work(fn) -> None:
             mistake=DENSE_MISTAKES[0] if largest >= n * n else STRIP_MISTAKE,
         )
     tiles, needed = (n // tile) ** 2, 2 * (n // tile) - 1
-    # work[0] is the stretch before the first evaluation
-    scored = sum(w >= 3 * tile * tile for w in work[1:])
+    # [0] is the stretch before the first evaluation
+    if scores is not None:
+        scored = sum(s >= tile * tile // 2 for s in scores[1:])
+        what = f"computed {tile * tile // 2} scores or more"
+    else:
+        scored = sum(w >= 3 * tile * tile for w in work[1:])
+        what = (
+            f"allocated {format_bytes(3 * tile * tile)} or more (a tile "
+            f"of scores takes {format_bytes(4 * tile * tile)} in float32; "
+            "your keys left torch other than by .numpy(), so the checker "
+            "counted bytes, not scores)"
+        )
     if scored > tiles // 2:
-        threshold = format_bytes(3 * tile * tile)
-        float32_tile = format_bytes(4 * tile * tile)
         raise ExerciseError(
             "block-sparse attention that skips tiles",
             case,
             f"after {scored} of your {len(pairs)} evaluations of the "
-            f"mask_mod your function allocated {threshold} or more before "
-            f"the next (a tile of scores takes {float32_tile} in float32), "
-            f"where the mask leaves {needed} of the {tiles} tiles non-empty",
+            f"mask_mod your function {what} before the next, where the "
+            f"mask leaves {needed} of the {tiles} tiles non-empty",
             mistake=EMPTY_SCORED_MISTAKE,
         )
 
 
 def _check_tiled_memory(fn) -> None:
     """Reject an answer that holds a strip of a query tile against every key,
-    or the whole n x n: at n = 2048 and d = 2 with a window of one tile of
-    64, the peak (tracemalloc and torch's profiler,
-    :func:`peak_memory_with_torch`) may not exceed three quarters of a strip
-    of float32 scores, 3 n tile bytes (384 KiB). A strip of scores takes
-    512 KiB in float32 and 1 MiB in float64, the n x n boolean mask 4 MiB; a
-    right answer holds the output (n d 8 bytes, 32 KiB), perhaps float32
-    copies of the inputs, and a few tiles of scores (8 tile^2 bytes each,
-    32 KiB): the book's, 173 KiB."""
+    or the whole n x n: at n = 2048 and d = 2 with tiles of 64, under a
+    window of one tile and then under a causal mask, the peak (tracemalloc
+    and torch's profiler, :func:`peak_memory_with_torch`) may not exceed
+    three quarters of a strip of float32 scores, 3 n tile bytes (384 KiB).
+    A strip of scores takes 512 KiB in float32 and 1 MiB in float64, the
+    n x n boolean mask 4 MiB; a right answer holds the output (n d 8 bytes,
+    32 KiB), perhaps float32 copies of the inputs, and a few tiles of scores
+    (8 tile^2 bytes each, 32 KiB): the book's, 173 KiB. Under the window a
+    query tile has at most two non-empty key tiles, so that an answer that
+    gathers them all and takes one softmax holds two tiles; under the causal
+    mask the last query tile has 32, and the same answer holds a strip."""
     from ..bench import format_bytes
     from ._framework import ExerciseError, peak_memory_with_torch
 
     __tracebackhide__ = True
     n, tile = WORK_N, WORK_TILE
     q, k, v = _work_inputs()
-    _, peak = peak_memory_with_torch(fn, q, k, v, _sliding(tile), tile)
-    if peak > 3 * n * tile:
+    for name, mask_mod in (
+        (f"a window of {tile}", _sliding(tile)),
+        ("causal", _sliding(n)),
+    ):
+        _, peak = peak_memory_with_torch(fn, q, k, v, mask_mod, tile)
+        if peak <= 3 * n * tile:
+            continue
+        # under the causal mask, an answer that passed the window's check
+        # holds what grows with the keys of a query tile: a strip
+        dense = name != "causal" and peak >= n * n
         raise ExerciseError(
             "block-sparse attention that skips tiles",
-            f"{n} positions, a window of {tile}, tiles of {tile} (memory)",
+            f"{n} positions, {name}, tiles of {tile} (memory)",
             f"your function's peak memory was {format_bytes(peak)}, where "
             f"one tile's scores take {format_bytes(8 * tile * tile)} and a "
             "strip of a query tile against every key "
             f"{format_bytes(8 * tile * n)}",
-            mistake=DENSE_MISTAKES[0] if peak >= n * n else STRIP_MISTAKE,
+            mistake=DENSE_MISTAKES[0] if dense else STRIP_MISTAKE,
         )
 
 
@@ -1482,10 +1583,14 @@ DENSE_MISTAKES = [
     Mistake(
         "strip",
         "a strip is built at once, a query tile against every key (the "
-        "mask_mod evaluated on it, or its scores): tile x n pairs, where "
-        "skipping needs one tile of tile x tile at a time",
-        "loop over the key tiles inside each query tile, and evaluate the "
-        "mask_mod and the scores of one tile at a time",
+        "mask_mod evaluated on it, its scores, or the scores of every "
+        "non-empty key tile gathered for one softmax): tile x n pairs under "
+        "a causal mask, where skipping needs one tile of tile x tile at a "
+        "time",
+        "loop over the key tiles inside each query tile, evaluate the "
+        "mask_mod and the scores of one tile at a time, and merge the tiles "
+        "with chapter 9's online softmax (a running maximum, sum and output) "
+        "instead of one softmax over them all",
         _strip_then_tiled,
     ),
     Mistake(
@@ -1514,9 +1619,9 @@ def check_tiled_sparse_attention(fn) -> None:
     :func:`attnbook.sparse.flex.block_sparse_attend`. Then, at n = 2048
     with a window of one tile of 64, the work is measured rather than read
     from the count (:func:`_check_tiled_work`: the mask_mod evaluated on one
-    tile at a time, the empty tiles not scored), and the peak memory must
-    stay below three quarters of a strip of float32 scores
-    (:func:`_check_tiled_memory`)."""
+    tile at a time, the empty tiles not scored), and the peak memory, there
+    and under a causal mask, must stay below three quarters of a strip of
+    float32 scores (:func:`_check_tiled_memory`)."""
     run_checks(
         "block-sparse attention that skips tiles",
         fn,

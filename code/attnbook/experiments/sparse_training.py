@@ -29,8 +29,9 @@ learns from the language-modelling loss only.
 
 The probe (:func:`probe_batch`): a window of held-out text in which one
 *needle*, one of ``n_needles`` extra tokens, replaces the character at a
-position at least ``min_distance`` before the last one; the last input is an
-extra *query* token, and the model must predict the needle. ``L`` sliding
+position at least ``min_distance`` before the first of the last
+``n_queries`` inputs, each an extra *query* token at which the model must
+predict the needle. ``L`` sliding
 layers of width ``w`` reach ``L (w - 1)`` positions back (chapter 7's
 receptive-field theorem, :func:`attnbook.sparse.layouts.reach`); the default
 ``min_distance`` is beyond that, so a model of sliding layers cannot see the
