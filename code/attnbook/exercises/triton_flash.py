@@ -238,6 +238,17 @@ BLOCK_COUNT_MISTAKES = [
         ),
     ),
     Mistake(
+        "last_position_as_count",
+        "the last visible key's POSITION was divided by block_k as if it "
+        "were the number of keys: one key block short whenever that "
+        "position is a multiple of block_k",
+        "keys 0 .. a0 + block_q - 1 are a0 + block_q keys, one more than the "
+        "last one's position: round up min(a0 + block_q, n_k) / block_k",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: _cdiv(min(a0 + bq - 1, n_k), bk)
+        ),
+    ),
+    Mistake(
         "clamp_at_n_k",
         "the last visible key was clamped at n_k instead of n_k - 1: one key "
         "block too many "
