@@ -101,6 +101,47 @@ def test_naive_attention_matches_sdpa_with_the_books_causal_mask(n_q, n_k):
     )
 
 
+def score_traffic_per_score(causal):
+    """Bytes per score that naive attention's eager operations read and write
+    in tensors of the scores' size, float16, counted op by op as they run
+    (each eager operation reads its inputs and writes its output once)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    batch, heads, n, d = 2, 3, 16, 8
+    scores = batch * heads * n * n
+
+    class Traffic(TorchDispatchMode):
+        nbytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            # views (the reshapes around the batched products) move nothing
+            if func.is_view or func is torch.ops.aten._unsafe_view.default:
+                return out
+            flat = [*args, *(kwargs or {}).values()]
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            for t in [*flat, *outs]:
+                if isinstance(t, torch.Tensor) and t.numel() == scores:
+                    Traffic.nbytes += t.numel() * t.element_size()
+            return out
+
+    q, k, v = (
+        torch.randn(batch, heads, n, d).to(torch.float16) for _ in range(3)
+    )
+    with Traffic():
+        gpu_bench.naive_attention(q, k, v, causal=causal)
+    return Traffic.nbytes / scores
+
+
+def test_naive_attention_moves_12_bytes_per_score_16_causal():
+    """Chapter 10's T4 exercise: the product with K writes the scores (2
+    bytes), the scaling reads and writes them (4), the softmax too (4), the
+    product with V reads them (2); a causal masked_fill adds 4. The boolean
+    mask, (n_q, n_k) and shared by every batch and head, is left out."""
+    assert score_traffic_per_score(causal=False) == 12
+    assert score_traffic_per_score(causal=True) == 16
+
+
 def test_every_sdpa_backend_and_the_naive_one_are_listed():
     names = gpu_bench.implementations(include_numpy=False)
     assert (

@@ -166,8 +166,10 @@ def ptx_instruction_counts(
 
 
 def naive_attention(q, k, v, causal: bool = False, scale: float | None = None):
-    """Attention as three torch operations; materialises the (batch, heads,
-    n_q, n_k) scores.
+    """Attention as eager torch operations, each its own kernel and its own
+    pass over the (batch, heads, n_q, n_k) scores it materialises: the product
+    with K, the scaling, when causal a masked_fill, the softmax and the product
+    with V (in float16 about 12 bytes of traffic per score, 16 when causal).
 
     q: (batch, heads, n_q, d), k and v: (batch, heads, n_k, d). Causal with the
     book's convention (queries are the last n_q of the n_k positions).
