@@ -73,6 +73,19 @@ def memory_pinv_float32_numpy_cast_back(keys, values):
     return (np.linalg.pinv(K) @ V).astype(np.float64)
 
 
+def memory_pinv_returned_float32(keys, values):
+    """Wrong only by its dtype: computed in float64, returned as float32."""
+    return (torch.linalg.pinv(keys) @ values).float()
+
+
+def memory_cholesky_numpy(keys, values):
+    """Correct, in numpy: a Cholesky solve of K K^T, then S = K^T X."""
+    K, V = keys.numpy(), values.numpy()
+    L = np.linalg.cholesky(K @ K.T)
+    X = np.linalg.solve(L.T, np.linalg.solve(L, V))
+    return K.T @ X
+
+
 def memory_unit_keys(keys, values):
     """Wrong: normalises the keys, as the delta rule wants them."""
     unit = keys / keys.norm(dim=1, keepdim=True)
@@ -155,6 +168,17 @@ def backward_float32_numpy(S, k, v, beta, G):
     return dS, dk, b * (G.T @ k), k @ G @ err
 
 
+def backward_returned_float32(S, k, v, beta, G):
+    """Wrong only by its dtype: float64 gradients cast to float32."""
+    return tuple(x.float() for x in backward_autograd(S, k, v, beta, G))
+
+
+def backward_returned_float32_numpy(S, k, v, beta, G):
+    """The same as numpy float32 arrays."""
+    grads = backward_autograd(S, k, v, beta, G)
+    return tuple(x.numpy().astype(np.float32) for x in grads)
+
+
 def backward_normalises_key(S, k, v, beta, G):
     """Wrong for a key not of unit length: normalises k first, as the
     models do before the step (autograd through the normalised step)."""
@@ -198,13 +222,19 @@ def backward_dv_no_beta(S, k, v, beta, G):
 
 CATALOGUE = {
     "check_exact_memory": {
-        "right": [memory_pinv, memory_gram_numpy, memory_lstsq],
+        "right": [
+            memory_pinv,
+            memory_gram_numpy,
+            memory_lstsq,
+            memory_cholesky_numpy,
+        ],
         "wrong": [
             (memory_outer_products_numpy, "additive"),
             (memory_delta_once, "one_delta_pass"),
             (memory_kaczmarz_once, "one_scaled_delta_pass"),
             (memory_pinv_float32, "float32"),
             (memory_pinv_float32_numpy_cast_back, "float32"),
+            (memory_pinv_returned_float32, "float32"),
             (memory_unit_keys, "normalised_keys"),
             (memory_transposed_numpy, "transposed"),
             (memory_square, "square_solve"),
@@ -224,6 +254,8 @@ CATALOGUE = {
             (backward_beta_on_v, "beta_without_read"),
             (backward_dv_no_beta, "dv_without_beta"),
             (backward_float32_numpy, "float32"),
+            (backward_returned_float32, "float32"),
+            (backward_returned_float32_numpy, "float32"),
             (backward_normalises_key, "normalised_key"),
             (backward_wrong_shapes, "wrong_shapes"),
             (backward_dk_as_row, "wrong_shapes"),
@@ -284,3 +316,16 @@ def test_a_float64_answer_near_the_right_one_is_not_called_float32():
     with pytest.raises(ExerciseError) as err:
         check_exact_memory(ridge)
     assert err.value.mistake != "float32"
+
+
+def test_one_gradient_returned_as_float32_is_rejected():
+    """Each gradient must be a float64 answer: dbeta alone cast to float32
+    is rejected, and the verdict names it."""
+
+    def dbeta_float32(S, k, v, beta, G):
+        dS, dk, dv, db = backward_autograd(S, k, v, beta, G)
+        return dS, dk, dv, db.float()
+
+    with pytest.raises(ExerciseError) as err:
+        check_delta_step_backward(dbeta_float32)
+    assert "dbeta holds float32 numbers" in str(err.value)

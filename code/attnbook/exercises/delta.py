@@ -14,8 +14,10 @@ the read's path to ``k`` (or all of it), the read's part of ``d beta``, the
 gradients in the wrong shapes (each is compared with the exercise's shape
 before its values: ``dS (d_k, d_v)``, ``dk (d_k,)``, ``dv (d_v,)``, ``dbeta``
 a number or of shape ``(1,)``). Both checkers
-also recognise the right answer computed in float32 (every entry a float32
-number, within about 1e-5 of the float64 answer). Inputs are float64 torch
+want a float64 answer (rtol 1e-6, atol 1e-8) and name as the float32 mistake
+the right answer in float32 (every entry a float32 number, within about 1e-5
+of the float64 answer), computed in float32 or computed in float64 and
+returned as float32. Inputs are float64 torch
 tensors; the answer may be torch tensors or numpy arrays.
 """
 
@@ -64,11 +66,16 @@ def _float32_numbers(got) -> bool:
 
 def _compare(got, expected) -> bool:
     """The checkers' comparison: float64 agreement with the answer, or, for
-    the float32 mistake's stand-in, float32 agreement."""
+    the float32 mistake's stand-in, float32 agreement. An answer whose
+    entries are all float32 numbers is not a float64 answer, however close
+    its values: float64 computed and returned as float32 is the float32
+    mistake too."""
     if isinstance(expected, _InFloat32):
         return _float32_numbers(got) and same(
             got, expected.value, rtol=1e-4, atol=1e-5
         )
+    if _float32_numbers(got) and not _float32_numbers(expected):
+        return False
     return same(got, expected, rtol=1e-6, atol=1e-8)
 
 
@@ -77,8 +84,9 @@ def _float32_mistake(reference) -> Mistake:
         "float32",
         FLOAT32_DESCRIPTION,
         "the inputs are float64 tensors: keep them so (no .float(), no "
-        "np.float32); float32 keeps about 7 significant digits, the check "
-        "wants about 15",
+        "np.float32, not even at the end); float32 keeps about 7 "
+        "significant digits, and the check wants a float64 answer (every "
+        "entry a float64 number) that agrees to about 6",
         lambda *args: _InFloat32(reference(*args)),
     )
 
@@ -316,8 +324,12 @@ def _compare_backward(got, expected) -> bool:
         return False
     flat = _flat(value)
     if isinstance(expected, _InFloat32):
-        flat = _InFloat32(flat)
-    return _compare(_flat(got), flat)
+        return _compare(_flat(got), _InFloat32(flat))
+    # each gradient a float64 answer (:func:`_compare`), then all values
+    return all(
+        not _float32_numbers(g) or _float32_numbers(e)
+        for g, e in zip(_parts(got), _parts(value))
+    ) and _compare(_flat(got), flat)
 
 
 def _describe_backward(got, expected, case=None) -> str:
@@ -329,7 +341,9 @@ def _describe_backward(got, expected, case=None) -> str:
     parts = []
     for name, g, e in zip(_GRADIENT_NAMES, _parts(got), _parts(expected)):
         g = g.reshape(e.shape)  # dbeta of shape (1,)
-        if not _compare(g, e):
+        if _float32_numbers(g) and not _float32_numbers(e):
+            parts.append(f"{name} holds float32 numbers, not float64 ones")
+        elif not _compare(g, e):
             parts.append(f"{name}: {difference(g, e, case)}")
     return "; ".join(parts) or "values differ from the reference"
 
