@@ -1703,3 +1703,124 @@ CHUNKED_WRONG += [
     (chunked_state_overwritten, "state_last_chunk_only"),
     (chunked_triu, "upper_triangle_mask"),
 ]
+
+
+# --- from the expert reading ps17k of chapter 17 (session 10) ----------------
+# Quadratic work that torch's overhead per call hid from the CPU-time ratio:
+# a loop over the queries in torch, and chunks that rebuild S and z from every
+# earlier key in torch, were accepted. The flops of torch's matrix products
+# are now counted, a count the same on every run.
+
+
+def linear_torch_loop_over_queries(q, k, v):
+    """Wrong: right values, never stores n x n, but a torch loop over the
+    queries visits every (query, key) pair: quadratic work, which the CPU
+    time ratio missed (torch's per-einsum overhead is linear in n)."""
+    q, k, v = (torch.as_tensor(np.asarray(a)) for a in (q, k, v))
+
+    def f(x):
+        return torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0)))
+
+    pk, outs = f(k), []
+    for i in range(q.shape[-2]):
+        w = torch.einsum("...m,...nm->...n", f(q[..., i, :]), pk)
+        outs.append(
+            torch.einsum("...n,...nd->...d", w, v) / w.sum(-1, keepdim=True)
+        )
+    return torch.stack(outs, -2).numpy()
+
+
+def chunked_torch_running_state(phi_q, phi_k, v, chunk_size):
+    """Right: the running-state loop in torch, in the inputs' precision."""
+    fq_all, fk_all, v_all = (torch.as_tensor(x) for x in (phi_q, phi_k, v))
+    s = fk_all.new_zeros(fk_all.shape[:-2] + (fk_all.shape[-1], v.shape[-1]))
+    z = fk_all.new_zeros(fk_all.shape[:-2] + (fk_all.shape[-1],))
+    outs = []
+    for a in range(0, fq_all.shape[-2], chunk_size):
+        fq, fk, vc = (
+            x[..., a : a + chunk_size, :] for x in (fq_all, fk_all, v_all)
+        )
+        w = torch.tril(fq @ fk.transpose(-1, -2))
+        den = w.sum(-1) + (fq @ z[..., None])[..., 0]
+        outs.append((w @ vc + fq @ s) / den[..., None])
+        s = s + fk.transpose(-1, -2) @ vc
+        z = z + fk.sum(-2)
+    return torch.cat(outs, dim=-2).numpy()
+
+
+def chunked_torch_reread(phi_q, phi_k, v, chunk_size):
+    """Wrong: right values, one chunk's weights at a time, but no running
+    state: each chunk rebuilds S and z from every earlier key, in torch,
+    O(n^2) work that the CPU time ratio missed."""
+    fq_all, fk_all, v_all = (torch.as_tensor(x) for x in (phi_q, phi_k, v))
+    n = fq_all.shape[-2]
+    out = torch.empty(fq_all.shape[:-1] + v_all.shape[-1:], dtype=v_all.dtype)
+    for a in range(0, n, chunk_size):
+        part = slice(a, a + chunk_size)
+        fq, fk, vc = (
+            fq_all[..., part, :],
+            fk_all[..., part, :],
+            v_all[..., part, :],
+        )
+        pre_k, pre_v = fk_all[..., :a, :], v_all[..., :a, :]
+        s = pre_k.transpose(-1, -2) @ pre_v
+        z = pre_k.sum(-2)
+        w = torch.tril(fq @ fk.transpose(-1, -2))
+        den = w.sum(-1) + (fq @ z[..., None])[..., 0]
+        out[..., part, :] = (w @ vc + fq @ s) / den[..., None]
+    return out.numpy()
+
+
+def test_a_torch_loop_over_the_queries_is_rejected_by_its_flops(capsys):
+    with pytest.raises(ExerciseError) as err:
+        check_linear_attention(linear_torch_loop_over_queries)
+    assert err.value.mistake == "quadratic_work", str(err.value)
+    assert "(flops counted)': at 4 times the length" in str(err.value)
+    assert "16.0 times the flops" in str(err.value)
+    assert "Correct" not in capsys.readouterr().out
+
+
+def test_a_torch_reread_of_earlier_keys_is_rejected_by_its_flops(capsys):
+    with pytest.raises(ExerciseError) as err:
+        check_chunked_causal_linear_attention(chunked_torch_reread)
+    assert err.value.mistake == "no_running_state", str(err.value)
+    assert "(flops counted)" in str(err.value)
+    assert "Correct" not in capsys.readouterr().out
+
+
+def test_a_numpy_loop_over_the_queries_names_the_quadratic_work():
+    with pytest.raises(ExerciseError) as err:
+        check_linear_attention(linear_loop_over_queries)
+    assert err.value.mistake == "quadratic_work", str(err.value)
+
+
+def test_the_success_lines_claim_what_was_measured(capsys):
+    check_linear_attention(good_linear)
+    out = capsys.readouterr().out
+    assert "CPU time grew less than 12 times from n = 256 to n = 1024" in out
+    assert "flops of its torch matrix products grew 4.0 times" in out
+    check_linear_attention(linear_numpy_float32)
+    out = capsys.readouterr().out
+    assert "like linear work" not in out and "flops" not in out
+    check_chunked_causal_linear_attention(chunked_torch_running_state)
+    out = capsys.readouterr().out
+    assert "grew less than 60 times from n = 512 to n = 8192" in out
+    assert "flops of its torch matrix products grew 8.0 times" in out
+
+
+def test_a_numpy_answer_is_not_counted():
+    from attnbook.exercises.perspectives import flop_growth
+
+    def make(n):
+        return (np.ones((n, 2)), np.ones((n, 2)), np.ones((n, 1)))
+
+    assert flop_growth(linear_numpy_float32, make, 8, 32) is None
+    assert flop_growth(good_linear, make, 8, 32) == 4.0
+
+
+CATALOGUE["check_linear_attention"]["wrong"] += [
+    (linear_torch_loop_over_queries, "quadratic_work"),
+    (linear_loop_over_queries, "quadratic_work"),
+]
+CHUNKED_WRONG += [(chunked_torch_reread, "no_running_state")]
+CHUNKED_RIGHT += [chunked_torch_running_state]

@@ -184,6 +184,21 @@ LINEAR_ATTENTION_MISTAKES = [
 ]
 
 
+LINEAR_COST_MISTAKES = [
+    Mistake(
+        "quadratic_work",
+        "the values are right, but your function computes every weight "
+        "phi(q_i) . phi(k_j), n x n of them, even if it never stores them "
+        "all (a loop over the queries, a three-operand einsum)",
+        "compute S = phi(K)^T V (d_k x d_v) and z = sum_j phi(k_j) once, "
+        "then each output row is phi(q_i) S / (phi(q_i) . z): no loop over "
+        "the queries that visits every key, and no three-operand einsum, "
+        "which numpy evaluates over all (i, j) pairs unless optimize=True",
+        lambda q, k, v: linear_attention(q, k, v),
+    ),
+]
+
+
 def linear_attention_cases() -> list[Case]:
     rng = _rng(12)
     n = lambda *shape, scale=1.0: rng.normal(scale=scale, size=shape)  # noqa: E731
@@ -218,11 +233,17 @@ def check_linear_attention(fn) -> None:
     cost) is rejected. The measurement uses :mod:`tracemalloc`, which sees
     numpy's arrays, and, where torch is imported, torch's profiler, whatever
     the answer returns (:func:`peak_memory_with_torch`). It also compares the
-    work at two lengths (:func:`work_growth`): an answer that never stores the
-    matrix but still computes it (a loop over the queries, a three-operand
-    ``einsum``) does 256 times the work at 16 times the length, and is
-    rejected; linear work grows about 16 times, so the two stand far apart even
-    on a loaded machine.
+    work at two lengths: an answer that never stores the matrix but still
+    computes it (a loop over the queries, a three-operand ``einsum``) does 16
+    times the work at 4 times the length, linear work 4 times. Where the
+    answer runs torch's matrix products, their flops are counted
+    (:func:`flop_growth`, a count, the same on every run) on n = 512 and n =
+    2048, and a growth of 10 times or more is rejected. For every answer the
+    CPU time is compared too (:func:`work_growth`), from n = 256 to 1024 and
+    from n = 512 to 8192, and a growth above 12 and 60 times is rejected; a
+    time ratio rejects a numpy loop over the queries, but torch's overhead
+    per call, itself linear in n, can hide a loop's quadratic work from it,
+    which is why torch answers are counted.
     """
     __tracebackhide__ = True
     run_checks(
@@ -236,13 +257,24 @@ def check_linear_attention(fn) -> None:
         quiet=True,
     )
     _check_linear_memory(fn)
+    flops = _check_linear_flops(fn)
     _check_linear_time(fn)
+    (a, b, small), (c, d, large) = LINEAR_TIME_STEPS
+    counted = ""
+    if flops is not None:
+        f_small, f_large, _ = LINEAR_FLOP_STEP
+        counted = (
+            f"; the flops of its torch matrix products grew {flops:.1f} "
+            f"times from n = {f_small} to n = {f_large} (linear work: "
+            f"{f_large // f_small})"
+        )
     print(
         "Correct: linear attention passes all "
         f"{len(linear_attention_cases())} cases; on n = 4096 it never "
-        "needed the memory of an n x n matrix, and its CPU time grew like "
-        "linear work, not quadratic, from "
-        f"n = {LINEAR_TIME_STEPS[0][0]} to n = {LINEAR_TIME_STEPS[-1][1]}."
+        "needed the memory of an n x n matrix; its CPU time grew less than "
+        f"{small:.0f} times from n = {a} to n = {b} and less than "
+        f"{large:.0f} times from n = {c} to n = {d} (quadratic work: "
+        f"{(b // a) ** 2} and {(d // c) ** 2}){counted}."
     )
 
 
@@ -340,6 +372,42 @@ def _growth(fn, make_args, n_small, n_large, repeats, clock):
     return fastest(n_large) / max(small, 1e-6)
 
 
+def flop_growth(fn, make_args, n_small: int, n_large: int) -> float | None:
+    """How much the flops of the torch matrix products in ``fn(*make_args(n))``
+    grow from ``n_small`` to ``n_large``, counted by
+    :class:`torch.utils.flop_counter.FlopCounterMode`; None when torch is not
+    imported or ``fn`` ran no matrix product in torch at either length (a
+    numpy answer: numpy's work is not counted).
+
+    A count, not a time: the same on every run, on any machine under any
+    load, and blind to the fixed cost of each call, which in torch is several
+    microseconds and, in a loop over positions, can hide quadratic work from a
+    time ratio.
+    """
+    import sys
+
+    if "torch" not in sys.modules:
+        return None
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counts = []
+    for n in (n_small, n_large):
+        args = make_args(n)
+        with FlopCounterMode(display=False) as mode:
+            fn(*args)
+        counts.append(mode.get_total_flops())
+    if min(counts) == 0:
+        return None
+    return counts[1] / counts[0]
+
+
+# The lengths of the count of torch flops and the growth at which the work is
+# called quadratic: at 4 times the length linear work grows 4 times and the
+# weights of every (query, key) pair 16 times (a loop over the queries in
+# torch: 16.0; the book's form in torch: 4.0).
+LINEAR_FLOP_STEP = (512, 2048, 10.0)
+
+
 # The lengths compared and the growth above which the work is called quadratic.
 # The second step spans 16 times the length (512 -> 8192), so that linear work
 # (about 16x, up to about 2x more where the arrays leave the cache or the
@@ -358,12 +426,8 @@ LINEAR_TIME_STEPS = ((256, 1024, 12.0), (512, 8192, 60.0))
 LINEAR_TIME_TRIES = 3
 
 
-def _check_linear_time(fn, d_k: int = 64, d_v: int = 1) -> None:
-    """Reject an answer whose work grows quadratically with the length, though
-    it never stores n x n."""
-    from ._framework import ExerciseError
-
-    __tracebackhide__ = True
+def _linear_inputs(d_k, d_v):
+    """Inputs of every length, drawn once per length: a function of n."""
     rng = _rng(14)
     inputs = {}
 
@@ -378,6 +442,39 @@ def _check_linear_time(fn, d_k: int = 64, d_v: int = 1) -> None:
         # change those of the next repeat
         return tuple(a.copy() for a in inputs[n])
 
+    return make
+
+
+def _check_linear_flops(fn, d_k: int = 64, d_v: int = 1) -> float | None:
+    """Reject a torch answer whose counted flops grow quadratically with the
+    length; the growth, or None for an answer that runs no torch matrix
+    product."""
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    n_small, n_large, limit = LINEAR_FLOP_STEP
+    growth = flop_growth(fn, _linear_inputs(d_k, d_v), n_small, n_large)
+    if growth is not None and growth >= limit:
+        ratio = n_large // n_small
+        raise ExerciseError(
+            "linear attention",
+            f"n = {n_small} and n = {n_large}, d_k = {d_k}, d_v = {d_v} "
+            "(flops counted)",
+            f"at {ratio} times the length your torch matrix products did "
+            f"{growth:.1f} times the flops (linear work: {ratio} times; "
+            f"quadratic: {ratio**2})",
+            mistake=LINEAR_COST_MISTAKES[0],
+        )
+    return growth
+
+
+def _check_linear_time(fn, d_k: int = 64, d_v: int = 1) -> None:
+    """Reject an answer whose work grows quadratically with the length, though
+    it never stores n x n."""
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    make = _linear_inputs(d_k, d_v)
     for n_small, n_large, limit in LINEAR_TIME_STEPS:
         # A busy machine can slow one run of the small length: a growth above
         # the limit is measured again, up to LINEAR_TIME_TRIES times in all,
@@ -396,16 +493,8 @@ def _check_linear_time(fn, d_k: int = 64, d_v: int = 1) -> None:
                 "(time)",
                 f"at {ratio} times the length your function took {growth:.0f} "
                 "times the CPU time (linear "
-                f"work: about {ratio} times; quadratic: {ratio**2}): it "
-                "computes every weight "
-                "phi(q_i) . phi(k_j), n x n of them, even if it never stores "
-                "them all",
-                hint="compute S = phi(K)^T V (d_k x d_v) and z = sum_j "
-                "phi(k_j) once, then each output row "
-                "is phi(q_i) S / (phi(q_i) . z): no loop over the queries "
-                "that visits every key, and no "
-                "three-operand einsum, which numpy evaluates over all (i, j) "
-                "pairs unless optimize=True",
+                f"work: about {ratio} times; quadratic: {ratio**2})",
+                mistake=LINEAR_COST_MISTAKES[0],
             )
 
 
@@ -1042,28 +1131,34 @@ def check_chunked_causal_linear_attention(fn) -> None:
     phi_q, phi_k: (..., n, m) non-negative features, v: (..., n, d_v),
     chunk_size a positive int -> (..., n, d_v), row i equal to ``sum_{j <= i}
     (phi_q_i . phi_k_j) v_j / sum_{j <= i} phi_q_i . phi_k_j``. The values are
-    compared with the masked quadratic form, computed in float64, on cases
-    with a last chunk shorter than ``chunk_size``, one chunk longer than n,
-    chunks of one, n = 1, batches and float32 inputs: to float64's precision
-    (rtol 1e-9) on float64 inputs, so that an answer computed in float32 is
-    named, and to float32's on float32 inputs. Then the peak memory of one
-    long case (n = 4096, m = d_v = 16, chunk_size = 16) is measured: a peak
-    of at least n states in float64 (the prefix sums of every S_i) or of the
-    n x n weights is rejected, though the values are right. The states at
-    every chunk boundary (n / C of them, the chunkwise-parallel form) stay far
-    below it, and are accepted. Then its CPU time at
-    chunk_size = 64 is compared on n = 512 and n = 8192 (a ratio of process
-    times, :func:`work_growth`): an answer without a running state, whose
-    chunks re-read all earlier keys, does about 256 times the work at 16 times
-    the length, and is rejected. Last, the lines of Python it executes on
-    n = 1024 with chunk_size = 64 are counted (:func:`python_lines`; a count,
-    the same under any load), at m = d_v = 16 and again at 32: an answer
-    that advances one position per step (a loop, a comprehension,
-    itertools.accumulate) executes at least one line per position, as many
-    at either width, and is rejected; a loop over chunks, whatever it does
-    inside a chunk, and an answer vectorised over the chunks execute far
-    fewer, and an input check written in Python executes one line per
-    element, twice as many at twice the width, and is let through.
+    compared with the masked quadratic form, computed in float64, on cases with
+    a last chunk shorter than ``chunk_size``, one chunk longer than n, chunks
+    of one, n = 1, batches and float32 inputs: to float64's precision (rtol
+    1e-9) on float64 inputs, so that an answer computed in float32 is named,
+    and to float32's on float32 inputs. Then the peak memory of one long case
+    (n = 4096, m = d_v = 16, chunk_size = 16) is measured: a peak of at least n
+    states in float64 (the prefix sums of every S_i) or of the n x n weights is
+    rejected, though the values are right. The states at every chunk boundary
+    (n / C of them, the chunkwise-parallel form) stay far below it, and are
+    accepted. An answer without a running state, whose chunks re-read all
+    earlier keys, does O(n^2) work: where the answer runs torch's matrix
+    products, their flops at chunk_size = 64 are counted on n = 512 and n =
+    4096 (:func:`flop_growth`, a count), and a growth of 16 times or more (a
+    running state: 8) is rejected; for every answer the CPU time at chunk_size
+    = 64 is compared on n = 512 and n = 8192 (a ratio of process times,
+    :func:`work_growth`), and a growth above 60 times (a running state: about
+    16; re-reading: up to 256) is rejected. torch's overhead per call can hide
+    the quadratic part from the time ratio, which is why torch answers are
+    counted; re-summing the stored states of all earlier chunks (work (n / C)^2
+    m d_v, small at C = 64) is seen by neither. Last, the lines of Python it
+    executes on n = 1024 with chunk_size = 64 are counted
+    (:func:`python_lines`; a count, the same under any load), at m = d_v = 16
+    and again at 32: an answer that advances one position per step (a loop, a
+    comprehension, itertools.accumulate) executes at least one line per
+    position, as many at either width, and is rejected; a loop over chunks,
+    whatever it does inside a chunk, and an answer vectorised over the chunks
+    execute far fewer, and an input check written in Python executes one line
+    per element, twice as many at twice the width, and is let through.
     """
     __tracebackhide__ = True
     run_checks(
@@ -1077,15 +1172,26 @@ def check_chunked_causal_linear_attention(fn) -> None:
         quiet=True,
     )
     _check_chunked_memory(fn)
+    flops = _check_chunked_flops(fn)
     _check_chunked_length(fn)
     _check_chunked_work(fn)
-    n_small, n_large, _ = CHUNK_LENGTH_STEP
+    n_small, n_large, limit = CHUNK_LENGTH_STEP
+    counted = ""
+    if flops is not None:
+        f_small, f_large, _ = CHUNK_FLOP_STEP
+        counted = (
+            f", the flops of its torch matrix products grew {flops:.1f} "
+            f"times from n = {f_small} to n = {f_large} (a running state: "
+            f"{f_large // f_small})"
+        )
     print(
         "Correct: chunked causal linear attention passes all "
         f"{len(chunked_causal_cases())} cases, on n = 4096 its memory "
         "held no state per position and no n x n matrix, its CPU time grew "
-        f"like linear work from n = {n_small} to n = {n_large}, and with "
-        "chunks of 64 it did not advance one position per step."
+        f"less than {limit:.0f} times from n = {n_small} to n = {n_large} "
+        f"(every chunk against all earlier keys: {(n_large // n_small) ** 2})"
+        f"{counted}, and with chunks of 64 it did not advance one position "
+        "per step."
     )
 
 
@@ -1157,6 +1263,51 @@ def _check_chunked_memory(fn, n=4096, m=16, d_v=16, chunk_size=16) -> None:
 CHUNK_LENGTH_STEP = (512, 8192, 60.0)
 CHUNK_LENGTH_SIZE = 64
 CHUNK_LENGTH_TRIES = 3
+
+
+# The lengths of the count of torch flops at chunks of 64, and the growth at
+# which the chunks are called to re-read all earlier keys: a running state
+# grows 8 times at 8 times the length (in torch: 8.0), a chunk that rebuilds
+# S and z from every earlier key about 26 times (in torch: 25.8; 7.8 from 512
+# to 2048, too close to linear work's 4 to tell them apart).
+CHUNK_FLOP_STEP = (512, 4096, 16.0)
+
+
+def _check_chunked_flops(fn, m=16, d_v=16) -> float | None:
+    """Reject a torch answer whose counted flops at a fixed chunk size grow
+    quadratically with n: one without a running state. The growth, or None
+    for an answer that runs no torch matrix product."""
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    rng = _rng(1216)
+    n_small, n_large, limit = CHUNK_FLOP_STEP
+    phi_q, phi_k = (
+        elu_feature_map(rng.normal(size=(n_large, m))) for _ in "qk"
+    )
+    v = rng.normal(size=(n_large, d_v))
+
+    def make(n):
+        return (
+            phi_q[:n].copy(),
+            phi_k[:n].copy(),
+            v[:n].copy(),
+            CHUNK_LENGTH_SIZE,
+        )
+
+    growth = flop_growth(fn, make, n_small, n_large)
+    if growth is not None and growth >= limit:
+        ratio = n_large // n_small
+        raise ExerciseError(
+            "chunked causal linear attention",
+            f"n = {n_small} and n = {n_large}, m = d_v = {m}, "
+            f"chunk_size = {CHUNK_LENGTH_SIZE} (flops counted)",
+            f"at {ratio} times the length your torch matrix products did "
+            f"{growth:.1f} times the flops (a running state: {ratio} times; "
+            f"every chunk against all earlier keys: up to {ratio**2})",
+            mistake=CHUNKED_CAUSAL_COST_MISTAKES[3],
+        )
+    return growth
 
 
 def _check_chunked_length(fn, m=16, d_v=16) -> None:
