@@ -1273,15 +1273,11 @@ CHUNK_LENGTH_TRIES = 3
 CHUNK_FLOP_STEP = (512, 4096, 16.0)
 
 
-def _check_chunked_flops(fn, m=16, d_v=16) -> float | None:
-    """Reject a torch answer whose counted flops at a fixed chunk size grow
-    quadratically with n: one without a running state. The growth, or None
-    for an answer that runs no torch matrix product."""
-    from ._framework import ExerciseError
-
-    __tracebackhide__ = True
-    rng = _rng(1216)
-    n_small, n_large, limit = CHUNK_FLOP_STEP
+def _chunked_prefixes(seed, n_large, m, d_v):
+    """``make(n)``: fresh copies of the first n positions of one draw of
+    features (n_large, m) and values (n_large, d_v), with chunks of
+    ``CHUNK_LENGTH_SIZE``, the arguments of an answer."""
+    rng = _rng(seed)
     phi_q, phi_k = (
         elu_feature_map(rng.normal(size=(n_large, m))) for _ in "qk"
     )
@@ -1295,6 +1291,18 @@ def _check_chunked_flops(fn, m=16, d_v=16) -> float | None:
             CHUNK_LENGTH_SIZE,
         )
 
+    return make
+
+
+def _check_chunked_flops(fn, m=16, d_v=16) -> float | None:
+    """Reject a torch answer whose counted flops at a fixed chunk size grow
+    quadratically with n: one without a running state. The growth, or None
+    for an answer that runs no torch matrix product."""
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    n_small, n_large, limit = CHUNK_FLOP_STEP
+    make = _chunked_prefixes(1216, n_large, m, d_v)
     growth = flop_growth(fn, make, n_small, n_large)
     if growth is not None and growth >= limit:
         ratio = n_large // n_small
@@ -1316,21 +1324,8 @@ def _check_chunked_length(fn, m=16, d_v=16) -> None:
     from ._framework import ExerciseError
 
     __tracebackhide__ = True
-    rng = _rng(1215)
     n_small, n_large, limit = CHUNK_LENGTH_STEP
-    phi_q, phi_k = (
-        elu_feature_map(rng.normal(size=(n_large, m))) for _ in "qk"
-    )
-    v = rng.normal(size=(n_large, d_v))
-
-    def make(n):
-        # fresh copies of the first n positions
-        return (
-            phi_q[:n].copy(),
-            phi_k[:n].copy(),
-            v[:n].copy(),
-            CHUNK_LENGTH_SIZE,
-        )
+    make = _chunked_prefixes(1215, n_large, m, d_v)
 
     # A busy machine can slow one run of the long sequence: a growth above
     # the limit is measured again, up to CHUNK_LENGTH_TRIES times in all,
