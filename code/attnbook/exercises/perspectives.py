@@ -388,7 +388,11 @@ def flop_growth(fn, make_args, n_small: int, n_large: int) -> float | None:
 
     if "torch" not in sys.modules:
         return None
-    from torch.utils.flop_counter import FlopCounterMode
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        # a stand-in module named torch (the browser's, without PyTorch)
+        return None
 
     counts = []
     for n in (n_small, n_large):
