@@ -149,7 +149,9 @@ def allocation_volume(fn, *args) -> tuple[object, int]:
     adds up the pieces: ``g`` copies of a cache made one group at a time
     count as ``g`` copies. It sees numpy's arrays (and Python's objects),
     not torch's allocator (:func:`torch_allocation_total`). A count of bytes,
-    not a time: the same on every run, under any load."""
+    not a time, so load does not move it; two runs can differ by a few small
+    Python objects (tens of bytes: a dictionary resized, an integer boxed),
+    a thousandth of the 64 KiB excursions it adds up."""
     import gc
     import sys
     import tracemalloc
