@@ -1071,9 +1071,10 @@ def test_one_slow_length_measurement_does_not_reject_a_chunked_answer(
 ):
     from attnbook.exercises import perspectives
 
-    # the length step: one slow try, then a fast one (the chunk sizes are
-    # compared by counting lines, not timed)
-    measured = iter([90.0, 14.0])
+    # the length step at chunks of 64: one slow try, then a fast one; then
+    # the step at chunks of 4, fast (the widths are compared by counting
+    # lines, not timed)
+    measured = iter([90.0, 14.0, 20.0])
     monkeypatch.setattr(
         perspectives, "work_growth", lambda *a, **k: next(measured)
     )
@@ -1824,3 +1825,131 @@ CATALOGUE["check_linear_attention"]["wrong"] += [
 ]
 CHUNKED_WRONG += [(chunked_torch_reread, "no_running_state")]
 CHUNKED_RIGHT += [chunked_torch_running_state]
+
+
+# --- from the expert reading of chapter 17 (ps17l, session 10) --------------
+# Answers that keep the state of every chunk and sum them all again at every
+# chunk: right values, no running state, (n / C)^2 additions of d_k x d_v
+# states. Chunks of 64 hide the extra work; chunks of 4 do not.
+
+
+def chunked_resum_list(phi_q, phi_k, v, chunk_size):
+    """Wrong: Python's sum over the list of earlier chunks' states."""
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    states, sums = [], []
+    for a in range(0, n, chunk_size):
+        fq, fk, vc = (x[..., a : a + chunk_size, :] for x in (phi_q, phi_k, v))
+        w = np.tril(fq @ np.swapaxes(fk, -1, -2))
+        num, den = w @ vc, w.sum(-1)
+        if states:
+            num = num + fq @ sum(states)
+            den = den + (fq @ sum(sums)[..., None])[..., 0]
+        out[..., a : a + chunk_size, :] = num / den[..., None]
+        states.append(np.swapaxes(fk, -1, -2) @ vc)
+        sums.append(fk.sum(-2))
+    return out
+
+
+def chunked_resum_stack(phi_q, phi_k, v, chunk_size):
+    """Wrong: the earlier states stacked and summed at every chunk."""
+    n, m, d_v = phi_q.shape[-2], phi_q.shape[-1], v.shape[-1]
+    out = np.empty(phi_q.shape[:-1] + (d_v,))
+    states = [np.zeros(phi_k.shape[:-2] + (m, d_v))]
+    sums = [np.zeros(phi_k.shape[:-2] + (m,))]
+    for a in range(0, n, chunk_size):
+        fq, fk, vc = (x[..., a : a + chunk_size, :] for x in (phi_q, phi_k, v))
+        s, z = np.stack(states).sum(0), np.stack(sums).sum(0)
+        w = np.tril(fq @ np.swapaxes(fk, -1, -2))
+        den = w.sum(-1) + (fq @ z[..., None])[..., 0]
+        out[..., a : a + chunk_size, :] = (w @ vc + fq @ s) / den[..., None]
+        states.append(np.swapaxes(fk, -1, -2) @ vc)
+        sums.append(fk.sum(-2))
+    return out
+
+
+def chunked_resum_torch(phi_q, phi_k, v, chunk_size):
+    """Wrong: the same in torch (torch.stack(...).sum(0)); the counted
+    matrix products grow linearly, the additions are not counted."""
+    q, k, vv = (torch.as_tensor(x) for x in (phi_q, phi_k, v))
+    m, d_v = q.shape[-1], vv.shape[-1]
+    states = [torch.zeros(q.shape[:-2] + (m, d_v), dtype=q.dtype)]
+    sums = [torch.zeros(q.shape[:-2] + (m,), dtype=q.dtype)]
+    outs = []
+    for a in range(0, q.shape[-2], chunk_size):
+        fq, fk, vc = (x[..., a : a + chunk_size, :] for x in (q, k, vv))
+        s, z = torch.stack(states).sum(0), torch.stack(sums).sum(0)
+        w = torch.tril(fq @ fk.transpose(-1, -2))
+        den = w.sum(-1) + (fq @ z[..., None])[..., 0]
+        outs.append((w @ vc + fq @ s) / den[..., None])
+        states.append(fk.transpose(-1, -2) @ vc)
+        sums.append(fk.sum(-2))
+    return torch.cat(outs, dim=-2).numpy()
+
+
+def chunked_resum_in_place(phi_q, phi_k, v, chunk_size):
+    """Wrong: one S and z, but rebuilt in place from every stored chunk
+    state at every chunk."""
+    n, m, d_v = phi_q.shape[-2], phi_q.shape[-1], v.shape[-1]
+    out = np.empty(phi_q.shape[:-1] + (d_v,))
+    s = np.zeros(phi_k.shape[:-2] + (m, d_v))
+    z = np.zeros(phi_k.shape[:-2] + (m,))
+    states, sums = [], []
+    for a in range(0, n, chunk_size):
+        fq, fk, vc = (x[..., a : a + chunk_size, :] for x in (phi_q, phi_k, v))
+        s[...], z[...] = 0.0, 0.0
+        for state, total in zip(states, sums):
+            s += state
+            z += total
+        w = np.tril(fq @ np.swapaxes(fk, -1, -2))
+        den = w.sum(-1) + (fq @ z[..., None])[..., 0]
+        out[..., a : a + chunk_size, :] = (w @ vc + fq @ s) / den[..., None]
+        states.append(np.swapaxes(fk, -1, -2) @ vc)
+        sums.append(fk.sum(-2))
+    return out
+
+
+CHUNKED_RESUMMED = [
+    chunked_resum_list,
+    chunked_resum_stack,
+    chunked_resum_torch,
+    chunked_resum_in_place,
+]
+CHUNKED_WRONG += [(f, "earlier_states_resummed") for f in CHUNKED_RESUMMED]
+
+
+def test_re_summed_chunk_states_are_named_at_chunks_of_4(capsys):
+    """Fails on the old checker, which timed chunks of 64 only: the
+    re-summed states passed there (their (n / C)^2 additions are small at
+    128 chunks), and they pass that step still."""
+    from attnbook.exercises.perspectives import _check_chunked_length
+
+    for wrong in CHUNKED_RESUMMED:
+        _check_chunked_length(wrong)
+        with pytest.raises(ExerciseError) as err:
+            check_chunked_causal_linear_attention(wrong)
+        assert err.value.mistake == "earlier_states_resummed", str(err.value)
+        assert "chunk_size = 4 (time)" in str(err.value)
+        assert "128 and then 2048 chunks" in str(err.value)
+    assert "Correct" not in capsys.readouterr().out
+
+
+def test_both_chunk_sizes_are_timed_and_one_slow_try_is_forgiven(
+    monkeypatch, capsys
+):
+    """The step at chunks of 4 retries like the one at 64: one slow
+    measurement does not reject a right answer, and each step is taken at
+    its own chunk size."""
+    from attnbook.exercises import perspectives
+
+    sizes = []
+    measured = iter([14.0, 90.0, 20.0])
+
+    def growth(fn, make, *args, **kwargs):
+        sizes.append(make(8)[3])
+        return next(measured)
+
+    monkeypatch.setattr(perspectives, "work_growth", growth)
+    check_chunked_causal_linear_attention(chunked_loop)
+    assert "with chunks of 64 and of 4" in capsys.readouterr().out
+    assert sizes == [64, 4, 4]

@@ -1062,6 +1062,19 @@ CHUNKED_CAUSAL_COST_MISTAKES = [
         "n",
         _causal_chunks,
     ),
+    Mistake(
+        "earlier_states_resummed",
+        "the values are right, but with small chunks your function's time "
+        "grew with the square of the number of chunks: each chunk does work "
+        "that grows with the number of chunks before it, such as keeping "
+        "every earlier chunk's state and adding them all up again ((n / "
+        "C)^2 additions of d_k x d_v states in all, which chunks of 64 hide "
+        "and chunks of 4 do not)",
+        "keep one running S (d_k x d_v) and z (d_k): add each chunk's "
+        "phi(K_c)^T V_c and the sum of its phi(K_c) to them once, after the "
+        "chunk's outputs, and drop the chunk's own state",
+        _causal_chunks,
+    ),
 ]
 
 
@@ -1153,16 +1166,19 @@ def check_chunked_causal_linear_attention(fn) -> None:
     :func:`work_growth`), and a growth above 60 times (a running state: about
     16; re-reading: up to 256) is rejected. torch's overhead per call can hide
     the quadratic part from the time ratio, which is why torch answers are
-    counted; re-summing the stored states of all earlier chunks (work (n / C)^2
-    m d_v, small at C = 64) is seen by neither. Last, the lines of Python it
-    executes on n = 1024 with chunk_size = 64 are counted
-    (:func:`python_lines`; a count, the same under any load), at m = d_v = 16
-    and again at 32: an answer that advances one position per step (a loop, a
-    comprehension, itertools.accumulate) executes at least one line per
-    position, as many at either width, and is rejected; a loop over chunks,
-    whatever it does inside a chunk, and an answer vectorised over the chunks
-    execute far fewer, and an input check written in Python executes one line
-    per element, twice as many at twice the width, and is let through.
+    counted. Then the lines of Python it executes on n = 1024 with
+    chunk_size = 64 are counted (:func:`python_lines`; a count, the same
+    under any load), at m = d_v = 16 and again at 32: an answer that advances
+    one position per step (a loop, a comprehension, itertools.accumulate)
+    executes at least one line per position, as many at either width, and is
+    rejected; a loop over chunks, whatever it does inside a chunk, and an
+    answer vectorised over the chunks execute far fewer, and an input check
+    written in Python executes one line per element, twice as many at twice
+    the width, and is let through. Last, re-summing the stored states of all
+    earlier chunks at every chunk (work (n / C)^2 m d_v) is small at C = 64:
+    the time step is taken again at chunk_size = 4 (``CHUNK_SMALL_SIZE``, 128
+    and 2048 chunks), where such an answer grows above 60 times (a running
+    state: 16-34) and is named.
     """
     __tracebackhide__ = True
     run_checks(
@@ -1179,6 +1195,7 @@ def check_chunked_causal_linear_attention(fn) -> None:
     flops = _check_chunked_flops(fn)
     _check_chunked_length(fn)
     _check_chunked_work(fn)
+    _check_chunked_length(fn, CHUNK_SMALL_SIZE)
     n_small, n_large, limit = CHUNK_LENGTH_STEP
     counted = ""
     if flops is not None:
@@ -1192,7 +1209,8 @@ def check_chunked_causal_linear_attention(fn) -> None:
         "Correct: chunked causal linear attention passes all "
         f"{len(chunked_causal_cases())} cases, on n = 4096 its memory "
         "held no state per position and no n x n matrix, its CPU time grew "
-        f"less than {limit:.0f} times from n = {n_small} to n = {n_large} "
+        f"less than {limit:.0f} times from n = {n_small} to n = {n_large}, "
+        f"with chunks of {CHUNK_LENGTH_SIZE} and of {CHUNK_SMALL_SIZE} "
         f"(every chunk against all earlier keys: {(n_large // n_small) ** 2})"
         f"{counted}, and with chunks of 64 it did not advance one position "
         "per step."
@@ -1267,6 +1285,18 @@ def _check_chunked_memory(fn, n=4096, m=16, d_v=16, chunk_size=16) -> None:
 CHUNK_LENGTH_STEP = (512, 8192, 60.0)
 CHUNK_LENGTH_SIZE = 64
 CHUNK_LENGTH_TRIES = 3
+# The same step at chunks of 4, where the chunks are many (128 and 2048):
+# work per chunk that grows with the chunks before it, such as re-summing
+# every earlier chunk's stored state ((n / C)^2 additions of m x d_v
+# states), is small at chunks of 64 and dominates here. Measured on a quiet
+# 2-core AMD EPYC (load 0.4, the fastest of five runs): the right answers of
+# the tests grew 16-34 times (the chunkwise-parallel forms most, their
+# cumulative sums over 2048 states leaving the cache), answers that re-sum
+# the stored states 178-314 times (a Python sum over a list, np.stack,
+# torch.stack, an in-place loop). At chunks of 8 the gap was narrower: 15-17
+# against 79-152. Answers whose chunks re-read the earlier keys are named at
+# chunks of 64 first: at chunks of 4 one run takes seconds.
+CHUNK_SMALL_SIZE = 4
 
 
 # The lengths of the count of torch flops at chunks of 64, and the growth at
@@ -1277,10 +1307,13 @@ CHUNK_LENGTH_TRIES = 3
 CHUNK_FLOP_STEP = (512, 4096, 16.0)
 
 
-def _chunked_prefixes(seed, n_large, m, d_v):
+def _chunked_prefixes(seed, n_large, m, d_v, chunk_size=None):
     """``make(n)``: fresh copies of the first n positions of one draw of
     features (n_large, m) and values (n_large, d_v), with chunks of
-    ``CHUNK_LENGTH_SIZE``, the arguments of an answer."""
+    ``chunk_size`` (default ``CHUNK_LENGTH_SIZE``), the arguments of an
+    answer."""
+    if chunk_size is None:
+        chunk_size = CHUNK_LENGTH_SIZE
     rng = _rng(seed)
     phi_q, phi_k = (
         elu_feature_map(rng.normal(size=(n_large, m))) for _ in "qk"
@@ -1292,7 +1325,7 @@ def _chunked_prefixes(seed, n_large, m, d_v):
             phi_q[:n].copy(),
             phi_k[:n].copy(),
             v[:n].copy(),
-            CHUNK_LENGTH_SIZE,
+            chunk_size,
         )
 
     return make
@@ -1322,14 +1355,18 @@ def _check_chunked_flops(fn, m=16, d_v=16) -> float | None:
     return growth
 
 
-def _check_chunked_length(fn, m=16, d_v=16) -> None:
+def _check_chunked_length(
+    fn, chunk_size=CHUNK_LENGTH_SIZE, m=16, d_v=16
+) -> None:
     """Reject an answer whose work at a fixed chunk size grows
-    quadratically with n: one without a running state."""
+    quadratically with n: at chunks of 64, one whose chunks re-read all
+    earlier keys; at chunks of 4 (``CHUNK_SMALL_SIZE``), one whose work per
+    chunk grows with the chunks before it (the stored states re-summed)."""
     from ._framework import ExerciseError
 
     __tracebackhide__ = True
     n_small, n_large, limit = CHUNK_LENGTH_STEP
-    make = _chunked_prefixes(1215, n_large, m, d_v)
+    make = _chunked_prefixes(1215, n_large, m, d_v, chunk_size)
 
     # A busy machine can slow one run of the long sequence: a growth above
     # the limit is measured again, up to CHUNK_LENGTH_TRIES times in all,
@@ -1342,17 +1379,28 @@ def _check_chunked_length(fn, m=16, d_v=16) -> None:
         growth = min(
             growth, work_growth(fn, make, n_small, n_large, repeats=5)
         )
-    if growth > limit:
-        ratio = n_large // n_small
-        raise ExerciseError(
-            "chunked causal linear attention",
-            f"n = {n_small} and n = {n_large}, m = d_v = {m}, "
-            f"chunk_size = {CHUNK_LENGTH_SIZE} (time)",
-            f"at {ratio} times the length your function took {growth:.0f} "
-            f"times the CPU time (a running state: about {ratio} times; "
-            f"every chunk against all earlier keys: {ratio**2})",
-            mistake=CHUNKED_CAUSAL_COST_MISTAKES[3],
+    if growth <= limit:
+        return
+    ratio = n_large // n_small
+    if chunk_size == CHUNK_LENGTH_SIZE:
+        quadratic = f"every chunk against all earlier keys: {ratio**2}"
+        mistake = CHUNKED_CAUSAL_COST_MISTAKES[3]
+    else:
+        quadratic = (
+            f"{n_small // chunk_size} and then {n_large // chunk_size} "
+            "chunks, each re-summing the states of all chunks before it: "
+            f"up to {ratio**2}"
         )
+        mistake = CHUNKED_CAUSAL_COST_MISTAKES[4]
+    raise ExerciseError(
+        "chunked causal linear attention",
+        f"n = {n_small} and n = {n_large}, m = d_v = {m}, "
+        f"chunk_size = {chunk_size} (time)",
+        f"at {ratio} times the length your function took {growth:.0f} "
+        f"times the CPU time (a running state: about {ratio} times; "
+        f"{quadratic})",
+        mistake=mistake,
+    )
 
 
 def _causal_quadratic_chunks(phi_q, phi_k, v, chunk_size):
