@@ -1953,3 +1953,105 @@ def test_both_chunk_sizes_are_timed_and_one_slow_try_is_forgiven(
     check_chunked_causal_linear_attention(chunked_loop)
     assert "with chunks of 64 and of 4" in capsys.readouterr().out
     assert sizes == [64, 4, 4]
+
+
+# --- from the expert reading of chapter 17 (ps17m, session 11) --------------
+
+
+def chunked_positions_with_input_check(phi_q, phi_k, v, chunk_size):
+    """Wrong: a recurrence over positions (chunk_size ignored), behind an
+    input check in Python that executes one line per element (accepted by
+    the old checker, whose width test took the check's lines for the
+    answer's)."""
+    assert all(x >= 0 for x in phi_q.flat) and all(x >= 0 for x in phi_k.flat)
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
+    z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
+    for i in range(phi_q.shape[-2]):
+        s += phi_k[..., i, :, None] * v[..., i, None, :]
+        z += phi_k[..., i, :]
+        num = phi_q[..., i, None, :] @ s
+        out[..., i, :] = (
+            num[..., 0, :] / (phi_q[..., i, :] * z).sum(-1)[..., None]
+        )
+    return out
+
+
+def chunked_fixed_64(phi_q, phi_k, v, chunk_size):
+    """Wrong: right values, but chunks of 64 whatever chunk_size is (the
+    default of attention_from_features; accepted by the old checker)."""
+    chunk_size = 64
+    return chunked_loop(phi_q, phi_k, v, chunk_size)
+
+
+def chunked_torch_fixed_64(phi_q, phi_k, v, chunk_size):
+    """Wrong: the same in torch."""
+    return chunked_torch_running_state(phi_q, phi_k, v, 64)
+
+
+def chunked_loop_with_input_check(phi_q, phi_k, v, chunk_size):
+    """Right: the book's loop behind a check of every element in Python."""
+    if not all(x >= 0 for x in phi_q.flat):
+        raise ValueError("phi_q must be non-negative")
+    if not all(x >= 0 for x in phi_k.flat):
+        raise ValueError("phi_k must be non-negative")
+    return chunked_loop(phi_q, phi_k, v, chunk_size)
+
+
+def chunked_parallel_with_input_check(phi_q, phi_k, v, chunk_size):
+    """Right: the chunkwise-parallel form (no loop over chunks) behind the
+    same check."""
+    assert all(x >= 0 for x in phi_q.flat) and all(x >= 0 for x in phi_k.flat)
+    return chunked_parallel_padded(phi_q, phi_k, v, chunk_size)
+
+
+def test_a_recurrence_behind_an_input_check_is_named():
+    """The lines that do not grow with the widths are counted: the check's
+    cancel, the recurrence's one per position remain."""
+    with pytest.raises(ExerciseError) as err:
+        check_chunked_causal_linear_attention(
+            chunked_positions_with_input_check
+        )
+    assert err.value.mistake == "chunk_size_ignored", str(err.value)
+    assert "do not grow with the widths" in str(err.value)
+
+
+def test_a_chunk_size_written_into_the_code_is_named(capsys):
+    for wrong in (chunked_fixed_64, chunked_torch_fixed_64):
+        with pytest.raises(ExerciseError) as err:
+            check_chunked_causal_linear_attention(wrong)
+        assert err.value.mistake == "chunk_size_fixed", str(err.value)
+        assert "n = chunk_size = 2048" in str(err.value)
+    assert "Correct" not in capsys.readouterr().out
+
+
+def test_checks_of_every_element_do_not_hide_or_condemn_an_answer(capsys):
+    from attnbook.exercises.perspectives import _check_chunked_work
+
+    for right in (
+        chunked_loop_with_input_check,
+        chunked_parallel_with_input_check,
+    ):
+        _check_chunked_work(right)
+    check_chunked_causal_linear_attention(chunked_parallel_with_input_check)
+    assert "Correct" in capsys.readouterr().out
+
+
+def test_every_right_answer_holds_its_one_chunk():
+    """The right answers of the catalogue, asked for one chunk of n, hold
+    at least half of that chunk's weights or states."""
+    from attnbook.exercises.perspectives import _check_chunk_size_used
+
+    for right in CHUNKED_RIGHT:
+        _check_chunk_size_used(right)
+
+
+CHUNKED_WRONG += [
+    (chunked_positions_with_input_check, "chunk_size_ignored"),
+    (chunked_fixed_64, "chunk_size_fixed"),
+    (chunked_torch_fixed_64, "chunk_size_fixed"),
+]
+CHUNKED_RIGHT += [
+    chunked_loop_with_input_check,
+    chunked_parallel_with_input_check,
+]

@@ -1075,6 +1075,17 @@ CHUNKED_CAUSAL_COST_MISTAKES = [
         "chunk's outputs, and drop the chunk's own state",
         _causal_chunks,
     ),
+    Mistake(
+        "chunk_size_fixed",
+        "the values are right, but your function does not use chunk_size: "
+        "asked for one chunk as long as the sequence, it held far less "
+        "memory than that chunk's C x C weights (or its C states) take, so "
+        "it computes with chunks of a size of its own (a chunk size written "
+        "into the code, or a cap on it)",
+        "take the chunks' length from the chunk_size argument; a chunk_size "
+        "of n or more means one chunk of all n positions",
+        _causal_chunks,
+    ),
 ]
 
 
@@ -1174,7 +1185,13 @@ def check_chunked_causal_linear_attention(fn) -> None:
     rejected; a loop over chunks, whatever it does inside a chunk, and an
     answer vectorised over the chunks execute far fewer, and an input check
     written in Python executes one line per element, twice as many at twice
-    the width, and is let through. Last, re-summing the stored states of all
+    the width, and is let through (the lines that do not grow with the
+    widths, 2 L(16) - L(32), are those counted per position, so a check does
+    not hide a recurrence either). Then, asked for one chunk of all n = 2048
+    positions (chunk_size = n), an answer must hold that chunk's C x C
+    weights or its C states: a peak below half of the smaller is a chunk
+    size of its own (:func:`_check_chunk_size_used`), whatever it was asked.
+    Last, re-summing the stored states of all
     earlier chunks at every chunk (work (n / C)^2 m d_v) is small at C = 64:
     the time step is taken again at chunk_size = 4 (``CHUNK_SMALL_SIZE``, 128
     and 2048 chunks), where such an answer grows above 60 times (a running
@@ -1195,6 +1212,7 @@ def check_chunked_causal_linear_attention(fn) -> None:
     flops = _check_chunked_flops(fn)
     _check_chunked_length(fn)
     _check_chunked_work(fn)
+    _check_chunk_size_used(fn)
     _check_chunked_length(fn, CHUNK_SMALL_SIZE)
     n_small, n_large, limit = CHUNK_LENGTH_STEP
     counted = ""
@@ -1212,8 +1230,9 @@ def check_chunked_causal_linear_attention(fn) -> None:
         f"less than {limit:.0f} times from n = {n_small} to n = {n_large}, "
         f"with chunks of {CHUNK_LENGTH_SIZE} and of {CHUNK_SMALL_SIZE} "
         f"(every chunk against all earlier keys: {(n_large // n_small) ** 2})"
-        f"{counted}, and with chunks of 64 it did not advance one position "
-        "per step."
+        f"{counted}, with chunks of 64 it did not advance one position "
+        "per step, and asked for one chunk of all 2048 positions it held "
+        "that chunk's weights or states."
     )
 
 
@@ -1403,6 +1422,42 @@ def _check_chunked_length(
     )
 
 
+def _check_chunk_size_used(fn, n=2048, m=16, d_v=16) -> None:
+    """Reject an answer that computes with chunks of its own size, whatever
+    ``chunk_size`` says: asked for one chunk as long as the sequence
+    (chunk_size = n), a right answer holds that chunk's n x n weights
+    (n^2 float64 numbers, 32 MiB here) or its n states (n m d_v, 4 MiB
+    here, the prefix sums of a chunk); a peak below half the smaller of the
+    two (2 MiB) is a chunk of another size. The values are no guide: they do
+    not depend on the chunk size.
+
+    Measured here: the right answers of the tests peaked at 8-69 MiB (the
+    prefix sums of a chunk at 8, torch's loops at 32), the book's loop with
+    chunks of 64 written in, whatever it was asked, at 0.4 MiB (its output
+    included).
+    """
+    from ..bench import format_bytes
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    rng = _rng(1217)
+    phi_q, phi_k = (elu_feature_map(rng.normal(size=(n, m))) for _ in "qk")
+    v = rng.normal(size=(n, d_v))
+    _, peak = peak_memory_with_torch(fn, phi_q, phi_k, v, n)
+    least = min(n * n, n * m * d_v) * 8 // 2
+    if peak >= least:
+        return
+    raise ExerciseError(
+        "chunked causal linear attention",
+        f"n = chunk_size = {n}, m = d_v = {m} (memory)",
+        f"asked for one chunk of all {n} positions, your function's peak "
+        f"memory was {format_bytes(peak)}: that chunk's {n} x {n} weights "
+        f"take {format_bytes(n * n * 8)} in float64, its {n} states "
+        f"{format_bytes(n * m * d_v * 8)}",
+        mistake=CHUNKED_CAUSAL_COST_MISTAKES[5],
+    )
+
+
 def _causal_quadratic_chunks(phi_q, phi_k, v, chunk_size):
     """The reference on a long sequence, without n x n memory: the book's
     chunked causal branch."""
@@ -1423,10 +1478,11 @@ def _causal_quadratic_chunks(phi_q, phi_k, v, chunk_size):
 # position at any chunk size and any width.
 CHUNK_STEP_SIZES = (64,)
 CHUNK_STEP_N = 1024
-# the least growth of the line count, with features and values twice as
-# wide, that reads as per-element Python (an input check: about 2x) rather
-# than per-position steps (1x)
-CHUNK_WIDTH_GROWTH = 1.5
+# the share of a line per position, among the lines that do not grow with
+# the widths, from which the steps are called per position: a recurrence
+# over positions executes at least one per position (1 or more), a loop over
+# chunks of 64 one per 64 positions and a few (under 0.1)
+CHUNK_FIXED_SHARE = 0.5
 
 
 def python_lines(fn, *args) -> tuple[object, int]:
@@ -1469,16 +1525,19 @@ def python_lines(fn, *args) -> tuple[object, int]:
 
 def _check_chunked_work(fn, m=16, d_v=16) -> None:
     """Reject an answer that advances one position per step whatever
-    ``chunk_size`` is: at chunks of 64 it executes at least one line of
-    Python per position, and as many when the features and values are twice
-    as wide.
+    ``chunk_size`` is: at chunks of 64, of the lines of Python it executes,
+    at least one per position does not grow with the widths.
 
-    The second count tells per-position steps from per-element ones: an
-    input check in Python (``any(x < 0 for x in phi_q.ravel())``) also
-    executes a line per position and more, but its count doubles with the
-    widths, while a recurrence over positions (a for loop, a comprehension,
-    ``itertools.accumulate``) executes as many lines at any width. An answer
-    with both is not told apart from a right one with the check.
+    The lines are counted at m = d_v = 16 and again at 32. An input check in
+    Python (``any(x < 0 for x in phi_q.ravel())``) executes one line per
+    element, twice as many at twice the widths; a recurrence over positions
+    (a for loop, a comprehension, ``itertools.accumulate``) executes as many
+    at any width. With ``L1`` lines at the first widths and ``L2`` at the
+    second, ``2 L1 - L2`` are the lines that do not grow with the widths: the
+    check's cancel, the recurrence's remain, so an answer with both is named
+    too. A Python loop over every element of every position (its lines grow
+    with the widths) is not told apart from a check; nobody computes this
+    exercise that way after chapters of numpy.
     """
     from ._framework import ExerciseError
 
@@ -1500,15 +1559,18 @@ def _check_chunked_work(fn, m=16, d_v=16) -> None:
     if steps < n:
         return
     wider = lines(2 * m, 2 * d_v, large)
-    if wider >= CHUNK_WIDTH_GROWTH * steps:
+    fixed = 2 * steps - wider
+    if fixed < CHUNK_FIXED_SHARE * n:
         return
     raise ExerciseError(
         "chunked causal linear attention",
         f"n = {n}, m = d_v = {m} and {2 * m}, chunk_size = {large} (lines of "
         "Python executed)",
         f"with chunk_size = {large} your function executed {steps} lines of "
-        f"Python on {n} positions, at least one per position (a loop over "
-        f"chunks of {large}: {n // large} steps), and {wider} with features "
-        "and values twice as wide: steps per position, not per element",
+        f"Python on {n} positions, and {wider} with features and values "
+        f"twice as wide: {fixed} of them (2 x {steps} - {wider}) do not grow "
+        "with the widths, at least one per position (a loop over chunks of "
+        f"{large}: {n // large} steps; a check of every element: lines that "
+        "double with the widths, which cancel)",
         mistake=CHUNKED_CAUSAL_COST_MISTAKES[2],
     )
