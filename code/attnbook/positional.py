@@ -274,7 +274,7 @@ def apply_rope(
 def alibi_slopes(n_heads: int) -> np.ndarray:
     """The head slopes of Press et al. (2022), ``(n_heads,)`` float64.
 
-    For ``h`` a power of two: ``2 ** (-8 i / h)``, ``i = 1..h`` (for ``h = 8``:
+    For ``h`` a power of two: ``2 ** (-8 r / h)``, ``r = 1..h`` (for ``h = 8``:
     1/2, 1/4, ..., 1/256). Otherwise the rule of the authors' code
     (``get_slopes``; the paper trains only ``2 ** a`` heads): the slopes of the
     largest power of two ``p < h``, followed by every other slope of ``2p``
@@ -295,13 +295,13 @@ def alibi_bias(n_heads: int, n_q: int, n_k: int | None = None) -> np.ndarray:
     """The ALiBi bias ``(n_heads, n_q, n_k)`` added to the scores before the
     softmax.
 
-    ``bias[h, i, j] = -slope_h * |i + n_k - n_q - j|``: minus the head's slope
-    times the distance between the key and the query, which (the package's
-    causal convention, as in :func:`attnbook.causal_mask`) sits at absolute
-    position ``i + n_k - n_q``. The bias is never positive. ALiBi was designed
-    for causal models: combine it with a causal mask, which removes the keys
-    after the query; without a mask, the same formula charges future keys by
-    their distance too (a symmetric, bidirectional use).
+    ``bias[r, row, n] = -slope_r * |m - n|``: minus head ``r``'s slope times
+    the distance between the key at position ``n`` and the query, which (the
+    package's causal convention, as in :func:`attnbook.causal_mask`) sits at
+    absolute position ``m = row + n_k - n_q``. The bias is never positive.
+    ALiBi was designed for causal models: combine it with a causal mask, which
+    removes the keys after the query; without a mask, the same formula charges
+    future keys by their distance too (a symmetric, bidirectional use).
     """
     n_q, n_k = queries_last("alibi_bias", n_q, n_k)
     query_pos = np.arange(n_q)[:, None] + (n_k - n_q)

@@ -275,7 +275,7 @@ def visible_relative(bias) -> np.ndarray:
 
 def _distance(n):
     i = np.arange(n)
-    # i - j: >= 0 at or below the diagonal
+    # m - n (query minus key): >= 0 at or below the diagonal
     return i[:, None] - i[None, :]
 
 
@@ -296,7 +296,7 @@ ALIBI_MISTAKES = [
         "sign_error",
         "the bias grows with distance instead of shrinking: distant keys are "
         "favoured",
-        "the bias is -slope * (i - j) for a key j at or before the query i: a "
+        "the bias is -slope * (m - n) for a key n at or before the query m: a "
         "penalty, never a reward. "
         "(Using the key's position, -slope * j, is the same mistake up to a "
         "constant per row.)",
@@ -313,9 +313,9 @@ ALIBI_MISTAKES = [
     ),
     Mistake(
         "missing_slope",
-        "every head has the same bias -(i - j): the per-head slope is missing",
-        "multiply each head r's distance matrix by its own slope m_r (the "
-        "rule under eq-ch6-alibi-slopes: the exercise forbids "
+        "every head has the same bias -(m - n): the per-head slope is missing",
+        "multiply each head r's distance matrix by its own slope lambda_r "
+        "(the rule under eq-ch6-alibi-slopes: the exercise forbids "
         "attnbook.positional, so compute the slopes yourself)",
         lambda h, n: -np.ones((h, 1, 1)) * _distance(n),
     ),
@@ -367,7 +367,7 @@ ALIBI_MISTAKES = [
         "query only), "
         "so softmax ignores it",
         "the bias must depend on the key's distance from the query: -slope * "
-        "(i - j)",
+        "(m - n)",
         lambda h, n: (
             -alibi_slopes(h)[:, None, None]
             * np.arange(n)[None, :, None]

@@ -62,7 +62,7 @@ def _shaw(q, k, v, rel_k, rel_v, rows=None, scale_relative=True):
 
 def shaw_attention(q, k, v, rel_k, rel_v):
     """The reference: ``softmax((q k^T + q . a^K_{c(j-i)}) / sqrt(d_k))`` times
-    ``v + a^V_{c(j-i)}``, with ``c`` the offset ``j - i`` clipped to ``[-kappa,
+    ``v + a^V_{c(n-m)}``, with ``c`` the offset ``n - m`` clipped to ``[-kappa,
     kappa]`` (``rel_k`` has ``2 kappa + 1`` rows, row ``r`` for offset ``r -
     kappa``)."""
     return _shaw(q, k, v, rel_k, rel_v)
@@ -80,9 +80,9 @@ def _with_rows(make_rows):
 
 
 def _unshifted(keys: str, values: str):
-    """The tables read at ``clip(j - i, -K, K)``, without ``+ K``; a negative
-    row either wraps to the end of the table (``"wrap"``) or reads nothing
-    (``"drop"``), for the keys and the values separately."""
+    """The tables read at ``clip(n - m, -kappa, kappa)``, without ``+ kappa``;
+    a negative row either wraps to the end of the table (``"wrap"``) or reads
+    nothing (``"drop"``), for the keys and the values separately."""
 
     def attention(q, k, v, rel_k, rel_v):
         n = np.shape(q)[-2]
@@ -123,10 +123,10 @@ def _is_out_of_bounds(err: Exception) -> bool:
 SHAW_MISTAKES = [
     Mistake(
         "offset_reversed",
-        "the tables were indexed by i - j (query minus key) instead of j - i: "
+        "the tables were indexed by m - n (query minus key) instead of n - m: "
         "a key before the query reads the vector of the key as far after it",
         "row r of the tables holds the offset r - kappa of the key from the "
-        "query, j - i; a key 2 back is row kappa - 2",
+        "query, n - m; a key 2 back is row kappa - 2",
         _with_rows(lambda n, m: _rows(n, m, offset=-_offsets(n))),
     ),
     Mistake(
@@ -135,7 +135,7 @@ SHAW_MISTAKES = [
         "reads a "
         "negative row index from the end of the table (or raises for one past "
         "it), so the keys more than kappa away read wrong vectors",
-        "clip first, then shift: np.clip(j - i, -kappa, kappa) + kappa; every "
+        "clip first, then shift: np.clip(n - m, -kappa, kappa) + kappa; every "
         "key more "
         "than kappa away shares the vector of offset -kappa or +kappa",
         _with_rows(lambda n, m: np.minimum(_offsets(n), m) + m),
@@ -152,7 +152,7 @@ SHAW_MISTAKES = [
             "0 reads the row of offset -kappa, and the keys before the query "
             "read "
             "the last rows of the table (numpy's negative indices) or none",
-            "row = clip(j - i, -kappa, kappa) + kappa, so that offset -kappa "
+            "row = clip(n - m, -kappa, kappa) + kappa, so that offset -kappa "
             "is row 0 and "
             "offset 0 the middle row kappa",
             _unshifted(keys, values),
@@ -185,10 +185,10 @@ SHAW_MISTAKES = [
     ),
     Mistake(
         "relative_scores_unscaled",
-        "only the content scores q_i . k_j were divided by sqrt(d_k); the "
-        "relative term q_i . a^K was added unscaled",
+        "only the content scores q_m . k_n were divided by sqrt(d_k); the "
+        "relative term q_m . a^K was added unscaled",
         "a^K is added to the key before the dot product, so the whole score "
-        "q_i . (k_j + a^K) is divided by sqrt(d_k)",
+        "q_m . (k_n + a^K) is divided by sqrt(d_k)",
         lambda q, k, v, rel_k, rel_v: _shaw(
             q, k, v, rel_k, rel_v, scale_relative=False
         ),
@@ -228,24 +228,26 @@ def shaw_cases() -> list[Case]:
 
     return [
         Case(
-            "n = 12, K = 3 (offsets clipped on both sides), d_k = 8, d_v = 5",
+            "n = 12, kappa = 3 (offsets clipped on both sides), d_k = 8, "
+            "d_v = 5",
             make((), 12, 8, 5, 3, 0),
         ),
         Case(
-            "batched q, k, v (2, 3, n = 10, d_k = 4), K = 2",
+            "batched q, k, v (2, 3, n = 10, d_k = 4), kappa = 2",
             make((2, 3), 10, 4, 4, 2, 1),
         ),
         Case(
-            "K = 6 larger than the sequence (n = 5): nothing is clipped",
+            "kappa = 6 larger than the sequence (n = 5): nothing is clipped",
             make((), 5, 6, 3, 6, 2),
         ),
-        Case("a single token (n = 1), K = 2", make((), 1, 4, 4, 2, 3)),
+        Case("a single token (n = 1), kappa = 2", make((), 1, 4, 4, 2, 3)),
         Case(
-            "K = 1: three rows, most keys share the first or the last (n = 7)",
+            "kappa = 1: three rows, most keys share the first or the last "
+            "(n = 7)",
             make((), 7, 4, 3, 1, 4),
         ),
         Case(
-            "float32 inputs, n = 9, K = 2",
+            "float32 inputs, n = 9, kappa = 2",
             make((1,), 9, 8, 8, 2, 5, dtype=np.float32),
         ),
     ]
