@@ -86,6 +86,14 @@ SPLIT_WRONG = {
         .reshape(qkv.shape[0], 3 * qkv.shape[1], -1)
         .chunk(3, dim=1)
     ),
+    # q, k, v read as every third feature, as an einops pattern "(d three)"
+    # reads them (issue 31, student report 05)
+    "packed_last": lambda qkv, h: tuple(
+        np.moveaxis(qkv.reshape(*qkv.shape[:2], -1, 3), -1, 0)[i]
+        .reshape(qkv.shape[0], qkv.shape[1], h, -1)
+        .swapaxes(1, 2)
+        for i in range(3)
+    ),
     # the right split, returned in the wrong order
     "order_kqv": lambda qkv, h: (lambda q, k, v: (k, q, v))(
         *split_torch(qkv, h)
@@ -785,6 +793,60 @@ def test_strided_checker_accepts_every_conversion_that_computes_the_same(
 ):
     check_strided_to_blocked(fn)
     assert "Correct" in capsys.readouterr().out
+
+
+def strided_key_slots_swapped(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong, and no classic slip: the keys' first two slots of every head
+    swapped, the queries' not (issue 31, student report 05)."""
+    q, k, v, o = strided_by_reshape(w_q, w_k, w_v, w_o, n_heads)
+    d_head = len(w_q) // n_heads
+    order = np.arange(len(w_q)).reshape(n_heads, d_head)
+    order[:, [0, 1]] = order[:, [1, 0]]
+    return q, k[:, order.ravel()], v, o
+
+
+def strided_queries_doubled(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: the queries scaled, the keys not."""
+    q, k, v, o = strided_by_reshape(w_q, w_k, w_v, w_o, n_heads)
+    return 2 * q, k, v, o
+
+
+def strided_values_tripled(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: the values scaled, W_O not."""
+    q, k, v, o = strided_by_reshape(w_q, w_k, w_v, w_o, n_heads)
+    return q, k, 3 * v, o
+
+
+def strided_values_of_other_heads(w_q, w_k, w_v, w_o, n_heads):
+    """Wrong: the values and W_O rows of the heads in reverse order, the
+    queries and keys in order."""
+    q, k, v, o = strided_by_reshape(w_q, w_k, w_v, w_o, n_heads)
+    d_head = len(w_q) // n_heads
+    order = np.arange(len(w_q)).reshape(n_heads, d_head)[::-1].ravel()
+    return q, k, v[:, order], o[order]
+
+
+@pytest.mark.parametrize(
+    "fn, heads, says",
+    [
+        (strided_key_slots_swapped, "[0, 1, 2]", "W_K^(r)T that is no"),
+        (strided_queries_doubled, "[0, 1, 2]", "W_K^(r)T that is no"),
+        (strided_values_tripled, "[0, 1, 2]", "W_O^(r), what a head adds"),
+        # with three heads reversed, the middle one stays in place
+        (strided_values_of_other_heads, "[0, 2]", "what another adds"),
+    ],
+)
+def test_strided_checker_says_which_heads_product_is_wrong(fn, heads, says):
+    """Where no classic slip matches, the checker names the heads whose
+    W_Q W_K^T or W_V W_O is no strided head's, and its hint says to check
+    them head by head, not to compare with a derivation the chapter does not
+    have (issue 31, student report 05)."""
+    with pytest.raises(ExerciseError) as info:
+        check_strided_to_blocked(fn)
+    message = str(info.value)
+    assert info.value.mistake is None, message
+    assert says in message and f"Head(s) {heads} " in message, message
+    assert "head by head" in message and "derivation" not in message
 
 
 def test_strided_checker_notes_a_conversion_in_place(capsys):

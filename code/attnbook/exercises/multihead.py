@@ -162,6 +162,14 @@ def _interleaved(qkv, h):
     return np.stack([x[0], x[1], x[2]])
 
 
+def _packed_last(qkv, h):
+    b, n, three_d = qkv.shape
+    # the packed axis read as (d_model, 3): q, k, v interleaved feature by
+    # feature
+    x = qkv.reshape(b, n, three_d // 3, 3)
+    return np.stack([split_heads(x[..., i], h) for i in range(3)])
+
+
 def _tokens_last(qkv, h):
     b, n, three_d = qkv.shape
     return np.stack(
@@ -230,6 +238,16 @@ SPLIT_QKV_MISTAKES = [
         "about the checkpoint; reading one layout as the other scrambles "
         "every head",
         _interleaved,
+    ),
+    Mistake(
+        "packed_last",
+        "the packed axis was read as (d_model, 3): q, k and v taken as every "
+        "third feature, interleaved feature by feature (an einops pattern "
+        "'(d three)' where '(three d)' was meant)",
+        "the packed features are [all of q | all of k | all of v]: the "
+        "three comes first, (3, d_model), so q is the first third, "
+        "qkv[..., :d_model], not qkv[..., 0::3]",
+        _packed_last,
     ),
     Mistake(
         "tokens_last",
@@ -792,10 +810,13 @@ class AsBlockedLayer:
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        # the weights returned for each (d_model, n_heads), for the diagnosis
+        self.returned = {}
 
     def __call__(self, w_q, w_k, w_v, w_o, n_heads):
         d_model = np.shape(w_q)[0]
         out = self.fn(w_q, w_k, w_v, w_o, n_heads)
+        self.returned[d_model, n_heads] = out
         return _blocked_output(out, d_model, n_heads)
 
 
@@ -937,14 +958,97 @@ def strided_cases() -> list[Case]:
     ]
 
 
-def _strided_problem(got, expected, case) -> str:
+def _head_products(weights, cols):
+    """Each head's W_Q^(r) W_K^(r)T (its scores' matrix) and W_V^(r) W_O^(r)
+    (what it adds to the output), head r owning the features ``cols[r]``."""
+    w_q, w_k, w_v, w_o = (as_array(w).astype(np.float64) for w in weights)
+    return [(w_q[:, c] @ w_k[:, c].T, w_v[:, c] @ w_o[c]) for c in cols]
+
+
+def _which_heads_differ(returned, case) -> str:
+    """Which of the blocked layer's heads, with the reader's weights, compute
+    no strided head's scores or output (empty if none can be said)."""
+    w_q, w_k, w_v, w_o, h = case.args
+    d = len(w_q)
+    if returned is None or isinstance(
+        _blocked_output(returned, d, h), Unusable
+    ):
+        return ""
+    d_head = d // h
+    strided = _head_products(
+        (w_q, w_k, w_v, w_o), [np.arange(r, d, h) for r in range(h)]
+    )
+    blocked = _head_products(
+        returned, [np.arange(r * d_head, (r + 1) * d_head) for r in range(h)]
+    )
+
+    def close(a, b):
+        return np.allclose(a, b, rtol=1e-5, atol=1e-8)
+
+    scores = [
+        r
+        for r, (qk, _) in enumerate(blocked)
+        if not any(close(qk, s_qk) for s_qk, _ in strided)
+    ]
+    outputs = [
+        r
+        for r, (_, ov) in enumerate(blocked)
+        if not any(close(ov, s_ov) for _, s_ov in strided)
+    ]
+    if scores:
+        return (
+            f"Head(s) {scores} of the blocked layer score with a matrix "
+            "W_Q^(r) W_K^(r)T that is no strided head's: each head's queries "
+            "and keys must come from one strided head, slot for slot in the "
+            "same order, and a change to W_Q (a scaling, say) must be undone "
+            "in W_K."
+        )
+    if outputs:
+        return (
+            f"Head(s) {outputs} of the blocked layer score like a strided "
+            "head, but their W_V^(r) W_O^(r), what a head adds to the output, "
+            "is no strided head's: W_V's columns and W_O's rows must move "
+            "together, slot for slot, and a change to W_V must be undone in "
+            "W_O."
+        )
+    pairs = [
+        r
+        for r, (qk, ov) in enumerate(blocked)
+        if not any(
+            close(qk, s_qk) and close(ov, s_ov) for s_qk, s_ov in strided
+        )
+    ]
+    if pairs:
+        return (
+            f"Head(s) {pairs} of the blocked layer score like one strided "
+            "head and add to the output what another adds: a head's queries, "
+            "keys, values and W_O rows must all come from the same strided "
+            "head."
+        )
+    return ""
+
+
+def _strided_problem(got, expected, case, returned=None) -> str:
     if isinstance(got, Unusable):
         return got.message
     return (
         "the blocked layer with your weights computes something other than "
         "the strided layer on the same tokens: "
         + difference(got, expected, case)
+        + (
+            f". {heads}"
+            if (heads := _which_heads_differ(returned, case))
+            else ""
+        )
     )
+
+
+STRIDED_HINT = (
+    "the blocked layer computes the strided one's function when each of its "
+    "heads is one strided head: check, head by head, that W_Q^(r) W_K^(r)T "
+    "(the scores) and W_V^(r) W_O^(r) (the output) equal those of one "
+    "strided head, the same head for both"
+)
 
 
 def check_strided_to_blocked(fn) -> None:
@@ -961,12 +1065,20 @@ def check_strided_to_blocked(fn) -> None:
     checker compares the two layers' outputs on fixed random tokens (2
     sequences of 6), so any such weights pass.
     """
+    layer = AsBlockedLayer(fn)
+
+    def describe(got, expected, case):
+        w_q, *_, n_heads = case.args
+        returned = layer.returned.get((len(w_q), n_heads))
+        return _strided_problem(got, expected, case, returned)
+
     run_checks(
         "strided weights to the blocked layout",
-        AsBlockedLayer(fn),
+        layer,
         strided_cases(),
         _strided_reference,
         STRIDED_MISTAKES,
         compare=compare,
-        describe=_strided_problem,
+        describe=describe,
+        hint=STRIDED_HINT,
     )
