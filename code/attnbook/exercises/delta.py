@@ -20,8 +20,7 @@ want a float64 answer (rtol 1e-6, atol 1e-8) and name as the float32 mistake
 the right answer in float32 (every entry a float32 number, within about 1e-5
 of the float64 answer; for the backward step, any one gradient so), computed
 in float32 or computed in float64 and returned as float32. Inputs are float64
-torch
-tensors; the answer may be torch tensors or numpy arrays.
+torch tensors; the answer may be torch tensors or numpy arrays.
 """
 
 from __future__ import annotations
