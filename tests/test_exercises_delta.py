@@ -102,6 +102,29 @@ def memory_square(keys, values):
     return torch.linalg.solve(keys, values)
 
 
+def memory_batched(keys, values):
+    """Wrong only by its shape: the right state with a leading batch axis,
+    (1, d_k, d_v)."""
+    return (keys.T @ torch.linalg.solve(keys @ keys.T, values))[None]
+
+
+def memory_kaczmarz_passes(keys, values):
+    """Wrong: 200 passes of the delta rule on the raw keys, beta = 1/|k|^2
+    (Kaczmarz's method), stopped before it converges: exact to 6 digits on
+    most cases, not where there are as many pairs as key channels."""
+    S = torch.zeros(keys.shape[1], values.shape[1], dtype=keys.dtype)
+    for _ in range(200):
+        for k, v in zip(keys, values):
+            S += torch.outer(k, v - S.T @ k) / k.dot(k)
+    return S
+
+
+def memory_qr(keys, values):
+    """Correct: K^T = Q R, so S = Q R^-T V, by a triangular solve."""
+    Q, R = torch.linalg.qr(keys.T)
+    return Q @ torch.linalg.solve_triangular(R.T, values, upper=False)
+
+
 # --- the backward pass of one delta step -------------------------------------
 
 
@@ -173,6 +196,15 @@ def backward_returned_float32(S, k, v, beta, G):
     return tuple(x.float() for x in backward_autograd(S, k, v, beta, G))
 
 
+def backward_dS_float32(S, k, v, beta, G):
+    """Wrong only by one dtype: dS computed in float32 (G.float()), the
+    other gradients in float64."""
+    dS, dk, dv, db = backward_autograd(S, k, v, beta, G)
+    Gf, kf = G.float(), k.float()
+    dS = Gf - beta.float() * torch.outer(kf, Gf.T @ kf)
+    return dS, dk, dv, db
+
+
 def backward_returned_float32_numpy(S, k, v, beta, G):
     """The same as numpy float32 arrays."""
     grads = backward_autograd(S, k, v, beta, G)
@@ -227,6 +259,7 @@ CATALOGUE = {
             memory_gram_numpy,
             memory_lstsq,
             memory_cholesky_numpy,
+            memory_qr,
         ],
         "wrong": [
             (memory_outer_products_numpy, "additive"),
@@ -238,6 +271,8 @@ CATALOGUE = {
             (memory_unit_keys, "normalised_keys"),
             (memory_transposed_numpy, "transposed"),
             (memory_square, "square_solve"),
+            (memory_batched, "wrong_shape"),
+            (memory_kaczmarz_passes, "approximate"),
         ],
     },
     "check_delta_step_backward": {
@@ -256,6 +291,7 @@ CATALOGUE = {
             (backward_float32_numpy, "float32"),
             (backward_returned_float32, "float32"),
             (backward_returned_float32_numpy, "float32"),
+            (backward_dS_float32, "float32"),
             (backward_normalises_key, "normalised_key"),
             (backward_wrong_shapes, "wrong_shapes"),
             (backward_dk_as_row, "wrong_shapes"),
