@@ -193,7 +193,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # a @triton.jit kernel; no package kernel merges. merge_splits, the same
     # merge in torch, is a near answer: chapter 10 shows it in the solution
     # only (tests/test_exercise_order.py, NEAR_ANSWERS)
-"check_merge_kernel": (),
+    "check_merge_kernel": (),
     "check_merge_softmax_states": (
         "attnbook.online_softmax.merge_softmax_states",
     ),
