@@ -7,7 +7,14 @@ import numpy as np
 
 from ..cost import benchmark_flops
 from ..flash import key_tiles
-from ._framework import Case, ExerciseError, Mistake, run_checks, same
+from ._framework import (
+    Case,
+    ExerciseError,
+    Mistake,
+    difference,
+    run_checks,
+    same,
+)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -385,6 +392,20 @@ def _as_counts(out):
     return out
 
 
+def _describe_counts(got, expected, case=None) -> str:
+    """The difference, with both lists of counts (short on every case), so
+    that the reader sees which query block is off (issue 31, student report
+    10)."""
+    base = difference(got, expected, case)
+    got_a, expected_a = np.asarray(got), np.asarray(expected)
+    if got_a.ndim == 1 and expected_a.ndim == 1:
+        return (
+            f"{base}; your counts {got_a.tolist()}, the kernel's "
+            f"{expected_a.tolist()}"
+        )
+    return base
+
+
 def check_key_blocks(fn) -> None:
     """Check ``fn(n_q, n_k, block_q, block_k)``: the number of key blocks each
     causal query block visits.
@@ -399,6 +420,7 @@ def check_key_blocks(fn) -> None:
         key_blocks_visited,
         BLOCK_COUNT_MISTAKES,
         postprocess=_as_counts,
+        describe=_describe_counts,
     )
 
 
