@@ -104,6 +104,10 @@ NEAR_ANSWERS = {
     # decoding step (issue 31, student report 1314)
     "check_packed_sliding_mask_mod": ("flex.sink_window",),
     "check_paged_decode": ("merge_splits",),
+    # merge_splits is the merge kernel's computation in PyTorch, the guard of
+    # the row that no run saw included: chapter 10 shows it in the
+    # exercise's solution (issue 31, student report 10)
+    "check_merge_kernel": ("merge_splits",),
     # MultiHeadAttention.forward is the exercise's projection, split, attend,
     # merge and output projection in torch: chapter 5 shows it in the
     # exercise's solution (issue 31, student report 0506)

@@ -864,6 +864,96 @@ CATALOGUE = {
 }
 
 
+# --- issue 31, student report 10 (session 11) ---------------------------------
+
+
+@triton.jit
+def merge_student_10(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SHIFT_GUARDED: tl.constexpr = True,
+    EXP2: tl.constexpr = False,
+    ROW_STRIDE_PADDED: tl.constexpr = False,
+    PARTS_BY_ROW: tl.constexpr = False,
+):
+    """The student's kernel (right with the flags' defaults); each flag
+    switches on one slip that the report ran (ex3c.py)."""
+    r = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    s_ok = s < n_splits
+    c_ok = c < d_head
+    L = tl.load(LSE_PART + s * n_rows + r, mask=s_ok, other=float("-inf"))
+    if PARTS_BY_ROW:
+        first = (r * n_splits + s[:, None]) * d_head
+    else:
+        first = (s[:, None] * n_rows + r) * d_head
+    o = tl.load(
+        O_PART + first + c[None, :],
+        mask=s_ok[:, None] & c_ok[None, :],
+        other=0.0,
+    )
+    m = tl.max(L, axis=0)
+    if SHIFT_GUARDED:
+        m_safe = tl.where(m > float("-inf"), m, 0.0)
+    else:
+        m_safe = m
+    if EXP2:
+        w = tl.exp2(L - m_safe)
+    else:
+        w = tl.exp(L - m_safe)
+    tot = tl.sum(w, axis=0)
+    num = tl.sum(w[:, None] * o, axis=0)
+    out = tl.where(tot > 0, num / tl.where(tot > 0, tot, 1.0), 0.0)
+    if ROW_STRIDE_PADDED:
+        tl.store(OUT + r * BLOCK_D + c, out, mask=c_ok)
+    else:
+        tl.store(OUT + r * d_head + c, out, mask=c_ok)
+    tl.store(LSE + r, m_safe + tl.log(tot))
+
+
+class StudentSlip:
+    """merge_student_10 with one slip switched on, launched as the checker
+    launches a kernel (kernel[grid](...)); the checker judges such a
+    launcher by its launches."""
+
+    def __init__(self, name, **flags):
+        self.__name__ = name
+        self.flags = flags
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            return merge_student_10[grid](*args, **kwargs, **self.flags)
+
+        return launch
+
+
+merge_shift_unguarded_division_guarded = StudentSlip(
+    "merge_shift_unguarded_division_guarded", SHIFT_GUARDED=False
+)
+merge_exp2_natural_log = StudentSlip("merge_exp2_natural_log", EXP2=True)
+merge_row_stride_padded = StudentSlip(
+    "merge_row_stride_padded", ROW_STRIDE_PADDED=True
+)
+merge_parts_by_row = StudentSlip("merge_parts_by_row", PARTS_BY_ROW=True)
+
+CATALOGUE["check_merge_kernel"]["right"] += [merge_student_10]
+STUDENT_10_WRONG = [
+    (merge_shift_unguarded_division_guarded, "unseen_row_nan"),
+    (merge_exp2_natural_log, "exp2_on_natural"),
+    (merge_row_stride_padded, "store_row_stride"),
+    (merge_parts_by_row, "o_part_layout"),
+]
+CATALOGUE["check_merge_kernel"]["wrong"] += STUDENT_10_WRONG
+
+
 def test_the_chapters_solution_passes(capsys):
     check_merge_kernel(merge_book)
     assert "Correct" in capsys.readouterr().out
@@ -1041,3 +1131,24 @@ def test_a_kernel_compiled_without_a_gpu_is_a_setup_error(tmp_path):
     assert result.stdout.startswith("SetupError:"), result.stdout
     assert "import attnbook.kernels.interpreter" in result.stdout
     assert "your function raised" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "wrong, key", STUDENT_10_WRONG, ids=[k for _, k in STUDENT_10_WRONG]
+)
+def test_student_10_slips_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(wrong)
+    assert err.value.mistake == key
+
+
+def test_a_wrapper_that_launches_a_kernel_is_judged_by_its_launches(capsys):
+    """An object that launches a kernel (kernel[grid](...)) is not told that
+    Triton compiled it: the checker runs it."""
+
+    class Launcher:
+        def __getitem__(self, grid):
+            return merge_student_10[grid]
+
+    check_merge_kernel(Launcher())
+    assert "Correct" in capsys.readouterr().out

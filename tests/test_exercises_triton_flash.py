@@ -879,3 +879,59 @@ def test_the_success_line_says_an_unknown_mode_is_refused(capsys):
     check_benchmark_flops(flops_raising_value_error)
     out = capsys.readouterr().out
     assert "passes all 7 cases and refuses an unknown mode" in out
+
+
+# --- issue 31, student report 10 (session 11) ---------------------------------
+
+
+def blocks_floor_plus_one(n_q, n_k, block_q, block_k):
+    """The rounding up written as floor + 1 (the student's first try)."""
+    counts = []
+    for b in range(-(-n_q // block_q)):
+        end = min((b + 1) * block_q + n_k - n_q, n_k)
+        counts.append(end // block_k + 1)
+    return counts
+
+
+def blocks_whole_query_blocks_only(n_q, n_k, block_q, block_k):
+    """Right counts, but for n_q // block_q query blocks: a ragged last query
+    block gets no entry."""
+    return [
+        -(-min((b + 1) * block_q + n_k - n_q, n_k) // block_k)
+        for b in range(n_q // block_q)
+    ]
+
+
+def flops_case_folded(batch, heads, n, d, causal=False, mode="fwd"):
+    """Right for the three modes, but 'FWD' is counted too."""
+    factor = {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode.lower()]
+    return 4 * batch * heads * n * n * d / (2 if causal else 1) * factor
+
+
+CATALOGUE["check_key_blocks"]["wrong"] += [
+    (blocks_floor_plus_one, "floor_plus_one"),
+    (blocks_whole_query_blocks_only, "query_blocks_floor"),
+]
+CATALOGUE["check_benchmark_flops"]["wrong"] += [
+    (flops_case_folded, "mode_case_folded")
+]
+
+
+@pytest.mark.parametrize(
+    "wrong, key",
+    [
+        (blocks_floor_plus_one, "floor_plus_one"),
+        (blocks_whole_query_blocks_only, "query_blocks_floor"),
+    ],
+)
+def test_student_10_block_count_slips_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_key_blocks(wrong)
+    assert err.value.mistake == key
+
+
+def test_a_case_folded_mode_is_refused_and_named():
+    with pytest.raises(ExerciseError) as err:
+        check_benchmark_flops(flops_case_folded)
+    assert err.value.mistake == "mode_case_folded"
+    assert "FWD" in str(err.value)

@@ -50,10 +50,14 @@ def merged(o_part, lse_part) -> np.ndarray:
 
 class PastTheEnd(RuntimeError):
     """The reader's kernel loaded or stored outside the tensors it was given:
-    ``kind`` is "load" or "store", ``tensor`` the argument's name."""
+    ``kind`` is "load" or "store", ``where`` says where. ``masked``: whether
+    the access's mask held some elements back (None where not known, after
+    a launch on a GPU): an access that stays out of bounds although its mask
+    drops elements has wrong addresses, not a missing mask."""
 
-    def __init__(self, kind: str, where: str):
+    def __init__(self, kind: str, where: str, masked: bool | None = None):
         self.kind = kind
+        self.masked = masked
         verb = {"load": "loaded from", "store": "stored to"}[kind]
         super().__init__(f"the kernel {verb} memory {where}")
 
@@ -158,7 +162,10 @@ class _BoundsChecked:
         def masked_store(ptrs, value, mask, *args, **kwargs):
             size = ptrs.get_element_ty().primitive_bitwidth // 8
             if _outside(ptrs.data, mask.data, size, checker.stores):
-                raise PastTheEnd("store", f"outside {checker.store_names}")
+                held_back = not np.all(np.asarray(mask.data, dtype=bool))
+                raise PastTheEnd(
+                    "store", f"outside {checker.store_names}", held_back
+                )
             # inside the outputs the store is safe: let it happen, and name
             # a race after the launch (a store past the end, found later in
             # the same launch, is the mistake to name first)
@@ -455,11 +462,48 @@ def _raises(o_part, lse_part):
     raise RuntimeError("recognised by its exception")
 
 
-def _past_the_end(kind: str):
+def _past_the_end(kind: str, masked: bool | None = None):
+    """Recognise a PastTheEnd of ``kind``; with ``masked`` True, only one
+    whose mask held elements back, with False, any other."""
+
     def recognise(err: Exception) -> bool:
-        return isinstance(err, PastTheEnd) and err.kind == kind
+        if not (isinstance(err, PastTheEnd) and err.kind == kind):
+            return False
+        if masked is None:
+            return True
+        return bool(err.masked) == masked
 
     return recognise
+
+
+def _o_part_transposed(o_part, lse_part):
+    # O_PART read as if it were (n_rows, n_splits, d_head): the element of run
+    # s, row r at (r * n_splits + s) * d_head instead of (s * n_rows + r) *
+    # d_head (issue 31, student report 10)
+    o, lse = _parts(o_part, lse_part)
+    n_splits, n_rows, d_head = o.shape
+    read = o.reshape(n_rows, n_splits, d_head).transpose(0, 1)
+    return _joined(*merge_splits(read, lse))
+
+
+def _unseen_row_lse_nan(o_part, lse_part):
+    # the shift unguarded (m = -inf), the division guarded: the row no run
+    # saw gets output 0 (its total is NaN, and tl.where(total > 0, ...)
+    # gives 0) but log-sum-exp -inf + log(NaN) = NaN
+    ref = merged(o_part, lse_part)
+    ref[torch.isneginf(lse_part).all(0).numpy(), -1] = np.nan
+    return ref
+
+
+def _exp2_natural_log(o_part, lse_part):
+    # the weights in base 2 (tl.exp2), the log-sum-exp's log natural
+    o, lse = _parts(o_part, lse_part)
+    m = lse.max(0).values
+    w = torch.exp2(lse - m)
+    total = w.sum(0)
+    return _joined(
+        (w[..., None] * o).sum(0) / total[:, None], m + torch.log(total)
+    )
 
 
 def _store_race(err: Exception) -> bool:
@@ -491,7 +535,20 @@ MERGE_MISTAKES = [
         "store with mask=c < d_head (and load with it too): the mask is "
         "needed for memory safety, not only for the numbers",
         _raises,
-        raises=_past_the_end("store"),
+        raises=_past_the_end("store", masked=False),
+    ),
+    # issue 31, student report 10: a store with the mask c < d_head but a
+    # row stride of BLOCK_D was named as a missing mask
+    Mistake(
+        "store_row_stride",
+        "a masked store still ran past the end of OUT (or LSE): the mask "
+        "held some columns back, so the addresses are wrong, not the mask. "
+        "Row r of OUT starts at r * d_head, and a row stride of BLOCK_D (the "
+        "padded width) or another number puts the last rows past the end",
+        "address OUT + r * d_head + c (OUT is contiguous, d_head columns per "
+        "row) with mask=c < d_head, and LSE + r",
+        _raises,
+        raises=_past_the_end("store", masked=True),
     ),
     Mistake(
         "store_into_other_row",
@@ -581,6 +638,17 @@ MERGE_MISTAKES = [
         "merge_splits gives",
         _unseen_row_nan,
     ),
+    # issue 31, student report 10: the division guarded, the shift not
+    Mistake(
+        "unseen_row_nan",
+        "a row that no run saw has log-sum-exp NaN (its output 0 is right): "
+        "its largest log-sum-exp m is -inf, so every lse_s - m is "
+        "-inf - (-inf) = NaN, the total is NaN, and m + log(total) is NaN",
+        "shift by 0 where m is -inf (tl.where(m == float('-inf'), 0.0, m)): "
+        "every weight is then exp(-inf) = 0, the total 0 and the "
+        "log-sum-exp 0 + log(0) = -inf, as merge_splits gives",
+        _unseen_row_lse_nan,
+    ),
     Mistake(
         "unseen_row_zero_total",
         "a row that no run saw has output NaN while its log-sum-exp, -inf, "
@@ -633,6 +701,24 @@ MERGE_MISTAKES = [
         "tl.log2",
         _exp2,
     ),
+    Mistake(
+        "exp2_on_natural",
+        "the weights are 2^(lse_s - m) (tl.exp2) of natural log-sum-exps "
+        "(the log-sum-exp stored with a natural log)",
+        "LSE_PART holds natural logarithms: weigh the runs with tl.exp, as "
+        "the log-sum-exp's tl.log assumes (or multiply by log2(e) = 1.4427 "
+        "before tl.exp2)",
+        _exp2_natural_log,
+    ),
+    Mistake(
+        "o_part_layout",
+        "O_PART was read as (n_rows, n_splits, d_head): run s of row r at "
+        "(r * n_splits + s) * d_head, so each row mixes other rows' outputs",
+        "O_PART is (n_splits, n_rows, d_head), contiguous: run s of row r "
+        "starts at (s * n_rows + r) * d_head, as LSE_PART's entry is at "
+        "s * n_rows + r",
+        _o_part_transposed,
+    ),
 ]
 
 
@@ -652,6 +738,12 @@ def _check_setup(kernel) -> None:
     drivers"). Read from the kernel's type and the loaded Triton, without
     importing Triton here (issue 31, student report 0910).
     """
+    if type(kernel).__name__ not in ("InterpretedFunction", "JITFunction"):
+        # not a kernel as @triton.jit returns it but an object that launches
+        # one (kernel[grid](...)): its kernel's mode cannot be read from it,
+        # so it is judged by what its launches do (issue 31, student report
+        # 10: such a wrapper was told that Triton had compiled it)
+        return
     interpreted = type(kernel).__name__ == "InterpretedFunction"
     language = sys.modules.get("triton.language")
     zeros = getattr(language, "zeros", None)

@@ -7,7 +7,14 @@ import numpy as np
 
 from ..cost import benchmark_flops
 from ..flash import key_tiles
-from ._framework import Case, ExerciseError, Mistake, run_checks, same
+from ._framework import (
+    Case,
+    ExerciseError,
+    Mistake,
+    difference,
+    run_checks,
+    same,
+)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -274,6 +281,32 @@ BLOCK_COUNT_MISTAKES = [
             lambda a0, qb, n_q, n_k, bq, bk: min(_cdiv(a0 + bq, bk), n_k // bk)
         ),
     ),
+    # issue 31, student report 10 (session 11): the rounding up written as
+    # floor + 1, one block too many wherever the keys to cover end a block
+    Mistake(
+        "floor_plus_one",
+        "the keys to cover were rounded up as floor(keys / block_k) + 1: one "
+        "key block too many wherever the keys to cover fill a whole number of "
+        "blocks",
+        "floor + 1 rounds up only when keys / block_k is not a whole number; "
+        "round up with -(-keys // block_k) (or math.ceil), keys = "
+        "min(a0 + block_q, n_k)",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq, n_k) // bk + 1
+        ),
+    ),
+    # the query blocks counted as n_q // block_q: one entry short when the
+    # last query block is ragged
+    Mistake(
+        "query_blocks_floor",
+        "the list has one entry too few: the query blocks were counted as "
+        "n_q // block_q, which drops a ragged last query block",
+        "there are cdiv(n_q, block_q) = -(-n_q // block_q) query blocks, the "
+        "last one possibly shorter than block_q: give it a count too",
+        lambda n_q, n_k, bq, bk: key_blocks_visited(n_q, n_k, bq, bk)[
+            : n_q // bq
+        ],
+    ),
     Mistake(
         "first_row_plus_width",
         "the count is the first row's key block plus block_q / block_k "
@@ -359,6 +392,20 @@ def _as_counts(out):
     return out
 
 
+def _describe_counts(got, expected, case=None) -> str:
+    """The difference, with both lists of counts (short on every case), so
+    that the reader sees which query block is off (issue 31, student report
+    10)."""
+    base = difference(got, expected, case)
+    got_a, expected_a = np.asarray(got), np.asarray(expected)
+    if got_a.ndim == 1 and expected_a.ndim == 1:
+        return (
+            f"{base}; your counts {got_a.tolist()}, the kernel's "
+            f"{expected_a.tolist()}"
+        )
+    return base
+
+
 def check_key_blocks(fn) -> None:
     """Check ``fn(n_q, n_k, block_q, block_k)``: the number of key blocks each
     causal query block visits.
@@ -373,6 +420,7 @@ def check_key_blocks(fn) -> None:
         key_blocks_visited,
         BLOCK_COUNT_MISTAKES,
         postprocess=_as_counts,
+        describe=_describe_counts,
     )
 
 
@@ -606,20 +654,49 @@ MODE_MISTAKES = [
 ]
 
 
+# issue 31, student report 10 (session 11): a lookup of mode.lower()
+# accepted 'FWD', a mode the exercise asks to refuse
+MODE_MISTAKES.append(
+    Mistake(
+        "mode_case_folded",
+        "a mode spelled in capitals, 'FWD', returns a count: the function "
+        "folds the case (mode.lower()) or otherwise accepts a spelling other "
+        "than the three modes",
+        "accept exactly 'fwd', 'bwd' and 'fwd_bwd', as the benchmark does, "
+        "and raise an error for any other string: look mode itself up, "
+        "without .lower() or .strip()",
+        lambda batch, heads, n, d, causal=False, mode="fwd": benchmark_flops(
+            batch, heads, n, d, causal, mode.lower()
+        ),
+    )
+)
+
+
 def _check_unknown_mode(fn) -> None:
     """Reject a count for a mode that is none of the three."""
     __tracebackhide__ = True
-    name = "forward + backward spelled 'fwd+bwd' (an unknown mode)"
-    try:
-        got = fn(2, 8, 1024, 64, causal=False, mode="fwd+bwd")
-    except Exception:
-        return
-    raise ExerciseError(
-        "attention FLOPs",
-        name,
-        f"your function returned {got!r} instead of raising an error",
-        mistake=MODE_MISTAKES[0],
-    )
+    for mode, name, mistake in (
+        (
+            "fwd+bwd",
+            "forward + backward spelled 'fwd+bwd' (an unknown mode)",
+            MODE_MISTAKES[0],
+        ),
+        (
+            "FWD",
+            "the forward spelled 'FWD' (an unknown mode)",
+            MODE_MISTAKES[1],
+        ),
+    ):
+        try:
+            got = fn(2, 8, 1024, 64, causal=False, mode=mode)
+        except Exception:
+            continue
+        raise ExerciseError(
+            "attention FLOPs",
+            name,
+            f"your function returned {got!r} instead of raising an error",
+            mistake=mistake,
+        )
 
 
 def check_benchmark_flops(fn) -> None:
