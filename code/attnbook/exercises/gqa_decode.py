@@ -98,6 +98,36 @@ def _per_head(
     return out
 
 
+def _fill_between(q, k, v, lengths, which):
+    """A finite fill that some rows' written scores lie above and others
+    below: the fill halfway between the ``which``-th and the next of the
+    distinct best written scores below -1e4 (highest first), so that the
+    rows whose best score lies below it give the stale slots the weights.
+    Where there are not that many such scores, the fill is below them all
+    and the step is right."""
+    q, k = (np.asarray(a, dtype=np.float64) for a in (q, k))
+    b_size, n_heads, d_k = q.shape
+    g = n_heads // k.shape[1]
+    best = []
+    for b in range(b_size):
+        written = int(lengths[b])
+        if written == k.shape[2]:
+            continue
+        for j in range(n_heads):
+            best.append(
+                (k[b, j // g, :written] @ q[b, j]).max() / np.sqrt(d_k)
+            )
+    # distinct to a relative 1e-6, highest first
+    low = sorted((s for s in best if s < -1e4), reverse=True)
+    levels = [
+        s for i, s in enumerate(low) if i == 0 or s < low[i - 1] * (1 + 1e-6)
+    ]
+    if len(levels) < which + 2:
+        return _reference(q, k, v, lengths)
+    fill = (levels[which] + levels[which + 1]) / 2
+    return _per_head(q, k, v, lengths, fill=fill)
+
+
 def _grouped(q, k, v, lengths):
     """(B, H_kv, g, n) scores of the grouped layout, stale slots at -inf."""
     q, k = (np.asarray(a, dtype=np.float64) for a in (q, k))
@@ -252,6 +282,24 @@ DECODE_MISTAKES = [
         "can fall below, or slice the written slots out; a finite fill only "
         "works while every score stays above it",
         lambda q, k, v, lengths: _per_head(q, k, v, lengths, fill=-1e4),
+    ),
+    # the same mistake with a fill among the written scores (-3.1e4, say):
+    # some rows of a group right, the others on the stale slots
+    *(
+        Mistake(
+            "finite_mask",
+            "the stale slots' scores are set to a finite number instead of "
+            "-inf, one that some written scores lie below: in the rows "
+            "whose written scores all lie below it, the stale slots take the "
+            "weights",
+            "mask with -inf (np.where(written, scores, -np.inf)), which no "
+            "score can fall below, or slice the written slots out; a finite "
+            "fill only works while every score stays above it",
+            lambda q, k, v, lengths, which=which: _fill_between(
+                q, k, v, lengths, which
+            ),
+        )
+        for which in (0, 1)
     ),
     Mistake(
         "softmax_over_group",
