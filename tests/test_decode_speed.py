@@ -8,6 +8,7 @@ import torch
 
 from attnbook import kv_cache_bytes
 from attnbook.experiments.decode_speed import (
+    broadcast_gqa,
     bytes_allocated,
     compare_decode,
     measure_decode,
@@ -153,3 +154,19 @@ def test_every_run_decodes_from_the_same_prefilled_state():
             logits = model(ids[-1], cache, start_pos=5 + t)[:, -1]
     expected = model.generate(prompt, max_new_tokens=4, temperature=0)[:, 5:]
     assert torch.equal(torch.cat(ids, dim=1), expected)
+
+
+def test_broadcast_gqa_is_grouped_query_attention_and_copies():
+    from attnbook.gqa import grouped_query_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 3, 16, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 2, 5, 16, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 2, 5, 16, generator=gen, dtype=torch.float64)
+    out = broadcast_gqa(q, k, v)
+    assert (out - grouped_query_attention(q, k, v)).abs().max() < 1e-12
+    # a decoding step: its allocations include the g = 4 copies of the keys
+    q1 = torch.randn(1, 8, 1, 64, generator=gen)
+    k1 = torch.randn(1, 2, 256, 64, generator=gen)
+    _, allocated = bytes_allocated(broadcast_gqa, q1, k1, k1)
+    assert allocated >= 4 * k1.nbytes

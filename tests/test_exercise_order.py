@@ -112,6 +112,10 @@ NEAR_ANSWERS = {
     # merge and output projection in torch: chapter 5 shows it in the
     # exercise's solution (issue 31, student report 0506)
     "check_multihead_attention": ("MultiHeadAttention.forward",),
+    # broadcasting the queries' group axis against the keys is the no-copy
+    # decoding step in numpy but for the lengths' mask: chapter 12 describes
+    # it in words and does not show its code (issue 31, student report 1112)
+    "check_grouped_decode_step": ("broadcast_gqa",),
 }
 
 

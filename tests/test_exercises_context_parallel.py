@@ -151,6 +151,18 @@ def zigzag_list_then_array(n, world_size):
     ]
 
 
+def zigzag_uint8(n, world_size):
+    """Wrong (student reading stud1112): positions kept in uint8 to save
+    memory; they wrap around from 256 tokens on."""
+    chunks = np.array_split(np.arange(n), 2 * world_size)
+    return [
+        np.concatenate([chunks[r], chunks[2 * world_size - 1 - r]]).astype(
+            np.uint8
+        )
+        for r in range(world_size)
+    ]
+
+
 # --- the overlap condition ---------------------------------------------------
 
 
@@ -270,6 +282,13 @@ def overlap_ceil(peak_flops, link_bits, both, h, n_kv, d, b):
     return math.ceil(peak_flops * n_kv * b / (2 * h * bandwidth))
 
 
+def overlap_round(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Wrong (student reading stud1112): Python's round(), to the nearest
+    whole token."""
+    bandwidth = link_bits / 8 / (2 if both else 1)
+    return round(peak_flops * n_kv * b / (2 * h * bandwidth))
+
+
 CATALOGUE = {
     "check_zigzag_positions": {
         "right": [
@@ -288,6 +307,7 @@ CATALOGUE = {
             (zigzag_ceil_chunks, "ceil_chunks"),
             (zigzag_linspace, "float_positions"),
             (zigzag_list_then_array, "empty_not_integer"),
+            (zigzag_uint8, "narrow_integers"),
         ],
     },
     "check_overlap_tokens": {
@@ -311,6 +331,7 @@ CATALOGUE = {
             (overlap_compute_on_kv_heads, "same_heads_both_sides"),
             (overlap_elements, "elements_not_bytes"),
             (overlap_ceil, "rounded_up"),
+            (overlap_round, "rounded_up"),
         ],
     },
 }
@@ -372,6 +393,31 @@ def test_a_duplicated_position_is_described():
         check_zigzag_positions(twice)
     assert "on more than one rank" in str(err.value)
     assert err.value.mistake is None
+
+
+def test_a_position_listed_twice_on_one_rank_is_described_as_such():
+    # student reading stud1112: every rank listing its positions twice was
+    # said to put them "on more than one rank"
+    from attnbook.exercises import ExerciseError
+
+    def doubled(n, world_size):
+        return [
+            np.concatenate([p, p]) for p in zigzag_array_split(n, world_size)
+        ]
+
+    with pytest.raises(ExerciseError) as err:
+        check_zigzag_positions(doubled)
+    assert "on more than one rank" not in str(err.value)
+    assert "rank 0 lists positions [0, 1, 2" in str(err.value)
+    assert err.value.mistake is None
+
+
+def test_a_rounded_answer_is_not_said_to_be_rounded_up_only():
+    from attnbook.exercises import ExerciseError
+
+    with pytest.raises(ExerciseError) as err:
+        check_overlap_tokens(overlap_round)
+    assert "round()" in str(err.value)
 
 
 def test_no_overlap_case_sits_on_a_whole_number():

@@ -8,8 +8,9 @@ mirrored (``P + r``), the ranks numbered from the other end, the plain
 contiguous and striped layouts, the remainder of ``n`` dropped when ``2P`` does
 not divide it (or all of it put in the last chunk), chunks of ``ceil(n / 2P)``
 tokens (the last ones short or empty) instead of :func:`numpy.array_split`'s,
-positions returned as floats (they index), and a rank with no token given an
-empty float array (``np.array([])``). The order of the positions inside a rank
+positions returned as floats (they index), positions in 8-bit integers that
+wrap around from 256 tokens on, and a rank with no token given an empty float
+array (``np.array([])``). The order of the positions inside a rank
 is free: ring attention masks by global positions, not by order.
 
 The overlap condition's mistakes are of units: a link's bits per second read as
@@ -21,7 +22,7 @@ as one direction's (or the direction flag read the wrong way round), the
 same number of heads for the compute and the transfer (the key/value heads
 counted as query heads, or the compute counted on the key/value heads: GQA's
 saving lost either way), elements counted
-instead of bytes, and the threshold rounded up to whole tokens. The answer is
+instead of bytes, and the threshold rounded to whole tokens. The answer is
 compared to a relative 1e-5, so that float32 arithmetic passes; an exact
 :class:`fractions.Fraction` passes too. A nan or inf returned is explained (a
 division by zero), not diagnosed.
@@ -122,6 +123,10 @@ def _empty_float(n, world_size):
     ]
 
 
+def _narrow_integers(n, world_size):
+    return [p.astype(np.uint8) for p in _reference_zigzag(n, world_size)]
+
+
 def _parts(value):
     """The reader's ranks as a list of numpy arrays, or None when ``value`` is
     not a list, tuple or 2-D array of them. An empty list or tuple is an
@@ -186,17 +191,44 @@ def _describe_positions(got, expected, case) -> str:
                 f"rank {r}'s positions are {g.dtype}, not integers: they "
                 "index the sequence"
             )
-    every = np.concatenate(parts).astype(np.int64)
     n = case.args[0]
+    for r, g in enumerate(parts):
+        if n > 0 and n - 1 > np.iinfo(g.dtype).max:
+            return (
+                f"rank {r}'s positions are {g.dtype}, which holds at most "
+                f"{np.iinfo(g.dtype).max}: positions up to {n - 1} wrap around"
+            )
+    every = np.concatenate(parts).astype(np.int64)
     counts = np.bincount(every[(every >= 0) & (every < n)], minlength=n)
+    # on how many ranks each position is (a rank that lists one twice counts
+    # once here)
+    ranks_holding = sum(
+        np.bincount(
+            np.unique(g[(g >= 0) & (g < n)]).astype(np.int64), minlength=n
+        )
+        for g in parts
+    )
     notes = []
     missing = np.flatnonzero(counts == 0)
-    twice = np.flatnonzero(counts > 1)
+    across = np.flatnonzero(ranks_holding > 1)
+    within = [
+        (
+            r,
+            np.flatnonzero(
+                np.bincount(g[(g >= 0) & (g < n)], minlength=n) > 1
+            ),
+        )
+        for r, g in enumerate(p.astype(np.int64) for p in parts)
+    ]
+    within = [(r, w) for r, w in within if len(w)]
     outside = every[(every < 0) | (every >= n)]
     if len(missing):
         notes.append(f"positions {_brief(missing)} are on no rank")
-    if len(twice):
-        notes.append(f"positions {_brief(twice)} are on more than one rank")
+    if len(across):
+        notes.append(f"positions {_brief(across)} are on more than one rank")
+    if within:
+        r, w = within[0]
+        notes.append(f"rank {r} lists positions {_brief(w)} twice")
     if len(outside):
         notes.append(f"positions {_brief(outside)} are outside range({n})")
     for r, (g, e) in enumerate(zip(parts, want)):
@@ -286,13 +318,22 @@ ZIGZAG_MISTAKES = [
         "dtype=np.int64)",
         _empty_float,
     ),
+    Mistake(
+        "narrow_integers",
+        "the positions are 8-bit integers (uint8), which hold at most 255: "
+        "from 256 tokens on the positions wrap around (the chapter's "
+        "sequence has 4096)",
+        "keep np.arange's int64 (or torch.arange's), or cast with "
+        ".astype(np.int64)",
+        _narrow_integers,
+    ),
 ]
 
 
 def zigzag_cases() -> list[Case]:
     return [
         Case("16 tokens on 2 ranks (chunks of 4)", (16, 2)),
-        Case("24 tokens on 4 ranks (chunks of 3)", (24, 4)),
+        Case("4096 tokens on 8 ranks (chunks of 256)", (4096, 8)),
         Case("10 tokens on 3 ranks (chunks of 2, 2, 2, 2, 1, 1)", (10, 3)),
         Case("13 tokens on 2 ranks (chunks of 4, 3, 3, 3)", (13, 2)),
         Case("22 tokens on 3 ranks (chunks of 4, 4, 4, 4, 3, 3)", (22, 3)),
@@ -495,8 +536,9 @@ OVERLAP_MISTAKES = [
     ),
     Mistake(
         "rounded_up",
-        "the threshold is rounded up to whole tokens: the exercise asks for "
-        "the threshold itself",
+        "the threshold is rounded to whole tokens (up, as math.ceil does, "
+        "or to the nearest, as round() does, which gives the same number "
+        "here): the exercise asks for the threshold itself",
         "return the float m at which compute and transfer take equally long, "
         "unrounded (the package's cost.overlap_tokens rounds up because it "
         "counts whole tokens)",

@@ -2,13 +2,13 @@
 
 The reader writes ``grouped_decode_step(q, k_cache, v_cache, lengths)``: one
 decoding step of grouped-query attention over a batch of sequences whose
-caches are filled to different lengths. ``q`` is ``(B, H, d_k)`` (the new
-token's query in each of the H query heads), ``k_cache`` ``(B, H_kv, n, d_k)``
-and ``v_cache`` ``(B, H_kv, n, d_v)`` hold ``n`` slots per sequence, of which
+caches are filled to different lengths. ``q`` is ``(B, h, d_k)`` (the new
+token's query in each of the h query heads), ``k_cache`` ``(B, h_kv, n, d_k)``
+and ``v_cache`` ``(B, h_kv, n, d_v)`` hold ``n`` slots per sequence, of which
 sequence ``b`` has written the first ``lengths[b]`` (the new token's own key
 and value included, in slot ``lengths[b] - 1``); the slots after them hold
 stale numbers left by earlier sequences. Query head ``j`` reads key/value head
-``j // g``, ``g = H // H_kv``. The result is ``(B, H, d_v)``.
+``j // g``, ``g = h // h_kv``. The result is ``(B, h, d_v)``.
 
 Besides the values, the checker measures the memory of one large case, twice
 (numpy's arrays through :mod:`tracemalloc`; torch's allocations through its
@@ -98,8 +98,38 @@ def _per_head(
     return out
 
 
+def _fill_between(q, k, v, lengths, which):
+    """A finite fill that some rows' written scores lie above and others
+    below: the fill halfway between the ``which``-th and the next of the
+    distinct best written scores below -1e4 (highest first), so that the
+    rows whose best score lies below it give the stale slots the weights.
+    Where there are not that many such scores, the fill is below them all
+    and the step is right."""
+    q, k = (np.asarray(a, dtype=np.float64) for a in (q, k))
+    b_size, n_heads, d_k = q.shape
+    g = n_heads // k.shape[1]
+    best = []
+    for b in range(b_size):
+        written = int(lengths[b])
+        if written == k.shape[2]:
+            continue
+        for j in range(n_heads):
+            best.append(
+                (k[b, j // g, :written] @ q[b, j]).max() / np.sqrt(d_k)
+            )
+    # distinct to a relative 1e-6, highest first
+    low = sorted((s for s in best if s < -1e4), reverse=True)
+    levels = [
+        s for i, s in enumerate(low) if i == 0 or s < low[i - 1] * (1 + 1e-6)
+    ]
+    if len(levels) < which + 2:
+        return _reference(q, k, v, lengths)
+    fill = (levels[which] + levels[which + 1]) / 2
+    return _per_head(q, k, v, lengths, fill=fill)
+
+
 def _grouped(q, k, v, lengths):
-    """(B, H_kv, g, n) scores of the grouped layout, stale slots at -inf."""
+    """(B, h_kv, g, n) scores of the grouped layout, stale slots at -inf."""
     q, k = (np.asarray(a, dtype=np.float64) for a in (q, k))
     b_size, n_heads, d_k = q.shape
     n_kv, n = k.shape[1], k.shape[2]
@@ -138,14 +168,14 @@ def _softmax_over_group_masked(q, k, v, lengths):
 
 
 def _split_g_first(q, k, v, lengths):
-    """q split as (B, g, H_kv, d_k) and transposed to (B, H_kv, g, d_k), the
-    result (B, H_kv, g, d_v) flattened straight: query head j = m*H_kv + i
-    reads key/value head i = j % H_kv, and its output lands at i*g + m."""
+    """q split as (B, g, h_kv, d_k) and transposed to (B, h_kv, g, d_k), the
+    result (B, h_kv, g, d_v) flattened straight: query head j = m*h_kv + i
+    reads key/value head i = j % h_kv, and its output lands at i*g + m."""
     b_size, n_heads, d_k = q.shape
     n_kv = k.shape[1]
     g = n_heads // n_kv
     tiled = _per_head(q, k, v, lengths, kv_of=lambda j, g, n_kv: j % n_kv)
-    # the output of query head m*H_kv + i, put at i*g + m
+    # the output of query head m*h_kv + i, put at i*g + m
     return (
         tiled.reshape(b_size, g, n_kv, -1)
         .transpose(0, 2, 1, 3)
@@ -156,13 +186,13 @@ def _split_g_first(q, k, v, lengths):
 def _output_heads_transposed(q, k, v, lengths):
     weights = _softmax(_grouped(q, k, v, lengths))
     out = np.einsum("bign,bine->bige", weights, np.asarray(v, np.float64))
-    # (B, g, H_kv, d_v): the heads put back group member first
+    # (B, g, h_kv, d_v): the heads put back group member first
     return out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)
 
 
 ORDER_HINT = (
-    "query head j = i*g + m is member m of group i: reshape q (B, H, d_k) to "
-    "(B, H_kv, g, d_k), in that order, so that the g rows of group i meet "
+    "query head j = i*g + m is member m of group i: reshape q (B, h, d_k) to "
+    "(B, h_kv, g, d_k), in that order, so that the g rows of group i meet "
     "key/value head i"
 )
 SLOTS_HINT = (
@@ -180,7 +210,7 @@ DECODE_MISTAKES = [
     Mistake(
         "wrong_order",
         "the heads are grouped in the wrong order: query head j reads "
-        "key/value head j % H_kv (q reshaped as (B, g, H_kv, d_k)) instead of "
+        "key/value head j % h_kv (q reshaped as (B, g, h_kv, d_k)) instead of "
         "j // g",
         ORDER_HINT,
         lambda q, k, v, lengths: _per_head(
@@ -190,9 +220,9 @@ DECODE_MISTAKES = [
     Mistake(
         "wrong_order_in_and_out",
         "the heads are grouped in the wrong order on the way in and again on "
-        "the way out: q was split as (B, g, H_kv, d_k) and transposed to "
-        "(B, H_kv, g, d_k), so query head j reads key/value head j % H_kv, "
-        "and the (B, H_kv, g, d_v) result was flattened straight, so each "
+        "the way out: q was split as (B, g, h_kv, d_k) and transposed to "
+        "(B, h_kv, g, d_k), so query head j reads key/value head j % h_kv, "
+        "and the (B, h_kv, g, d_v) result was flattened straight, so each "
         "output lands in another head's place",
         ORDER_HINT,
         _split_g_first,
@@ -200,10 +230,10 @@ DECODE_MISTAKES = [
     Mistake(
         "output_heads_transposed",
         "each query head meets the right key/value head, but the outputs are "
-        "put back in the wrong order: the (B, H_kv, g, d_v) result was "
-        "transposed to (B, g, H_kv, d_v) before the final reshape",
-        "the grouped result (B, H_kv, g, d_v) is already in the order of the "
-        "query heads (j = i*g + m): reshape it to (B, H, d_v) directly",
+        "put back in the wrong order: the (B, h_kv, g, d_v) result was "
+        "transposed to (B, g, h_kv, d_v) before the final reshape",
+        "the grouped result (B, h_kv, g, d_v) is already in the order of the "
+        "query heads (j = i*g + m): reshape it to (B, h, d_v) directly",
         _output_heads_transposed,
     ),
     Mistake(
@@ -253,9 +283,27 @@ DECODE_MISTAKES = [
         "works while every score stays above it",
         lambda q, k, v, lengths: _per_head(q, k, v, lengths, fill=-1e4),
     ),
+    # the same mistake with a fill among the written scores (-3.1e4, say):
+    # some rows of a group right, the others on the stale slots
+    *(
+        Mistake(
+            "finite_mask",
+            "the stale slots' scores are set to a finite number instead of "
+            "-inf, one that some written scores lie below: in the rows "
+            "whose written scores all lie below it, the stale slots take the "
+            "weights",
+            "mask with -inf (np.where(written, scores, -np.inf)), which no "
+            "score can fall below, or slice the written slots out; a finite "
+            "fill only works while every score stays above it",
+            lambda q, k, v, lengths, which=which: _fill_between(
+                q, k, v, lengths, which
+            ),
+        )
+        for which in (0, 1)
+    ),
     Mistake(
         "softmax_over_group",
-        "the softmax runs over the group axis of the (B, H_kv, g, n) scores "
+        "the softmax runs over the group axis of the (B, h_kv, g, n) scores "
         "instead of over the slots",
         "each query head's weights are a distribution over the slots: "
         "softmax along the last axis (the n slots)",
@@ -263,7 +311,7 @@ DECODE_MISTAKES = [
     ),
     Mistake(
         "softmax_over_group",
-        "the softmax runs over the group axis of the (B, H_kv, g, n) scores "
+        "the softmax runs over the group axis of the (B, h_kv, g, n) scores "
         "instead of over the slots; with the stale slots masked to -inf "
         "first, a stale slot is -inf for the whole group, so its weights are "
         "0 / 0 = NaN, and every output of a sequence with a stale slot is NaN",
@@ -345,9 +393,9 @@ REPEATED_KV = Mistake(
     "at once or one group or head at a time: the step allocated about as "
     "much as g copies of the cache, which is what grouped-query attention "
     "exists to avoid",
-    "reshape the queries instead: q (B, H, d_k) -> (B, H_kv, g, d_k) is a "
-    "view, and (B, H_kv, g, d_k) against k_cache (B, H_kv, n, d_k) gives "
-    "the scores (B, H_kv, g, n) with each cached head read as it is",
+    "reshape the queries instead: q (B, h, d_k) -> (B, h_kv, g, d_k) is a "
+    "view, and (B, h_kv, g, d_k) against k_cache (B, h_kv, n, d_k) gives "
+    "the scores (B, h_kv, g, n) with each cached head read as it is",
     lambda q, k, v, lengths: _reference(q, k, v, lengths),
 )
 # the mistakes the memory check names
@@ -355,7 +403,7 @@ MEMORY_MISTAKES = [REPEATED_KV]
 
 
 def _cache(rng, b_size, n_kv, n, d, lengths, stale_scale=3.0):
-    """(B, H_kv, n, d) with standard normal written slots and stale slots of
+    """(B, h_kv, n, d) with standard normal written slots and stale slots of
     another distribution (mean 4, spread ``stale_scale``)."""
     x = rng.normal(size=(b_size, n_kv, n, d))
     for b, written in enumerate(lengths):
@@ -540,8 +588,8 @@ def _close(got, expected) -> bool:
 
 def check_grouped_decode_step(fn) -> None:
     """Check ``fn(q, k_cache, v_cache, lengths)`` computes one grouped-query
-    decoding step: q (B, H, d_k), k_cache (B, H_kv, n, d_k), v_cache (B,
-    H_kv, n, d_v), lengths (B,) -> (B, H, d_v), query head j reading
+    decoding step: q (B, h, d_k), k_cache (B, h_kv, n, d_k), v_cache (B,
+    h_kv, n, d_v), lengths (B,) -> (B, h, d_v), query head j reading
     key/value head j // g over the written slots 0 .. lengths[b] - 1 of its
     sequence; and that it never copies the cache per query head (its peak
     memory on a large case, and all it allocates there, line by line)."""
@@ -566,7 +614,7 @@ def check_grouped_decode_step(fn) -> None:
     )
 
 
-# the memory case: B, H, H_kv, n, d
+# the memory case: B, h, h_kv, n, d
 MEMORY_SHAPE = (2, 16, 2, 2048, 64)
 
 
@@ -575,7 +623,7 @@ MEMORY_SHAPE = (2, 16, 2, 2048, 64)
 # not reach: g copies made one group at a time add up to the whole copy (about
 # twice the keys repeated when the values are copied too, 0.9 of it for the
 # values of the written slots alone), while the right answers allocate the
-# scores, a few times B * H * n numbers, and at most a copy or two of the
+# scores, a few times B * h * n numbers, and at most a copy or two of the
 # cache itself (a float64 copy of keys and values: a quarter of the limit's
 # base with g = 8)
 PEAK_SHARE = 0.5

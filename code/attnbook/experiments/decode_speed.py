@@ -4,7 +4,10 @@ attention call allocates.
 Chapter 12 (grouped-query attention) measures, on the CPU of whoever runs it,
 the decoding speed and cache memory of tiny GPTs with 4, 2 and 1 key/value
 heads (:func:`compare_decode`), and the memory that repeating keys and values
-costs inside one attention call (:func:`bytes_allocated`).
+costs inside one attention call (:func:`bytes_allocated`), among others for
+:func:`broadcast_gqa`, which looks as if it avoided the copy. The chapter
+describes ``broadcast_gqa`` in words and does not show its code, which is
+close to the answer of its hard exercise.
 """
 
 from __future__ import annotations
@@ -199,6 +202,22 @@ def bytes_allocated(fn, *args, **kwargs):
     # allocations appear as positive self memory of the op that allocates;
     # frees as negative
     return result, sum(max(0, e.self_cpu_memory_usage) for e in prof.events())
+
+
+def broadcast_gqa(q, k, v):
+    """Grouped-query attention by broadcasting a group axis: the queries ``q``
+    ``(b, h, n_q, d)`` viewed as ``(b, h_kv, g, n_q, d)``, the keys and values
+    ``(b, h_kv, n_k, d)`` as ``(b, h_kv, 1, n_k, d)``, and ``matmul``
+    broadcasting the axis of length 1. No mask. torch's ``matmul`` folds the
+    broadcast batch axes into one before calling its batched kernel, which
+    materialises the ``g`` copies of the keys and values."""
+    b, h, n_q, d = q.shape
+    n_kv_heads = k.shape[1]
+    qg = q.view(b, n_kv_heads, h // n_kv_heads, n_q, d)
+    weights = torch.softmax(
+        qg @ k[:, :, None].transpose(-2, -1) / d**0.5, dim=-1
+    )
+    return (weights @ v[:, :, None]).reshape(b, h, n_q, -1)
 
 
 @contextlib.contextmanager
