@@ -2021,7 +2021,7 @@ def test_a_chunk_size_written_into_the_code_is_named(capsys):
         with pytest.raises(ExerciseError) as err:
             check_chunked_causal_linear_attention(wrong)
         assert err.value.mistake == "chunk_size_fixed", str(err.value)
-        assert "n = chunk_size = 2048" in str(err.value)
+        assert "chunk_size = 512 and 2048 (memory)" in str(err.value)
     assert "Correct" not in capsys.readouterr().out
 
 
@@ -2037,15 +2037,6 @@ def test_checks_of_every_element_do_not_hide_or_condemn_an_answer(capsys):
     assert "Correct" in capsys.readouterr().out
 
 
-def test_every_right_answer_holds_its_one_chunk():
-    """The right answers of the catalogue, asked for one chunk of n, hold
-    at least half of that chunk's weights or states."""
-    from attnbook.exercises.perspectives import _check_chunk_size_used
-
-    for right in CHUNKED_RIGHT:
-        _check_chunk_size_used(right)
-
-
 CHUNKED_WRONG += [
     (chunked_positions_with_input_check, "chunk_size_ignored"),
     (chunked_fixed_64, "chunk_size_fixed"),
@@ -2054,4 +2045,62 @@ CHUNKED_WRONG += [
 CHUNKED_RIGHT += [
     chunked_loop_with_input_check,
     chunked_parallel_with_input_check,
+]
+
+
+# --- from the expert reading of chapter 17 (ps17n, session 11) --------------
+
+
+def _chunked_capped(cap):
+    def capped(phi_q, phi_k, v, chunk_size):
+        """Wrong: a cap on the chunk size (accepted by the checker of
+        session 11's first fix, which probed one chunk of n only)."""
+        return chunked_loop(phi_q, phi_k, v, min(chunk_size, cap))
+
+    capped.__name__ = f"chunked_capped_{cap}"
+    return capped
+
+
+def _chunked_floored(floor, form):
+    def floored(phi_q, phi_k, v, chunk_size):
+        """Wrong: a floor on the chunk size (never probed before)."""
+        return form(phi_q, phi_k, v, max(chunk_size, floor))
+
+    floored.__name__ = f"chunked_floored_{floor}_{form.__name__}"
+    return floored
+
+
+CHUNKED_SIZE_OF_ITS_OWN = [
+    _chunked_capped(512),
+    _chunked_capped(256),
+    _chunked_floored(16, chunked_loop),
+    _chunked_floored(2, chunked_loop),
+    _chunked_floored(64, chunked_parallel_padded),
+]
+
+
+@pytest.mark.parametrize(
+    "wrong", CHUNKED_SIZE_OF_ITS_OWN, ids=lambda f: f.__name__
+)
+def test_a_cap_or_a_floor_on_the_chunk_size_is_named(wrong):
+    from attnbook.exercises.perspectives import _check_chunk_size_used
+
+    with pytest.raises(ExerciseError) as err:
+        _check_chunk_size_used(wrong)
+    assert err.value.mistake == "chunk_size_fixed", str(err.value)
+
+
+def test_the_chunk_size_probes_pass_every_right_answer():
+    """Both probes, on every right answer of the catalogue (loops, the
+    chunkwise-parallel forms, prefix sums inside a chunk, torch), with and
+    without input checks: counts of lines and bytes, not times."""
+    from attnbook.exercises.perspectives import _check_chunk_size_used
+
+    for right in CHUNKED_RIGHT:
+        _check_chunk_size_used(right)
+
+
+CHUNKED_WRONG += [
+    (_chunked_capped(512), "chunk_size_fixed"),
+    (_chunked_floored(16, chunked_loop), "chunk_size_fixed"),
 ]

@@ -1078,10 +1078,9 @@ CHUNKED_CAUSAL_COST_MISTAKES = [
     Mistake(
         "chunk_size_fixed",
         "the values are right, but your function does not use chunk_size: "
-        "asked for one chunk as long as the sequence, it held far less "
-        "memory than that chunk's C x C weights (or its C states) take, so "
+        "its work or memory did not change with the chunk size asked for, so "
         "it computes with chunks of a size of its own (a chunk size written "
-        "into the code, or a cap on it)",
+        "into the code, or a cap or a floor on it)",
         "take the chunks' length from the chunk_size argument; a chunk_size "
         "of n or more means one chunk of all n positions",
         _causal_chunks,
@@ -1187,10 +1186,11 @@ def check_chunked_causal_linear_attention(fn) -> None:
     written in Python executes one line per element, twice as many at twice
     the width, and is let through (the lines that do not grow with the
     widths, 2 L(16) - L(32), are those counted per position, so a check does
-    not hide a recurrence either). Then, asked for one chunk of all n = 2048
-    positions (chunk_size = n), an answer must hold that chunk's C x C
-    weights or its C states: a peak below half of the smaller is a chunk
-    size of its own (:func:`_check_chunk_size_used`), whatever it was asked.
+    not hide a recurrence either). Then the chunk size must be used
+    (:func:`_check_chunk_size_used`): from chunks of 512 to one of 2048 the
+    peak memory must grow (the weights or states of a chunk), and from
+    chunks of 1 to 2 the lines of Python or the memory must fall; a size
+    written into the code, a cap of at most 512 or a floor are named.
     Last, re-summing the stored states of all
     earlier chunks at every chunk (work (n / C)^2 m d_v) is small at C = 64:
     the time step is taken again at chunk_size = 4 (``CHUNK_SMALL_SIZE``, 128
@@ -1231,8 +1231,8 @@ def check_chunked_causal_linear_attention(fn) -> None:
         f"with chunks of {CHUNK_LENGTH_SIZE} and of {CHUNK_SMALL_SIZE} "
         f"(every chunk against all earlier keys: {(n_large // n_small) ** 2})"
         f"{counted}, with chunks of 64 it did not advance one position "
-        "per step, and asked for one chunk of all 2048 positions it held "
-        "that chunk's weights or states."
+        "per step, and its memory or its steps changed with the chunk size "
+        "asked for (chunks of 512 against 2048, of 1 against 2)."
     )
 
 
@@ -1422,20 +1422,35 @@ def _check_chunked_length(
     )
 
 
-def _check_chunk_size_used(fn, n=2048, m=16, d_v=16) -> None:
+def _check_chunk_size_used(fn) -> None:
     """Reject an answer that computes with chunks of its own size, whatever
-    ``chunk_size`` says: asked for one chunk as long as the sequence
-    (chunk_size = n), a right answer holds that chunk's n x n weights
-    (n^2 float64 numbers, 32 MiB here) or its n states (n m d_v, 4 MiB
-    here, the prefix sums of a chunk); a peak below half the smaller of the
-    two (2 MiB) is a chunk of another size. The values are no guide: they do
-    not depend on the chunk size.
+    ``chunk_size`` says: a size written into the code, a cap on it or a
+    floor. The values are no guide: they do not depend on the chunk size.
+    Two probes, each comparing two chunk sizes:
 
-    Measured here: the right answers of the tests peaked at 8-69 MiB (the
-    prefix sums of a chunk at 8, torch's loops at 32), the book's loop with
-    chunks of 64 written in, whatever it was asked, at 0.4 MiB (its output
-    included).
+    - large chunks (:func:`_chunk_growth_large`): n = 2048, m = d_v = 32,
+      chunks of 512 and then one chunk of 2048. A chunk's C x C weights grow
+      16 times, its C states (prefix sums) 4 times: a peak memory that grows
+      less than 1.5 times is a chunk size of its own of at most 512;
+    - small chunks (:func:`_chunk_growth_small`): n = 1024, m = d_v = 16,
+      chunks of 1 and then of 2. A loop over chunks makes n and then n / 2
+      steps (at least n / 2 more lines of Python), a form vectorised over
+      the chunks holds n and then n / 2 states (n m d_v 4 more bytes): an
+      answer with neither difference (a quarter of each is the limit) has a
+      floor on the chunk size.
+
+    A cap between 512 and 2048 is not seen. Measured here, large probe: the
+    right answers of the tests grew 2.5-16 times, a cap of 512, 256 or a
+    size of 64 written in 1.00 times (a cap of 1024: 3.7, unseen); small
+    probe: the right loops 3,000-15,000 more lines at chunks of 1 (limit
+    256), the vectorised forms 1.5-3.1 MiB more memory (limit 0.25 MiB),
+    floors of 16 and 64 neither.
     """
+    _chunk_growth_large(fn)
+    _chunk_growth_small(fn)
+
+
+def _chunk_growth_large(fn, n=2048, m=32, d_v=32) -> None:
     from ..bench import format_bytes
     from ._framework import ExerciseError
 
@@ -1443,19 +1458,64 @@ def _check_chunk_size_used(fn, n=2048, m=16, d_v=16) -> None:
     rng = _rng(1217)
     phi_q, phi_k = (elu_feature_map(rng.normal(size=(n, m))) for _ in "qk")
     v = rng.normal(size=(n, d_v))
-    _, peak = peak_memory_with_torch(fn, phi_q, phi_k, v, n)
-    least = min(n * n, n * m * d_v) * 8 // 2
-    if peak >= least:
+    small, large = n // 4, n
+    peaks = [
+        peak_memory_with_torch(fn, phi_q, phi_k, v, c)[1]
+        for c in (small, large)
+    ]
+    growth = peaks[1] / max(peaks[0], 1)
+    if growth >= CHUNK_SIZE_GROWTH:
         return
     raise ExerciseError(
         "chunked causal linear attention",
-        f"n = chunk_size = {n}, m = d_v = {m} (memory)",
-        f"asked for one chunk of all {n} positions, your function's peak "
-        f"memory was {format_bytes(peak)}: that chunk's {n} x {n} weights "
-        f"take {format_bytes(n * n * 8)} in float64, its {n} states "
-        f"{format_bytes(n * m * d_v * 8)}",
+        f"n = {n}, m = d_v = {m}, chunk_size = {small} and {large} (memory)",
+        f"asked for chunks of {small} and then for one chunk of all {n} "
+        f"positions, your function's peak memory went from "
+        f"{format_bytes(peaks[0])} to {format_bytes(peaks[1])} "
+        f"({growth:.2f} times): a chunk's C x C weights grow 16 times, its C "
+        "states 4 times",
         mistake=CHUNKED_CAUSAL_COST_MISTAKES[5],
     )
+
+
+def _chunk_growth_small(fn, n=1024, m=16, d_v=16) -> None:
+    from ..bench import format_bytes
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    rng = _rng(1218)
+    phi_q, phi_k = (elu_feature_map(rng.normal(size=(n, m))) for _ in "qk")
+    v = rng.normal(size=(n, d_v))
+
+    def fresh():
+        # an answer that changes its inputs in place does not change those
+        # of the next call
+        return phi_q.copy(), phi_k.copy(), v.copy()
+
+    lines = [python_lines(fn, *fresh(), c)[1] for c in (1, 2)]
+    if lines[0] - lines[1] >= n // 4:
+        return
+    peaks = [peak_memory_with_torch(fn, *fresh(), c)[1] for c in (1, 2)]
+    if peaks[0] - peaks[1] >= n * m * d_v * 8 // 8:
+        return
+    raise ExerciseError(
+        "chunked causal linear attention",
+        f"n = {n}, m = d_v = {m}, chunk_size = 1 and 2 (lines of Python and "
+        "memory)",
+        f"asked for chunks of 1 and then of 2, your function executed "
+        f"{lines[0]} and {lines[1]} lines of Python and peaked at "
+        f"{format_bytes(peaks[0])} and {format_bytes(peaks[1])}: a loop "
+        f"over chunks makes {n} and then {n // 2} steps, a form vectorised "
+        f"over the chunks holds {n} and then {n // 2} states; yours did the "
+        "same work at both sizes, as if its chunks had a least size of their "
+        "own",
+        mistake=CHUNKED_CAUSAL_COST_MISTAKES[5],
+    )
+
+
+# the least growth of the peak memory from chunks of n / 4 to one chunk of n
+# (right answers: 2.5 times or more)
+CHUNK_SIZE_GROWTH = 1.5
 
 
 def _causal_quadratic_chunks(phi_q, phi_k, v, chunk_size):
