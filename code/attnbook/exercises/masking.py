@@ -567,6 +567,22 @@ def _same_codes(got, expected) -> bool:
     return same(a, b)
 
 
+def _describe_codes(got, expected, case=None) -> str:
+    """:func:`difference`, which first says when the codes are not
+    integers."""
+    from ._framework import as_array, difference, dtype_name, same
+
+    a, e = as_array(got), as_array(expected)
+    if a.dtype.kind not in "iu" and a.shape == e.shape:
+        values = (
+            "its values are right"
+            if same(a, e)
+            else "and apart from the dtype: " + difference(a, e, case)
+        )
+        return f"your array is {dtype_name(got)}, not integer; {values}"
+    return difference(got, expected, case)
+
+
 def _float_codes(lengths, block):
     return _block_reference(lengths, block).astype(np.float64)
 
@@ -900,6 +916,7 @@ def _run_block_checks(fn, cases, mistakes) -> None:
         _block_reference,
         mistakes,
         compare=_same_codes,
+        describe=_describe_codes,
         hint=BLOCK_MASK_HINT,
         # its "Correct" line waits for the memory check
         quiet=True,
