@@ -1722,3 +1722,41 @@ CATALOGUE["check_causal_mask"]["wrong"] += [
     (causal_mask_from_fixed_buffer, "fixed_size"),
     (causal_mask_from_1024_buffer, "fixed_size"),
 ]
+
+
+# --- from the student reading of chapter 7 (issue 31, report 07) ------------
+# a mask cut from a 4096-position buffer, the largest the n = 4100 case
+# reaches, got only the generic hint: each power-of-two buffer up to 4096 is
+# named now
+
+_BUFFER_4096 = np.tril(np.ones((4096, 4096), bool))
+
+
+def causal_mask_from_4096_buffer(n):
+    """Wrong: the student's causal mask cut from a 4096-position buffer."""
+    return _BUFFER_4096[:n, :n]
+
+
+def causal_mask_from_256_torch_buffer(n):
+    """Wrong: cut from a 256-position torch buffer, right for n <= 256."""
+    return torch.ones(256, 256, dtype=torch.bool).tril()[:n, :n]
+
+
+@pytest.mark.parametrize(
+    "wrong, size",
+    [
+        (causal_mask_from_4096_buffer, 4096),
+        (causal_mask_from_256_torch_buffer, 256),
+    ],
+)
+def test_every_power_of_two_buffer_causal_mask_is_named(wrong, size):
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(wrong)
+    assert err.value.mistake == "fixed_size"
+    assert f"({size} x {size})" in str(err.value)
+
+
+CATALOGUE["check_causal_mask"]["wrong"] += [
+    (causal_mask_from_4096_buffer, "fixed_size"),
+    (causal_mask_from_256_torch_buffer, "fixed_size"),
+]

@@ -368,6 +368,13 @@ def test_the_book_solution_matches_the_dense_tiles(seed):
     )
 
 
+def codes_equal(got, expected) -> bool:
+    """Equal tile codes, as integers: the exercise asks for an integer array,
+    so float codes differ from the reference (issue 31, report 07)."""
+    got = np.asarray(got)
+    return got.dtype.kind in "iu" and np.array_equal(got, expected)
+
+
 def test_every_case_is_caught_by_some_mistake_and_the_first_by_most():
     """Each Mistake differs from the reference on some case (it can be
     diagnosed); the first case alone catches most of them."""
@@ -380,9 +387,7 @@ def test_every_case_is_caught_by_some_mistake_and_the_first_by_most():
         differs = [
             c.name
             for c in cases
-            if not np.array_equal(
-                np.asarray(_mistake_output(m, c)), dense_tiles(*c.args)
-            )
+            if not codes_equal(_mistake_output(m, c), dense_tiles(*c.args))
             or _mistake_output(m, c) is _FAILED
         ]
         assert differs, m.key
@@ -391,8 +396,8 @@ def test_every_case_is_caught_by_some_mistake_and_the_first_by_most():
         m.key
         for m in BLOCK_MASK_MISTAKES
         if m.raises is None
-        and not np.array_equal(
-            np.asarray(_mistake_output(m, first)), dense_tiles(*first.args)
+        and not codes_equal(
+            _mistake_output(m, first), dense_tiles(*first.args)
         )
     ]
     assert len(caught) >= 8, caught
@@ -1151,3 +1156,59 @@ CATALOGUE["check_packed_block_mask"]["wrong"] += [
     (tiles_full_any_documents, "full_ignores_documents"),
 ]
 CATALOGUE["check_packed_block_mask"]["right"] += [tiles_right_by_bounds]
+
+
+# --- from the student reading of chapter 7 (issue 31, report 07) ------------
+# A padding mask cut from a 4096-key buffer got only the generic hint, and
+# tile codes returned as floats were accepted although the exercise asks for
+# an integer array: both are named now.
+
+_KEYS_4096 = np.arange(4096)
+
+
+def padding_from_4096_buffer(lengths, n):
+    """Wrong: the student's key index of a 4096-position buffer, cut to n."""
+    return (_KEYS_4096[None, :n] < np.asarray(lengths)[:, None])[:, None, :]
+
+
+def tiles_as_floats(lengths, block):
+    """Wrong: the right codes, as float64."""
+    return tiles_right_by_bounds(lengths, block).astype(float)
+
+
+def tiles_as_float_tensor(lengths, block):
+    """Wrong: the right codes in a float32 torch tensor."""
+    return torch.tensor(
+        tiles_right_by_bounds(lengths, block), dtype=torch.float32
+    )
+
+
+def tiles_as_int32_tensor(lengths, block):
+    """Right: the codes in an int32 torch tensor."""
+    return torch.tensor(
+        tiles_right_by_bounds(lengths, block), dtype=torch.int32
+    )
+
+
+def test_a_4096_buffer_padding_mask_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_padding_mask(padding_from_4096_buffer)
+    assert err.value.mistake == "fixed_size"
+    assert "(4096 keys)" in str(err.value)
+
+
+@pytest.mark.parametrize("wrong", [tiles_as_floats, tiles_as_float_tensor])
+def test_float_tile_codes_are_named(wrong):
+    with pytest.raises(ExerciseError) as err:
+        check_packed_block_mask(wrong)
+    assert err.value.mistake == "float_codes"
+
+
+CATALOGUE["check_padding_mask"]["wrong"] += [
+    (padding_from_4096_buffer, "fixed_size"),
+]
+CATALOGUE["check_packed_block_mask"]["wrong"] += [
+    (tiles_as_floats, "float_codes"),
+    (tiles_as_float_tensor, "float_codes"),
+]
+CATALOGUE["check_packed_block_mask"]["right"] += [tiles_as_int32_tensor]

@@ -229,7 +229,12 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     # and merges them one by one with an online softmax, which no function
     # of the package does
     "check_tiled_sparse_attention": (),
-    "check_padding_mask": ("attnbook.padding.key_padding_mask",),
+    # padding_mask is all of it but the query axis (issue 31, student
+    # report 07)
+    "check_padding_mask": (
+        "attnbook.padding.key_padding_mask",
+        "attnbook.padding.padding_mask",
+    ),
     # paged_attention (gathered, numpy and torch) has the exercise's signature
     # up to the query's shape and passes its checker (issue 31, student
     # report 1314)

@@ -1586,6 +1586,20 @@ CAUSAL_MISTAKES.append(
         lambda n: np.tril(np.ones((1024, 1024), bool))[:n, :n],
     )
 )
+# the other power-of-two buffers the n = 4100 case reaches (a larger one
+# escapes any finite list of cases; issue 31, student report 07 met 4096)
+for _size in (16, 32, 64, 128, 256, 512, 2048, 4096):
+    CAUSAL_MISTAKES.append(
+        Mistake(
+            "fixed_size",
+            f"the mask is cut from an array of a fixed size ({_size} x "
+            f"{_size}): right for n <= {_size}, but for a longer sequence it "
+            "keeps the fixed array's shape and misses the later positions",
+            "build the mask from n itself, np.arange(n) for the query and "
+            "the key indices, so that it is (n, n) for every n",
+            lambda n, size=_size: np.tril(np.ones((size, size), bool))[:n, :n],
+        )
+    )
 CAUSAL_MISTAKES.append(
     Mistake(
         "squeezed",

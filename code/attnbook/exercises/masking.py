@@ -189,6 +189,27 @@ PADDING_MISTAKES = [
             n,
         ),
     ),
+    # the other power-of-two buffers the n = 4100 case reaches (issue 31,
+    # student report 07 met 4096)
+    *(
+        Mistake(
+            "fixed_size",
+            f"the mask is cut from an array of a fixed size ({size} keys): "
+            f"right for n <= {size}, but for a longer batch it keeps the "
+            "fixed array's shape and misses the later keys",
+            "build the key index from n itself, np.arange(n), so that the "
+            "mask has n keys for every n",
+            lambda lengths, n, size=size: _broadcast_or_raw(
+                (
+                    np.arange(size)[None, None, :]
+                    < np.asarray(lengths)[:, None, None]
+                )[..., :n],
+                lengths,
+                n,
+            ),
+        )
+        for size in (16, 32, 64, 128, 256, 512, 2048, 4096)
+    ),
     Mistake(
         "left_padding",
         "the padding is assumed at the start of each sequence (left padding)",
@@ -535,7 +556,46 @@ def _raise_index_error(lengths, block):
     raise IndexError("the reader's function indexed one past the end")
 
 
+def _same_codes(got, expected) -> bool:
+    """The tile codes must be integers, as the exercise asks (a float or
+    boolean array is not the answer whatever its values), and equal."""
+    from ._framework import as_array, same
+
+    a, b = as_array(got), as_array(expected)
+    if (a.dtype.kind in "iu") != (b.dtype.kind in "iu"):
+        return False
+    return same(a, b)
+
+
+def _describe_codes(got, expected, case=None) -> str:
+    """:func:`difference`, which first says when the codes are not
+    integers."""
+    from ._framework import as_array, difference, dtype_name, same
+
+    a, e = as_array(got), as_array(expected)
+    if a.dtype.kind not in "iu" and a.shape == e.shape:
+        values = (
+            "its values are right"
+            if same(a, e)
+            else "and apart from the dtype: " + difference(a, e, case)
+        )
+        return f"your array is {dtype_name(got)}, not integer; {values}"
+    return difference(got, expected, case)
+
+
+def _float_codes(lengths, block):
+    return _block_reference(lengths, block).astype(np.float64)
+
+
 BLOCK_MASK_MISTAKES = [
+    Mistake(
+        "float_codes",
+        "the codes 0, 1 and 2 are right but stored as floats: the answer is "
+        "an integer array, which a kernel's scheduler indexes with",
+        "build the codes as integers (np.zeros(..., dtype=np.int64), or "
+        ".astype(np.int64) at the end)",
+        _float_codes,
+    ),
     Mistake(
         "causal_per_block",
         "the causal triangle is forgotten inside the diagonal tiles: a "
@@ -855,6 +915,8 @@ def _run_block_checks(fn, cases, mistakes) -> None:
         cases,
         _block_reference,
         mistakes,
+        compare=_same_codes,
+        describe=_describe_codes,
         hint=BLOCK_MASK_HINT,
         # its "Correct" line waits for the memory check
         quiet=True,
@@ -864,7 +926,7 @@ def _run_block_checks(fn, cases, mistakes) -> None:
 def _wrong_without_ragged(fn, cases) -> bool:
     """Whether ``fn`` is wrong (or fails) on a case whose row fills whole
     blocks."""
-    from ._framework import as_array, fresh, same
+    from ._framework import fresh
 
     for case in cases:
         lengths, block = case.args
@@ -874,7 +936,7 @@ def _wrong_without_ragged(fn, cases) -> bool:
         try:
             with np.errstate(all="ignore"):
                 got = fn(*given.args, **given.kwargs)
-            right = same(as_array(got), _block_reference(*case.args))
+            right = _same_codes(got, _block_reference(*case.args))
         except Exception:
             right = False
         if not right:
@@ -889,9 +951,7 @@ def _check_block_memory(fn) -> int:
     from ..bench import format_bytes
     from ._framework import (
         ExerciseError,
-        as_array,
         peak_memory_with_torch,
-        same,
     )
 
     __tracebackhide__ = True
@@ -917,7 +977,7 @@ def _check_block_memory(fn) -> int:
             "positions and the document (and its start) of a few of them: "
             "arrays of n or of n_blocks x n_blocks entries",
         )
-    if not same(as_array(out), expected):
+    if not _same_codes(out, expected):
         # the long row as a case of its own: the mistakes and the hint of the
         # small cases (no other case to confirm a mistake: the small ones all
         # passed)
