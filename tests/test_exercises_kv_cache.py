@@ -198,6 +198,22 @@ def no_scale(q, k_new, v_new, k_cache, v_cache):
     return out, keys, values
 
 
+def scale_by_width(q, k_new, v_new, k_cache, v_cache):
+    # 1 / d_k for 1 / sqrt(d_k), in a loop over the new queries
+    keys = np.concatenate([k_cache, k_new], axis=-2)
+    values = np.concatenate([v_cache, v_new], axis=-2)
+    n_new, n_k, d_k = q.shape[-2], keys.shape[-2], q.shape[-1]
+    rows = []
+    for i in range(n_new):
+        visible = n_k - n_new + i + 1
+        s = (
+            q[..., i : i + 1, :] @ np.swapaxes(keys[..., :visible, :], -1, -2)
+        ) / d_k
+        w = np.exp(s - s.max(-1, keepdims=True))
+        rows.append((w / w.sum(-1, keepdims=True)) @ values[..., :visible, :])
+    return np.concatenate(rows, axis=-2), keys, values
+
+
 def float_tril_mask(q, k_new, v_new, k_cache, v_cache):
     # the nanoGPT idiom torch.ones(...).tril(): a float mask, which torch's
     # SDPA adds to the scores
@@ -238,6 +254,7 @@ def test_correct_solutions_pass(capsys):
         (tril_diagonal_t_minus_1, "diagonal_hidden"),
         (scale_by_value_width, "scaled_by_d_v"),
         (no_scale, "unscaled"),
+        (scale_by_width, "scaled_by_d_k"),
     ],
 )
 def test_mistakes_are_diagnosed(wrong, key):
@@ -860,6 +877,7 @@ CATALOGUE = {
             (tril_diagonal_t_minus_1, "diagonal_hidden"),
             (scale_by_value_width, "scaled_by_d_v"),
             (no_scale, "unscaled"),
+            (scale_by_width, "scaled_by_d_k"),
         ],
     },
 }
