@@ -128,6 +128,30 @@ def _top_left_causal(q, k_new, v_new, k_cache, v_cache):
     return _attend(q, keys, values, mask), keys, values
 
 
+def _mask_one_too_wide(q, k_new, v_new, k_cache, v_cache):
+    _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
+    p = k_cache.shape[-2]
+    # query i sees 0..p+i+1: the next new token too
+    mask = np.tril(np.ones((q.shape[-2], keys.shape[-2]), dtype=bool), k=p + 1)
+    return _attend(q, keys, values, mask), keys, values
+
+
+def _softmax_over_queries(shift_axis):
+    def commit(q, k_new, v_new, k_cache, v_cache):
+        _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
+        scores = q @ np.swapaxes(keys, -1, -2) / np.sqrt(q.shape[-1])
+        scores = np.where(
+            causal_mask(q.shape[-2], keys.shape[-2]), scores, -np.inf
+        )
+        # normalised down each column (over the queries), not along each
+        # row; shifted by the max along shift_axis
+        weights = np.exp(scores - scores.max(shift_axis, keepdims=True))
+        weights = weights / weights.sum(-2, keepdims=True)
+        return weights @ values, keys, values
+
+    return commit
+
+
 def _no_causal_mask(q, k_new, v_new, k_cache, v_cache):
     _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
     return _attend(q, keys, values, None), keys, values
@@ -255,6 +279,34 @@ MISTAKES = [
         FLOAT_MASK_HINT + "; or pass attn_mask=torch.ones(n_new, p + n_new, "
         "dtype=torch.bool).tril(p)",
         _float_mask_added,
+    ),
+    Mistake(
+        "mask_one_too_wide",
+        "the causal mask is off by one the other way: each new query also "
+        "sees the new token after it (query i sees keys 0..p+i+1)",
+        "new query i sits at position p + i and may see keys 0..p + i: "
+        "causal_mask(n_new, p + n_new), or np.tril(..., k=p), not k=p + 1",
+        _mask_one_too_wide,
+    ),
+    Mistake(
+        "softmax_over_queries",
+        "the softmax normalises each column of the scores (over the queries) "
+        "instead of each row (over the keys): a query's weights do not sum "
+        "to 1",
+        "each query's weights are a distribution over the keys it sees: take "
+        "the max and the sum along the last axis (axis=-1), the keys' axis",
+        _softmax_over_queries(-2),
+    ),
+    Mistake(
+        # the same, with the usual shift by each row's max: only the sum is
+        # taken along the wrong axis
+        "softmax_over_queries",
+        "the softmax normalises each column of the scores (over the queries) "
+        "instead of each row (over the keys): a query's weights do not sum "
+        "to 1",
+        "each query's weights are a distribution over the keys it sees: take "
+        "the sum along the last axis (axis=-1), the keys' axis",
+        _softmax_over_queries(-1),
     ),
     Mistake(
         "prepends",
