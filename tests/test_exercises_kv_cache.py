@@ -198,6 +198,64 @@ def no_scale(q, k_new, v_new, k_cache, v_cache):
     return out, keys, values
 
 
+def scale_by_width(q, k_new, v_new, k_cache, v_cache):
+    # 1 / d_k for 1 / sqrt(d_k), in a loop over the new queries
+    keys = np.concatenate([k_cache, k_new], axis=-2)
+    values = np.concatenate([v_cache, v_new], axis=-2)
+    n_new, n_k, d_k = q.shape[-2], keys.shape[-2], q.shape[-1]
+    rows = []
+    for i in range(n_new):
+        visible = n_k - n_new + i + 1
+        s = (
+            q[..., i : i + 1, :] @ np.swapaxes(keys[..., :visible, :], -1, -2)
+        ) / d_k
+        w = np.exp(s - s.max(-1, keepdims=True))
+        rows.append((w / w.sum(-1, keepdims=True)) @ values[..., :visible, :])
+    return np.concatenate(rows, axis=-2), keys, values
+
+
+def mask_sees_next(q, k_new, v_new, k_cache, v_cache):
+    # the offset p + 1 where p belongs: each query also sees the next token
+    q, k_new, v_new, k_cache, v_cache = (
+        torch.as_tensor(x) for x in (q, k_new, v_new, k_cache, v_cache)
+    )
+    keys = torch.cat([k_cache, k_new], -2)
+    values = torch.cat([v_cache, v_new], -2)
+    mask = torch.ones(q.shape[-2], keys.shape[-2], dtype=torch.bool).tril(
+        diagonal=k_cache.shape[-2] + 1
+    )
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask
+    )
+    return out, keys, values
+
+
+def softmax_wrong_axis(q, k_new, v_new, k_cache, v_cache):
+    # scipy-style softmax with axis=-2 by mistake
+    keys = np.append(k_cache, k_new, axis=-2)
+    values = np.append(v_cache, v_new, axis=-2)
+    n_q, n_k = q.shape[-2], keys.shape[-2]
+    s = np.einsum("...qd,...kd->...qk", q, keys) / np.sqrt(q.shape[-1])
+    s[..., ~np.tri(n_q, n_k, n_k - n_q, dtype=bool)] = -np.inf
+    e = np.exp(s - s.max(axis=-2, keepdims=True))
+    return (e / e.sum(axis=-2, keepdims=True)) @ values, keys, values
+
+
+def softmax_sum_wrong_axis(q, k_new, v_new, k_cache, v_cache):
+    # a loop over batch and heads; the row max is right, the sum is not
+    keys = np.concatenate([k_cache, k_new], axis=-2)
+    values = np.concatenate([v_cache, v_new], axis=-2)
+    n_q, n_k = q.shape[-2], keys.shape[-2]
+    out = np.empty(q.shape[:-1] + (values.shape[-1],))
+    for idx in np.ndindex(q.shape[:-2]):
+        s = q[idx] @ keys[idx].T / np.sqrt(q.shape[-1])
+        for i in range(n_q):
+            s[i, n_k - n_q + i + 1 :] = -np.inf
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        out[idx] = (e / e.sum(axis=0, keepdims=True)) @ values[idx]
+    return out, keys, values
+
+
 def float_tril_mask(q, k_new, v_new, k_cache, v_cache):
     # the nanoGPT idiom torch.ones(...).tril(): a float mask, which torch's
     # SDPA adds to the scores
@@ -238,6 +296,10 @@ def test_correct_solutions_pass(capsys):
         (tril_diagonal_t_minus_1, "diagonal_hidden"),
         (scale_by_value_width, "scaled_by_d_v"),
         (no_scale, "unscaled"),
+        (scale_by_width, "scaled_by_d_k"),
+        (mask_sees_next, "mask_one_too_wide"),
+        (softmax_wrong_axis, "softmax_over_queries"),
+        (softmax_sum_wrong_axis, "softmax_over_queries"),
     ],
 )
 def test_mistakes_are_diagnosed(wrong, key):
@@ -860,6 +922,10 @@ CATALOGUE = {
             (tril_diagonal_t_minus_1, "diagonal_hidden"),
             (scale_by_value_width, "scaled_by_d_v"),
             (no_scale, "unscaled"),
+            (scale_by_width, "scaled_by_d_k"),
+            (mask_sees_next, "mask_one_too_wide"),
+            (softmax_wrong_axis, "softmax_over_queries"),
+            (softmax_sum_wrong_axis, "softmax_over_queries"),
         ],
     },
 }

@@ -81,6 +81,16 @@ def _scaled_by_d_v(q, k_new, v_new, k_cache, v_cache):
     )
 
 
+def _scaled_by_d_k(q, k_new, v_new, k_cache, v_cache):
+    _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
+    mask = causal_mask(q.shape[-2], keys.shape[-2])
+    return (
+        _attend(q, keys, values, mask, scale=1 / q.shape[-1]),
+        keys,
+        values,
+    )
+
+
 def _unscaled(q, k_new, v_new, k_cache, v_cache):
     _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
     return (
@@ -116,6 +126,30 @@ def _top_left_causal(q, k_new, v_new, k_cache, v_cache):
     # query i sees keys 0..i
     mask = np.tril(np.ones((q.shape[-2], keys.shape[-2]), dtype=bool))
     return _attend(q, keys, values, mask), keys, values
+
+
+def _mask_one_too_wide(q, k_new, v_new, k_cache, v_cache):
+    _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
+    p = k_cache.shape[-2]
+    # query i sees 0..p+i+1: the next new token too
+    mask = np.tril(np.ones((q.shape[-2], keys.shape[-2]), dtype=bool), k=p + 1)
+    return _attend(q, keys, values, mask), keys, values
+
+
+def _softmax_over_queries(shift_axis):
+    def commit(q, k_new, v_new, k_cache, v_cache):
+        _, keys, values = _reference(q, k_new, v_new, k_cache, v_cache)
+        scores = q @ np.swapaxes(keys, -1, -2) / np.sqrt(q.shape[-1])
+        scores = np.where(
+            causal_mask(q.shape[-2], keys.shape[-2]), scores, -np.inf
+        )
+        # normalised down each column (over the queries), not along each
+        # row; shifted by the max along shift_axis
+        weights = np.exp(scores - scores.max(shift_axis, keepdims=True))
+        weights = weights / weights.sum(-2, keepdims=True)
+        return weights @ values, keys, values
+
+    return commit
 
 
 def _no_causal_mask(q, k_new, v_new, k_cache, v_cache):
@@ -189,6 +223,14 @@ MISTAKES = [
         _scaled_by_d_v,
     ),
     Mistake(
+        "scaled_by_d_k",
+        "the scores are divided by d_k instead of by its square root",
+        "the dot product of two vectors of d_k unit-variance features has "
+        "variance d_k, so its standard deviation is sqrt(d_k): divide by "
+        "np.sqrt(q.shape[-1])",
+        _scaled_by_d_k,
+    ),
+    Mistake(
         "unscaled",
         "the scores are not divided by sqrt(d_k)",
         "scale the scores q k^T by 1 / sqrt(d_k) before the softmax (the "
@@ -232,12 +274,39 @@ MISTAKES = [
     Mistake(
         "float_mask",
         FLOAT_MASK_DESCRIPTION
-        + ": the later new tokens of a chunk stay visible (with one "
-        "new token every score gets +1, which changes nothing, so only the "
-        "chunk cases show it)",
+        + ": the later new tokens of a chunk stay visible (only the chunk "
+        "cases show it; part (b) of the exercise asks why)",
         FLOAT_MASK_HINT + "; or pass attn_mask=torch.ones(n_new, p + n_new, "
         "dtype=torch.bool).tril(p)",
         _float_mask_added,
+    ),
+    Mistake(
+        "mask_one_too_wide",
+        "the causal mask is off by one the other way: each new query also "
+        "sees the new token after it (query i sees keys 0..p+i+1)",
+        "new query i sits at position p + i and may see keys 0..p + i: "
+        "causal_mask(n_new, p + n_new), or np.tril(..., k=p), not k=p + 1",
+        _mask_one_too_wide,
+    ),
+    Mistake(
+        "softmax_over_queries",
+        "the softmax normalises each column of the scores (over the queries) "
+        "instead of each row (over the keys): a query's weights do not sum "
+        "to 1",
+        "each query's weights are a distribution over the keys it sees: take "
+        "the max and the sum along the last axis (axis=-1), the keys' axis",
+        _softmax_over_queries(-2),
+    ),
+    Mistake(
+        # the same, with the usual shift by each row's max: only the sum is
+        # taken along the wrong axis
+        "softmax_over_queries",
+        "the softmax normalises each column of the scores (over the queries) "
+        "instead of each row (over the keys): a query's weights do not sum "
+        "to 1",
+        "each query's weights are a distribution over the keys it sees: take "
+        "the sum along the last axis (axis=-1), the keys' axis",
+        _softmax_over_queries(-1),
     ),
     Mistake(
         "prepends",
@@ -366,8 +435,8 @@ def check_kv_cache_step(fn) -> None:
 #   max(0, pos - W) .. pos - 1, and a slot never written holds anything (NaN
 #   here, as memory from np.empty may);
 # - returns ``(out, k_ring, v_ring)``: ``out`` (..., n_new, d_v) is
-#   sliding-window attention, the query at position p over the keys at
-#   positions max(0, p - W + 1) .. p (itself and the W - 1 before it), scaled
+#   sliding-window attention, the query at position i over the keys at
+#   positions max(0, i - W + 1) .. i (itself and the W - 1 before it), scaled
 #   by 1/sqrt(d_k); the rings after the step (updated in place or new), slot
 #   j % W holding position j for the last min(pos + n_new, W) positions.
 #
@@ -380,7 +449,7 @@ RING_EXERCISE = "ring-buffer decoding step"
 
 def _window_attend(q, keys, values, q_pos, k_pos, lo, hi, scale=None):
     """Attention of queries at positions ``q_pos`` over keys at ``k_pos``: the
-    query at p sees the keys at p + lo .. p + hi (both ends included; ``hi =
+    query at i sees the keys at i + lo .. i + hi (both ends included; ``hi =
     np.inf``: no upper bound); a query that sees no key gets zeros."""
     visible = (k_pos[None, :] >= q_pos[:, None] + lo) & (
         k_pos[None, :] <= q_pos[:, None] + hi
@@ -584,8 +653,8 @@ RING_MISTAKES = [
         "window_one_too_wide",
         "each query sees W + 1 positions, itself and the W before it: the "
         "window is one too wide (all W held positions plus the new token)",
-        "the query at p may see positions p - W + 1 .. p: itself and the W - "
-        "1 before it, the definition of the window (position p - W is the "
+        "the query at i may see positions i - W + 1 .. i: itself and the W - "
+        "1 before it, the definition of the window (position i - W is the "
         "one the new token evicts)",
         _ring_mistake(lo_offset=-1),
     ),
@@ -593,7 +662,7 @@ RING_MISTAKES = [
         "window_one_too_narrow",
         "each query sees only W - 1 positions, itself and the W - 2 before "
         "it: the window is one too narrow",
-        "the query at p may see positions p - W + 1 .. p, W of them, "
+        "the query at i may see positions i - W + 1 .. i, W of them, "
         "itself included",
         _ring_mistake(lo_offset=1),
     ),
@@ -609,10 +678,10 @@ RING_MISTAKES = [
     Mistake(
         "misses_own_key_sees_w_minus_1",
         "each query attends to the W - 1 positions before it but not to its "
-        "own key: its window p - W + 1 .. p - 1 stops one short of itself "
+        "own key: its window i - W + 1 .. i - 1 stops one short of itself "
         "(with W = 1 it sees nothing at all)",
-        "the query at p sees the keys at p - W + 1 .. p, itself included: "
-        "key_pos <= p, not key_pos < p",
+        "the query at i sees the keys at i - W + 1 .. i, itself included: "
+        "key_pos <= i, not key_pos < i",
         _ring_mistake(hi=-1),
     ),
     Mistake(
@@ -627,17 +696,17 @@ RING_MISTAKES = [
         "no_mask_in_chunk",
         "with several new tokens, each query of the chunk sees every new "
         "token, the later ones too (no causal mask within the chunk)",
-        "mask by position: the query at p sees keys at p - W + 1 .. p only, "
+        "mask by position: the query at i sees keys at i - W + 1 .. i only, "
         "new ones included",
         _ring_mistake(chunk_causal=False),
     ),
     Mistake(
         "no_upper_bound_in_chunk",
         "inside a chunk each query sees the keys from its own window start "
-        "on (key_pos > p - W) with no upper bound: the later new tokens of "
+        "on (key_pos > i - W) with no upper bound: the later new tokens of "
         "the chunk too, so the window's lower bound stands in for both",
-        "the query at p sees the keys at p - W + 1 .. p: bound it on both "
-        "sides, (key_pos > p - W) & (key_pos <= p)",
+        "the query at i sees the keys at i - W + 1 .. i: bound it on both "
+        "sides, (key_pos > i - W) & (key_pos <= i)",
         _ring_mistake(hi=np.inf),
     ),
     Mistake(
@@ -1097,6 +1166,6 @@ def check_ring_decode_step(fn) -> None:
         describe=_ring_problem,
         hint="read the positions the ring holds (slot j % W for j = max(0, "
         "pos - W) .. pos - 1), put the new keys after them, attend with the "
-        "window mask (the query at p sees p - W + 1 .. p), then write the new "
+        "window mask (the query at i sees i - W + 1 .. i), then write the new "
         "positions to their slots",
     )
