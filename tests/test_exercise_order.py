@@ -108,6 +108,10 @@ NEAR_ANSWERS = {
     # merge and output projection in torch: chapter 5 shows it in the
     # exercise's solution (issue 31, student report 0506)
     "check_multihead_attention": ("MultiHeadAttention.forward",),
+    # chapter 6's clipping probe rotates the queries at the end of the keys
+    # and takes their scores: the part of the RoPE exercise it calls new
+    # (issue 31, student report stud06)
+    "check_rope_attention": ("clipped_offset_bias",),
 }
 
 
