@@ -116,6 +116,10 @@ NEAR_ANSWERS = {
     # decoding step in numpy but for the lengths' mask: chapter 12 describes
     # it in words and does not show its code (issue 31, student report 1112)
     "check_grouped_decode_step": ("broadcast_gqa",),
+    # chapter 6's clipping probe rotates the queries at the end of the keys
+    # and takes their scores: the part of the RoPE exercise it calls new
+    # (issue 31, student report stud06)
+    "check_rope_attention": ("clipped_offset_bias",),
 }
 
 

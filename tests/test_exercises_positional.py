@@ -384,6 +384,16 @@ def my_rope_at(x, positions):
     return x * angles.cos() + rotate_half(x) * angles.sin()
 
 
+def rope_with_causal_mask(q, k, v):
+    """Wrong: masks the keys after each query, although the exercise says
+    no mask."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    return F.scaled_dot_product_attention(
+        my_rope(q, start=q_start(q, k)), my_rope(k), v, attn_mask=allowed
+    )
+
+
 def rope_float32_in_place(q, k, v):
     """Right: rotates q and k in place (q.copy_), computes in float32."""
     q.copy_(my_rope(q, start=q_start(q, k)))
@@ -432,6 +442,9 @@ ROPE_WRONG = ROPE_BY_HAND + [
     ),
     # the decoding case: the queries rotated from 0, not from n_k - n_q
     (rope_queries_from_zero, "queries_from_zero"),
+    # student report stud06: a causal mask (the queries are the last n_q
+    # of the keys, as in the package's causal convention)
+    (rope_with_causal_mask, "causal_mask"),
 ]
 
 CATALOGUE = {
@@ -495,9 +508,84 @@ CATALOGUE = {
                 ),
                 "slopes_sorted",
             ),
+            # student report stud06: the extra slopes of 2p heads taken one
+            # after another, [:h - p], not every other one
+            (
+                lambda h, n: loop_bias(h, n, slopes=contiguous_slopes(h)),
+                "extra_contiguous",
+            ),
+            # student report stud06: p < h even when h is a power of two
+            (
+                lambda h, n: loop_bias(h, n, slopes=always_split_slopes(h)),
+                "split_for_powers_of_two",
+            ),
         ],
     },
 }
+
+
+def contiguous_slopes(h):
+    """The authors' rule with the slip [:h - p] for the extra slopes."""
+    p = 2 ** (h.bit_length() - 1)
+    extra = [2 ** (-8 * (i + 1) / (2 * p)) for i in range(h - p)]
+    return [2 ** (-8 * (i + 1) / p) for i in range(p)] + extra
+
+
+def always_split_slopes(h):
+    """The authors' rule with p the largest power of two below h, also when
+    h is one (for h = 8: 4 heads' slopes, then 8 heads' at even places)."""
+    p = 1
+    while p * 2 < h:
+        p *= 2
+    extra = [2 ** (-8 * (i + 1) / (2 * p)) for i in range(2 * p)][::2]
+    return [2 ** (-8 * (i + 1) / p) for i in range(p)] + extra[: h - p]
+
+
+def test_checker_messages_use_the_chapters_symbols():
+    """Chapter 6 numbers ALiBi's heads r (slopes lambda_r) and writes m, n
+    for the query's and the key's positions: no message of the two checkers
+    may switch to i for a head or j for a key (issue 31, student report
+    stud06). Pair i of RoPE is the chapter's own notation."""
+    import re
+
+    from attnbook.exercises import positional as ex
+
+    alibi = [ex.ALIBI_HINT] + [
+        m.description + " " + m.hint for m in ex.ALIBI_MISTAKES
+    ]
+    for text in alibi:
+        assert not re.search(r"\b[ij]\b", text), text
+    rope = [ex.ROPE_HINT] + [
+        m.description + " " + m.hint for m in ex.ROPE_MISTAKES
+    ]
+    for text in rope:
+        assert not re.search(r"\bj\b", text), text
+
+
+def test_unrecognised_mistakes_get_the_exercises_conventions():
+    """The fallback hint of the two checkers lists the exercise's own
+    conventions, not "the chapter's derivation" (ALiBi's slopes are a rule,
+    not derived; student report stud06)."""
+    with pytest.raises(ExerciseError) as err:
+        check_alibi_bias(
+            lambda h, n: loop_bias(
+                h, n, slopes=[0.3 ** (r + 1) for r in range(h)]
+            )
+        )
+    assert err.value.mistake is None
+    assert "derivation" not in str(err.value)
+    assert "eq-ch6-alibi-slopes" in str(err.value)
+
+    def base_500000(q, k, v):
+        return F.scaled_dot_product_attention(
+            my_rope(q, base=5e5, start=q_start(q, k)), my_rope(k, base=5e5), v
+        )
+
+    with pytest.raises(ExerciseError) as err:
+        check_rope_attention(base_500000)
+    assert err.value.mistake is None
+    assert "derivation" not in str(err.value)
+    assert "base 10000" in str(err.value)
 
 
 def odd_place_slopes(h):

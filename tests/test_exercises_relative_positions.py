@@ -47,12 +47,15 @@ def gathered(
     rel_keys=True,
     rel_values=True,
     scale_relative=True,
+    rows_v=None,
 ):
     """take_along_axis on q @ rel_k.T for the scores; weights summed per
-    table row (a loop over the 2K + 1 rows) for the values."""
+    table row (a loop over the 2K + 1 rows) for the values (at the rows
+    ``rows_v`` gives, when it is given, instead of ``rows``)."""
     n, d_k = q.shape[-2:]
     K = (rel_k.shape[0] - 1) // 2
     idx = rows(n, K)
+    idx_v = idx if rows_v is None else rows_v(n, K)
     # (..., n, 2K + 1)
     per_row = q @ rel_k.T
     relative = np.take_along_axis(
@@ -68,7 +71,7 @@ def gathered(
     out = w @ v
     if rel_values:
         bins = np.stack(
-            [np.where(idx == r, w, 0.0).sum(-1) for r in range(2 * K + 1)],
+            [np.where(idx_v == r, w, 0.0).sum(-1) for r in range(2 * K + 1)],
             axis=-1,
         )
         out = out + bins @ rel_v
@@ -171,6 +174,21 @@ CATALOGUE = {
                 ),
                 "offset_reversed",
             ),
+            # student report stud06: m - n for one of the two tables only
+            (
+                lambda *a: gathered(
+                    *a,
+                    rows=lambda n, K: table_rows(n, K, reverse=True),
+                    rows_v=table_rows,
+                ),
+                "offset_reversed_keys",
+            ),
+            (
+                lambda *a: gathered(
+                    *a, rows_v=lambda n, K: table_rows(n, K, reverse=True)
+                ),
+                "offset_reversed_values",
+            ),
             (lambda *a: gathered(*a, rows=no_clip), "offsets_not_clipped"),
             (
                 lambda *a: gathered(
@@ -254,3 +272,19 @@ def test_unknown_mistake_gets_the_generic_hint():
     with pytest.raises(ExerciseError) as err:
         check_shaw_attention(softmax_over_queries)
     assert err.value.mistake is None
+
+
+def test_messages_use_the_chapters_symbols():
+    """Chapter 6 writes m for the query's position and n for the key's (and N
+    for the length, in the exercise): the checker's messages must not switch
+    to i, j (issue 31, student report stud06)."""
+    import re
+
+    from attnbook.exercises import relative_positions as rp
+
+    texts = [rp.SHAW_HINT] + [
+        m.description + " " + m.hint
+        for m in rp.SHAW_MISTAKES + rp.SHAW_MEMORY_MISTAKES
+    ]
+    for text in texts:
+        assert not re.search(r"\b[ij]\b|_\{?[ij]|c\(j", text), text

@@ -108,11 +108,11 @@ ROPE_MISTAKES = [
         "reversed_rotation",
         "each pair is rotated by -m*theta instead of +m*theta (a sign error "
         "in the sines, "
-        "or positions counted backwards, n - 1 .. 0, for both q and k: the "
-        "two give the same scores)",
+        "or positions counted backwards, n_k - 1 .. 0, for both q and k: "
+        "the two give the same scores)",
         "the first half becomes x1*cos - x2*sin and the second x1*sin + "
-        "x2*cos, with positions 0, 1, ..., "
-        "n - 1 for q and k alike",
+        "x2*cos, with the keys at positions 0, 1, ..., n_k - 1 and the "
+        "queries at the last n_q of them",
         lambda q, k, v: attend(
             _rope_q(q, k, sign=-1.0), _rope_with(k, sign=-1.0), v
         ),
@@ -149,10 +149,9 @@ ROPE_MISTAKES = [
     ),
     Mistake(
         "key_positions_reversed",
-        "the keys are rotated at positions n - 1 .. 0, in reverse order",
-        "key j sits at position j: apply the rotation with positions 0, 1, "
-        "..., n - 1 to the keys as to "
-        "the queries",
+        "the keys are rotated at positions n_k - 1 .. 0, in reverse order",
+        "key n sits at position n: rotate the keys at positions 0, 1, ..., "
+        "n_k - 1, in that order, and the queries at n_k - n_q .. n_k - 1",
         lambda q, k, v: attend(
             _rope_q(q, k),
             apply_rope(k, positions=torch.arange(k.shape[-2] - 1, -1, -1)),
@@ -197,7 +196,32 @@ ROPE_MISTAKES = [
         "RoPE preserves lengths, so the scaling of chapter 3 is still needed",
         lambda q, k, v: attend(_rope_q(q, k), apply_rope(k), v, scale=1.0),
     ),
+    Mistake(
+        "causal_mask",
+        "a causal mask was applied: query m attends only to keys n <= m",
+        "this exercise asks for no mask: every query attends to all n_k keys "
+        "(a model would add the causal mask separately; here only the "
+        "rotation is asked for)",
+        lambda q, k, v: attend(
+            _rope_q(q, k),
+            apply_rope(k),
+            v,
+            mask=query_positions(q, k)[:, None]
+            >= torch.arange(k.shape[-2])[None, :],
+        ),
+    ),
 ]
+
+#: Given when no mistake of ROPE_MISTAKES matches: the exercise's conventions,
+#: one by one.
+ROPE_HINT = (
+    "check each convention of the exercise in turn: base 10000, so that pair "
+    "i turns at theta_i = 10000**(-2i/d_k) radians per position; the half "
+    "layout (pair i is feature i with feature i + d_k/2); key n rotated by "
+    "n*theta_i for n = 0 .. n_k - 1 and query m by m*theta_i for m = n_k - "
+    "n_q .. n_k - 1; the values not rotated; no mask; the scores divided by "
+    "sqrt(d_k)"
+)
 
 
 def rope_attention_cases() -> list[Case]:
@@ -242,6 +266,7 @@ def check_rope_attention(fn) -> None:
         rope_attention,
         ROPE_MISTAKES,
         postprocess=_first,
+        hint=ROPE_HINT,
     )
 
 
@@ -261,7 +286,7 @@ def visible_relative(bias) -> np.ndarray:
     b = as_array(bias)
     if b.ndim == 3 and b.shape[-2] == 1 and b.dtype != bool:
         # (heads, 1, n): one row for every query, the form of the original
-        # ALiBi code (slope * j)
+        # ALiBi code (slope * n)
         b = np.broadcast_to(b, b.shape[:1] + (b.shape[-1], b.shape[-1]))
     if b.ndim != 3 or b.shape[-1] != b.shape[-2] or b.dtype == bool:
         return b
@@ -291,6 +316,32 @@ def _code_slopes(h, start=0):
     return np.concatenate([_geometric(p), extra])
 
 
+def _contiguous_slopes(h):
+    """The slip: the first ``h - p`` slopes of ``2p`` heads, contiguous."""
+    p = 2 ** int(np.floor(np.log2(h)))
+    return np.concatenate([_geometric(p), _geometric(2 * p)[: h - p]])
+
+
+def _split_slopes(h):
+    """The slip: ``p`` the largest power of two *below* ``h`` even when ``h``
+    is one (for h = 8: the 4-head slopes, then every other 8-head slope)."""
+    if h == 1:
+        return _geometric(1)
+    p = 2 ** int(np.floor(np.log2(h - 1)))
+    return np.concatenate([_geometric(p), _geometric(2 * p)[0::2][: h - p]])
+
+
+#: Given when no mistake of ALIBI_MISTAKES matches: the chapter has a rule
+#: and printed slopes, not a derivation, to compare with.
+ALIBI_HINT = (
+    "compare your slopes head by head with the rule under "
+    "eq-ch6-alibi-slopes and the slopes the chapter printed for h = 8 "
+    "(1/2, 1/4, ..., 1/256) and h = 12 (those of 8 heads, then 2**-0.5, "
+    "2**-1.5, 2**-2.5, 2**-3.5); and the bias with -lambda_r (m - n) for "
+    "query m and key n <= m"
+)
+
+
 ALIBI_MISTAKES = [
     Mistake(
         "sign_error",
@@ -298,7 +349,7 @@ ALIBI_MISTAKES = [
         "favoured",
         "the bias is -slope * (m - n) for a key n at or before the query m: a "
         "penalty, never a reward. "
-        "(Using the key's position, -slope * j, is the same mistake up to a "
+        "(Using the key's position, -slope * n, is the same mistake up to a "
         "constant per row.)",
         lambda h, n: +alibi_slopes(h)[:, None, None] * _distance(n),
     ),
@@ -321,16 +372,17 @@ ALIBI_MISTAKES = [
     ),
     Mistake(
         "slopes_start_at_one",
-        "the slopes start at 2**0 = 1 (exponents i = 0 .. h-1) instead of "
+        "the slopes start at 2**0 = 1 (exponents r = 0 .. h-1) instead of "
         "2**(-8/h)",
-        "the exponents are -8 i / h for i = 1 .. h",
+        "lambda_r = 2**(-8 r / h) for the heads r = 1 .. h: the first slope "
+        "is 2**(-8/h), not 1",
         lambda h, n: (
             -(2.0 ** (-8.0 * np.arange(h) / h))[:, None, None] * _distance(n)
         ),
     ),
     Mistake(
         "geometric_for_any_h",
-        "the paper's general formula 2**(-8 i / h) was used for a head count "
+        "the paper's general formula 2**(-8 r / h) was used for a head count "
         "that is not a power of two, where the authors' code (followed by "
         "BLOOM and transformers) uses a different rule",
         "for such h, the authors' code (get_slopes) takes the slopes of the "
@@ -348,6 +400,27 @@ ALIBI_MISTAKES = [
         "first, slopes(2p)[0::2] (exponents -8 r / 2p for r = 1, 3, 5, ...), "
         "the ones that fall between the p-head slopes",
         lambda h, n: -_code_slopes(h, start=1)[:, None, None] * _distance(n),
+    ),
+    Mistake(
+        "extra_contiguous",
+        "for a head count that is not a power of two, the extra slopes were "
+        "the first h - p slopes of the 2p-head sequence, one after another "
+        "([:h - p]); they must be every other one of them, [0::2]",
+        "the extra heads take every other slope of 2p heads, starting with "
+        "the first: slopes(2p)[0::2][:h - p] (for h = 12: 2**-0.5, 2**-1.5, "
+        "2**-2.5, 2**-3.5), which fall between the p-head slopes; the ones "
+        "you took next to them repeat p-head slopes",
+        lambda h, n: -_contiguous_slopes(h)[:, None, None] * _distance(n),
+    ),
+    Mistake(
+        "split_for_powers_of_two",
+        "for a head count that is a power of two, the slopes were built from "
+        "a smaller power of two p < h plus every other slope of 2p heads: "
+        "the right slopes for h = 8, but in the wrong order",
+        "when h is a power of two, p = h (the largest power of two not above "
+        "h) and there are no extra slopes: lambda_r = 2**(-8 r / h) for r = "
+        "1 .. h, steepest first (1/2, 1/4, ..., 1/256 for h = 8)",
+        lambda h, n: -_split_slopes(h)[:, None, None] * _distance(n),
     ),
     Mistake(
         "slopes_sorted",
@@ -405,4 +478,5 @@ def check_alibi_bias(fn) -> None:
         lambda h, n: visible_relative(alibi_bias(h, n)),
         mistakes,
         postprocess=visible_relative,
+        hint=ALIBI_HINT,
     )

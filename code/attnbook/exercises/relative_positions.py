@@ -1,5 +1,5 @@
 """Checker for chapter 6's hard exercise: Shaw et al.'s relative attention
-without the ``(n, n, d)`` gather.
+without the ``(N, N, d)`` gather.
 
 Numpy only, so that the browser's exercise notebook can run it; torch's
 profiler is used only where the reader's session has imported torch.
@@ -30,17 +30,17 @@ def _softmax(s):
 
 
 def _rows(n: int, max_distance: int, offset=None) -> np.ndarray:
-    """(n, n) int: the table row of (query i, key j); by default
-    ``clip(j - i, -kappa, kappa) + kappa``."""
-    i = np.arange(n)
+    """(n, n) int: the table row of (query m, key n); by default
+    ``clip(n - m, -kappa, kappa) + kappa``."""
     if offset is None:
-        offset = i[None, :] - i[:, None]
+        offset = _offsets(n)
     return np.clip(offset, -max_distance, max_distance) + max_distance
 
 
-def _shaw(q, k, v, rel_k, rel_v, rows=None, scale_relative=True):
-    """The direct form, float64: gathers the ``(n, n, d)`` tables (the
-    checker's reference, and its mistakes' base)."""
+def _shaw(q, k, v, rel_k, rel_v, rows=None, scale_relative=True, rows_v=None):
+    """The direct form, float64: gathers the ``(N, N, d)`` tables (the
+    checker's reference, and its mistakes' base); ``rows_v``, when given,
+    indexes the value table instead of ``rows``."""
     q, k, v, rel_k, rel_v = (
         np.asarray(x, dtype=np.float64) for x in (q, k, v, rel_k, rel_v)
     )
@@ -48,8 +48,8 @@ def _shaw(q, k, v, rel_k, rel_v, rows=None, scale_relative=True):
     max_distance = (rel_k.shape[0] - 1) // 2
     if rows is None:
         rows = _rows(n, max_distance)
-    # (n, n, d_k) and (n, n, d_v)
-    a_k, a_v = rel_k[rows], rel_v[rows]
+    # (N, N, d_k) and (N, N, d_v)
+    a_k, a_v = rel_k[rows], rel_v[rows if rows_v is None else rows_v]
     content = q @ np.swapaxes(k, -1, -2)
     relative = np.einsum("...id,ijd->...ij", q, a_k)
     if scale_relative:
@@ -61,20 +61,27 @@ def _shaw(q, k, v, rel_k, rel_v, rows=None, scale_relative=True):
 
 
 def shaw_attention(q, k, v, rel_k, rel_v):
-    """The reference: ``softmax((q k^T + q . a^K_{c(j-i)}) / sqrt(d_k))`` times
+    """The reference: ``softmax((q k^T + q . a^K_{c(n-m)}) / sqrt(d_k))`` times
     ``v + a^V_{c(n-m)}``, with ``c`` the offset ``n - m`` clipped to ``[-kappa,
     kappa]`` (``rel_k`` has ``2 kappa + 1`` rows, row ``r`` for offset ``r -
     kappa``)."""
     return _shaw(q, k, v, rel_k, rel_v)
 
 
-def _with_rows(make_rows):
-    """A mistake that indexes the tables with ``make_rows(n, K)``."""
+def _with_rows(make_rows, tables="both"):
+    """A mistake that indexes the tables with ``make_rows(N, K)``: both, or
+    only the ``"keys"``' or the ``"values"``' (the other one rightly)."""
 
     def attention(q, k, v, rel_k, rel_v):
         n = np.shape(q)[-2]
         max_distance = (np.shape(rel_k)[0] - 1) // 2
-        return _shaw(q, k, v, rel_k, rel_v, rows=make_rows(n, max_distance))
+        wrong, right = make_rows(n, max_distance), _rows(n, max_distance)
+        rows, rows_v = {
+            "both": (wrong, wrong),
+            "keys": (wrong, right),
+            "values": (right, wrong),
+        }[tables]
+        return _shaw(q, k, v, rel_k, rel_v, rows=rows, rows_v=rows_v)
 
     return attention
 
@@ -112,7 +119,7 @@ def _unshifted(keys: str, values: str):
 
 def _offsets(n):
     i = np.arange(n)
-    # j - i
+    # n - m: key position minus query position
     return i[None, :] - i[:, None]
 
 
@@ -128,6 +135,29 @@ SHAW_MISTAKES = [
         "row r of the tables holds the offset r - kappa of the key from the "
         "query, n - m; a key 2 back is row kappa - 2",
         _with_rows(lambda n, m: _rows(n, m, offset=-_offsets(n))),
+    ),
+    # the same slip made for one table only (student report stud06)
+    Mistake(
+        "offset_reversed_keys",
+        "the key table was indexed by m - n (query minus key) instead of n - "
+        "m; the value table rightly by n - m",
+        "both tables are read at the same row, clip(n - m, -kappa, kappa) + "
+        "kappa for query m and key n: a key 2 back is row kappa - 2 in "
+        "rel_k as in rel_v",
+        _with_rows(
+            lambda n, m: _rows(n, m, offset=-_offsets(n)), tables="keys"
+        ),
+    ),
+    Mistake(
+        "offset_reversed_values",
+        "the value table was indexed by m - n (query minus key) instead of n "
+        "- m; the key table rightly by n - m",
+        "both tables are read at the same row, clip(n - m, -kappa, kappa) + "
+        "kappa for query m and key n: when you group the weights by table "
+        "row for rel_v, use the rows you used for rel_k",
+        _with_rows(
+            lambda n, m: _rows(n, m, offset=-_offsets(n)), tables="values"
+        ),
     ),
     Mistake(
         "offsets_not_clipped",
@@ -167,9 +197,9 @@ SHAW_MISTAKES = [
         "no_relative_values",
         "the relative value vectors a^V were left out: the output is the "
         "weighted average of v alone",
-        "Shaw et al. add a^V_{c(j-i)} to each value: the output gains "
-        "sum_j w_ij a^V_{c(j-i)}, which needs only each row's weights summed "
-        "per table row",
+        "Shaw et al. add a^V_{c(n-m)} to each value: the output of query m "
+        "gains sum_n alpha_mn a^V_{c(n-m)}, which needs only each query's "
+        "weights summed per table row",
         lambda q, k, v, rel_k, rel_v: _shaw(
             q, k, v, rel_k, np.zeros_like(np.asarray(rel_v, dtype=float))
         ),
@@ -177,8 +207,8 @@ SHAW_MISTAKES = [
     Mistake(
         "no_relative_keys",
         "the relative key vectors a^K were left out of the scores",
-        "the score of (i, j) is q_i . (k_j + a^K_{c(j-i)}), all over "
-        "sqrt(d_k)",
+        "the score of (query m, key n) is q_m . (k_n + a^K_{c(n-m)}), all "
+        "over sqrt(d_k)",
         lambda q, k, v, rel_k, rel_v: _shaw(
             q, k, v, np.zeros_like(np.asarray(rel_k, dtype=float)), rel_v
         ),
@@ -196,21 +226,31 @@ SHAW_MISTAKES = [
 ]
 
 #: Named when the values are right but the peak memory is that of an
-#: ``(n, n, d)`` array: the direct gather.
+#: ``(N, N, d)`` array: the direct gather.
 SHAW_MEMORY_MISTAKES = [
     Mistake(
         "pairwise_tables",
-        "the values are right, but the peak memory was that of an (n, n, d) "
+        "the values are right, but the peak memory was that of an (N, N, d) "
         "array: the tables were gathered for every (query, key) pair",
-        "the tables have only 2 kappa + 1 rows: compute q @ rel_k.T once, (n, "
-        "2 kappa + "
-        "1), and pick entry [i, row(i, j)] for each pair; for the values, "
-        "add up each row's weights per table row, (n, 2 kappa + 1), and "
-        "multiply "
-        "by rel_v",
+        "the tables have only 2 kappa + 1 rows: compute q @ rel_k.T once, (N, "
+        "2 kappa + 1), and pick entry [m, row(m, n)] for each pair (query m, "
+        "key n); for the values, add up each query's weights per table row, "
+        "(N, 2 kappa + 1), and multiply by rel_v",
         shaw_attention,
     ),
 ]
+
+
+#: Given when no mistake of SHAW_MISTAKES matches: the formula's parts, one
+#: by one.
+SHAW_HINT = (
+    "check each part of eq-ch6-shaw and the exercise's formula for z_m in "
+    "turn: the row of (query m, key n) is clip(n - m, -kappa, kappa) + "
+    "kappa, the same for rel_k and rel_v; the relative term q_m . "
+    "a^K_{c(n-m)} is inside the division by sqrt(d_k); the softmax is over "
+    "the keys n; and the output of query m adds sum_n alpha_mn "
+    "a^V_{c(n-m)} to sum_n alpha_mn v_n"
+)
 
 
 def shaw_cases() -> list[Case]:
@@ -228,26 +268,26 @@ def shaw_cases() -> list[Case]:
 
     return [
         Case(
-            "n = 12, kappa = 3 (offsets clipped on both sides), d_k = 8, "
+            "N = 12, kappa = 3 (offsets clipped on both sides), d_k = 8, "
             "d_v = 5",
             make((), 12, 8, 5, 3, 0),
         ),
         Case(
-            "batched q, k, v (2, 3, n = 10, d_k = 4), kappa = 2",
+            "batched q, k, v (2, 3, N = 10, d_k = 4), kappa = 2",
             make((2, 3), 10, 4, 4, 2, 1),
         ),
         Case(
-            "kappa = 6 larger than the sequence (n = 5): nothing is clipped",
+            "kappa = 6 larger than the sequence (N = 5): nothing is clipped",
             make((), 5, 6, 3, 6, 2),
         ),
-        Case("a single token (n = 1), kappa = 2", make((), 1, 4, 4, 2, 3)),
+        Case("a single token (N = 1), kappa = 2", make((), 1, 4, 4, 2, 3)),
         Case(
             "kappa = 1: three rows, most keys share the first or the last "
-            "(n = 7)",
+            "(N = 7)",
             make((), 7, 4, 3, 1, 4),
         ),
         Case(
-            "float32 inputs, n = 9, kappa = 2",
+            "float32 inputs, N = 9, kappa = 2",
             make((1,), 9, 8, 8, 2, 5, dtype=np.float32),
         ),
     ]
@@ -260,18 +300,17 @@ def _compare(got, expected) -> bool:
 
 def check_shaw_attention(fn) -> None:
     """Check ``fn(q, k, v, rel_k, rel_v)``: Shaw et al.'s self-attention with
-    relative key and value vectors, without forming an ``(n, n, d)`` array.
+    relative key and value vectors, without forming an ``(N, N, d)`` array.
 
-    q, k: ``(..., n, d_k)``, v: ``(..., n, d_v)``, rel_k: ``(2 kappa + 1,
-    d_k)``,
-    rel_v: ``(2 kappa + 1, d_v)`` (row ``r`` for the offset ``r - kappa`` of
-    the key from the query, offsets clipped to ``[-K, K]``); no mask; returns
-    ``(..., n, d_v)``. Besides the values on the cases, the checker measures
-    the peak memory (:mod:`tracemalloc`, which sees numpy's arrays, and, where
-    torch is imported, the largest allocation torch's profiler sees) at n =
-    256, d_k = d_v = 128, K = 4: an answer that gathers the tables for every
-    pair (an (n, n, d) array, 64 MiB) is rejected; the answer the exercise asks
-    for needs a few (n, n) arrays.
+    q, k: ``(..., N, d_k)``, v: ``(..., N, d_v)``, rel_k: ``(2 kappa + 1,
+    d_k)``, rel_v: ``(2 kappa + 1, d_v)`` (row ``r`` for the offset ``r -
+    kappa`` of the key from the query, offsets clipped to ``[-kappa,
+    kappa]``); no mask; returns ``(..., N, d_v)``. Besides the values on the
+    cases, the checker measures the peak memory (:mod:`tracemalloc`, which
+    sees numpy's arrays, and, where torch is imported, the largest allocation
+    torch's profiler sees) at N = 256, d_k = d_v = 128, kappa = 4: an answer
+    that gathers the tables for every pair (an (N, N, d) array, 64 MiB) is
+    rejected; the answer the exercise asks for needs a few (N, N) arrays.
     """
     __tracebackhide__ = True
     cases = shaw_cases()
@@ -282,13 +321,14 @@ def check_shaw_attention(fn) -> None:
         shaw_attention,
         SHAW_MISTAKES,
         compare=_compare,
+        hint=SHAW_HINT,
         # the line saying it is correct waits for the memory check
         quiet=True,
     )
     _check_shaw_memory(fn)
     print(
-        f"Correct: {EXERCISE} passes all {len(cases)} cases, and on n = 256, "
-        "d = 128 its peak memory stayed below a quarter of an (n, n, d) "
+        f"Correct: {EXERCISE} passes all {len(cases)} cases, and on N = 256, "
+        "d = 128 its peak memory stayed below a quarter of an (N, N, d) "
         "array."
     )
 
@@ -296,7 +336,7 @@ def check_shaw_attention(fn) -> None:
 def _check_shaw_memory(
     fn, n: int = 256, d: int = 128, max_distance: int = 4
 ) -> None:
-    """Reject an answer whose peak memory is a quarter of an (n, n, d) float64
+    """Reject an answer whose peak memory is a quarter of an (N, N, d) float64
     array or more."""
     from ..bench import format_bytes
     from ._framework import peak_memory_with_torch
@@ -307,7 +347,7 @@ def _check_shaw_memory(
     rel_k, rel_v = (
         rng.normal(size=(2 * max_distance + 1, d)) for _ in range(2)
     )
-    case = f"n = {n}, d_k = d_v = {d}, K = {max_distance} (memory)"
+    case = f"N = {n}, d_k = d_v = {d}, kappa = {max_distance} (memory)"
     # before the reader's function, which may change its inputs in place
     expected = shaw_attention(q, k, v, rel_k, rel_v)
     # numpy's arrays, and torch's allocations (which tracemalloc does not
@@ -324,6 +364,6 @@ def _check_shaw_memory(
             case,
             "your function's peak memory (numpy's arrays, or torch's "
             f"largest allocation) was {format_bytes(peak)}; one "
-            f"(n, n, d) float64 array is {format_bytes(table)}",
+            f"(N, N, d) float64 array is {format_bytes(table)}",
             mistake=SHAW_MEMORY_MISTAKES[0],
         )
