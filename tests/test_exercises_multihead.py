@@ -98,6 +98,11 @@ SPLIT_WRONG = {
     "order_kqv": lambda qkv, h: (lambda q, k, v: (k, q, v))(
         *split_torch(qkv, h)
     ),
+    # step 1 without step 2: heads cut but not moved in front of the tokens
+    # (student report stud05b)
+    "no_swap": lambda qkv, h: tuple(
+        u.reshape(u.shape[0], u.shape[1], h, -1) for u in np.split(qkv, 3, -1)
+    ),
     "order_qvk": lambda qkv, h: (lambda q, k, v: (q, v, k))(
         *split_loops(qkv, h)
     ),
@@ -147,6 +152,9 @@ SPLIT_WRONG_TORCH_NATIVE = {
     ),
     "order_kqv": lambda qkv, h: (lambda q, k, v: (k, q, v))(
         *split_torch_native(qkv, h)
+    ),
+    "no_swap": lambda qkv, h: tuple(
+        u.unflatten(-1, (h, -1)) for u in qkv.chunk(3, dim=-1)
     ),
 }
 
@@ -426,6 +434,10 @@ MHA_WRONG = {
     ),
     "strided_split": _wrong(
         lambda t, h: t.unflatten(-1, (-1, h)).permute(0, 3, 1, 2), good_merge
+    ),
+    # student report stud05b: the split right, the merge strided
+    "strided_merge": _wrong(
+        good_split, lambda t, shape: t.permute(0, 2, 3, 1).flatten(2)
     ),
     # student report stud0506: the values projected with the query matrix
     "values_with_w_q": lambda x, w_q, w_k, w_v, w_o, n_heads: _loop_variant(

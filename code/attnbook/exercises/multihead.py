@@ -142,6 +142,14 @@ def _no_transpose(qkv, h):
     )
 
 
+def _no_swap(qkv, h):
+    b, n, three_d = qkv.shape
+    # step 1 alone: the heads cut, but left behind the tokens
+    return np.stack(
+        [t.reshape(b, n, h, three_d // 3 // h) for t in _thirds(qkv)]
+    )
+
+
 def _heads_strided(qkv, h):
     b, n, three_d = qkv.shape
     d_head = three_d // 3 // h
@@ -213,6 +221,16 @@ SPLIT_QKV_MISTAKES = [
         "and head axes "
         "(.transpose(0, 2, 1, 3) in numpy, .transpose(1, 2) in torch)",
         _no_transpose,
+    ),
+    Mistake(
+        "no_swap",
+        "each of q, k, v was reshaped to (batch, n, n_heads, d_head) and "
+        "returned so: the features are cut into heads, but the head axis "
+        "still comes after the token axis",
+        "finish the split by swapping the token and head axes, (batch, n, "
+        "n_heads, d_head) -> (batch, n_heads, n, d_head): .transpose(0, 2, "
+        "1, 3) in numpy, .transpose(1, 2) in torch",
+        _no_swap,
     ),
     Mistake(
         "heads_strided",
@@ -639,6 +657,17 @@ MHA_MISTAKES = [
         "holds query i against every key, and the softmax along the last "
         "axis normalises over the keys",
         _variant(scores_transposed=True),
+    ),
+    Mistake(
+        "strided_merge",
+        "the heads are split correctly but merged strided, as (d_head, "
+        "n_heads): slot a of head r went back to feature a * n_heads + r "
+        "instead of r * d_head + a",
+        "the merge must undo the split: swap the head and token axes back, "
+        "(batch, n_heads, n, d_head) -> (batch, n, n_heads, d_head), then "
+        "reshape to (batch, n, d_model), so that each head's output fills "
+        "one contiguous block",
+        _variant(merge=_strided_merge),
     ),
     Mistake(
         "strided_split",
