@@ -125,6 +125,24 @@ def memory_qr(keys, values):
     return Q @ torch.linalg.solve_triangular(R.T, values, upper=False)
 
 
+def memory_normal_equations(keys, values):
+    """Wrong: the normal equations K^T K S = K^T V of least squares, singular
+    with fewer pairs than key channels: the solve returns some state that
+    recalls every pair (or fails), not the least-norm one."""
+    return torch.linalg.solve(keys.T @ keys, keys.T @ values)
+
+
+def memory_plus_null_space_numpy(keys, values):
+    """Wrong: an exact state plus a part that every key maps to zero (the
+    projection onto the keys' null space of a fixed matrix)."""
+    K, V = keys.numpy(), values.numpy()
+    exact = np.linalg.pinv(K) @ V
+    rng = np.random.default_rng(0)
+    extra = rng.standard_normal(exact.shape)
+    null = np.eye(K.shape[1]) - np.linalg.pinv(K) @ K
+    return exact + null @ extra
+
+
 # --- the backward pass of one delta step -------------------------------------
 
 
@@ -252,6 +270,36 @@ def backward_dv_no_beta(S, k, v, beta, G):
     return dS, dk, G.T @ k, db
 
 
+def backward_dS_plus_numpy(S, k, v, beta, G):
+    """Wrong: dS with a plus, from S' = (I + b k k^T) S + ... (numpy)."""
+    S, k, v, G = (x.numpy() for x in (S, k, v, G))
+    b = float(beta)
+    e = v - S.T @ k
+    dS = G + b * np.outer(k, G.T @ k)
+    return dS, b * (G @ e - S @ G.T @ k), b * G.T @ k, k @ G @ e
+
+
+def backward_read_as_G_St_k(S, k, v, beta, G):
+    """Wrong: the read's term in dk as G S^T k (shapes fit: (d_k, d_v) times
+    (d_v,))."""
+    dS, _, dv, db = backward_autograd(S, k, v, beta, G)
+    dk = beta * (G @ (v - S.T @ k)) - beta * (G @ (S.T @ k))
+    return dS, dk, dv, db
+
+
+def backward_dk_forgets_beta(S, k, v, beta, G):
+    """Wrong: dk without the factor beta."""
+    dS, _, dv, db = backward_autograd(S, k, v, beta, G)
+    err = v - S.T @ k
+    return dS, G @ err - S @ (G.T @ k), dv, db
+
+
+def backward_dbeta_negated(S, k, v, beta, G):
+    """Wrong: d beta with a minus, as if the correction were subtracted."""
+    dS, dk, dv, _ = backward_autograd(S, k, v, beta, G)
+    return dS, dk, dv, -torch.einsum("i,ij,j->", k, G, v - S.T @ k)
+
+
 CATALOGUE = {
     "check_exact_memory": {
         "right": [
@@ -273,6 +321,8 @@ CATALOGUE = {
             (memory_square, "square_solve"),
             (memory_batched, "wrong_shape"),
             (memory_kaczmarz_passes, "approximate"),
+            (memory_normal_equations, "not_least_norm"),
+            (memory_plus_null_space_numpy, "not_least_norm"),
         ],
     },
     "check_delta_step_backward": {
@@ -288,6 +338,10 @@ CATALOGUE = {
             (backward_read_plus, "read_sign"),
             (backward_beta_on_v, "beta_without_read"),
             (backward_dv_no_beta, "dv_without_beta"),
+            (backward_dS_plus_numpy, "state_path_sign"),
+            (backward_read_as_G_St_k, "read_transposed"),
+            (backward_dk_forgets_beta, "dk_without_beta"),
+            (backward_dbeta_negated, "beta_sign"),
             (backward_float32_numpy, "float32"),
             (backward_returned_float32, "float32"),
             (backward_returned_float32_numpy, "float32"),
@@ -352,6 +406,23 @@ def test_a_float64_answer_near_the_right_one_is_not_called_float32():
     with pytest.raises(ExerciseError) as err:
         check_exact_memory(ridge)
     assert err.value.mistake != "float32"
+
+
+def test_a_singular_solve_is_named_as_the_normal_equations():
+    """Where the singular solve fails rather than returning some exact
+    state, the verdict still names the mistake."""
+
+    def normal_equations_failing(keys, values):
+        if keys.shape[0] < keys.shape[1]:
+            raise torch.linalg.LinAlgError(
+                "torch.linalg.solve: The solver failed because the input "
+                "matrix is singular."
+            )
+        return torch.linalg.solve(keys.T @ keys, keys.T @ values)
+
+    with pytest.raises(ExerciseError) as err:
+        check_exact_memory(normal_equations_failing)
+    assert err.value.mistake == "not_least_norm"
 
 
 def test_one_gradient_returned_as_float32_is_rejected():

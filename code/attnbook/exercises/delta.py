@@ -6,13 +6,18 @@ writes it (the sum of outer products, exact only for orthonormal keys), by one
 pass of the delta rule (exact only for the last key; with unit keys and
 beta = 1, or with the raw keys and beta = 1 / ||k||^2), with the keys
 normalised first (the delta rule's habit, which changes what a key reads),
-transposed (``(d_v, d_k)``), solved as a square system, right in another
-shape (``S[None]``), or only close to the answer (within about 1e-2: an
-iteration stopped early). The backward
+transposed (``(d_v, d_k)``), solved as a square system, exact but not of
+least norm (a state that recalls every pair but has a part orthogonal to
+every key, as a solve of the singular normal equations ``K^T K S = K^T V``
+returns, when it does not fail), right in another shape (``S[None]``), or
+only close to the answer (within about 1e-2: an iteration stopped early).
+The backward
 step's mistakes are those of differentiating ``S' = S + beta k (v - S^T
 k)^T`` with one path left out: the state's own path through the correction,
 the read's path to ``k`` (or all of it), the read's part of ``d beta``, the
-``beta`` of ``dv``, or the sign of the read's path to ``k``; or the right
+``beta`` of ``dv`` or of ``dk``; with a sign slipped: of the read's path to
+``k``, of the state's path through the correction, or of ``d beta``; with
+the read's path to ``k`` transposed (``G S^T k`` for ``S G^T k``); or the right
 gradients in the wrong shapes (each is compared with the exercise's shape
 before its values: ``dS (d_k, d_v)``, ``dk (d_k,)``, ``dv (d_v,)``, ``dbeta``
 a number or of shape ``(1,)``). Both checkers
@@ -83,6 +88,15 @@ def _compare(got, expected) -> bool:
             and a.size == e.size
             and same(a.ravel(), e.ravel(), rtol=1e-6, atol=1e-8)
         )
+    if isinstance(expected, _Recalls):
+        a = as_array(got)
+        keys, values = as_array(expected.keys), as_array(expected.values)
+        return (
+            a.shape == (keys.shape[1], values.shape[1])
+            and not _float32_numbers(got)
+            and bool(np.all(np.isfinite(a)))
+            and same(keys @ a, values, rtol=1e-6, atol=1e-8)
+        )
     if isinstance(expected, _Near):
         a, e = as_array(got), as_array(expected.value)
         return a.shape == e.shape and same(a, e, rtol=1e-2, atol=1e-3)
@@ -98,7 +112,8 @@ def _float32_mistake(reference) -> Mistake:
         "the inputs are float64 tensors: keep them so (no .float(), no "
         "np.float32, not even at the end); float32 keeps about 7 "
         "significant digits, and the check wants a float64 answer (every "
-        "entry a float64 number) that agrees to about 6",
+        "entry a float64 number) within 1e-6 of each entry's size, plus "
+        "1e-8, of the right one",
         lambda *args: _InFloat32(reference(*args)),
     )
 
@@ -161,8 +176,26 @@ class _Near:
         self.value = value
 
 
+class _Recalls:
+    """Any state that recalls every pair, ``K S = V`` within the checkers'
+    tolerance (rtol 1e-6, atol 1e-8), of shape ``(d_k, d_v)`` and in float64:
+    :func:`_compare` matches it to such a reader's answer. The least-norm
+    state is one of them, so the mistake is named only where the reader's
+    state recalls every pair and is not that one."""
+
+    def __init__(self, keys, values):
+        self.keys, self.values = keys, values
+
+
 def _is_square_error(err: Exception) -> bool:
     return isinstance(err, RuntimeError) and "square" in str(err)
+
+
+def _is_singular_error(err: Exception) -> bool:
+    # torch's LinAlgError is a RuntimeError, numpy's a ValueError
+    return isinstance(err, (RuntimeError, ValueError)) and (
+        "singular" in str(err).lower()
+    )
 
 
 EXACT_MEMORY_MISTAKES = [
@@ -221,6 +254,18 @@ EXACT_MEMORY_MISTAKES = [
     ),
     _float32_mistake(_reference_exact_memory),
     Mistake(
+        "not_least_norm",
+        "the state recalls every pair (K S = V) but is not the one of least "
+        "norm: with fewer pairs than key channels many states do, and a "
+        "solve of the normal equations K^T K S = K^T V (singular then) "
+        "returns an arbitrary one of them, or fails",
+        "the least-norm state has no part orthogonal to every key: in "
+        "which subspace must its columns lie? Write S in that form and "
+        "solve for what is left",
+        _Recalls,
+        raises=_is_singular_error,
+    ),
+    Mistake(
         "wrong_shape",
         "the values are right, but the state has the wrong shape: the "
         "exercise asks for S (d_k, d_v), one row per key channel",
@@ -230,7 +275,8 @@ EXACT_MEMORY_MISTAKES = [
     Mistake(
         "approximate",
         "the state is close to the least-norm one (within about 1e-2) but "
-        "not equal to it to 6 digits: an iteration stopped early (passes "
+        "not equal to it within the check's tolerance (1e-6 of each "
+        "entry's size, plus 1e-8): an iteration stopped early (passes "
         "of the delta rule converge slowly, most slowly when there are as "
         "many pairs as key channels), a regulariser, or a small error "
         "added",
@@ -295,11 +341,13 @@ def _grads(
     state_path=True,
     read_in_beta=True,
     beta_in_dv=True,
+    state_sign=-1.0,
+    dbeta_sign=1.0,
 ):
     """The gradients of <G, S'> with S' = S + beta k (v - S^T k)^T, or a
     mistaken form of one of them."""
     error = v - S.T @ k  # (d_v,)
-    dS = G - beta * torch.outer(k, G.T @ k) if state_path else G
+    dS = G + state_sign * beta * torch.outer(k, G.T @ k) if state_path else G
     # k is the written key (beta G error) and reads S in the error
     # (-beta S G^T k)
     dk = {
@@ -307,9 +355,11 @@ def _grads(
         "no_read": beta * (G @ error),
         "write_only": beta * (G @ v),
         "read_sign": beta * (G @ error + S @ (G.T @ k)),
+        "read_transposed": beta * (G @ error - G @ (S.T @ k)),
+        "no_beta": G @ error - S @ (G.T @ k),
     }[dk_form]
     dv = (beta if beta_in_dv else 1.0) * (G.T @ k)
-    dbeta = k @ G @ (error if read_in_beta else v)
+    dbeta = dbeta_sign * (k @ G @ (error if read_in_beta else v))
     return dS, dk, dv, dbeta
 
 
@@ -421,6 +471,14 @@ BACKWARD_MISTAKES = [
         _mistake(state_path=False),
     ),
     Mistake(
+        "state_path_sign",
+        "dS has the wrong sign on the state's path through the correction: "
+        "S' = (I - beta k k^T) S + beta k v^T, so dS = G - beta k (G^T k)^T",
+        "the read enters the correction with a minus, v - S^T k: carry it "
+        "into dS",
+        _mistake(state_sign=1.0),
+    ),
+    Mistake(
         "read_not_in_dk",
         "dk misses the read's path: k also reads the state in S^T k, "
         "inside the error v - S^T k",
@@ -444,12 +502,36 @@ BACKWARD_MISTAKES = [
         _mistake(dk_form="read_sign"),
     ),
     Mistake(
+        "read_transposed",
+        "the read's path to k is G S^T k, with S transposed and applied on "
+        "the wrong side: <G, k k^T S> = k^T S G^T k, whose gradient in its "
+        "second k is S G^T k, (d_k, d_v) times (d_v,)",
+        "write the read's term as k^T (S G^T) k and differentiate it in the "
+        "k on the right",
+        _mistake(dk_form="read_transposed"),
+    ),
+    Mistake(
+        "dk_without_beta",
+        "dk misses the factor beta: both of k's paths lie inside the "
+        "correction beta k (v - S^T k)^T",
+        "keep the factor beta that multiplies the whole correction in dk",
+        _mistake(dk_form="no_beta"),
+    ),
+    Mistake(
         "beta_without_read",
         "d beta = k^T G v: beta multiplies the whole correction v - S^T "
         "k, not v alone",
         "beta multiplies the whole correction, the read included: "
         "differentiate <G, beta k (v - S^T k)^T> in beta",
         _mistake(read_in_beta=False),
+    ),
+    Mistake(
+        "beta_sign",
+        "d beta has the wrong sign: S' = S + beta k (v - S^T k)^T, so "
+        "d beta = +k^T G (v - S^T k)",
+        "the correction is added to S: its derivative in beta is k (v - S^T "
+        "k)^T with a plus",
+        _mistake(dbeta_sign=-1.0),
     ),
     Mistake(
         "normalised_key",
