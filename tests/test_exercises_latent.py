@@ -357,6 +357,19 @@ def decode_rope_unscaled(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
     return np.einsum("hc,hvc->hv", softmax(s) @ latents, w_uv)
 
 
+def decode_rope_scaled_apart(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
+    """Wrong: each part scaled by its own length, the latent part by
+    sqrt(d_nope + d_rope), the rotary part by sqrt(d_rope)."""
+    d_rope = q_rope.shape[1]
+    d = q_nope.shape[1] + d_rope
+    out = []
+    for i in range(q_nope.shape[0]):
+        qt = w_uk[i].T @ q_nope[i]
+        s = latents @ qt / np.sqrt(d) + rope_keys @ q_rope[i] / np.sqrt(d_rope)
+        out.append(w_uv[i] @ (softmax(s) @ latents))
+    return np.stack(out)
+
+
 def decode_head_zero_uv(q_nope, q_rope, latents, rope_keys, w_uk, w_uv):
     """Wrong: every head's weighted latent goes through head 0's W_UV."""
     d = q_nope.shape[1] + q_rope.shape[1]
@@ -455,6 +468,7 @@ def test_decode_correct_solutions_pass(fn, capsys):
         (decode_naive_softmax, "unstable_softmax"),
         (decode_global_max, "global_max"),
         (decode_rope_unscaled, "rope_unscaled"),
+        (decode_rope_scaled_apart, "rope_scaled_apart"),
         (decode_head_zero_uv, "one_head_uv"),
         (decode_softmax_over_heads, "softmax_over_heads"),
         (decode_softmax_over_all, "softmax_over_all"),
@@ -506,6 +520,8 @@ CATALOGUE = {
             (decode_naive_softmax, "unstable_softmax"),
             (decode_global_max, "global_max"),
             (decode_rope_unscaled, "rope_unscaled"),
+            (decode_rope_scaled_apart, "rope_scaled_apart"),
+            (decode_rope_scaled_apart, "rope_scaled_apart"),
             (decode_head_zero_uv, "one_head_uv"),
             (decode_softmax_over_heads, "softmax_over_heads"),
             (decode_softmax_over_all, "softmax_over_all"),

@@ -232,6 +232,33 @@ def decode_values_not_masked(q, key_blocks, value_blocks, table, length):
     return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
 
 
+def decode_exp_without_max(q, key_blocks, value_blocks, table, length):
+    """Wrong: block by block, the exponentials summed with no maximum
+    subtracted (right until a score passes about 709, then inf / inf)."""
+    q = np.asarray(q, dtype=float)
+    size = key_blocks.shape[1]
+    total, acc = np.zeros(q.shape[0]), np.zeros_like(q)
+    for j in range(-(-length // size)):
+        f = min(size, length - j * size)
+        k, v = key_blocks[table[j], :f], value_blocks[table[j], :f]
+        p = np.exp(np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1]))
+        total += p.sum(1)
+        acc += np.einsum("hn,nhd->hd", p, v)
+    return acc / total[:, None]
+
+
+def decode_torch_softmax_by_hand(q, key_blocks, value_blocks, table, length):
+    """Wrong: torch, the keys gathered by their slots, the softmax written
+    out as exp / sum without a maximum."""
+    size = key_blocks.shape[1]
+    slots = [table[p // size] * size + p % size for p in range(length)]
+    k = torch.as_tensor(key_blocks).flatten(0, 1)[slots]
+    v = torch.as_tensor(value_blocks).flatten(0, 1)[slots]
+    s = torch.einsum("hd,nhd->hn", torch.as_tensor(q), k)
+    e = torch.exp(s / math.sqrt(q.shape[-1]))
+    return torch.einsum("hn,nhd->hd", e / e.sum(-1, keepdim=True), v)
+
+
 def decode_last_entry_for_partial_block(
     q, key_blocks, value_blocks, table, length
 ):
@@ -439,6 +466,8 @@ CATALOGUE = {
             (decode_all_heads_scaled, "scale_heads_times_d"),
             (decode_merged_by_max, "blocks_by_max"),
             (decode_values_not_masked, "values_not_masked"),
+            (decode_exp_without_max, "unstable_softmax"),
+            (decode_torch_softmax_by_hand, "unstable_softmax"),
             (decode_last_entry_ragged, "last_entry_ragged"),
             (decode_last_entry_for_partial_block, "last_entry_ragged"),
         ],
@@ -453,6 +482,31 @@ def test_the_first_decode_case_has_a_ragged_last_block():
 
     q, keys, values, table, length = decode_cases()[0].args
     assert length % keys.shape[1] != 0 and len(table) * keys.shape[1] > length
+
+
+def test_a_decode_case_overflows_and_underflows_an_unshifted_exp():
+    """One case's scores overflow exp (above 709) in one head and underflow
+    it (all below -745) in another: a softmax without its maximum is NaN
+    there."""
+    from attnbook.exercises.serving import LARGE_SCORES, decode_cases
+
+    (case,) = [c for c in decode_cases() if c.name == LARGE_SCORES]
+    q, keys, values, table, length = case.args
+    size = keys.shape[1]
+    slots = [table[p // size] * size + p % size for p in range(length)]
+    k = keys.reshape(-1, *keys.shape[2:])[slots]
+    top = (np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1])).max(-1)
+    assert top.max() > 709 and top.min() < -745
+
+
+def test_slots_of_the_wrong_dtype_are_called_that():
+    """Right values in a float array: the verdict names the dtype, not a
+    difference of 0."""
+    from attnbook.exercises import ExerciseError
+
+    with pytest.raises(ExerciseError, match="not an integer one") as err:
+        check_block_slots(slots_torch_tensor_of_table)
+    assert "largest difference" not in str(err.value)
 
 
 def test_the_stubs_are_not_attempted():

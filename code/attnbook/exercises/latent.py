@@ -7,12 +7,12 @@ cache must reuse one of its own attention type (a sliding-window layer's cache
 holds only the window), and the last such layer *before* the shared ones. The
 absorbed step has the mistakes of the derivation: the scale taken from the
 length of the absorbed query instead of the key it stands for, the rotary part
-forgotten or left unscaled, the scores unscaled or scaled by sqrt(d_nope), one
-head's W_UK or W_UV used for all, a softmax that overflows or that subtracts
-one maximum for all heads instead of each head's own, and a softmax taken over
-the heads or over the whole array instead of over each head's positions. That
-the absorbed step never forms a head's keys or values is not checked: only the
-outputs are compared.
+forgotten, left unscaled or scaled apart by sqrt(d_rope), the scores unscaled
+or scaled by sqrt(d_nope), one head's W_UK or W_UV used for all, a softmax
+that overflows or that subtracts one maximum for all heads instead of each
+head's own, and a softmax taken over the heads or over the whole array
+instead of over each head's positions. That the absorbed step never forms a
+head's keys or values is not checked: only the outputs are compared.
 """
 
 from __future__ import annotations
@@ -288,13 +288,15 @@ def _absorbed(
     rope_scaled=True,
     heads_uv=None,
     softmax_axis=-1,
+    rope_apart=False,
 ):
     """The reference and its mistakes: one decoding step of MLA, in numpy.
 
     q_nope (h, d_nope), q_rope (h, d_rope), latents (n, d_c), rope_keys (n,
     d_rope), w_uk (h, d_nope, d_c), w_uv (h, d_v, d_c) -> (h, d_v).
     ``softmax_axis``: -1 (each head over its positions), 0 (over the heads)
-    or None (over the whole (h, n) array).
+    or None (over the whole (h, n) array). ``rope_apart``: the rotary part
+    divided by sqrt(d_rope) on its own, the latent part by the scale.
     """
     d_nope, d_rope = q_nope.shape[-1], q_rope.shape[-1]
     w_k = w_uk if heads_uk is None else heads_uk(w_uk)
@@ -302,7 +304,7 @@ def _absorbed(
     q_latent = np.einsum("hd,hdc->hc", q_nope, w_k)
     scores = q_latent @ latents.T
     rope_scores = q_rope @ rope_keys.T
-    if rope and rope_scaled:
+    if rope and rope_scaled and not rope_apart:
         scores = scores + rope_scores
     d_c = latents.shape[-1]
     dim = (
@@ -313,6 +315,8 @@ def _absorbed(
     scores = scores / np.sqrt(dim)
     if rope and not rope_scaled:
         scores = scores + rope_scores
+    if rope and rope_apart:
+        scores = scores + rope_scores / np.sqrt(d_rope)
     if softmax_axis != -1:
         e = np.exp(scores - scores.max(axis=softmax_axis, keepdims=True))
         weights = e / e.sum(axis=softmax_axis, keepdims=True)
@@ -406,6 +410,15 @@ DECODE_MISTAKES = [
         "the scale divides the whole score, latent part plus rotary part: add "
         "the two, then divide by sqrt(d_nope + d_rope)",
         _mistake(rope_scaled=False),
+    ),
+    Mistake(
+        "rope_scaled_apart",
+        "the rotary part of the score is divided by sqrt(d_rope) on its own, "
+        "the latent part by sqrt(d_nope + d_rope): the two parts are one dot "
+        "product of d_nope + d_rope features, scaled once",
+        "add the latent part and the rotary part, then divide the sum by "
+        "sqrt(d_nope + d_rope)",
+        _mistake(rope_apart=True),
     ),
     Mistake(
         "one_head_uv",

@@ -26,8 +26,10 @@ averaged, weighted by their filled counts or by their largest scores instead
 of merged by their shares of the softmax's mass (chapter 9's merge), and the
 tail's scores masked but not its values: a zero weight times a NaN or an
 infinity left in an unfilled slot is NaN (two cases fill the tails with NaN
-and with infinities), and the table's last entry taken for the part-filled
-block, as for the slots.
+and with infinities), the exponentials taken without subtracting a maximum
+(one case has scores of thousands, which overflow, and of minus hundreds,
+which underflow to 0 / 0), and the table's last entry taken for the
+part-filled block, as for the slots.
 
 Numpy only: a reader may answer with torch, and a torch tensor returned is
 compared as an array.
@@ -37,7 +39,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._framework import Case, Mistake, as_array, run_checks, same
+from ._framework import (
+    Case,
+    Mistake,
+    as_array,
+    difference,
+    dtype_name,
+    run_checks,
+    same,
+)
 
 # --- the slots of a sequence -------------------------------------------------
 
@@ -146,6 +156,32 @@ def _same_slots(got, expected) -> bool:
     got, expected = as_array(got), as_array(expected)
     integers = [np.issubdtype(x.dtype, np.integer) for x in (got, expected)]
     return integers[0] == integers[1] and same(got, expected)
+
+
+def _describe_slots(got, expected, case=None) -> str:
+    """:func:`difference`, except that slots of the right values in a dtype
+    that cannot index (float, bool) are called that, not a difference of
+    0."""
+    if got is not None and not isinstance(got, (list, tuple)):
+        try:
+            a = as_array(got)
+        except (TypeError, ValueError):
+            a = None
+        if (
+            a is not None
+            and a.shape == as_array(expected).shape
+            and not np.issubdtype(a.dtype, np.integer)
+            and same(a, expected)
+        ):
+            kind = dtype_name(got)
+            what = (
+                f"your slots are an empty {kind} array, not an integer one"
+                if a.size == 0
+                else f"the values are right but the slots are {kind}, not "
+                "integers"
+            )
+            return f"{what}: slots index the cache, and {kind} cannot index"
+    return difference(got, expected, case)
 
 
 SLOT_MISTAKES = [
@@ -292,6 +328,7 @@ def check_block_slots(fn) -> None:
         _reference_slots,
         SLOT_MISTAKES,
         compare=_same_slots,
+        describe=_describe_slots,
         postprocess=lambda out: out,
     )
 
@@ -418,6 +455,13 @@ def _values_not_masked(q, key_blocks, value_blocks, table, length):
     return np.einsum("hn,nhd->hd", w, v)
 
 
+def _no_max(q, key_blocks, value_blocks, table, length):
+    k, v = (_gather(x, table, length) for x in (key_blocks, value_blocks))
+    with np.errstate(all="ignore"):
+        w = np.exp(np.einsum("hd,nhd->hn", q, k) / np.sqrt(q.shape[-1]))
+        return np.einsum("hn,nhd->hd", w / w.sum(-1, keepdims=True), v)
+
+
 def _blocks_averaged(q, key_blocks, value_blocks, table, length):
     size = key_blocks.shape[1]
     outs = []
@@ -510,6 +554,16 @@ DECODE_MISTAKES = [
         _values_not_masked,
     ),
     Mistake(
+        "unstable_softmax",
+        "the exponentials are taken without subtracting a maximum: exp "
+        "overflows to inf once a score passes about 709 (88 in float32) and "
+        "underflows to 0 below about -745, and inf / inf or 0 / 0 is NaN",
+        "subtract each head's largest score before exp; block by block, keep "
+        "a running maximum and rescale the sums when it grows, or merge the "
+        "blocks' log-sum-exps, as in chapter 9",
+        _no_max,
+    ),
+    Mistake(
         "last_entry_ragged",
         "the table's last entry is taken for the part-filled block: a table "
         "may hold spare entries beyond the m = ceil(length / block_size) "
@@ -532,6 +586,12 @@ DECODE_MISTAKES = [
 ]
 
 
+LARGE_SCORES = (
+    "blocks of 5, table [1, 4], 8 positions, 2 heads of 6, large scores: "
+    "head 0's largest is 2340, head 1's -906 (queries scaled by 300)"
+)
+
+
 def decode_cases() -> list[Case]:
     rng = np.random.default_rng(0)
     cases = []
@@ -549,19 +609,15 @@ def decode_cases() -> list[Case]:
         "blocks of 8, table [3], 2 positions": (5, 8, 2, 2, [3], 2),
         "blocks of 2, table [6, 4, 0, 2, 7, 1], 7 positions (two spare "
         "entries)": (8, 2, 3, 3, [6, 4, 0, 2, 7, 1], 7),
-        "blocks of 5, table [1, 4], 8 positions, 2 heads of 6": (
-            6,
-            5,
-            2,
-            6,
-            [1, 4],
-            8,
-        ),
+        LARGE_SCORES: (6, 5, 2, 6, [1, 4], 8),
     }.items():
         # garbage everywhere, then the sequence's keys where they belong
         keys = rng.standard_normal((n_blocks, size, h, d)) * 3 + 2
         values = rng.standard_normal((n_blocks, size, h, d)) * 3 - 4
         q = rng.standard_normal((h, d)) * 1.5
+        if name == LARGE_SCORES:
+            # exp overflows float64 past 709 and underflows to 0 below -745
+            q = q * 300
         cases.append(Case(name, (q, keys, values, list(table), length)))
     # uninitialised memory: NaN, then infinities, in the unfilled tails
     for name, (n_blocks, size, table, length, fill) in {
