@@ -935,3 +935,27 @@ def test_a_case_folded_mode_is_refused_and_named():
         check_benchmark_flops(flops_case_folded)
     assert err.value.mistake == "mode_case_folded"
     assert "FWD" in str(err.value)
+
+
+# --- issue 31, student report 10b (session 11) --------------------------------
+
+
+def flops_none_for_unknown_mode(batch, heads, n, d, causal=False, mode="fwd"):
+    """The student's version: an unknown mode returns None, not an error."""
+    factor = {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}.get(mode)
+    if factor is None:
+        return None
+    return 4 * batch * heads * n * n * d * (0.5 if causal else 1) * factor
+
+
+CATALOGUE["check_benchmark_flops"]["wrong"] += [
+    (flops_none_for_unknown_mode, "unknown_mode_returns_none")
+]
+
+
+def test_an_unknown_mode_returning_none_is_named_as_such():
+    with pytest.raises(ExerciseError) as err:
+        check_benchmark_flops(flops_none_for_unknown_mode)
+    assert err.value.mistake == "unknown_mode_returns_none"
+    assert "returned None" in str(err.value)
+    assert "returns a count" not in str(err.value)

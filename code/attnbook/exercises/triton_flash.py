@@ -672,6 +672,23 @@ MODE_MISTAKES.append(
 )
 
 
+# issue 31, student report 10b (session 11): an if/elif chain with no else,
+# or a lookup with dict.get, returns None for an unknown mode; the diagnosis
+# "returns a count" did not describe it
+MODE_MISTAKES.append(
+    Mistake(
+        "unknown_mode_returns_none",
+        "a mode other than 'fwd', 'bwd' and 'fwd_bwd' returns None: the "
+        "function falls through its if/elif chain, or looks the factor up "
+        "with dict.get, and says nothing (a benchmark that divides by the "
+        "count would fail far from the typo)",
+        "end the if/elif chain with `raise ValueError(...)`, or index the "
+        "dict with m[mode] (KeyError) instead of m.get(mode)",
+        lambda batch, heads, n, d, causal=False, mode="fwd": None,
+    )
+)
+
+
 def _check_unknown_mode(fn) -> None:
     """Reject a count for a mode that is none of the three."""
     __tracebackhide__ = True
@@ -695,7 +712,7 @@ def _check_unknown_mode(fn) -> None:
             "attention FLOPs",
             name,
             f"your function returned {got!r} instead of raising an error",
-            mistake=mistake,
+            mistake=MODE_MISTAKES[2] if got is None else mistake,
         )
 
 
