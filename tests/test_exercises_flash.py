@@ -1920,3 +1920,80 @@ def test_backward_right_solutions_clear_the_square_limit_with_a_margin():
                 right.__name__,
                 causal,
             )
+
+
+# --- issue 31, student report 09: four wrong answers that got the generic
+# hint, written as the student wrote them
+
+
+def merge_takes_minimum(m_a, l_a, m_b, l_b):
+    """Wrong: the smaller maximum, guarded; the other sum overflows."""
+    m = np.minimum(m_a, m_b)
+    shift = np.where(np.isneginf(m), 0, m)
+    return m, l_a * np.exp(m_a - shift) + l_b * np.exp(m_b - shift)
+
+
+def merge_through_first_max(m_a, l_a, m_b, l_b):
+    """Wrong: both sums to m_a first, then to the maximum."""
+    s = np.where(np.isneginf(m_a), 0, m_a)
+    m = np.maximum(m_a, m_b)
+    total = l_a + l_b * np.exp(m_b - s)
+    return m, total * np.exp(s - np.where(np.isneginf(m), 0, m))
+
+
+def online_all_float16(scores):
+    """Wrong: the state and the scores in float16."""
+    m, l = np.float16(-np.inf), np.float16(0)
+    for x in scores:
+        x = np.float16(x)
+        if x == -np.inf:
+            continue
+        new = max(m, x)
+        l = np.float16(l * np.exp(m - new) + np.exp(x - new))
+        m = new
+    return float(m), float(l)
+
+
+def online_stored_unguarded(scores):
+    """Wrong twice: stores the row for two passes, and a fully masked row
+    gives NaN; the NaN is named first (with a word on storing)."""
+    row = np.fromiter(scores, float)
+    m = row.max()
+    return m, np.exp(row - m).sum()
+
+
+STUDENT_09_WRONG = {
+    "check_merge_softmax_states": [
+        (merge_takes_minimum, "minimum_for_maximum"),
+        (merge_through_first_max, "shift_by_m_a"),
+    ],
+    "check_online_softmax": [
+        (online_all_float16, "float16_arithmetic"),
+        (online_stored_unguarded, "nan_on_masked_row"),
+    ],
+}
+for _name, _wrong in STUDENT_09_WRONG.items():
+    CATALOGUE[_name]["wrong"].extend(_wrong)
+
+
+@pytest.mark.parametrize(
+    "check, wrong, key",
+    [
+        (check, wrong, key)
+        for check in (check_merge_softmax_states, check_online_softmax)
+        for wrong, key in STUDENT_09_WRONG[check.__name__]
+    ],
+)
+def test_student_09_mistakes_are_named(check, wrong, key):
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check(wrong)
+    assert err.value.mistake == key
+
+
+def test_merge_empty_hint_gives_no_code():
+    """The hint for two empty states says what to do, not the line that
+    does it (student report 09)."""
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check_merge_softmax_states(merge_unguarded)
+    assert err.value.mistake == "nan_on_empty"
+    assert "np.where" not in str(err.value)

@@ -113,6 +113,24 @@ def _merge_with(rule, guard=True):
     return merge
 
 
+def _merge_min(m_a, l_a, m_b, l_b):
+    """The merge with the smaller maximum (guarded like the chapter's)."""
+    m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+    m = np.minimum(m_a, m_b)
+    shift = _finite(m)
+    return m, l_a * np.exp(m_a - shift) + l_b * np.exp(m_b - shift)
+
+
+def _merge_shift_by_m_a(m_a, l_a, m_b, l_b):
+    """Both sums moved to m_a (a finite stand-in where it is -inf), then the
+    total to the maximum: exp(m_b - m_a) overflows on maxima far apart."""
+    m_a, l_a, m_b, l_b = (np.asarray(x, float) for x in (m_a, l_a, m_b, l_b))
+    m = np.maximum(m_a, m_b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = l_a + l_b * np.exp(m_b - _finite(m_a))
+        return m, total * np.exp(_finite(m_a) - _finite(m))
+
+
 def _strict_merge(m_a, l_a, m_b, l_b, keep="a"):
     """Strict comparisons only: where the two maxima are equal (and finite),
     one sum is kept (a's, b's) or neither ("none": l started at zeros and no
@@ -152,9 +170,9 @@ MERGE_MISTAKES = [
     Mistake(
         "nan_on_empty",
         "merging two empty states gives NaN: exp(-inf - (-inf)) is exp(NaN)",
-        "an empty state (a fully masked block) is (m=-inf, l=0); subtract a "
-        "finite stand-in for m, "
-        "e.g. np.where(np.isneginf(m), 0, m), so that exp(-inf - 0) = 0",
+        "an empty state (a fully masked block) is (m=-inf, l=0); where the "
+        "new maximum is -inf, subtract a finite stand-in for it instead, so "
+        "that the factors become exp(-inf - stand-in) = 0",
         _merge_with(
             lambda m_a, l_a, m_b, l_b, m: (
                 l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
@@ -281,6 +299,27 @@ MERGE_MISTAKES = [
             np.atleast_1d(np.asarray(x, float))
             for x in _merge_reference(*state)
         ),
+    ),
+    # issue 31, student report 09: these two got the generic hint
+    Mistake(
+        "minimum_for_maximum",
+        "the merged state takes the smaller maximum, min(m_a, m_b): the sum "
+        "of the state with the larger maximum is then scaled by "
+        "exp(m_big - m_small) > 1, which overflows when the maxima are far "
+        "apart",
+        "the merged maximum is the larger one, m = max(m_a, m_b): every "
+        "score of the union is at most m, so both factors exp(m_a - m) and "
+        "exp(m_b - m) are at most 1",
+        _merge_min,
+    ),
+    Mistake(
+        "shift_by_m_a",
+        "the sums are moved to m_a first and only then to the maximum m: "
+        "l_b * exp(m_b - m_a) overflows to inf when m_b exceeds m_a by more "
+        "than about 709, before the second factor could bring it back",
+        "move each sum straight to the common maximum: l = l_a * exp(m_a - "
+        "m) + l_b * exp(m_b - m), where both exponents are at most 0",
+        _merge_shift_by_m_a,
     ),
     Mistake(
         "returns_lse",
@@ -558,6 +597,32 @@ ONLINE_MISTAKES = [
             np.asarray(x, float).astype(np.float16).astype(float)
         ),
     ),
+    # issue 31, student report 09: a loop that keeps its state in float16
+    # (not only the scores) got the generic hint
+    Mistake(
+        "float16_arithmetic",
+        "the running state is kept and updated in float16: float16 keeps "
+        "about 3 significant digits, so each update of m and l rounds, and "
+        "the rounding accumulates over the row",
+        "keep m and l in float64 (or at least float32, as the kernels' "
+        "accumulators are), and the scores at the precision they come in; "
+        "the state is two numbers, so precision costs no memory here",
+        lambda x: _float16_state(x),
+    ),
+    # issue 31, student report 09: a two-pass answer that stores the row
+    # gives NaN on a fully masked row only, and got the generic hint
+    Mistake(
+        "nan_on_masked_row",
+        "a fully masked row gives NaN: its maximum is -inf, and "
+        "exp(-inf - (-inf)) is exp(NaN); every other row is right. (If your "
+        "function stores the scores to subtract their maximum afterwards, "
+        "the memory test rejects it next: a stream is read once, so keep a "
+        "running state instead)",
+        "while the maximum is still -inf, nothing is visible and the state "
+        "is (-inf, 0): skip the update, or subtract a finite stand-in (e.g. "
+        "0) instead of m",
+        lambda x: _nan_on_masked_row(x),
+    ),
     Mistake(
         "tie_dropped",
         "a score equal to the running maximum is dropped: the branches "
@@ -570,6 +635,26 @@ ONLINE_MISTAKES = [
         lambda x: _strict_state(x),
     ),
 ]
+
+
+def _float16_state(x) -> tuple[float, float]:
+    """The one-pass state with m, l and every score in float16 (masked
+    scores skipped)."""
+    m, l = np.float16(-np.inf), np.float16(0.0)
+    for xj in np.asarray(x, float).astype(np.float16):
+        if xj == -np.inf:
+            continue
+        m_new = max(m, xj)
+        l = np.float16(l * np.exp(m - m_new) + np.exp(xj - m_new))
+        m = m_new
+    return float(m), float(l)
+
+
+def _nan_on_masked_row(x) -> tuple[float, float]:
+    """The right state, but NaN for a fully masked row (a shift by a maximum
+    that is -inf, unguarded)."""
+    m, l = _reference_state(x)
+    return (m, float("nan")) if m == -np.inf else (m, l)
 
 
 def _strict_state(x) -> tuple[float, float]:
