@@ -2021,7 +2021,9 @@ def test_a_chunk_size_written_into_the_code_is_named(capsys):
         with pytest.raises(ExerciseError) as err:
             check_chunked_causal_linear_attention(wrong)
         assert err.value.mistake == "chunk_size_fixed", str(err.value)
-        assert "chunk_size = 512 and 2048 (memory)" in str(err.value)
+        assert "chunk_size = 1024 and 2048 (lines of Python and memory)" in (
+            str(err.value)
+        )
     assert "Correct" not in capsys.readouterr().out
 
 
@@ -2054,7 +2056,7 @@ CHUNKED_RIGHT += [
 def _chunked_capped(cap):
     def capped(phi_q, phi_k, v, chunk_size):
         """Wrong: a cap on the chunk size (accepted by the checker of
-        session 11's first fix, which probed one chunk of n only)."""
+        session 11's first fixes: readings ps17n, ps17o)."""
         return chunked_loop(phi_q, phi_k, v, min(chunk_size, cap))
 
     capped.__name__ = f"chunked_capped_{cap}"
@@ -2071,6 +2073,7 @@ def _chunked_floored(floor, form):
 
 
 CHUNKED_SIZE_OF_ITS_OWN = [
+    _chunked_capped(1024),
     _chunked_capped(512),
     _chunked_capped(256),
     _chunked_floored(16, chunked_loop),
@@ -2104,3 +2107,24 @@ CHUNKED_WRONG += [
     (_chunked_capped(512), "chunk_size_fixed"),
     (_chunked_floored(16, chunked_loop), "chunk_size_fixed"),
 ]
+
+
+def _chunked_vectorised_capped(cap):
+    def capped(phi_q, phi_k, v, chunk_size):
+        """Wrong: the chunkwise-parallel form with a cap on the chunk
+        size (no loop over the chunks: only its memory tells)."""
+        return chunked_parallel_padded(phi_q, phi_k, v, min(chunk_size, cap))
+
+    capped.__name__ = f"chunked_vectorised_capped_{cap}"
+    return capped
+
+
+def test_a_cap_in_a_vectorised_answer_is_named():
+    from attnbook.exercises.perspectives import _check_chunk_size_used
+
+    with pytest.raises(ExerciseError) as err:
+        _check_chunk_size_used(_chunked_vectorised_capped(1024))
+    assert err.value.mistake == "chunk_size_fixed", str(err.value)
+
+
+CHUNKED_WRONG += [(_chunked_capped(1024), "chunk_size_fixed")]
