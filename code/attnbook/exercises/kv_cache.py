@@ -484,7 +484,8 @@ def _ring_core(
     chunk's own too; ``write_before_held`` writes first, reads the held
     positions back from the ring and the chunk's own keys from ``k_new``;
     ``write_first_read_last`` writes first, then reads back the last W
-    positions up to the chunk's end, the chunk's own included; ``unclipped`` reads the positions pos - W + 1 .. pos - 1 without clipping
+    positions up to the chunk's end, the chunk's own included;
+    ``unclipped`` reads the positions pos - W + 1 .. pos - 1 without clipping
     at 0, negative ones included (slots not yet written), as visible keys."""
     k_ring, v_ring = np.array(k_ring), np.array(v_ring)
     w, n = k_ring.shape[-2], q.shape[-2]
