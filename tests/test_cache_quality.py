@@ -121,6 +121,26 @@ def test_top1_kept_refuses_near_ties():
         c.top1_kept(0.05, margin=0.1)
 
 
+def test_top1_kept_is_false_beside_a_near_tie_when_another_flip_is_clear():
+    """A clear flip decides the verdict whatever the near-ties elsewhere (a
+    4-bit cache has both): False, not TooCloseToCall."""
+    c = CacheComparison(
+        attention=np.zeros((1, 1)),
+        max_dlogit=np.zeros(1),
+        kl=np.zeros(1),
+        exact_margin=np.array([[0.8, 0.9, 2.0]]),
+        kept_margin=np.array([[0.01, -0.4, 1.5]]),
+    )
+    assert not c.top1_kept(0.5, margin=0.05)
+    # without the clear flip, the near-tie still decides: refused
+    c.kept_margin[0, 1] = 0.4
+    with pytest.raises(TooCloseToCall):
+        c.top1_kept(0.5, margin=0.05)
+    # a flip by exactly the margin counts as clear
+    c.kept_margin[0, 1] = -0.05
+    assert not c.top1_kept(0.5, margin=0.05)
+
+
 def test_first_difference():
     exact = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]])
     other = torch.tensor([[1, 2, 3, 9, 9], [1, 2, 3, 4, 5]])

@@ -1118,3 +1118,55 @@ def test_unwritten_slots_hidden_by_isnan_are_caught_by_finite_garbage():
 CATALOGUE["check_ring_decode_step"]["wrong"] += [
     (ring_chunk_by_put, "repeated_slot_write"),
 ]
+
+
+# --- from the student reading of chapter 8 (issue 31, report stud08b) -------
+# writing the whole chunk first, then reading the last W positions back from
+# the ring, was rejected with no diagnosis, only the generic hint
+
+
+def ring_write_chunk_then_read_last_w(q, k_new, v_new, k_ring, v_ring, pos):
+    """Wrong: the chunk's last min(n, W) tokens written first, then the W
+    positions up to the chunk's end read back from the ring and masked by
+    position; an early query of a chunk has lost its oldest keys."""
+    w, n = k_ring.shape[-2], q.shape[-2]
+    last = np.arange(max(pos, pos + n - w), pos + n)
+    k_ring[..., last % w, :] = k_new[..., last - pos, :]
+    v_ring[..., last % w, :] = v_new[..., last - pos, :]
+    kp = np.arange(max(0, pos + n - w), pos + n)
+    qp = pos + np.arange(n)
+    allowed = (kp[None] <= qp[:, None]) & (kp[None] > qp[:, None] - w)
+    s = q @ np.swapaxes(k_ring[..., kp % w, :], -1, -2) / np.sqrt(q.shape[-1])
+    s = np.where(allowed, s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (
+        (e / e.sum(-1, keepdims=True)) @ v_ring[..., kp % w, :],
+        k_ring,
+        v_ring,
+    )
+
+
+def test_writing_the_chunk_then_reading_the_last_w_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_ring_decode_step(ring_write_chunk_then_read_last_w)
+    assert err.value.mistake == "overwrites_before_reading"
+    assert "last W up to the chunk's end" in str(err.value)
+
+
+def test_the_ring_checkers_generic_hint_does_not_spell_out_the_algorithm():
+    def off_by_noise(q, k_new, v_new, k_ring, v_ring, pos):
+        out, k_ring, v_ring = ring_good_gather_float32(
+            q, k_new, v_new, k_ring, v_ring, pos
+        )
+        return out * 1.1, k_ring, v_ring
+
+    with pytest.raises(ExerciseError) as err:
+        check_ring_decode_step(off_by_noise)
+    assert err.value.mistake is None
+    assert "then write the new positions" not in str(err.value)
+    assert "first and the last query of a chunk" in str(err.value)
+
+
+CATALOGUE["check_ring_decode_step"]["wrong"] += [
+    (ring_write_chunk_then_read_last_w, "overwrites_before_reading"),
+]

@@ -470,6 +470,7 @@ def _ring_core(
     write=True,
     write_first=False,
     write_before_held=False,
+    write_first_read_last=False,
     chunk_causal=True,
     scale=None,
     nan_while_unfilled=False,
@@ -482,6 +483,8 @@ def _ring_core(
     ``write_first`` writes first and reads every key back from the ring, the
     chunk's own too; ``write_before_held`` writes first, reads the held
     positions back from the ring and the chunk's own keys from ``k_new``;
+    ``write_first_read_last`` writes first, then reads back the last W
+    positions up to the chunk's end, the chunk's own included;
     ``unclipped`` reads the positions pos - W + 1 .. pos - 1 without clipping
     at 0, negative ones included (slots not yet written), as visible keys."""
     k_ring, v_ring = np.array(k_ring), np.array(v_ring)
@@ -512,6 +515,21 @@ def _ring_core(
                 for i, p in enumerate(q_pos)
             ],
             axis=-2,
+        )
+        return out, k_ring, v_ring
+    if write_first_read_last:
+        write_new()
+        # the W positions the ring holds after the write, oldest first
+        last = np.arange(max(0, pos + n - w), pos + n)
+        out = _window_attend(
+            q,
+            k_ring[..., last % w, :],
+            v_ring[..., last % w, :],
+            q_pos,
+            last,
+            -(w - 1),
+            0,
+            scale,
         )
         return out, k_ring, v_ring
     if write_before_held:
@@ -648,6 +666,22 @@ RING_MISTAKES = [
         "one new token per step the order does not matter, which is why only "
         "the chunk cases show it",
         _ring_mistake(write_before_held=True),
+    ),
+    Mistake(
+        # the same mistake, the keys read back after the write as the last W
+        # positions up to the chunk's end: an early query of the chunk finds
+        # its oldest keys gone
+        "overwrites_before_reading",
+        "you write the chunk into the ring first and then read back the W "
+        "positions it holds, the last W up to the chunk's end: an earlier "
+        "query of the same chunk still needs older positions, whose slots the "
+        "chunk's later tokens have just overwritten (the query at pos sees "
+        "pos - W + 1, whose slot the token at pos + 1 took), so it attends "
+        "over fewer keys than its window",
+        "read the positions the ring held before the step first, attend, and "
+        "write only then; with one new token per step the order does not "
+        "matter, which is why only the chunk cases show it",
+        _ring_mistake(write_first_read_last=True),
     ),
     Mistake(
         "window_one_too_wide",
@@ -1164,8 +1198,8 @@ def check_ring_decode_step(fn) -> None:
         ],
         compare=_same_ring_run,
         describe=_ring_problem,
-        hint="read the positions the ring holds (slot j % W for j = max(0, "
-        "pos - W) .. pos - 1), put the new keys after them, attend with the "
-        "window mask (the query at i sees i - W + 1 .. i), then write the new "
-        "positions to their slots",
+        hint="take the first and the last query of a chunk: list the "
+        "positions each must see (its window), and for each say where its "
+        "key is when the query reads it, in a slot of the ring (which "
+        "position does that slot hold at that moment?) or only in k_new",
     )

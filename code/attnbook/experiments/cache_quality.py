@@ -85,11 +85,15 @@ class CacheComparison:
 
     def top1_kept(self, min_exact_margin: float, margin: float = 0.0) -> bool:
         """Whether the top-1 token is kept at every position whose exact top-2
-        margin exceeds ``min_exact_margin``. Raises
+        margin exceeds ``min_exact_margin``. False as soon as one such position
+        lost its top-1 by more than ``margin`` (``kept_margin`` at or below
+        ``-margin``), whatever the near-ties elsewhere. Otherwise raises
         :class:`attnbook.seeds.TooCloseToCall` if at such a position the
         cache's ``kept_margin`` lies within ``margin`` of 0: which way that one
-        goes is rounding."""
+        goes, and so the verdict, is rounding."""
         kept = self.kept_margin[self.exact_margin > min_exact_margin]
+        if margin > 0 and (kept <= -margin).any():
+            return False
         near = kept[np.abs(kept) < margin]
         if near.size:
             raise TooCloseToCall(
