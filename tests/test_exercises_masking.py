@@ -273,6 +273,18 @@ CATALOGUE["check_padding_mask"]["wrong"] += [
 ]
 
 
+def query_axis_in_front(lengths, n):
+    """(1, B, n): the query axis inserted before the batch axis (issue 31,
+    student report 07b: a generic shape message before)."""
+    real = np.arange(n)[None, :] < np.asarray(lengths)[:, None]
+    return np.expand_dims(real, 0)
+
+
+CATALOGUE["check_padding_mask"]["wrong"] += [
+    (query_axis_in_front, "query_axis_first"),
+]
+
+
 def test_a_float_padding_mask_is_rejected_because_torch_adds_it():
     with pytest.raises(ExerciseError) as err:
         check_padding_mask(float_key_mask)

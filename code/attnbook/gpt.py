@@ -332,8 +332,7 @@ class TinyGPT(nn.Module):
         attend, used in every layer; is_causal: also hide later columns (the
         default; chapter 7 turns it off to run the model under other masks).
         positions: (batch, n) or (n,) int64, the position whose embedding each
-        token gets; default its column, ``start_pos + arange(n)``. A
-        left-padded batch passes each sequence's own count (chapter 7). Returns
+        token gets; default its column, ``start_pos + arange(n)``. Returns
         (batch, n, vocab_size).
         """
         n = self._check_forward(ids, kv_cache, start_pos, positions)

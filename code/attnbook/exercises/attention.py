@@ -1492,8 +1492,8 @@ CAUSAL_MISTAKES = [
     Mistake(
         "diagonal_hidden",
         "the mask is off by one: each position cannot attend to itself",
-        "query i may attend to keys 0..i inclusive: np.tril(np.ones((n, n), "
-        "bool)) keeps the diagonal",
+        "query i may attend to keys 0..i inclusive: the diagonal (j = i), "
+        "each position's own key, stays visible",
         lambda n: np.tril(np.ones((n, n), bool), k=-1),
     ),
     Mistake(
@@ -1521,21 +1521,22 @@ CAUSAL_MISTAKES = [
         "no_mask",
         "every entry is True: nothing is hidden, so each position sees the "
         "future",
-        "keep only the keys j <= i: np.tril(np.ones((n, n), bool))",
+        "query i may see only the keys j <= i: itself and its past",
         lambda n: np.ones((n, n), bool),
     ),
     Mistake(
         "flipped",
         "the mask is flipped left to right: the anti-diagonal triangle, not "
         "the lower one",
-        "row i may see keys j <= i: np.tril(np.ones((n, n), bool)), with no "
+        "row i may see keys j <= i, counted from the left (key 0), with no "
         "flip",
         lambda n: np.fliplr(np.tril(np.ones((n, n), bool))),
     ),
     Mistake(
         "two_ahead",
         "the mask is off by two: each position also sees the next two",
-        "use j <= i: np.tril(np.ones((n, n), bool)) with k=0",
+        "use j <= i, not j <= i + 2: a position sees itself and its past, "
+        "nothing after it",
         lambda n: np.tril(np.ones((n, n), bool), k=2),
     ),
     Mistake(

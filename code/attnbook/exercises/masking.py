@@ -135,6 +135,20 @@ PADDING_MISTAKES = [
         _commit(lambda i, j, L, n: j >= 0),
     ),
     Mistake(
+        "query_axis_first",
+        "the query axis is inserted in front of the batch axis, shape (1, "
+        "batch, n): the batch axis then lines up with the queries, and the "
+        "mask does not broadcast to (batch, n_q, n_k), or broadcasts along "
+        "the wrong axes",
+        "insert the query axis after the batch axis: real[:, None, :] has "
+        "shape (batch, 1, n)",
+        lambda lengths, n: _broadcast_or_raw(
+            (np.arange(n)[None, :] < np.asarray(lengths)[:, None])[None],
+            lengths,
+            n,
+        ),
+    ),
+    Mistake(
         "head_axis",
         "the mask has the head axis, shape (batch, 1, 1, n): the layout that "
         "broadcasts over "
@@ -454,8 +468,8 @@ def _transposed(lengths, block):
 
 def _ends_inclusive(lengths, block):
     """Each block taken to end one position late, at the first position of
-    the next block (its last position computed as (b + 1) * block instead of
-    (b + 1) * block - 1)."""
+    the next block (its last position computed as (a + 1) * block instead of
+    (a + 1) * block - 1)."""
     allowed = _packed_dense(lengths)
     n = allowed.shape[0]
     n_blocks = -(-n // block)
@@ -765,7 +779,7 @@ BLOCK_MASK_MISTAKES = [
         "safe, but it applies the mask where none is needed; this exercise "
         "counts real positions only)",
         "the last block holds n - (n_blocks - 1) * block positions: take "
-        "its last position as min((b + 1) * block, n) - 1",
+        "its last position as min((a + 1) * block, n) - 1 (block a)",
         _ragged_padded,
     ),
     Mistake(
@@ -787,10 +801,10 @@ BLOCK_MASK_MISTAKES = [
     Mistake(
         "ends_inclusive",
         "off by one at the block edges: each block is taken to end at the "
-        "first position of the next one, (b + 1) * block, instead of "
-        "(b + 1) * block - 1",
-        "block b holds positions b * block .. min((b + 1) * block, n) - 1; "
-        "the end (b + 1) * block is exclusive",
+        "first position of the next one, (a + 1) * block, instead of "
+        "(a + 1) * block - 1",
+        "block a holds positions a * block .. min((a + 1) * block, n) - 1; "
+        "the end (a + 1) * block is exclusive",
         _ends_inclusive,
     ),
     Mistake(
@@ -897,11 +911,12 @@ RAGGED_ONLY = ("ragged_padded", "floor_blocks")
 # derivation is in the solution, which the reader has not opened)
 BLOCK_MASK_HINT = (
     "tile (a, c) has its queries q_first .. q_last and keys k_first .. "
-    "k_last (q_last, k_last = min((b + 1) * block, n) - 1); a pair may "
-    "attend when the key comes no later than the query and both lie in one "
-    "document. The tile holds a visible pair when the two blocks share a "
-    "document and k_first <= q_last; every pair is visible when k_first and "
-    "q_last lie in one document and k_last <= q_first. Print your answer "
+    "k_last (q_last = min((a + 1) * block, n) - 1, k_last likewise for "
+    "block c); a pair may attend when the key comes no later than the query "
+    "and both lie in one document. For each kind of tile, ask which of its "
+    "pairs is the hardest to make visible (for 'full') or the easiest (for "
+    "'some pair visible'), and what the documents of the blocks' end "
+    "positions say about the positions between them. Print your answer "
     "next to the tiles of the dense mask on a small case to find the tile "
     "that differs"
 )
