@@ -260,8 +260,9 @@ SPLIT_QKV_MISTAKES = [
     Mistake(
         "packed_last",
         "the packed axis was read as (d_model, 3): q, k and v taken as every "
-        "third feature, interleaved feature by feature (an einops pattern "
-        "'(d three)' where '(three d)' was meant)",
+        "third feature, interleaved feature by feature (in the notation of "
+        "the einops library's rearrange, '(d three)' where '(three d)' was "
+        "meant)",
         "the packed features are [all of q | all of k | all of v]: the "
         "three comes first, (3, d_model), so q is the first third, "
         "qkv[..., :d_model], not qkv[..., 0::3]",
