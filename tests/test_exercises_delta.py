@@ -119,6 +119,18 @@ def memory_kaczmarz_passes(keys, values):
     return S
 
 
+def memory_kaczmarz_few_passes(keys, values):
+    """Wrong: 20 passes of the delta rule on the raw keys, beta = 1/|k|^2
+    (Kaczmarz's method), far from converged where there are as many pairs
+    as key channels (entries off by about 0.1)."""
+    S = torch.zeros(keys.shape[1], values.shape[1], dtype=keys.dtype)
+    for _ in range(20):
+        for i in range(keys.shape[0]):
+            k = keys[i]
+            S = S + torch.outer(k, values[i] - S.T @ k) / (k @ k)
+    return S
+
+
 def memory_qr(keys, values):
     """Correct: K^T = Q R, so S = Q R^-T V, by a triangular solve."""
     Q, R = torch.linalg.qr(keys.T)
@@ -321,6 +333,7 @@ CATALOGUE = {
             (memory_square, "square_solve"),
             (memory_batched, "wrong_shape"),
             (memory_kaczmarz_passes, "approximate"),
+            (memory_kaczmarz_few_passes, "stopped_early"),
             (memory_normal_equations, "not_least_norm"),
             (memory_plus_null_space_numpy, "not_least_norm"),
         ],
