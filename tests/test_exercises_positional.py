@@ -519,6 +519,11 @@ CATALOGUE = {
                 lambda h, n: loop_bias(h, n, slopes=always_split_slopes(h)),
                 "split_for_powers_of_two",
             ),
+            # student report stud06b: the heads on the last axis, (n, n, h)
+            (
+                lambda h, n: np.moveaxis(loop_bias(h, n), 0, -1),
+                "heads_last",
+            ),
         ],
     },
 }

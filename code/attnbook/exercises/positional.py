@@ -298,6 +298,21 @@ def visible_relative(bias) -> np.ndarray:
     return np.where(below, shifted, 0.0)
 
 
+def _visible_any_layout(bias) -> np.ndarray:
+    """:func:`visible_relative`, also for a bias with the heads last, ``(n, n,
+    heads)``: its visible part, still heads last (so its shape stays wrong and
+    the checker rejects it), which lets the mistake "heads_last" be named
+    whatever the reader put above the diagonal."""
+    b = as_array(bias)
+    if (
+        b.ndim == 3
+        and 1 < b.shape[0] == b.shape[1] != b.shape[2]
+        and b.dtype != bool
+    ):
+        return np.moveaxis(visible_relative(np.moveaxis(b, -1, 0)), 0, -1)
+    return visible_relative(b)
+
+
 def _distance(n):
     i = np.arange(n)
     # m - n (query minus key): >= 0 at or below the diagonal
@@ -435,6 +450,15 @@ ALIBI_MISTAKES = [
         ),
     ),
     Mistake(
+        "heads_last",
+        "the head axis is last: the bias has shape (n, n, n_heads), where "
+        "the exercise asks for (n_heads, n, n)",
+        "put the heads first: head r's (n, n) matrix is bias[r], e.g. "
+        "slopes[:, None, None] * distance[None, :, :], or np.moveaxis(bias, "
+        "-1, 0) on what you built",
+        lambda h, n: np.moveaxis(alibi_bias(h, n), 0, -1),
+    ),
+    Mistake(
         "constant_rows",
         "the bias does not change along a row (it is zero, or depends on the "
         "query only), "
@@ -467,7 +491,7 @@ def check_alibi_bias(fn) -> None:
             m.key,
             m.description,
             m.hint,
-            lambda h, n, f=m.commit: visible_relative(f(h, n)),
+            lambda h, n, f=m.commit: _visible_any_layout(f(h, n)),
         )
         for m in ALIBI_MISTAKES
     ]
@@ -477,6 +501,6 @@ def check_alibi_bias(fn) -> None:
         cases,
         lambda h, n: visible_relative(alibi_bias(h, n)),
         mistakes,
-        postprocess=visible_relative,
+        postprocess=_visible_any_layout,
         hint=ALIBI_HINT,
     )
