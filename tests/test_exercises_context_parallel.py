@@ -289,6 +289,12 @@ def overlap_round(peak_flops, link_bits, both, h, n_kv, d, b):
     return round(peak_flops * n_kv * b / (2 * h * bandwidth))
 
 
+def overlap_int(peak_flops, link_bits, both, h, n_kv, d, b):
+    """Wrong (student reading stud1112b): int(), which rounds down."""
+    bandwidth = link_bits / 8 / (2 if both else 1)
+    return int(peak_flops * n_kv * b / (2 * h * bandwidth))
+
+
 CATALOGUE = {
     "check_zigzag_positions": {
         "right": [
@@ -332,6 +338,7 @@ CATALOGUE = {
             (overlap_elements, "elements_not_bytes"),
             (overlap_ceil, "rounded_up"),
             (overlap_round, "rounded_up"),
+            (overlap_int, "rounded_down"),
         ],
     },
 }
@@ -436,7 +443,7 @@ def test_no_overlap_case_sits_on_a_whole_number():
         assert _same_number(np.float32(right), right)
         for mistake in OVERLAP_MISTAKES:
             wrong = mistake.commit(*case.args)
-            if mistake.key == "rounded_up":
+            if mistake.key in ("rounded_up", "rounded_down"):
                 assert not _same_number(wrong, right)
                 continue
             assert wrong == right or abs(wrong / right - 1) > 0.01
@@ -453,6 +460,10 @@ def test_a_rounded_answer_is_told_to_stay_a_float():
     with pytest.raises(ExerciseError) as err:
         check_overlap_tokens(rounded_down)
     assert "unrounded" in str(err.value)
+    # int() rounds down too: named, with a diagnosis line like round()'s and
+    # math.ceil's (issue 31, student report stud1112b)
+    assert err.value.mistake == "rounded_down"
+    assert "Diagnosis" in str(err.value)
     with pytest.raises(ExerciseError) as err:
         check_overlap_tokens(overlap_ceil)
     assert err.value.mistake == "rounded_up"

@@ -799,3 +799,17 @@ def pool_matrix_only(weight, n_heads, n_kv_heads):
 CATALOGUE["check_pool_kv_heads"]["wrong"] += [
     (pool_matrix_only, "trailing_axis_added")
 ]
+
+
+def test_a_numpy_pool_result_is_not_said_to_differ_by_0():
+    # before: "values differ from the reference (largest difference 0)" when
+    # only the kind was wrong (issue 31, student report stud1112b)
+    from attnbook.exercises import ExerciseError
+
+    with pytest.raises(ExerciseError) as err:
+        check_pool_kv_heads(pool_numpy_result)
+    text = str(err.value)
+    assert err.value.mistake == "numpy_result"
+    assert "largest difference 0" not in text
+    assert "not a torch tensor" in text
+    assert "values agree with the answer" in text

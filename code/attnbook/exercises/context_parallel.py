@@ -22,7 +22,8 @@ as one direction's (or the direction flag read the wrong way round), the
 same number of heads for the compute and the transfer (the key/value heads
 counted as query heads, or the compute counted on the key/value heads: GQA's
 saving lost either way), elements counted
-instead of bytes, and the threshold rounded to whole tokens. The answer is
+instead of bytes, and the threshold rounded to whole tokens (up, to the
+nearest or down). The answer is
 compared to a relative 1e-5, so that float32 arithmetic passes; an exact
 :class:`fractions.Fraction` passes too. A nan or inf returned is explained (a
 division by zero), not diagnosed.
@@ -543,6 +544,16 @@ OVERLAP_MISTAKES = [
         "unrounded (the package's cost.overlap_tokens rounds up because it "
         "counts whole tokens)",
         lambda *a: math.ceil(_tokens(*a)),
+    ),
+    Mistake(
+        "rounded_down",
+        "the threshold is rounded down to whole tokens (as int() or "
+        "math.floor does): the exercise asks for the threshold itself, and "
+        "below it the transfer is no longer hidden",
+        "return the float m at which compute and transfer take equally long, "
+        "unrounded (whole tokens would be rounded up, as the package's "
+        "cost.overlap_tokens does, never down)",
+        lambda *a: math.floor(_tokens(*a)),
     ),
 ]
 

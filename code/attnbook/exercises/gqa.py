@@ -476,7 +476,24 @@ def describe_pool(got, expected, case: Case | None = None) -> str:
     dtype is not judged, but 16 bits cannot hold the mean to the checker's
     tolerance: the reader is told whether the rounding accounts for the
     difference (values computed right, then stored in 16 bits) or not (a
-    mistake besides the dtype)."""
+    mistake besides the dtype). A result that is not a torch tensor is named
+    as such first: its values may well be right (``same_values_and_kind``
+    refuses it for its kind)."""
+    if (
+        isinstance(expected, torch.Tensor)
+        and not isinstance(got, torch.Tensor)
+        and got is not None
+    ):
+        kind = f"{type(got).__module__}.{type(got).__name__}"
+        values = (
+            "its values agree with the answer to the checker's tolerance"
+            if same(got, expected)
+            else "its values differ too: " + difference(got, expected, case)
+        )
+        return (
+            f"your result is a {kind}, not a torch tensor (the weight is "
+            f"one, and Parameter.copy_ needs one); {values}"
+        )
     problem = difference(got, expected, case)
     got_dtype, expected_dtype = dtype_name(got), dtype_name(expected)
     bits = SIXTEEN_BIT_PRECISION.get(got_dtype)
