@@ -2128,3 +2128,47 @@ def test_a_cap_in_a_vectorised_answer_is_named():
 
 
 CHUNKED_WRONG += [(_chunked_capped(1024), "chunk_size_fixed")]
+
+
+# --- from the expert reading of chapter 17 (ps17p, session 11) --------------
+
+
+def chunked_empty_for_one_chunk(phi_q, phi_k, v, chunk_size):
+    """Wrong: computes nothing when chunk_size exceeds n, returning
+    np.empty's memory (accepted when the reference ran first and freed a
+    temporary holding the right values, which np.empty got back)."""
+    n = phi_q.shape[-2]
+    if chunk_size > n:
+        shape = phi_q.shape[:-1] + v.shape[-1:]
+        return np.empty(shape, np.result_type(phi_q, phi_k, v))
+    return chunked_loop(phi_q, phi_k, v, chunk_size)
+
+
+def chunked_last_chunk_unwritten(phi_q, phi_k, v, chunk_size):
+    """Wrong: the last, short chunk is never computed and its rows are
+    np.empty's memory (hidden by the same leftover values)."""
+    n = phi_q.shape[-2]
+    shape = phi_q.shape[:-1] + v.shape[-1:]
+    out = np.empty(shape, np.result_type(phi_q, phi_k, v))
+    full = n - n % chunk_size
+    if full:
+        out[..., :full, :] = chunked_loop(
+            phi_q[..., :full, :],
+            phi_k[..., :full, :],
+            v[..., :full, :],
+            chunk_size,
+        )
+    return out
+
+
+def test_unwritten_rows_of_np_empty_are_not_taken_for_right_values():
+    """The answer runs before the reference, on scrubbed memory: rows it
+    never writes cannot pick up the values a reference just freed."""
+    for wrong, case in (
+        (chunked_empty_for_one_chunk, "one chunk, shorter than chunk_size"),
+        (chunked_last_chunk_unwritten, "the last chunk has 2 positions"),
+    ):
+        for _ in range(2):
+            with pytest.raises(ExerciseError) as err:
+                check_chunked_causal_linear_attention(wrong)
+            assert case in str(err.value), str(err.value)

@@ -861,6 +861,30 @@ def error_hint(err: Exception, inputs=()) -> str | None:
     return None
 
 
+def scrub_freed_memory(like) -> None:
+    """Fill with NaN the memory freed blocks of ``like``'s size may hold.
+
+    numpy takes an output made with ``np.empty`` from memory freed before:
+    blocks the size of the last case's reference output (its temporaries,
+    whose values can equal the next case's, on the same inputs with another
+    chunk size) are taken, filled with NaN and freed again, so that an
+    unwritten row reads NaN, not a right value left over. ``like`` may be
+    any value; nothing is done unless it is an array.
+    """
+    if not isinstance(like, np.ndarray) or like.nbytes == 0:
+        return
+    blocks = []
+    # several blocks of each size: the allocator may hold several freed
+    # ones; twice the size too, a float64 temporary of a float32 output
+    for size in (like.nbytes, 2 * like.nbytes):
+        for _ in range(8):
+            block = np.empty(size, np.uint8)
+            # all bits set: NaN in every float format, -1 in every integer
+            block.fill(0xFF)
+            blocks.append(block)
+    del blocks
+
+
 def run_checks(
     exercise: str,
     fn: Callable,
@@ -876,10 +900,13 @@ def run_checks(
     """Run ``fn`` on every case; raise :class:`ExerciseError` at the first
     wrong one.
 
-    The reference runs first, on its own copies of the case's arguments, and
-    ``fn`` gets copies
-    too: a function that changes its inputs in place (``q /= np.sqrt(d_k)``) is
-    judged on what it returns, and a note says once that it changed them.
+    ``fn`` runs first, on copies of the case's arguments, then the
+    reference, on its own: a function that changes its inputs in place (``q
+    /= np.sqrt(d_k)``) is judged on what it returns, and a note says once
+    that it changed them. The answer runs before the reference, and on
+    memory the earlier cases left scrubbed (:func:`scrub_freed_memory`), so
+    that an output made with ``np.empty`` and left partly unwritten cannot
+    find the right values in memory a reference has just freed.
     ``postprocess`` adapts the reader's return value (e.g. keeps the output of
     an ``(output, weights)`` pair); an exception it raises is reported as the
     reader's. ``describe(got, expected, case)`` says what is wrong (default
@@ -891,10 +918,10 @@ def run_checks(
     # IPython and pytest show the verdict, not the checker's internals
     __tracebackhide__ = True
     noted = False
+    expected = None
     for case in cases:
-        with np.errstate(all="ignore"):
-            expected = reference(*pristine(case.args), **pristine(case.kwargs))
         given = fresh(case)
+        scrub_freed_memory(expected)
         try:
             # overflow is diagnosed below, not warned about
             with np.errstate(all="ignore"):
@@ -924,6 +951,8 @@ def run_checks(
                 if named
                 else error_hint(err, (case.args, case.kwargs)),
             ) from err
+        with np.errstate(all="ignore"):
+            expected = reference(*pristine(case.args), **pristine(case.kwargs))
         if not noted:
             changed = changed_inputs(fn, case, given)
             if changed:
