@@ -108,6 +108,10 @@ NEAR_ANSWERS = {
     # the row that no run saw included: chapter 10 shows it in the
     # exercise's solution (issue 31, student report 10)
     "check_merge_kernel": ("merge_splits",),
+    # the forward kernel's key_range computes the bound end that the
+    # key-block count rounds up: chapter 10 shows it in the exercise's
+    # solution (issue 31, student report stud10c)
+    "check_key_blocks": ("key_range.fn",),
     # MultiHeadAttention.forward is the exercise's projection, split, attend,
     # merge and output projection in torch: chapter 5 shows it in the
     # exercise's solution (issue 31, student report 0506)

@@ -289,8 +289,8 @@ BLOCK_COUNT_MISTAKES = [
         "key block too many wherever the keys to cover fill a whole number of "
         "blocks",
         "floor + 1 rounds up only when keys / block_k is not a whole number; "
-        "round up with -(-keys // block_k) (or math.ceil), keys = "
-        "min(a0 + block_q, n_k)",
+        "round the same count of keys up with -(-keys // block_k) (or "
+        "math.ceil)",
         _per_block(
             lambda a0, qb, n_q, n_k, bq, bk: min(a0 + bq, n_k) // bk + 1
         ),
