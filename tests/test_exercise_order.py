@@ -124,6 +124,10 @@ NEAR_ANSWERS = {
     # and takes their scores: the part of the RoPE exercise it calls new
     # (issue 31, student report stud06)
     "check_rope_attention": ("clipped_offset_bias",),
+    # chapter 3's recall model computes the exercise's two-dimensional case
+    # in its score_table, (q @ k.T) / score_divisor: chapter 3 lists it with
+    # the exercise's solution (issue 31, student report stud0304)
+    "check_scaled_scores": ("recall.RecallAttention",),
 }
 
 

@@ -637,6 +637,14 @@ def std_with_batched_matmul(mu_q, cov_q, mu_k, cov_k):
     return np.sqrt(trace + mu_q @ cov_k @ mu_q.T + mu_k @ cov_q @ mu_k.T)
 
 
+def std_with_both_one_head_formulas(mu_q, cov_q, mu_k, cov_k):
+    # student report stud0304: the one-head code, np.trace and mu @ C @ mu,
+    # run on a stack of heads
+    return np.sqrt(
+        np.trace(cov_q @ cov_k) + mu_q @ cov_k @ mu_q + mu_k @ cov_q @ mu_k
+    )
+
+
 def std_with_batched_matmul_in_torch(mu_q, cov_q, mu_k, cov_k):
     # the same slip in torch, without the transpose
     mq, cq, mk, ck = (
@@ -694,6 +702,7 @@ WRONG_STDS = {
     "trace_over_batch": std_with_np_trace,
     "scalar": std_as_python_float,
     "batched_quadratic_form": std_with_batched_matmul,
+    "trace_and_quadratic_over_batch": std_with_both_one_head_formulas,
 }
 
 
@@ -825,3 +834,13 @@ def test_an_einsum_without_ellipsis_is_named_with_a_hint(fn):
         check_scaled_scores(fn)
     assert err.value.mistake == "einsum_without_ellipsis", str(err.value)
     assert "'...qd,...kd->...qk'" in str(err.value)
+
+
+def test_both_one_head_formulas_on_a_stack_are_named():
+    """Student report stud0304: np.trace(Cq @ Ck) with mu @ C @ mu on a
+    stack of heads got only a shape message and the generic hint."""
+    with pytest.raises(ExerciseError) as err:
+        check_score_std(std_with_both_one_head_formulas)
+    message = str(err.value)
+    assert err.value.mistake == "trace_and_quadratic_over_batch", message
+    assert "np.trace" in message and "(h, h, h)" in message, message

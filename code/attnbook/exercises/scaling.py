@@ -505,6 +505,29 @@ SCORE_STD_MISTAKES = [
             ),
         )
     ],
+    # both one-head habits at once on a stack (student report stud0304):
+    # np.trace(Cq @ Ck) and mu @ C @ mu; the result has shape (h, h, h)
+    *[
+        Mistake(
+            "trace_and_quadratic_over_batch",
+            "two one-head formulas on a stack of heads: np.trace(Cq @ Ck) "
+            "takes the diagonal over the FIRST two axes (shape (d,), not one "
+            "number per head), and mu @ C @ mu multiplies the whole (h, d) "
+            "stack of means by every head's C, giving shape (h, h, h)",
+            "reduce per head over the last axes only: np.einsum("
+            "'...ij,...ji->...', Cq, Ck) for the trace and np.einsum("
+            "'...i,...ij,...j->...', mu_q, Ck, mu_q) for each quadratic form",
+            both,
+        )
+        for both in (
+            lambda mq, cq, mk, ck: np.sqrt(
+                np.trace(cq @ ck) + mq @ ck @ mq + mk @ cq @ mk
+            ),
+            lambda mq, cq, mk, ck: np.sqrt(
+                np.trace(cq @ ck) + mq @ ck @ mq.T + mk @ cq @ mk.T
+            ),
+        )
+    ],
     # one number for the whole stack: the ways readers reduce over the heads
     *[
         Mistake(
