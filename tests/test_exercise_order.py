@@ -120,6 +120,11 @@ NEAR_ANSWERS = {
     # and takes their scores: the part of the RoPE exercise it calls new
     # (issue 31, student report stud06)
     "check_rope_attention": ("clipped_offset_bias",),
+    # stable_shift subtracts only a finite maximum: the one non-obvious part
+    # of the stable softmax (a fully masked row); chapter 4 shows it, and the
+    # box on rows of -inf, +inf and NaN describes it, after the exercise's
+    # solution (issue 31, student report stud0304)
+    "check_softmax": ("stable_shift",),
 }
 
 
