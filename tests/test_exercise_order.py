@@ -128,6 +128,11 @@ NEAR_ANSWERS = {
     # in its score_table, (q @ k.T) / score_divisor: chapter 3 lists it with
     # the exercise's solution (issue 31, student report stud0304)
     "check_scaled_scores": ("recall.RecallAttention",),
+    # stable_shift subtracts only a finite maximum: the one non-obvious part
+    # of the stable softmax (a fully masked row); chapter 4 shows it, and the
+    # box on rows of -inf, +inf and NaN describes it, after the exercise's
+    # solution (issue 31, student report stud0304)
+    "check_softmax": ("stable_shift",),
 }
 
 

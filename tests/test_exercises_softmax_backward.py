@@ -548,8 +548,8 @@ def backward_keys_first(q, k, v, d_out, mask=None):
 @pytest.mark.parametrize(
     "fn, named",
     [
-        (backward_values_first, "(d_v, d_k, d_q)"),
-        (backward_keys_first, "(d_k, d_q, d_v)"),
+        (backward_values_first, "(grad_v, grad_k, grad_q)"),
+        (backward_keys_first, "(grad_k, grad_q, grad_v)"),
     ],
 )
 def test_gradients_in_the_wrong_order_are_named(fn, named):

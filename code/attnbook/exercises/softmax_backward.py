@@ -2,12 +2,12 @@
 hard exercise).
 
 The reader writes ``attention_backward(q, k, v, d_out, mask=None)``, which
-returns ``(d_q, d_k, d_v)``, the gradients of a loss ``L`` with respect to the
-inputs of ``softmax(q k^T / sqrt(d_k)) v`` given ``d_out = dL/d(output)``,
-without forming the Jacobian of any row's softmax. The reference goes the
-long way round: it forms every row's Jacobian ``diag(p) - p p^T``
-(:func:`attnbook.softmax.softmax_jacobian`) and multiplies by it, so that it
-shares no shortcut with the answer it checks.
+returns ``(grad_q, grad_k, grad_v)``, the gradients of a loss ``L`` with
+respect to the inputs of ``softmax(q k^T / sqrt(d_k)) v`` given ``d_out =
+dL/d(output)``, without forming the Jacobian of any row's softmax. The
+reference goes the long way round: it forms every row's Jacobian ``diag(p) - p
+p^T`` (:func:`attnbook.softmax.softmax_jacobian`) and multiplies by it, so that
+it shares no shortcut with the answer it checks.
 """
 
 from __future__ import annotations
@@ -36,20 +36,21 @@ def _t(x):
 
 
 def attention_backward_reference(q, k, v, d_out, mask=None):
-    """``(d_q, d_k, d_v)`` in float64 through each row's full Jacobian, cast
-    to the inputs' dtype (float64 unless they are all float32)."""
+    """``(grad_q, grad_k, grad_v)`` in float64 through each row's full
+    Jacobian, cast to the inputs' dtype (float64 unless they are all
+    float32)."""
     dtype = np.result_type(q, k, v, d_out, np.float32)
     q, k, v, d_out = (np.asarray(a, np.float64) for a in (q, k, v, d_out))
     scale = 1 / np.sqrt(q.shape[-1])
     _, p = scaled_dot_product_attention(q, k, v, mask=mask)
-    d_v = _t(p) @ d_out
+    grad_v = _t(p) @ d_out
     d_p = d_out @ _t(v)
     # (..., n_q, n_k, n_k): J_i = diag(p_i) - p_i p_i^T, symmetric
     jac = softmax_jacobian(p)
     d_s = np.einsum("...ij,...ijk->...ik", d_p, jac)
-    d_q = d_s @ k * scale
-    d_k = _t(d_s) @ q * scale
-    return tuple(g.astype(dtype, copy=False) for g in (d_q, d_k, d_v))
+    grad_q = d_s @ k * scale
+    grad_k = _t(d_s) @ q * scale
+    return tuple(g.astype(dtype, copy=False) for g in (grad_q, grad_k, grad_v))
 
 
 def _grads(
@@ -90,7 +91,7 @@ def _grads(
     # (square weights or scores); elsewhere a reader's code that fits the
     # shapes by some other route gets it right
     square = p.shape[-1] == p.shape[-2]
-    d_v = (p if dv_untransposed and square else _t(p)) @ d_out
+    grad_v = (p if dv_untransposed and square else _t(p)) @ d_out
     d_p = d_out @ _t(v)
     rows = -1 if rule != "row_term_over_queries" else -2
     if rule == "diagonal_only":
@@ -108,10 +109,14 @@ def _grads(
         d_s = s_safe * (d_p - (s_safe * d_p).sum(-1, keepdims=True))
     else:
         d_s = p * (d_p - (p * d_p).sum(rows, keepdims=True))
-    d_q = d_s @ k * (scale if scale_q else 1.0) * (scale if dq_twice else 1.0)
-    d_k = (d_s if dk_untransposed and square else _t(d_s)) @ q
-    d_k = d_k * (scale if scale_k else 1.0) * (scale if dk_twice else 1.0)
-    return d_q, d_k, d_v
+    grad_q = (
+        d_s @ k * (scale if scale_q else 1.0) * (scale if dq_twice else 1.0)
+    )
+    grad_k = (d_s if dk_untransposed and square else _t(d_s)) @ q
+    grad_k = (
+        grad_k * (scale if scale_k else 1.0) * (scale if dk_twice else 1.0)
+    )
+    return grad_q, grad_k, grad_v
 
 
 def _boolean_indexed_backward(q, k, v, d_out, mask=None):
@@ -132,20 +137,22 @@ def _commit(**slip):
 ATTENTION_BACKWARD_MISTAKES = [
     Mistake(
         "dv_untransposed",
-        "d_v is P @ d_out, not P^T @ d_out: the weights must be transposed, "
+        "grad_v is P @ d_out, not P^T @ d_out: the weights must be "
+        "transposed, "
         "since value j is used by every query i with weight P_ij (on a "
         "square P the shapes fit and the error is silent)",
         "output_i = sum_j P_ij v_j, so dL/dv_j = sum_i P_ij d_out_i: "
-        "d_v = swapaxes(P, -1, -2) @ d_out, shape (..., n_k, d_v)",
+        "grad_v = swapaxes(P, -1, -2) @ d_out, shape (..., n_k, d_v)",
         _commit(dv_untransposed=True),
     ),
     Mistake(
         "dk_untransposed",
-        "d_k is dS @ q, not dS^T @ q: key j collects the gradient of column "
+        "grad_k is dS @ q, not dS^T @ q: key j collects the gradient of "
+        "column "
         "j of the scores, not of row j (on a square matrix the shapes fit "
         "and the error is silent)",
         "S_ij = q_i . k_j / sqrt(d_k), so dL/dk_j = sum_i dS_ij q_i / "
-        "sqrt(d_k): d_k = swapaxes(dS, -1, -2) @ q / sqrt(d_k)",
+        "sqrt(d_k): grad_k = swapaxes(dS, -1, -2) @ q / sqrt(d_k)",
         _commit(dk_untransposed=True),
     ),
     Mistake(
@@ -213,44 +220,49 @@ ATTENTION_BACKWARD_MISTAKES = [
     ),
     Mistake(
         "no_scale_in_backward",
-        "d_q and d_k lack the factor 1/sqrt(d_k): the scores are q k^T / "
+        "grad_q and grad_k lack the factor 1/sqrt(d_k): the scores are q k^T "
+        "/ "
         "sqrt(d_k), so the chain rule multiplies by 1/sqrt(d_k) on the way "
         "back too",
-        "d_q = dS @ k / sqrt(d_k) and d_k = swapaxes(dS, -1, -2) @ q / "
+        "grad_q = dS @ k / sqrt(d_k) and grad_k = swapaxes(dS, -1, -2) @ q / "
         "sqrt(d_k)",
         _commit(scale_q=False, scale_k=False),
     ),
     Mistake(
         "no_scale_in_dk",
-        "d_k lacks the factor 1/sqrt(d_k) (d_q has it): the scale multiplies "
+        "grad_k lacks the factor 1/sqrt(d_k) (grad_q has it): the scale "
+        "multiplies "
         "the product q . k, so both factors' gradients carry it",
-        "d_k = swapaxes(dS, -1, -2) @ q / sqrt(d_k), like d_q = dS @ k / "
+        "grad_k = swapaxes(dS, -1, -2) @ q / sqrt(d_k), like grad_q = dS @ k "
+        "/ "
         "sqrt(d_k)",
         _commit(scale_k=False),
     ),
     Mistake(
         "no_scale_in_dq",
-        "d_q lacks the factor 1/sqrt(d_k) (d_k has it): the scale multiplies "
+        "grad_q lacks the factor 1/sqrt(d_k) (grad_k has it): the scale "
+        "multiplies "
         "the product q . k, so both factors' gradients carry it",
-        "d_q = dS @ k / sqrt(d_k), like d_k = swapaxes(dS, -1, -2) @ q / "
+        "grad_q = dS @ k / sqrt(d_k), like grad_k = swapaxes(dS, -1, -2) @ q "
+        "/ "
         "sqrt(d_k)",
         _commit(scale_q=False),
     ),
     Mistake(
         "dk_scaled_twice",
-        "d_k carries the factor 1/sqrt(d_k) twice (it is divided by d_k; "
-        "d_q is right): the scores are q k^T / sqrt(d_k), linear in k, so "
+        "grad_k carries the factor 1/sqrt(d_k) twice (it is divided by d_k; "
+        "grad_q is right): the scores are q k^T / sqrt(d_k), linear in k, so "
         "the chain rule brings the scale once",
-        "d_k = swapaxes(dS, -1, -2) @ q / sqrt(d_k): if dS already holds "
+        "grad_k = swapaxes(dS, -1, -2) @ q / sqrt(d_k): if dS already holds "
         "the scale, do not apply it again",
         _commit(dk_twice=True),
     ),
     Mistake(
         "dq_scaled_twice",
-        "d_q carries the factor 1/sqrt(d_k) twice (it is divided by d_k; "
-        "d_k is right): the scores are q k^T / sqrt(d_k), linear in q, so "
+        "grad_q carries the factor 1/sqrt(d_k) twice (it is divided by d_k; "
+        "grad_k is right): the scores are q k^T / sqrt(d_k), linear in q, so "
         "the chain rule brings the scale once",
-        "d_q = dS @ k / sqrt(d_k): if dS already holds the scale, do not "
+        "grad_q = dS @ k / sqrt(d_k): if dS already holds the scale, do not "
         "apply it again",
         _commit(dq_twice=True),
     ),
@@ -260,22 +272,23 @@ ATTENTION_BACKWARD_MISTAKES = [
         "well as in the backward: these are the gradients of another "
         "function, attention whose scores are q k^T / d_k",
         "recompute the forward pass with S = q k^T / sqrt(d_k), as in "
-        "eq. ch4-attention, and use that same scale for d_q and d_k",
+        "eq. ch4-attention, and use that same scale for grad_q and grad_k",
         _commit(forward_power=1.0, scale_power=1.0),
     ),
     Mistake(
         "scale_by_dk",
-        "d_q and d_k are divided by d_k instead of sqrt(d_k): the scale "
+        "grad_q and grad_k are divided by d_k instead of sqrt(d_k): the scale "
         "enters the chain rule once, as it entered the scores",
         "S = q k^T / sqrt(d_k) is linear in q and in k, so dS/dq carries "
-        "1/sqrt(d_k) once: d_q = dS @ k / sqrt(d_k)",
+        "1/sqrt(d_k) once: grad_q = dS @ k / sqrt(d_k)",
         _commit(scale_power=1.0),
     ),
     Mistake(
         "masked_row_nan",
         "a fully masked query (every key masked) gets NaN weights (its "
         "maximum is -inf, and -inf - (-inf) is NaN), and the NaN spreads: "
-        "d_k = dS^T q and d_v = P^T d_out sum over all the queries, so every "
+        "grad_k = dS^T q and grad_v = P^T d_out sum over all the queries, so "
+        "every "
         "key's gradient is NaN",
         "give a fully masked row zero weights (subtract its maximum only "
         "where it is finite, as attnbook's stable_shift does): then its dS "
@@ -320,12 +333,12 @@ ATTENTION_BACKWARD_MISTAKES = [
     ),
 ]
 
-_GRADIENT_NAMES = ("d_q", "d_k", "d_v")
+_GRADIENT_NAMES = ("grad_q", "grad_k", "grad_v")
 
 
 def _in_order(order):
-    """The right gradients, returned in ``order`` (indices into (d_q, d_k,
-    d_v))."""
+    """The right gradients, returned in ``order`` (indices into (grad_q,
+    grad_k, grad_v))."""
 
     def commit(q, k, v, d_out, mask=None):
         grads = _grads(q, k, v, d_out, mask)
@@ -342,9 +355,9 @@ ATTENTION_BACKWARD_MISTAKES += [
         "the three gradients are right but returned in the wrong order: "
         "you returned ("
         + ", ".join(_GRADIENT_NAMES[i] for i in order)
-        + "), the exercise asks for (d_q, d_k, d_v)",
+        + "), the exercise asks for (grad_q, grad_k, grad_v)",
         "return the gradient of each input in the order of the arguments q, "
-        "k, v: return d_q, d_k, d_v",
+        "k, v: return grad_q, grad_k, grad_v",
         _in_order(order),
     )
     for order in ((0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
@@ -388,7 +401,7 @@ def attention_backward_cases() -> list[Case]:
             (n(3, 4), n(5, 4), n(5, 2), n(3, 2)),
         ),
         Case(
-            "one key (n_k = 1: every weight is 1, so d_q = d_k = 0)",
+            "one key (n_k = 1: every weight is 1, so grad_q = grad_k = 0)",
             (n(3, 4), n(1, 4), n(1, 2), n(3, 2)),
         ),
         Case(
@@ -457,15 +470,16 @@ def _same_grads(got, expected) -> bool:
 
 
 def _describe(got, expected, case) -> str:
-    """Which of d_q, d_k, d_v is wrong, and how."""
+    """Which of grad_q, grad_k, grad_v is wrong, and how."""
     g, e = _as_three(got), _as_three(expected)
     if g is None:
         return (
-            "your function should return a tuple (d_q, d_k, d_v) of three "
+            "your function should return a tuple (grad_q, grad_k, grad_v) of "
+            "three "
             f"arrays; it returned {type(got).__name__}"
         )
     parts = []
-    for name, a, b in zip(("d_q", "d_k", "d_v"), g, e):
+    for name, a, b in zip(("grad_q", "grad_k", "grad_v"), g, e):
         if a.shape != b.shape:
             parts.append(f"{name} has shape {a.shape}, expected {b.shape}")
         elif not same(a, b, rtol=_RTOL, atol=_ATOL):
@@ -481,8 +495,8 @@ def _describe(got, expected, case) -> str:
 
 
 def check_attention_backward(fn) -> None:
-    """Check ``fn(q, k, v, d_out, mask=None)`` returns ``(d_q, d_k, d_v)``,
-    the gradients of attention without the softmax's Jacobian.
+    """Check ``fn(q, k, v, d_out, mask=None)`` returns ``(grad_q, grad_k,
+    grad_v)``, the gradients of attention without the softmax's Jacobian.
 
     q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v), d_out:
     (..., n_q, d_v); mask: bool, broadcastable to (..., n_q, n_k), True = may
