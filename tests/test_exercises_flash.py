@@ -1997,3 +1997,90 @@ def test_merge_empty_hint_gives_no_code():
         check_merge_softmax_states(merge_unguarded)
     assert err.value.mistake == "nan_on_empty"
     assert "np.where" not in str(err.value)
+
+
+def online_float16_sum(scores):
+    """Wrong: the sum in float16, the maximum and the scores in float64
+    (student report 09b)."""
+    m, l = np.float16(-np.inf), np.float16(0)
+    for x in scores:
+        x = float(x)
+        if x == -np.inf:
+            continue
+        if x > m:
+            l = np.float16(l * np.exp(float(m) - x) + 1)
+            m = x
+        else:
+            l = np.float16(l + np.exp(x - m))
+    return m, l
+
+
+def _bwd_loop(q, k, v, out, lse, d_out, causal, block_k, tile_softmax, stop):
+    """The key-block loop of the backward pass, all queries at once;
+    ``tile_softmax``: P is the tile's own softmax of the unmasked scores,
+    masked afterwards; ``stop``: the loop breaks at the first block with j0 >=
+    stop (causal only)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    tau = q.shape[-1] ** -0.5
+    big_d = (d_out * out).sum(-1, keepdims=True)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for cols in _key_blocks(n_k, block_k):
+        if causal and cols.start >= stop:
+            break
+        kb, vb = k[..., cols, :], v[..., cols, :]
+        s = tau * q @ np.swapaxes(kb, -1, -2)
+        if tile_softmax:
+            p = np.exp(s - s.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+        else:
+            p = np.exp(s - lse[..., None])
+        if causal:
+            p = np.where(_visible(n_q, n_k, cols), p, 0.0)
+        ds = p * (d_out @ np.swapaxes(vb, -1, -2) - big_d)
+        dv[..., cols, :] += np.swapaxes(p, -1, -2) @ d_out
+        dq += tau * ds @ kb
+        dk[..., cols, :] += tau * np.swapaxes(ds, -1, -2) @ q
+    return dq, dk, dv
+
+
+def bwd_tile_softmax_masked_after(
+    q, k, v, out, lse, d_out, causal=False, block_k=64
+):
+    """Wrong: each tile's own softmax over all its keys, the mask applied to
+    P afterwards (student report 09b)."""
+    return _bwd_loop(
+        q, k, v, out, lse, d_out, causal, block_k, True, k.shape[-2]
+    )
+
+
+def bwd_causal_break_early(q, k, v, out, lse, d_out, causal=False, block_k=64):
+    """Wrong: the causal loop breaks at j0 >= n_k - 1, skipping a block that
+    starts at the last key (student report 09b)."""
+    return _bwd_loop(
+        q, k, v, out, lse, d_out, causal, block_k, False, k.shape[-2] - 1
+    )
+
+
+STUDENT_09B_WRONG = {
+    "check_online_softmax": [(online_float16_sum, "float16_sum")],
+    "check_blockwise_attention_backward": [
+        (bwd_tile_softmax_masked_after, "tile_softmax_masked_after"),
+        (bwd_causal_break_early, "causal_break_early"),
+    ],
+}
+for _name, _wrong in STUDENT_09B_WRONG.items():
+    CATALOGUE[_name]["wrong"].extend(_wrong)
+
+
+@pytest.mark.parametrize(
+    "check, wrong, key",
+    [
+        (check, wrong, key)
+        for check in (check_online_softmax, check_blockwise_attention_backward)
+        for wrong, key in STUDENT_09B_WRONG[check.__name__]
+    ],
+)
+def test_student_09b_mistakes_are_named(check, wrong, key):
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check(wrong)
+    assert err.value.mistake == key, str(err.value)

@@ -609,6 +609,18 @@ ONLINE_MISTAKES = [
         "the state is two numbers, so precision costs no memory here",
         lambda x: _float16_state(x),
     ),
+    # issue 31, student report 09b: a float16 sum beside a float64 maximum
+    # got the generic hint
+    Mistake(
+        "float16_sum",
+        "the running sum is kept in float16 (the maximum and the scores are "
+        "not): float16 keeps about 3 significant digits, so each addition "
+        "to l rounds, and the rounding accumulates over the row",
+        "keep l in float64 (or at least float32, as the kernels' "
+        "accumulators are), like m; the state is two numbers, so precision "
+        "costs no memory here",
+        lambda x: _float16_sum_state(x),
+    ),
     # issue 31, student report 09: a two-pass answer that stores the row
     # gives NaN on a fully masked row only, and got the generic hint
     Mistake(
@@ -646,6 +658,19 @@ def _float16_state(x) -> tuple[float, float]:
             continue
         m_new = max(m, xj)
         l = np.float16(l * np.exp(m - m_new) + np.exp(xj - m_new))
+        m = m_new
+    return float(m), float(l)
+
+
+def _float16_sum_state(x) -> tuple[float, float]:
+    """The one-pass state with the sum rounded to float16 after each update,
+    the maximum and the scores in float64 (masked scores skipped)."""
+    m, l = -np.inf, np.float16(0.0)
+    for xj in np.asarray(x, float):
+        if xj == -np.inf:
+            continue
+        m_new = max(m, xj)
+        l = np.float16(float(l) * np.exp(m - m_new) + np.exp(xj - m_new))
         m = m_new
     return float(m), float(l)
 
@@ -827,17 +852,22 @@ def _blocked_backward(
     scale_in="all",
     ragged=True,
     dq_accumulates=True,
+    early_break=False,
 ):
     """The backward pass over blocks of keys, all queries at once, in float64;
     the keywords commit one mistake each (the defaults are right).
 
     delta: "rows" D = rowsum(dO * O), "none" (forgotten), "tile" (rowsum of P
     * dP over the tile only); probs: "lse" exp(S - L), "tile" (the tile's own
-    softmax), "unshifted" exp(S) / exp(L); mask: "book", "none", "top_left",
+    softmax), "tile_unmasked" (the tile's own softmax of the unmasked
+    scores, then the mask), "unshifted" exp(S) / exp(L); mask: "book",
+    "none", "top_left",
     "strict" (j < i + n_k - n_q); scale_in: "all", "not_s" (scores not scaled),
     "not_ds" (dQ and dK without it), "not_dk", "not_dq"; ragged: False drops
     a last, shorter key block; dq_accumulates: False overwrites dQ with each
-    block's share.
+    block's share; early_break: True ends a causal loop at a key block that
+    starts at the last key, n_k - 1 (``j0 >= n_k - 1`` where the break belongs
+    at ``j0 > n_k - 1``).
     """
     q, k, v, out, lse, d_out = (
         np.asarray(x, np.float64) for x in (q, k, v, out, lse, d_out)
@@ -849,14 +879,23 @@ def _blocked_backward(
     d_rows = np.sum(d_out * out, axis=-1, keepdims=True)
     stop = n_k if ragged else n_k - n_k % block_k
     for j0 in range(0, stop, block_k):
+        if causal and early_break and j0 >= n_k - 1:
+            break
         cols = slice(j0, min(j0 + block_k, n_k))
         s = (1.0 if scale_in == "not_s" else tau) * (q @ kt[..., cols])
+        visible = None
         if causal and mask != "none":
             visible = _causal_visible(
                 n_q, n_k, cols, mask == "top_left", mask == "strict"
             )
-            s = np.where(visible, s, -np.inf)
-        if probs == "lse":
+            if probs != "tile_unmasked":
+                s = np.where(visible, s, -np.inf)
+        if probs == "tile_unmasked":
+            e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+            p = e / np.sum(e, axis=-1, keepdims=True)
+            if visible is not None:
+                p = np.where(visible, p, 0.0)
+        elif probs == "lse":
             p = np.exp(s - lse[..., None])
         elif probs == "unshifted":
             p = np.exp(s) / np.exp(lse[..., None])
@@ -1059,6 +1098,27 @@ BACKWARD_MISTAKES = [
         "loop for j0 in range(0, n_k, block_k) with cols = slice(j0, min(j0 "
         "+ block_k, n_k))",
         _backward_with(ragged=False),
+    ),
+    # issue 31, student report 09b: these two got the generic hint
+    Mistake(
+        "tile_softmax_masked_after",
+        "each tile's P is its own softmax, taken over all the tile's keys "
+        "and masked only afterwards: the weights neither share the row's "
+        "normaliser nor leave out the hidden keys when normalising",
+        "recompute the row's weights from the saved log-sum-exp, P = exp(S "
+        "- L), with the masked scores set to -inf first, so that exp(S - L) "
+        "= 0 there",
+        _backward_with(probs="tile_unmasked"),
+    ),
+    Mistake(
+        "causal_break_early",
+        "the causal loop stops one key too early: it breaks at a key block "
+        "that starts at the last key (j0 >= n_k - 1), which the last query "
+        "sees, so that key gets no dK, dV and gives dQ nothing",
+        "break only past the last key any query sees: the last query, n_q - "
+        "1, sees keys up to n_q - 1 + (n_k - n_q) = n_k - 1, so stop when j0 "
+        "> n_k - 1 (with all queries in each tile, no block is skipped)",
+        _backward_with(early_break=True),
     ),
     Mistake(
         "dq_overwritten",
