@@ -800,6 +800,30 @@ def packed_cross_blocked_mask_used_right(
     return _softmax_rows(scores) @ (context @ w_v)
 
 
+def packed_cross_keys_segmented_by_x_lengths(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    """The student reading stud0102's copy-paste bug: the keys' sequence
+    index built from x_lengths, used with np.where (a broadcast error once
+    T_q != T_k)."""
+    seq_q = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    seq_k = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    scores = (x @ w_q) @ (context @ w_k).T / math.sqrt(w_q.shape[1])
+    scores = np.where(seq_q[:, None] == seq_k[None, :], scores, -np.inf)
+    return _softmax_rows(scores) @ (context @ w_v)
+
+
+def packed_cross_keys_segmented_by_x_lengths_indexed(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    """The same bug, the mask applied by boolean indexing (an IndexError)."""
+    seq_q = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    seq_k = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    scores = (x @ w_q) @ (context @ w_k).T / math.sqrt(w_q.shape[1])
+    scores[seq_q[:, None] != seq_k[None, :]] = -np.inf
+    return _softmax_rows(scores) @ (context @ w_v)
+
+
 PACKED_CROSS_NEW = [
     (packed_cross_mask_after_softmax, "mask_after_softmax"),
     (packed_cross_np_split, "split_with_sizes"),
@@ -808,6 +832,12 @@ PACKED_CROSS_NEW = [
     # the student reading ch0102
     (packed_cross_blocked_mask, "inverted_mask"),
     (packed_cross_context_end_included, "blocks_one_too_long"),
+    # the student reading stud0102
+    (packed_cross_keys_segmented_by_x_lengths, "key_segments_from_x_lengths"),
+    (
+        packed_cross_keys_segmented_by_x_lengths_indexed,
+        "key_segments_from_x_lengths",
+    ),
 ]
 
 
