@@ -737,12 +737,30 @@ def packed_cross_over_sqrt_d_v(
     return np.concatenate(out)
 
 
+def packed_scores_searchsorted_left(x, lengths, w_q, w_k):
+    """The student reading stud0102: the sequence index from searchsorted
+    on the ends with side='left', so each boundary token joins the sequence
+    before it."""
+    seq = np.searchsorted(np.cumsum(lengths), np.arange(len(x)), side="left")
+    scores = (x @ w_q) @ (x @ w_k).T
+    return np.where(seq[:, None] == seq[None, :], scores, -np.inf)
+
+
+def packed_scores_searchsorted_right(x, lengths, w_q, w_k):
+    """Right: the same with side='right'."""
+    seq = np.searchsorted(np.cumsum(lengths), np.arange(len(x)), side="right")
+    scores = (x @ w_q) @ (x @ w_k).T
+    return np.where(seq[:, None] == seq[None, :], scores, -np.inf)
+
+
 PACKED_SCORES_NEW = [
     (packed_scores_minus_1e9, "finite_fill"),
     (packed_scores_finfo_min, "finite_fill"),
     (packed_scores_np_split, "split_with_sizes"),
     (packed_scores_cumsum_offsets, "offsets_without_zero"),
     (packed_scores_over_sqrt_d_model, "scaled_by_d_model"),
+    # the student reading stud0102
+    (packed_scores_searchsorted_left, "boundary_in_previous_sequence"),
 ]
 
 
@@ -1083,6 +1101,7 @@ CATALOGUE["check_packed_scores"] = {
         packed_scores_loop,
         packed_scores_by_ids,
         packed_scores_torch,
+        packed_scores_searchsorted_right,
     ]
     # scipy is no dependency of the book (the minimum environment has none)
     + (

@@ -772,7 +772,29 @@ PACKED_SCORES_MISTAKES = [
             _packed_scores(x, lengths, w_q, w_k) / np.sqrt(x.shape[-1])
         ),
     ),
+    Mistake(
+        "boundary_in_previous_sequence",
+        "the first token of each sequence after the first is counted in the "
+        "sequence before it (a sequence index from np.searchsorted(ends, "
+        "positions) with side='left': position ends[b] is the START of "
+        "sequence b + 1, not the end of sequence b)",
+        "position p belongs to the sequence b with offsets[b] <= p < "
+        "offsets[b + 1]: np.searchsorted(np.cumsum(lengths), positions, "
+        "side='right'), or np.repeat(np.arange(len(lengths)), lengths)",
+        lambda x, lengths, w_q, w_k: np.where(
+            _boundary_in_previous(lengths), _scores(x, w_q, w_k), -np.inf
+        ),
+    ),
 ]
+
+
+def _boundary_in_previous(lengths):
+    """(T, T) bool: the blocks of a sequence index found with
+    np.searchsorted(np.cumsum(lengths), positions, side='left'), which puts
+    the first token of each later sequence into the sequence before it."""
+    ends = np.cumsum(lengths)
+    seg = np.searchsorted(ends, np.arange(int(ends[-1])), side="left")
+    return seg[:, None] == seg[None, :]
 
 
 def packed_scores_cases() -> list[Case]:
