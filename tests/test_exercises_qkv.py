@@ -737,12 +737,30 @@ def packed_cross_over_sqrt_d_v(
     return np.concatenate(out)
 
 
+def packed_scores_searchsorted_left(x, lengths, w_q, w_k):
+    """The student reading stud0102: the sequence index from searchsorted
+    on the ends with side='left', so each boundary token joins the sequence
+    before it."""
+    seq = np.searchsorted(np.cumsum(lengths), np.arange(len(x)), side="left")
+    scores = (x @ w_q) @ (x @ w_k).T
+    return np.where(seq[:, None] == seq[None, :], scores, -np.inf)
+
+
+def packed_scores_searchsorted_right(x, lengths, w_q, w_k):
+    """Right: the same with side='right'."""
+    seq = np.searchsorted(np.cumsum(lengths), np.arange(len(x)), side="right")
+    scores = (x @ w_q) @ (x @ w_k).T
+    return np.where(seq[:, None] == seq[None, :], scores, -np.inf)
+
+
 PACKED_SCORES_NEW = [
     (packed_scores_minus_1e9, "finite_fill"),
     (packed_scores_finfo_min, "finite_fill"),
     (packed_scores_np_split, "split_with_sizes"),
     (packed_scores_cumsum_offsets, "offsets_without_zero"),
     (packed_scores_over_sqrt_d_model, "scaled_by_d_model"),
+    # the student reading stud0102
+    (packed_scores_searchsorted_left, "boundary_in_previous_sequence"),
 ]
 
 
@@ -800,6 +818,30 @@ def packed_cross_blocked_mask_used_right(
     return _softmax_rows(scores) @ (context @ w_v)
 
 
+def packed_cross_keys_segmented_by_x_lengths(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    """The student reading stud0102's copy-paste bug: the keys' sequence
+    index built from x_lengths, used with np.where (a broadcast error once
+    T_q != T_k)."""
+    seq_q = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    seq_k = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    scores = (x @ w_q) @ (context @ w_k).T / math.sqrt(w_q.shape[1])
+    scores = np.where(seq_q[:, None] == seq_k[None, :], scores, -np.inf)
+    return _softmax_rows(scores) @ (context @ w_v)
+
+
+def packed_cross_keys_segmented_by_x_lengths_indexed(
+    x, context, x_lengths, context_lengths, w_q, w_k, w_v
+):
+    """The same bug, the mask applied by boolean indexing (an IndexError)."""
+    seq_q = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    seq_k = np.repeat(np.arange(len(x_lengths)), x_lengths)
+    scores = (x @ w_q) @ (context @ w_k).T / math.sqrt(w_q.shape[1])
+    scores[seq_q[:, None] != seq_k[None, :]] = -np.inf
+    return _softmax_rows(scores) @ (context @ w_v)
+
+
 PACKED_CROSS_NEW = [
     (packed_cross_mask_after_softmax, "mask_after_softmax"),
     (packed_cross_np_split, "split_with_sizes"),
@@ -808,6 +850,12 @@ PACKED_CROSS_NEW = [
     # the student reading ch0102
     (packed_cross_blocked_mask, "inverted_mask"),
     (packed_cross_context_end_included, "blocks_one_too_long"),
+    # the student reading stud0102
+    (packed_cross_keys_segmented_by_x_lengths, "key_segments_from_x_lengths"),
+    (
+        packed_cross_keys_segmented_by_x_lengths_indexed,
+        "key_segments_from_x_lengths",
+    ),
 ]
 
 
@@ -1053,6 +1101,7 @@ CATALOGUE["check_packed_scores"] = {
         packed_scores_loop,
         packed_scores_by_ids,
         packed_scores_torch,
+        packed_scores_searchsorted_right,
     ]
     # scipy is no dependency of the book (the minimum environment has none)
     + (

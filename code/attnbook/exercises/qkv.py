@@ -3,6 +3,8 @@ vectors."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ..projections import single_head_attention
@@ -770,7 +772,29 @@ PACKED_SCORES_MISTAKES = [
             _packed_scores(x, lengths, w_q, w_k) / np.sqrt(x.shape[-1])
         ),
     ),
+    Mistake(
+        "boundary_in_previous_sequence",
+        "the first token of each sequence after the first is counted in the "
+        "sequence before it (a sequence index from np.searchsorted(ends, "
+        "positions) with side='left': position ends[b] is the START of "
+        "sequence b + 1, not the end of sequence b)",
+        "position p belongs to the sequence b with offsets[b] <= p < "
+        "offsets[b + 1]: np.searchsorted(np.cumsum(lengths), positions, "
+        "side='right'), or np.repeat(np.arange(len(lengths)), lengths)",
+        lambda x, lengths, w_q, w_k: np.where(
+            _boundary_in_previous(lengths), _scores(x, w_q, w_k), -np.inf
+        ),
+    ),
 ]
+
+
+def _boundary_in_previous(lengths):
+    """(T, T) bool: the blocks of a sequence index found with
+    np.searchsorted(np.cumsum(lengths), positions, side='left'), which puts
+    the first token of each later sequence into the sequence before it."""
+    ends = np.cumsum(lengths)
+    seg = np.searchsorted(ends, np.arange(int(ends[-1])), side="left")
+    return seg[:, None] == seg[None, :]
 
 
 def packed_scores_cases() -> list[Case]:
@@ -988,7 +1012,45 @@ PACKED_CROSS_MISTAKES = [
             _same_sequence(lx, lc),
         ),
     ),
+    Mistake(
+        "key_segments_from_x_lengths",
+        "the keys' sequence index is built from x_lengths, the QUERY "
+        "lengths: the mask compares each query's sequence with a 'key "
+        "sequence' of T_q entries, so it has shape (T_q, T_q), not (T_q, "
+        "T_k), and pairs the wrong tokens wherever the lengths differ",
+        "the keys are context tokens: take their sequence index from "
+        "context_lengths, np.repeat(np.arange(B), context_lengths), and "
+        "only the queries' from x_lengths; the mask is then (T_q, T_k), "
+        "like the scores",
+        lambda x, c, lx, lc, w_q, w_k, w_v: _masked_attend(
+            x @ w_q, c @ w_k, c @ w_v, _same_sequence(lx, lx)
+        ),
+        raises=lambda err: _square_against_wide(err),
+    ),
 ]
+
+
+def _square_against_wide(err: Exception) -> bool:
+    """Whether ``err`` is numpy's complaint that a square (a, a) array and an
+    (a, b) one, b != a, do not broadcast, or that an (a, a) boolean mask does
+    not index an (a, b) array: a mask built with the query lengths on both
+    sides, used on the (T_q, T_k) scores."""
+    text = str(err)
+    if isinstance(err, ValueError) and "could not be broadcast" in text:
+        shapes = [
+            tuple(int(v) for v in pair)
+            for pair in re.findall(r"\((\d+),\s*(\d+)\)", text)
+        ]
+        squares = {a for a, b in shapes if a == b}
+        return any(a in squares and b != a for a, b in shapes)
+    if isinstance(err, IndexError) and "boolean index did not match" in text:
+        found = re.search(
+            r"axis 1; size of axis is (\d+) but size of corresponding "
+            r"boolean axis is (\d+)",
+            text,
+        )
+        return bool(found) and found.group(1) != found.group(2)
+    return False
 
 
 def _context_one_too_long(lengths_q, lengths_k):
