@@ -1044,9 +1044,14 @@ def _square_against_wide(err: Exception) -> bool:
         squares = {a for a, b in shapes if a == b}
         return any(a in squares and b != a for a, b in shapes)
     if isinstance(err, IndexError) and "boolean index did not match" in text:
+        # numpy 2's wording, then numpy 1's
         found = re.search(
             r"axis 1; size of axis is (\d+) but size of corresponding "
             r"boolean axis is (\d+)",
+            text,
+        ) or re.search(
+            r"dimension 1; dimension is (\d+) but corresponding boolean "
+            r"dimension is (\d+)",
             text,
         )
         return bool(found) and found.group(1) != found.group(2)
