@@ -25,9 +25,6 @@ def markdown(path: Path) -> list[str]:
     ]
 
 
-LONGER_MAIN_PATHS = {"10-flash-attention-gpu.ipynb": 120}
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
 def test_the_first_cell_gives_reading_time_and_prerequisites(path):
     box = BOX.search(markdown(path)[0])
@@ -37,11 +34,8 @@ def test_the_first_cell_gives_reading_time_and_prerequisites(path):
         assert part in body, f"{path.name}: the box lacks {part}"
     minutes = [int(m) for m in re.findall(r"about (\d+) minutes", body)]
     # issue 31: about 90 minutes; a stated main path over 100 means the
-    # chapter needs more of its optional depth moved off it. Chapter 10's
-    # forward kernel, autograd wrapper and decoding kernel are its learning
-    # goals and read in about 115 (a student reading, session 11): the one
-    # chapter still over, which issue 31 keeps open
-    limit = LONGER_MAIN_PATHS.get(path.name, 100)
+    # chapter needs more of its optional depth moved off it
+    limit = 100
     assert minutes and 0 < minutes[0] <= limit, (
         f"{path.name}: the main path should read in about 90 minutes "
         f"(the box says {minutes})"
