@@ -1107,6 +1107,31 @@ def test_an_integer_causal_mask_is_rejected_with_its_reason():
     assert "bitwise NOT" in str(err.value) and "astype(bool)" in str(err.value)
 
 
+# --- from the student reading of chapters 7 and 8 (s12d) ---------------------
+# A mask built with a batch axis was rejected with the generic hint.
+
+
+def causal_mask_for_a_batch(n):
+    """Built as the (1, n, n) mask that broadcasts over a batch."""
+    i = np.arange(n)
+    return (i[None, :] <= i[:, None])[np.newaxis]
+
+
+CATALOGUE["check_causal_mask"]["wrong"] += [
+    (causal_mask_for_a_batch, "batch_axis"),
+    (lambda n: torch.ones(n, n).tril().bool().unsqueeze(0), "batch_axis"),
+    # batch and heads
+    (lambda n: np.tril(np.ones((1, 1, n, n), dtype=bool)), "batch_axis"),
+]
+
+
+def test_a_causal_mask_with_a_batch_axis_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_causal_mask(causal_mask_for_a_batch)
+    assert err.value.mistake == "batch_axis"
+    assert "(1, n, n)" in str(err.value) and "(n, n)" in str(err.value)
+
+
 # --- from the expert reading of chapter 4 (s6, E1 and section 3) -----------
 # E1: check_attention kept only the output of an (output, weights) pair, so
 # any weights passed, transposed or not weights at all. Section 3: three

@@ -1612,6 +1612,23 @@ CAUSAL_MISTAKES.append(
         lambda n: np.tril(np.ones((n, n), bool)).squeeze(),
     )
 )
+# a mask built for a batch (and heads): right values, extra leading axes of
+# size 1 (issue 31, student report s12d met (1, n, n))
+for _lead, _shape in (((1,), "(1, n, n)"), ((1, 1), "(1, 1, n, n)")):
+    CAUSAL_MISTAKES.append(
+        Mistake(
+            "batch_axis",
+            "the mask's values are right, but it has leading axes of size 1 "
+            f"that the exercise does not ask for: shape {_shape}, as if for a "
+            "batch, instead of (n, n)",
+            "return the (n, n) mask itself, one row per query and one column "
+            "per key, without [None] or unsqueeze: the attention that uses it "
+            "broadcasts it over a batch and heads",
+            lambda n, lead=_lead: np.tril(np.ones((n, n), bool)).reshape(
+                lead + (n, n)
+            ),
+        )
+    )
 
 
 def check_causal_mask(fn) -> None:
