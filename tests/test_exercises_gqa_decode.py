@@ -234,6 +234,35 @@ def decode_softmax_group_masked(q, k_cache, v_cache, lengths):
     return out.reshape(b_size, n_heads, -1)
 
 
+def decode_softmax_group_unmasked(q, k_cache, v_cache, lengths):
+    """The softmax over the group axis, in a loop over the groups, with no
+    mask at all (student reading s12f): the stale slots take part."""
+    b_size, n_heads, d_k = q.shape
+    n_kv = k_cache.shape[1]
+    g = n_heads // n_kv
+    out = np.empty((b_size, n_heads, v_cache.shape[-1]))
+    for b in range(b_size):
+        for i in range(n_kv):
+            rows = q[b, i * g : (i + 1) * g]
+            scores = rows @ k_cache[b, i].T / np.sqrt(d_k)
+            e = np.exp(scores - scores.max(axis=0))
+            out[b, i * g : (i + 1) * g] = e / e.sum(axis=0) @ v_cache[b, i]
+    return out
+
+
+def decode_softmax_group_finite_mask(q, k_cache, v_cache, lengths):
+    """The softmax over axis -2 of (B, H_kv, g, n) after a finite mask of
+    -1e4 (student reading s12f)."""
+    b_size, n_heads, d_k = q.shape
+    n_kv, n = k_cache.shape[1], k_cache.shape[2]
+    rows = q.reshape(b_size, n_kv, n_heads // n_kv, d_k)
+    scores = rows @ np.swapaxes(k_cache, -1, -2) / np.sqrt(d_k)
+    scores = np.where(_written(lengths, n)[:, None, None], scores, -1e4)
+    e = np.exp(scores - scores.max(axis=-2, keepdims=True))
+    weights = e / e.sum(axis=-2, keepdims=True)
+    return (weights @ v_cache).reshape(b_size, n_heads, -1)
+
+
 def decode_split_g_first(q, k_cache, v_cache, lengths):
     """Wrong on the way in and on the way out: q split as (B, g, H_kv, d),
     transposed to (B, H_kv, g, d) to meet the cache, and the result flattened
@@ -505,6 +534,8 @@ CATALOGUE = {
             (decode_fill_minus_31000, "finite_mask"),
             (decode_softmax_axis_2, "softmax_over_group"),
             (decode_softmax_group_masked, "softmax_over_group"),
+            (decode_softmax_group_unmasked, "softmax_over_group"),
+            (decode_softmax_group_finite_mask, "softmax_over_group"),
             (decode_split_g_first, "wrong_order_in_and_out"),
             (decode_max_before_mask, "max_includes_stale"),
             (decode_mask_times_exp, "max_includes_stale"),

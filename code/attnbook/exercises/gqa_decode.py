@@ -167,6 +167,27 @@ def _softmax_over_group_masked(q, k, v, lengths):
     return out.reshape(q.shape[0], q.shape[1], -1)
 
 
+def _softmax_over_group_unmasked(q, k, v, lengths):
+    """The softmax over the group axis with no mask at all: every slot,
+    stale or written, gets weights that sum to 1 over the group."""
+    scores = _grouped(q, k, v, np.full(len(lengths), k.shape[2]))
+    weights = _softmax(scores, axis=2)
+    out = np.einsum("bign,bine->bige", weights, np.asarray(v, np.float64))
+    return out.reshape(q.shape[0], q.shape[1], -1)
+
+
+def _softmax_over_group_finite_mask(q, k, v, lengths):
+    """The softmax over the group axis after a finite mask (any finite
+    fill): a stale slot's score is the same fill for the whole group, so
+    each of its g query heads gives it the weight 1 / g."""
+    scores = _grouped(q, k, v, np.full(len(lengths), k.shape[2]))
+    written = np.arange(k.shape[2]) < np.asarray(lengths)[:, None]
+    scores = np.where(written[:, None, None, :], scores, -1e4)
+    weights = _softmax(scores, axis=2)
+    out = np.einsum("bign,bine->bige", weights, np.asarray(v, np.float64))
+    return out.reshape(q.shape[0], q.shape[1], -1)
+
+
 def _split_g_first(q, k, v, lengths):
     """q split as (B, g, h_kv, d_k) and transposed to (B, h_kv, g, d_k), the
     result (B, h_kv, g, d_v) flattened straight: query head j = m*h_kv + i
@@ -318,6 +339,28 @@ DECODE_MISTAKES = [
         "each query head's weights are a distribution over the slots: "
         "softmax along the last axis (the n slots)",
         _softmax_over_group_masked,
+    ),
+    Mistake(
+        "softmax_over_group",
+        "the softmax runs over the group axis of the (B, h_kv, g, n) scores "
+        "instead of over the slots, and the stale slots are not masked: "
+        "every slot, stale or written, gets weights that sum to 1 over the "
+        "group's g query heads",
+        "each query head's weights are a distribution over the slots: mask "
+        "the stale slots with -inf, then softmax along the last axis (the n "
+        "slots)",
+        _softmax_over_group_unmasked,
+    ),
+    Mistake(
+        "softmax_over_group",
+        "the softmax runs over the group axis of the (B, h_kv, g, n) scores "
+        "instead of over the slots, after a finite mask (such as -1e4): a "
+        "stale slot has the same score in every query head of the group, so "
+        "each of them gives it the weight 1 / g",
+        "each query head's weights are a distribution over the slots: mask "
+        "the stale slots with -inf, then softmax along the last axis (the n "
+        "slots)",
+        _softmax_over_group_finite_mask,
     ),
     Mistake(
         "max_includes_stale",
