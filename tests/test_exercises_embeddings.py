@@ -123,6 +123,8 @@ def test_every_cosine_mistake_is_tested():
         "centred",
         "norm_floor",
         "eps_added",
+        "absolute",
+        "clipped_at_zero",
     }
     assert {m.key for m in COSINE_MISTAKES} == tested
 
@@ -234,6 +236,7 @@ def test_every_ppmi_mistake_is_tested():
         "add_one",
         "shifted",
         "clipped_above",
+        "eps_smoothed",
     }
 
 
@@ -1311,3 +1314,95 @@ def test_the_short_rows_leave_the_first_case_and_the_count():
     assert cases[0].name == "square: a and b both (4, 4)"
     lengths = np.linalg.norm(cases[3].args[0], axis=1)
     assert lengths.min() <= 1e-6 * (1 + 1e-12)
+
+
+# --- from the student reading s12a -------------------------------------------
+
+
+def cos_abs_loop(a, b):
+    """The sign dropped: |a_i . b_j| / (|a_i| |b_j|), in a loop, zero rows
+    guarded."""
+    out = np.zeros((len(a), len(b)))
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            nx, ny = np.sqrt(x @ x), np.sqrt(y @ y)
+            if nx > 0 and ny > 0:
+                out[i, j] = abs(x @ y) / (nx * ny)
+    return out
+
+
+def cos_clipped_einsum(a, b):
+    """Clipped to [0, 1] "to keep it a similarity", in einsum."""
+    na = np.sqrt(np.einsum("id,id->i", a, a))
+    nb = np.sqrt(np.einsum("jd,jd->j", b, b))
+    den = np.outer(na, nb)
+    cos = np.divide(
+        np.einsum("id,jd->ij", a, b),
+        den,
+        out=np.zeros_like(den),
+        where=den > 0,
+    )
+    return np.clip(cos, 0.0, 1.0)
+
+
+def cos_clipped_to_plus_minus_one(a, b):
+    """Right: clipped to [-1, 1], against rounding only."""
+    na = np.linalg.norm(a, axis=1, keepdims=True)
+    nb = np.linalg.norm(b, axis=1, keepdims=True)
+    a_hat = np.divide(a, na, out=np.zeros_like(a), where=na > 0)
+    b_hat = np.divide(b, nb, out=np.zeros_like(b), where=nb > 0)
+    return np.clip(a_hat @ b_hat.T, -1.0, 1.0)
+
+
+def ppmi_tiny_constant(counts):
+    """The log kept away from 0 by 1e-12 added to every count."""
+    n = np.asarray(counts, float) + 1e-12
+    total = n.sum()
+    rows, cols = n.sum(axis=1), n.sum(axis=0)
+    return np.maximum(0.0, np.log(n * total / np.outer(rows, cols)))
+
+
+def ppmi_tiny_constant_probabilities(counts):
+    """The same smoothing on the joint probabilities, 1e-10 added to each
+    count, in float64."""
+    n = np.asarray(counts, float)
+    p = (n + 1e-10) / (n + 1e-10).sum()
+    pw = p.sum(axis=1, keepdims=True)
+    pc = p.sum(axis=0, keepdims=True)
+    return np.clip(np.log(p / (pw * pc)), 0.0, None)
+
+
+STUDENT_S12A_WRONG = {
+    "check_cosine_similarity": [
+        (cos_abs_loop, "absolute"),
+        (cos_clipped_einsum, "clipped_at_zero"),
+    ],
+    "check_ppmi": [
+        (ppmi_tiny_constant, "eps_smoothed"),
+        (ppmi_tiny_constant_probabilities, "eps_smoothed"),
+    ],
+}
+for _name, _wrong in STUDENT_S12A_WRONG.items():
+    CATALOGUE[_name]["wrong"] += _wrong
+CATALOGUE["check_cosine_similarity"]["right"] += [
+    cos_clipped_to_plus_minus_one
+]
+
+
+@pytest.mark.parametrize(
+    "check, wrong, key",
+    [
+        (check_cosine_similarity, wrong, key)
+        for wrong, key in STUDENT_S12A_WRONG["check_cosine_similarity"]
+    ]
+    + [
+        (check_ppmi, wrong, key)
+        for wrong, key in STUDENT_S12A_WRONG["check_ppmi"]
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_a_dropped_sign_and_a_smoothed_count_are_named(check, wrong, key):
+    with pytest.raises(ExerciseError) as info, np.errstate(all="ignore"):
+        check(wrong)
+    assert info.value.mistake == key, str(info.value)
+    assert "compare your steps" not in str(info.value)

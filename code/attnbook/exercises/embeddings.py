@@ -249,6 +249,24 @@ COSINE_MISTAKES = [
         for eps in (1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10)
     ),
     Mistake(
+        "absolute",
+        "negative cosines are made positive (np.abs(cos)): two opposite "
+        "rows get +1, as if they pointed the same way",
+        "a cosine lies in [-1, 1] and keeps its sign: -1 for opposite rows; "
+        "return a_hat @ b_hat.T as it is, with no np.abs",
+        lambda a, b: np.abs(cosine_similarity(a, b)),
+    ),
+    Mistake(
+        "clipped_at_zero",
+        "negative cosines are set to 0 (np.clip(cos, 0, 1) or "
+        "np.maximum(cos, 0)): rows more than 90 degrees apart get 0, as if "
+        "they were orthogonal",
+        "a cosine lies in [-1, 1] and keeps its sign; return a_hat @ b_hat.T "
+        "as it is (clipping to [-1, 1], against rounding, is harmless; "
+        "clipping at 0 is not)",
+        lambda a, b: np.maximum(cosine_similarity(a, b), 0.0),
+    ),
+    Mistake(
         "centred",
         "each row's mean is subtracted before normalising: that is the "
         "Pearson correlation of "
@@ -522,6 +540,28 @@ PPMI_MISTAKES = [
         "use the counts as they are; a pair that never occurs (N_wc = 0) gets "
         "0",
         lambda n: ppmi(n + 1.0),
+    ),
+    # a small constant added to every count to keep the log away from 0:
+    # harmless where a word and its context occur, but a word that never
+    # occurs then has eps for every count, and its row's PMI is
+    # log(N / (V_c N_c)), or log(N / (V V_c eps)) where a context never
+    # occurs either. One Mistake per common eps
+    *(
+        Mistake(
+            "eps_smoothed",
+            "a small eps is added to every count (to avoid log 0): for a "
+            "word that never occurs (a zero row) the eps's are all its "
+            "counts, so its PMI with a context c becomes log(N / (V_c "
+            "N_c)), positive for every context rarer than average, and "
+            "where it meets a context that never occurs, log(N / (V V_c "
+            "eps)), huge; the answer is 0 for both (a context that never "
+            "occurs likewise)",
+            "use the counts as they are and guard only the zero counts: "
+            "compute the log where counts > 0 (np.divide or np.log with "
+            "where=counts > 0) and give every other pair 0",
+            partial(lambda n, eps: ppmi(n + eps), eps=eps),
+        )
+        for eps in (1e-12, 1e-10, 1e-9, 1e-8, 1e-6)
     ),
 ]
 

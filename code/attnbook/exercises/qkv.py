@@ -740,6 +740,18 @@ PACKED_SCORES_MISTAKES = [
         ),
     ),
     Mistake(
+        "nan_fill",
+        "between sequences your scores hold NaN (np.nan as the fill), not "
+        "-inf",
+        "a NaN is not a score that the softmax can drive to 0: exp(NaN) is "
+        "NaN, and one NaN in a row makes the whole row's weights NaN; fill "
+        "with -np.inf, whose exp is exactly 0: np.where(same_sequence, S, "
+        "-np.inf)",
+        lambda x, lengths, w_q, w_k: np.where(
+            _same_sequence(lengths), _scores(x, w_q, w_k), np.nan
+        ),
+    ),
+    Mistake(
         "split_with_sizes",
         "the sequences are cut with np.split(x, lengths), which reads the "
         "lengths as split *indices*: for lengths [3, 2] it cuts at 3 and "
