@@ -138,6 +138,60 @@ def test_a_listing_that_names_the_wrong_file_is_stale():
     ), moved
 
 
+# A few lines of a collapsed listing quoted in the prose, so that the main
+# path need not open it (issue 31, student report s12i): a ```python block
+# whose first line is "# name (attnbook/module.py), ...".
+QUOTED = re.compile(
+    r"```python\n# ([\w.]+) \(attnbook/([\w/]+)\.py\)[^\n]*\n(.*?)```", re.S
+)
+
+
+def quoted_blocks(path):
+    """``(markdown cell number, module, qualified name, quoted lines)``."""
+    nb = json.loads(path.read_text())
+    for number, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "markdown":
+            for name, file, body in QUOTED.findall("".join(cell["source"])):
+                module = "attnbook." + file.replace("/", ".")
+                yield number, module, name, body
+
+
+def misquoted(module, name, body) -> list[str]:
+    """The quoted lines that are not the function's, in its order: a line
+    "..." (with an optional comment) stands for lines left out, and a line
+    that is only a comment is the quote's own."""
+    source = [
+        line.strip()
+        for line in inspect.getsource(resolve(module, name)).splitlines()
+    ]
+    wrong, at = [], 0
+    for line in (line.strip() for line in body.splitlines()):
+        if not line or line.startswith(("#", "...")):
+            continue
+        try:
+            at = source.index(line, at) + 1
+        except ValueError:
+            wrong.append(line)
+    return wrong
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_quoted_lines_are_the_package_code(path):
+    for cell, module, name, body in quoted_blocks(path):
+        wrong = misquoted(module, name, body)
+        assert not wrong, (
+            f"{path.name}, markdown cell {cell}: lines quoted from "
+            f"`{module}.{name}` that are not its lines, in its order: {wrong}"
+        )
+
+
+def test_a_changed_line_is_a_misquote():
+    body = "new_max = tl.maximum(row_max, tl.max(s, axis=1))\n...\n"
+    assert misquoted("attnbook.kernels.device", "forward_step", body) == []
+    changed = body.replace("axis=1", "axis=0")
+    assert misquoted("attnbook.kernels.device", "forward_step", changed)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
 def test_shown_names_are_public(path):
     private = [

@@ -954,6 +954,121 @@ STUDENT_10_WRONG = [
 CATALOGUE["check_merge_kernel"]["wrong"] += STUDENT_10_WRONG
 
 
+# --- issue 31, student report s12i (session 12) ------------------------------
+# LSE_PART read row by row got the generic hint, and a program that also
+# stored into the next row's LSE was told that its output store was masked by
+# the tensor's bounds.
+
+
+@triton.jit
+def merge_lse_by_row(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the student's slip: LSE_PART taken for (n_rows, n_splits)
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + row * n_splits + s, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - shift)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, shift + tl.log(total))
+
+
+@triton.jit
+def merge_everything_by_row(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # both parts read as if the row index came first
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    s_ok = s < n_splits
+    lse_s = tl.load(
+        LSE_PART + row * n_splits + s, mask=s_ok, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (row * n_splits + s[:, None]) * d_head + c[None, :],
+        mask=s_ok[:, None] & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - shift)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, shift + tl.log(total))
+
+
+@triton.jit
+def merge_clears_next_lse(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the student's race: each program also zeroes the next row's LSE
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    tl.store(LSE + row + 1, 0.0, mask=row + 1 < n_rows)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m = tl.max(lse_s, 0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - shift)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, shift + tl.log(total))
+
+
+S12I_WRONG = [
+    (merge_lse_by_row, "lse_part_layout"),
+    (merge_everything_by_row, "parts_layout"),
+    (merge_clears_next_lse, "lse_store_into_other_row"),
+]
+CATALOGUE["check_merge_kernel"]["wrong"] += S12I_WRONG
+
+
 def test_the_chapters_solution_passes(capsys):
     check_merge_kernel(merge_book)
     assert "Correct" in capsys.readouterr().out
@@ -1152,3 +1267,24 @@ def test_a_wrapper_that_launches_a_kernel_is_judged_by_its_launches(capsys):
 
     check_merge_kernel(Launcher())
     assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, key", S12I_WRONG, ids=[k for _, k in S12I_WRONG]
+)
+def test_s12i_slips_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(wrong)
+    assert err.value.mistake == key
+    assert "compare your kernel" not in str(err.value)
+
+
+def test_a_race_on_lse_names_the_program_outside_its_row():
+    """The verdict says whose row the element is and which program strayed,
+    and the diagnosis does not guess the output's mask."""
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(merge_clears_next_lse)
+    text = str(err.value)
+    assert "programs 0 and 1 both stored to LSE[1]" in text
+    assert "program 0 stored outside its own row of LSE" in text
+    assert "c < d_head" not in text

@@ -959,3 +959,46 @@ def test_an_unknown_mode_returning_none_is_named_as_such():
     assert err.value.mistake == "unknown_mode_returns_none"
     assert "returned None" in str(err.value)
     assert "returns a count" not in str(err.value)
+
+
+# --- issue 31, student report s12i (session 12) ------------------------------
+# Two shortcuts from the first row's key block got the generic hint: adding
+# block_q // block_k blocks (rounded down, so nothing when block_q < block_k),
+# and the first row's count plus that many, unclamped.
+
+
+def blocks_first_row_plus_floor_width(n_q, n_k, block_q, block_k):
+    """The student's probe: the first row's key block, plus block_q //
+    block_k more, capped at the key blocks that exist."""
+    total = math.ceil(n_k / block_k)
+    return [
+        min((b * block_q + n_k - n_q) // block_k + block_q // block_k, total)
+        for b in range(math.ceil(n_q / block_q))
+    ]
+
+
+def blocks_first_row_count_plus_width(n_q, n_k, block_q, block_k):
+    """The first row sees blocks 0 .. its own; the block adds block_q //
+    block_k more."""
+    counts = []
+    for b in range(math.ceil(n_q / block_q)):
+        first = b * block_q + n_k - n_q
+        counts.append(first // block_k + 1 + block_q // block_k)
+    return counts
+
+
+S12I_BLOCK_SLIPS = [
+    (blocks_first_row_plus_floor_width, "first_row_plus_floor_width"),
+    (blocks_first_row_count_plus_width, "first_row_count_plus_width"),
+]
+CATALOGUE["check_key_blocks"]["wrong"] += S12I_BLOCK_SLIPS
+
+
+@pytest.mark.parametrize(
+    "wrong, key", S12I_BLOCK_SLIPS, ids=[k for _, k in S12I_BLOCK_SLIPS]
+)
+def test_s12i_first_row_shortcuts_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_key_blocks(wrong)
+    assert err.value.mistake == key
+    assert "compare your steps" not in str(err.value)

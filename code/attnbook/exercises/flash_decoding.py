@@ -65,7 +65,12 @@ class PastTheEnd(RuntimeError):
 class StoreRace(RuntimeError):
     """Two programs of the reader's kernel stored to the same element of OUT
     or LSE: on a GPU the programs run in parallel, in no fixed order, and
-    the element ends up with whichever store came last."""
+    the element ends up with whichever store came last. ``tensor``: "OUT" or
+    "LSE", the tensor of that element."""
+
+    def __init__(self, message: str, tensor: str | None = None):
+        self.tensor = tensor
+        super().__init__(message)
 
 
 def _ranges(named: dict) -> list[tuple[str, int, int]]:
@@ -88,15 +93,25 @@ def _outside(ptrs, mask, itemsize: int, ranges) -> bool:
     return not inside.all()
 
 
-def _element(addr: int, named: dict) -> str:
-    """The element of ``named``'s tensors at byte address ``addr``, as
-    ``OUT[1, 0]``."""
+def _locate(addr: int, named: dict) -> tuple[str, tuple[int, ...]] | None:
+    """The tensor of ``named`` and the index of its element at byte address
+    ``addr``, or None."""
     for name, t in named.items():
         offset = addr - t.data_ptr()
         if 0 <= offset < t.numel() * t.element_size():
             index = np.unravel_index(offset // t.element_size(), t.shape)
-            return f"{name}[{', '.join(str(int(i)) for i in index)}]"
-    return f"address {addr}"
+            return name, tuple(int(i) for i in index)
+    return None
+
+
+def _element(addr: int, named: dict) -> str:
+    """The element of ``named``'s tensors at byte address ``addr``, as
+    ``OUT[1, 0]``."""
+    found = _locate(addr, named)
+    if found is None:
+        return f"address {addr}"
+    name, index = found
+    return f"{name}[{', '.join(map(str, index))}]"
 
 
 class _BoundsChecked:
@@ -125,14 +140,22 @@ class _BoundsChecked:
                 self.clash = (a, first, program)
 
     def race(self) -> StoreRace | None:
-        """The first element that two programs stored, as an error."""
+        """The first element that two programs stored, as an error that says
+        whose row it is and which program stored outside its own (program r
+        owns row r of OUT and LSE)."""
         if self.clash is None:
             return None
         addr, first, second = self.clash
         where = _element(addr, self.store_tensors)
+        tensor, index = _locate(addr, self.store_tensors)
+        row = index[0]
+        strays = [p for p in (first, second) if p != row]
+        who = " and ".join(f"program {p}" for p in strays)
         return StoreRace(
-            f"programs {first} and {second} both stored to {where}: a store "
-            "reaches another row's part of OUT or LSE"
+            f"programs {first} and {second} both stored to {where}, an "
+            f"element of row {row}, which program {row} owns: {who} stored "
+            f"outside its own row of {tensor}",
+            tensor=tensor,
         )
 
     def __enter__(self):
@@ -506,8 +529,35 @@ def _exp2_natural_log(o_part, lse_part):
     )
 
 
-def _store_race(err: Exception) -> bool:
-    return isinstance(err, StoreRace)
+def _store_race(tensor: str):
+    """Recognise a StoreRace on an element of ``tensor``."""
+
+    def recognise(err: Exception) -> bool:
+        return isinstance(err, StoreRace) and err.tensor == tensor
+
+    return recognise
+
+
+def _lse_part_transposed(o_part, lse_part):
+    # LSE_PART read as if it were (n_rows, n_splits): the entry of run s, row
+    # r at r * n_splits + s instead of s * n_rows + r (issue 31, student
+    # report s12i)
+    o, lse = _parts(o_part, lse_part)
+    n_splits, n_rows = lse.shape
+    return _joined(*merge_splits(o, lse.reshape(n_rows, n_splits).T))
+
+
+def _parts_transposed(o_part, lse_part):
+    # both parts read row by row: O_PART as (n_rows, n_splits, d_head) and
+    # LSE_PART as (n_rows, n_splits)
+    o, lse = _parts(o_part, lse_part)
+    n_splits, n_rows, d_head = o.shape
+    return _joined(
+        *merge_splits(
+            o.reshape(n_rows, n_splits, d_head).transpose(0, 1),
+            lse.reshape(n_rows, n_splits).T,
+        )
+    )
 
 
 MERGE_MISTAKES = [
@@ -552,18 +602,36 @@ MERGE_MISTAKES = [
     ),
     Mistake(
         "store_into_other_row",
-        "a store reaches the next row: on a GPU the programs race. Two "
-        "programs stored to the same element of OUT (or LSE), so a program "
-        "writes outside its own row, e.g. a store masked by the tensor's "
-        "bounds (row * d_head + c < n_rows * d_head) instead of the row's "
-        "(c < d_head). The interpreter runs the programs one after another, "
-        "so the row's own program overwrites the stray values and the "
-        "numbers look right; on a GPU the programs run in parallel, in no "
-        "fixed order, and the element keeps whichever store came last",
+        "a store to OUT reaches another row: on a GPU the programs race. "
+        "Two programs stored to the element of OUT named above; the one "
+        "that does not own that row wrote outside its own: its output "
+        "store has a wrong address, or a mask that lets padded columns "
+        "through (a mask by the tensor's bounds, row * d_head + c < "
+        "n_rows * d_head, instead of the row's, c < d_head, writes the next "
+        "row's first columns). The interpreter runs the programs one after "
+        "another, so the numbers can look right; on a GPU the programs run "
+        "in parallel, in no fixed order, and the element keeps whichever "
+        "store came last",
         "each program stores only its own row: OUT + row * d_head + c with "
-        "mask=c < d_head, and LSE + row",
+        "mask=c < d_head",
         _raises,
-        raises=_store_race,
+        raises=_store_race("OUT"),
+    ),
+    # issue 31, student report s12i: a program that also stored into the next
+    # row's LSE got the diagnosis of a masked output store
+    Mistake(
+        "lse_store_into_other_row",
+        "a store to LSE reaches another row: on a GPU the programs race. Two "
+        "programs stored to the element of LSE named above; the one that "
+        "does not own that row wrote a log-sum-exp into another row's entry "
+        "(a store to LSE + row + 1, say, or to a whole tile of LSE). The "
+        "interpreter runs the programs one after another, so the numbers "
+        "can look right; on a GPU the programs run in parallel, in no fixed "
+        "order, and the element keeps whichever store came last",
+        "each program owns exactly one element of LSE: store one value, to "
+        "LSE + row, and nothing else into LSE",
+        _raises,
+        raises=_store_race("LSE"),
     ),
     Mistake(
         "load_past_d_head",
@@ -718,6 +786,28 @@ MERGE_MISTAKES = [
         "starts at (s * n_rows + r) * d_head, as LSE_PART's entry is at "
         "s * n_rows + r",
         _o_part_transposed,
+    ),
+    # issue 31, student report s12i: LSE_PART read row by row got the
+    # generic hint
+    Mistake(
+        "lse_part_layout",
+        "LSE_PART was read as (n_rows, n_splits): run s of row r at r * "
+        "n_splits + s, so each row weighs its runs with other rows' "
+        "log-sum-exps",
+        "LSE_PART is (n_splits, n_rows), contiguous: run s of row r is at "
+        "s * n_rows + r, as O_PART's run s of row r starts at (s * n_rows + "
+        "r) * d_head",
+        _lse_part_transposed,
+    ),
+    Mistake(
+        "parts_layout",
+        "O_PART and LSE_PART were both read row by row, as (n_rows, "
+        "n_splits, d_head) and (n_rows, n_splits): each row mixes other "
+        "rows' outputs and log-sum-exps",
+        "the run index comes first: LSE_PART is (n_splits, n_rows), run s "
+        "of row r at s * n_rows + r, and O_PART (n_splits, n_rows, d_head), "
+        "run s of row r starting at (s * n_rows + r) * d_head",
+        _parts_transposed,
     ),
 ]
 

@@ -321,6 +321,40 @@ BLOCK_COUNT_MISTAKES = [
             )
         ),
     ),
+    # issue 31, student report s12i: the same shortcut with block_q // block_k
+    # rounded down, which adds no block at all when the query block is shorter
+    # than a key block; it got the generic hint
+    Mistake(
+        "first_row_plus_floor_width",
+        "the count is the first row's key block plus block_q // block_k "
+        "blocks, rounded down: 0 more when the query block is shorter than a "
+        "key block, and right only when the block's first query position and "
+        "block_q are both multiples of block_k",
+        "rows a0 .. a0 + block_q - 1 can end in a later key block than the "
+        "first row's block + block_q // block_k: convert the LAST row's "
+        "position instead, and count the blocks that cover keys 0 .. "
+        "min(a0 + block_q - 1, n_k - 1), rounding up",
+        _per_block(
+            lambda a0, qb, n_q, n_k, bq, bk: min(
+                a0 // bk + bq // bk, _cdiv(n_k, bk)
+            )
+        ),
+    ),
+    # and the first row's count, a0 // block_k + 1, plus block_q // block_k
+    # more, unclamped: one block too many wherever a0 starts a key block
+    Mistake(
+        "first_row_count_plus_width",
+        "the count is the first row's count of blocks, a0 // block_k + 1, "
+        "plus block_q // block_k more, not clamped to the key blocks that "
+        "exist: one key block too many where a0 and block_q are both "
+        "multiples of block_k, one too few where their remainders modulo "
+        "block_k add up to more than block_k",
+        "adding block widths to the first row's block loses track of where "
+        "the last row falls inside its key block: convert the LAST row's "
+        "position instead, and count the blocks that cover keys 0 .. "
+        "min(a0 + block_q - 1, n_k - 1), rounding up",
+        _per_block(lambda a0, qb, n_q, n_k, bq, bk: a0 // bk + 1 + bq // bk),
+    ),
 ]
 
 
