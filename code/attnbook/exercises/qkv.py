@@ -1311,7 +1311,8 @@ REALISE_MISTAKES = [
         "your scores pick key pi[i] in every row, and would give it weight "
         ">= 0.9 before the 1/sqrt(d_k) scale, but not after it: the scaled "
         "gap (the raw gap divided by sqrt(d_k)) falls short of the "
-        "ln(9 (n - 1)) it must reach",
+        "ln(9 (n - 1)) it must reach: either the gap was not multiplied "
+        "by sqrt(d_k), or it was and falls just below the bound",
         "the weights are softmax(S / sqrt(d_k)), with d_k = w_q.shape[1]: "
         "row i needs S[i, pi[i]] above each other score of the row by "
         "sqrt(d_k) ln(9 (n - 1)) (then e^g / (e^g + n - 1) >= 0.9); a raw "
