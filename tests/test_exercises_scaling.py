@@ -915,3 +915,52 @@ def test_a_stack_of_three_leading_axes_passes_right_answers(capsys):
     ):
         check_scaled_scores(fn)
         assert "passes all 7 cases" in capsys.readouterr().out
+
+
+# --- from the student reading of chapter 3 (s12b): two covariance answers ----
+# that got only the generic hint.
+
+
+def variance_product_of_frobenius_norms(cq, ck):
+    return np.linalg.norm(cq) * np.linalg.norm(ck)
+
+
+def variance_determinant(cq, ck):
+    return np.linalg.det(np.asarray(cq) @ np.asarray(ck))
+
+
+WRONG_VARIANCES["frobenius_product"] = variance_product_of_frobenius_norms
+WRONG_VARIANCES["determinant"] = variance_determinant
+CATALOGUE["check_dot_variance"]["wrong"] += [
+    (variance_product_of_frobenius_norms, "frobenius_product"),
+    (variance_determinant, "determinant"),
+]
+
+
+@pytest.mark.parametrize(
+    "fn, key",
+    [
+        (variance_product_of_frobenius_norms, "frobenius_product"),
+        (variance_determinant, "determinant"),
+        # the reader's other spellings
+        (
+            lambda cq, ck: math.sqrt((cq**2).sum() * (ck**2).sum()),
+            "frobenius_product",
+        ),
+        (lambda cq, ck: np.linalg.det(cq) * np.linalg.det(ck), "determinant"),
+    ],
+)
+def test_frobenius_product_and_determinant_are_named(fn, key):
+    with pytest.raises(ExerciseError) as err:
+        check_dot_variance(fn)
+    assert err.value.mistake == key, str(err.value)
+
+
+def test_right_variances_still_pass_with_the_new_mistakes(capsys):
+    for fn in (
+        variance_by_loops,
+        lambda cq, ck: np.einsum("ij,ji->", cq, ck),
+        lambda cq, ck: (np.asarray(cq) * np.asarray(ck)).sum(),
+    ):
+        check_dot_variance(fn)
+        assert capsys.readouterr().out.startswith("Correct:")

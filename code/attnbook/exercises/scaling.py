@@ -350,6 +350,24 @@ DOT_VARIANCE_MISTAKES = [
         "the covariances change the answer: trace(Cq @ Ck)",
         lambda cq, ck: float(cq.shape[0]),
     ),
+    Mistake(
+        "frobenius_product",
+        "you multiplied the Frobenius norms, ||Cq||_F ||Ck||_F: by "
+        "Cauchy-Schwarz an upper bound of sum_ij Cq_ij Ck_ij = trace(Cq @ "
+        "Ck), equal to it only when Cq and Ck are proportional",
+        "expand E[(q . k)^2] = sum_ij E[q_i q_j] E[k_i k_j] = sum_ij Cq_ij "
+        "Ck_ji: one product of matching entries, summed, with no norms",
+        lambda cq, ck: float(np.linalg.norm(cq) * np.linalg.norm(ck)),
+    ),
+    Mistake(
+        "determinant",
+        "you returned a determinant (of Cq @ Ck, or the product of the two "
+        "determinants), the 'generalised variance' of a random vector, not "
+        "the variance of the number q . k",
+        "q . k is one number: expand E[(q . k)^2] = sum_ij E[q_i q_j] E[k_i "
+        "k_j], which gives trace(Cq @ Ck)",
+        lambda cq, ck: float(np.linalg.det(cq) * np.linalg.det(ck)),
+    ),
 ]
 
 
