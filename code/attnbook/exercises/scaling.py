@@ -250,8 +250,8 @@ def scaled_scores_cases() -> list[Case]:
         # three leading axes, so that a transpose written out for up to two
         # (k.transpose(0, 1, 3, 2)) does not pass
         Case(
-            "three leading dimensions, (batch, key-value groups, heads per "
-            "group): q (2, 2, 3, 4, 16), k (2, 2, 3, 5, 16)",
+            "three leading dimensions (any number is allowed): q (2, 2, 3, "
+            "4, 16), k (2, 2, 3, 5, 16)",
             (n(2, 2, 3, 4, 16), n(2, 2, 3, 5, 16)),
         ),
         # every d_k above is a perfect square: an integer square root would
