@@ -1785,3 +1785,25 @@ CATALOGUE["check_causal_mask"]["wrong"] += [
     (causal_mask_from_4096_buffer, "fixed_size"),
     (causal_mask_from_256_torch_buffer, "fixed_size"),
 ]
+
+
+# --- from the student reading of chapter 4 (s12b): a mean shift that counts ---
+# each masked -inf as 0 got only the generic hint.
+
+
+def softmax_mean_with_masked_as_zero(x):
+    x = np.asarray(x, dtype=float)
+    mu = np.mean(np.where(np.isfinite(x), x, 0), -1, keepdims=True)
+    e = np.exp(x - mu)
+    return e / e.sum(-1, keepdims=True)
+
+
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_mean_with_masked_as_zero, "shift_not_max")
+]
+
+
+def test_a_mean_shift_counting_masked_keys_as_zero_is_named():
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check_softmax(softmax_mean_with_masked_as_zero)
+    assert err.value.mistake == "shift_not_max", str(err.value)

@@ -301,11 +301,12 @@ def test_d_k_from_q_shape_1_is_named():
     )
 
 
-def test_two_leading_dimensions_are_checked():
+def test_more_than_one_leading_dimension_is_checked():
     with pytest.raises(
-        ExerciseError, match="two leading dimensions.*your function raised"
-    ):
+        ExerciseError, match="three leading dimensions.*your function raised"
+    ) as err:
         check_scaled_scores(scores_one_leading_axis_only)
+    assert err.value.mistake == "fixed_rank_transpose", str(err.value)
     q, k = np.ones((2, 3, 4, 16)), np.ones((2, 3, 5, 16))
     # it really fails on a (batch, heads, n, d_k) input
     with pytest.raises(ValueError):
@@ -844,3 +845,122 @@ def test_both_one_head_formulas_on_a_stack_are_named():
     message = str(err.value)
     assert err.value.mistake == "trace_and_quadratic_over_batch", message
     assert "np.trace" in message and "(h, h, h)" in message, message
+
+
+# --- from the student reading of chapter 3 (s12b): a transpose written out ---
+# for up to two leading axes. The old checker's deepest case had two leading
+# axes (4-d), so this passed although the exercise allows any number.
+
+
+def scores_up_to_four_dimensions(q, k):
+    kt = (
+        k.transpose(0, 2, 1)
+        if k.ndim == 3
+        else (k.T if k.ndim == 2 else k.transpose(0, 1, 3, 2))
+    )
+    return q @ kt / np.sqrt(q.shape[-1])
+
+
+def scores_up_to_four_dimensions_in_torch(q, k):
+    q, k = torch.from_numpy(q), torch.from_numpy(k)
+    if k.dim() == 2:
+        kt = k.T
+    elif k.dim() == 3:
+        kt = k.permute(0, 2, 1)
+    else:
+        kt = k.permute(0, 1, 3, 2)
+    return q @ kt / math.sqrt(q.shape[-1])
+
+
+def scores_any_leading_axes_by_reshape(q, k):
+    # right: fold every leading axis into one, then unfold
+    lead = q.shape[:-2]
+    qs = q.reshape(-1, *q.shape[-2:])
+    ks = k.reshape(-1, *k.shape[-2:])
+    out = qs @ ks.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    return out.reshape(*lead, q.shape[-2], k.shape[-2])
+
+
+WRONG_SCORES["fixed_rank_transpose"] = scores_up_to_four_dimensions
+CATALOGUE["check_scaled_scores"]["wrong"] += [
+    (scores_up_to_four_dimensions, "fixed_rank_transpose"),
+    (scores_up_to_four_dimensions_in_torch, "fixed_rank_transpose"),
+    (scores_one_leading_axis_only, "fixed_rank_transpose"),
+]
+CATALOGUE["check_scaled_scores"]["right"] += [
+    scores_any_leading_axes_by_reshape
+]
+
+
+@pytest.mark.parametrize(
+    "fn", [scores_up_to_four_dimensions, scores_up_to_four_dimensions_in_torch]
+)
+def test_a_transpose_written_for_up_to_two_leading_axes_is_named(fn):
+    with pytest.raises(ExerciseError) as err:
+        check_scaled_scores(fn)
+    assert err.value.mistake == "fixed_rank_transpose", str(err.value)
+    assert "three leading dimensions" in str(err.value)
+    assert "np.swapaxes(k, -1, -2)" in str(err.value)
+    # it is right on the 4-d stack the old checker stopped at
+    q, k = np.ones((2, 3, 4, 16)), np.ones((2, 3, 5, 16))
+    assert np.allclose(fn(q, k), scores_reference(q, k))
+
+
+def test_a_stack_of_three_leading_axes_passes_right_answers(capsys):
+    for fn in (
+        scores_reference,
+        scores_in_torch,
+        scores_any_leading_axes_by_reshape,
+        scores_np_dot_per_matrix,
+    ):
+        check_scaled_scores(fn)
+        assert "passes all 7 cases" in capsys.readouterr().out
+
+
+# --- from the student reading of chapter 3 (s12b): two covariance answers ----
+# that got only the generic hint.
+
+
+def variance_product_of_frobenius_norms(cq, ck):
+    return np.linalg.norm(cq) * np.linalg.norm(ck)
+
+
+def variance_determinant(cq, ck):
+    return np.linalg.det(np.asarray(cq) @ np.asarray(ck))
+
+
+WRONG_VARIANCES["frobenius_product"] = variance_product_of_frobenius_norms
+WRONG_VARIANCES["determinant"] = variance_determinant
+CATALOGUE["check_dot_variance"]["wrong"] += [
+    (variance_product_of_frobenius_norms, "frobenius_product"),
+    (variance_determinant, "determinant"),
+]
+
+
+@pytest.mark.parametrize(
+    "fn, key",
+    [
+        (variance_product_of_frobenius_norms, "frobenius_product"),
+        (variance_determinant, "determinant"),
+        # the reader's other spellings
+        (
+            lambda cq, ck: math.sqrt((cq**2).sum() * (ck**2).sum()),
+            "frobenius_product",
+        ),
+        (lambda cq, ck: np.linalg.det(cq) * np.linalg.det(ck), "determinant"),
+    ],
+)
+def test_frobenius_product_and_determinant_are_named(fn, key):
+    with pytest.raises(ExerciseError) as err:
+        check_dot_variance(fn)
+    assert err.value.mistake == key, str(err.value)
+
+
+def test_right_variances_still_pass_with_the_new_mistakes(capsys):
+    for fn in (
+        variance_by_loops,
+        lambda cq, ck: np.einsum("ij,ji->", cq, ck),
+        lambda cq, ck: (np.asarray(cq) * np.asarray(ck)).sum(),
+    ):
+        check_dot_variance(fn)
+        assert capsys.readouterr().out.startswith("Correct:")

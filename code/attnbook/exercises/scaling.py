@@ -59,6 +59,33 @@ def _is_fixed_axes_einsum_error(err: Exception) -> bool:
     )
 
 
+def _is_fixed_rank_transpose_error(err: Exception) -> bool:
+    """Whether ``err`` is numpy's or torch's complaint that a transpose lists
+    fewer (or more) axes than the array has: ``k.transpose(0, 1, 3, 2)``,
+    written for one number of leading axes, run on another."""
+    text = str(err)
+    return (
+        isinstance(err, ValueError) and "axes don't match array" in text
+    ) or (
+        isinstance(err, RuntimeError)
+        and "permute" in text
+        and (
+            "does not match the length of the desired ordering" in text
+            or "number of dims don't match" in text
+        )
+    )
+
+
+def _fixed_rank_t(k):
+    """``k^T`` by a transpose written out for matrices, one leading axis and
+    two leading axes: what a reader who lists the axes by hand writes."""
+    if k.ndim == 2:
+        return k.T
+    if k.ndim == 3:
+        return k.transpose(0, 2, 1)
+    return k.transpose(0, 1, 3, 2)
+
+
 SCALED_SCORES_MISTAKES = [
     Mistake(
         "no_scale",
@@ -194,6 +221,17 @@ SCALED_SCORES_MISTAKES = [
         lambda q, k: np.einsum("qd,kd->qk", q, k) / np.sqrt(q.shape[-1]),
         raises=_is_fixed_axes_einsum_error,
     ),
+    Mistake(
+        "fixed_rank_transpose",
+        "k^T was written with its axes listed by hand (k.transpose(0, 2, 1), "
+        "k.transpose(0, 1, 3, 2), a permute), one branch per number of "
+        "leading axes: it refuses a stack with more leading axes than the "
+        "branches foresaw, and the exercise allows any number",
+        "swap only the last two axes, whatever comes before them: "
+        "np.swapaxes(k, -1, -2) (in torch, k.transpose(-1, -2) or k.mT)",
+        lambda q, k: q @ _fixed_rank_t(k) / np.sqrt(q.shape[-1]),
+        raises=_is_fixed_rank_transpose_error,
+    ),
 ]
 
 
@@ -209,10 +247,12 @@ def scaled_scores_cases() -> list[Case]:
         Case("one query, n_k = 7, d_k = 256", (n(1, 256), n(7, 256))),
         Case("d_k = 1 (the scale is 1)", (n(4, 1), n(3, 1))),
         Case("n_q = n_k = d_k = 9", (n(9, 9), n(9, 9))),
+        # three leading axes, so that a transpose written out for up to two
+        # (k.transpose(0, 1, 3, 2)) does not pass
         Case(
-            "two leading dimensions, (batch, heads): q (2, 3, 4, 16), k (2, "
-            "3, 5, 16)",
-            (n(2, 3, 4, 16), n(2, 3, 5, 16)),
+            "three leading dimensions (any number is allowed): q (2, 2, 3, "
+            "4, 16), k (2, 2, 3, 5, 16)",
+            (n(2, 2, 3, 4, 16), n(2, 2, 3, 5, 16)),
         ),
         # every d_k above is a perfect square: an integer square root would
         # pass them all
@@ -309,6 +349,24 @@ DOT_VARIANCE_MISTAKES = [
         "components only",
         "the covariances change the answer: trace(Cq @ Ck)",
         lambda cq, ck: float(cq.shape[0]),
+    ),
+    Mistake(
+        "frobenius_product",
+        "you multiplied the Frobenius norms, ||Cq||_F ||Ck||_F: by "
+        "Cauchy-Schwarz an upper bound of sum_ij Cq_ij Ck_ij = trace(Cq @ "
+        "Ck), equal to it only when Cq and Ck are proportional",
+        "expand E[(q . k)^2] = sum_ij E[q_i q_j] E[k_i k_j] = sum_ij Cq_ij "
+        "Ck_ji: one product of matching entries, summed, with no norms",
+        lambda cq, ck: float(np.linalg.norm(cq) * np.linalg.norm(ck)),
+    ),
+    Mistake(
+        "determinant",
+        "you returned a determinant (of Cq @ Ck, or the product of the two "
+        "determinants), the 'generalised variance' of a random vector, not "
+        "the variance of the number q . k",
+        "q . k is one number: expand E[(q . k)^2] = sum_ij E[q_i q_j] E[k_i "
+        "k_j], which gives trace(Cq @ Ck)",
+        lambda cq, ck: float(np.linalg.det(cq) * np.linalg.det(ck)),
     ),
 ]
 
