@@ -444,6 +444,26 @@ def decode_one_copy_of_cache(q, k_cache, v_cache, lengths):
     return decode_einsum_float32(q, k, v, lengths)
 
 
+def decode_two_copies_of_cache(q, k_cache, v_cache, lengths):
+    """Right values and no copy per query head, but two float64 copies of
+    the keys and of the values kept alive together (expert reading x12gqa):
+    at g = 8 they take half of the keys repeated per query head."""
+    k = np.array(k_cache, dtype=np.float64)
+    v = np.array(v_cache, dtype=np.float64)
+    k2, v2 = k.copy(), v.copy()
+    return decode_einsum_float32(q, k2, v2, lengths)
+
+
+def decode_two_copies_in_turn(q, k_cache, v_cache, lengths):
+    """Right: two float64 copies of the keys and values, each dropped before
+    the next (expert reading x12gqa): never more than one copy at a time."""
+    k = np.array(k_cache, dtype=np.float64)
+    v = np.array(v_cache, dtype=np.float64)
+    k = k * 1.0
+    v = v * 1.0
+    return decode_einsum_float32(q, k, v, lengths)
+
+
 def decode_float32_per_sequence(q, k_cache, v_cache, lengths):
     """Right: a loop over sequences, each sequence's written slots copied
     to float32 once, and its groups served as g rows."""
@@ -550,6 +570,7 @@ CATALOGUE = {
             (decode_repeat_per_group, "repeated_kv"),
             (decode_keys_per_head, "repeated_kv"),
             (decode_torch_expand_per_group, "repeated_kv"),
+            (decode_two_copies_of_cache, "cache_copies"),
         ],
         "right": [
             decode_by_loops,
@@ -560,6 +581,7 @@ CATALOGUE = {
             decode_fill_dtype_min,
             decode_one_copy_of_cache,
             decode_float32_per_sequence,
+            decode_two_copies_in_turn,
         ],
     }
 }
@@ -624,6 +646,21 @@ def test_copies_made_a_piece_at_a_time_are_added_up(copies):
     _, peak = peak_memory_with_torch(copies, *case.args)
     repeated = 2 * 16 * 2048 * 64 * 8
     assert peak < gqa_decode.PEAK_SHARE * repeated
+
+
+def test_copies_of_the_whole_cache_are_not_called_per_head_copies():
+    """Two copies of the whole cache kept at once reach the peak's limit at
+    g = 8, but do not grow with g: the checker names them as copies of the
+    cache, says how many times the cache the peak was, and does not claim a
+    copy per query head (expert reading x12gqa)."""
+    with pytest.raises(ExerciseError) as err:
+        check_grouped_decode_step(decode_two_copies_of_cache)
+    assert err.value.mistake == "cache_copies"
+    assert err.value.case.startswith("memory")
+    assert "times the cache's keys and values (8.0 MiB)" in str(err.value)
+    with pytest.raises(ExerciseError) as err:
+        check_grouped_decode_step(gqa_decode.CACHE_COPIES.commit)
+    assert err.value.mistake == "cache_copies"
 
 
 def test_the_volume_is_a_count_that_repeats():

@@ -433,16 +433,40 @@ REPEATED_KV = Mistake(
     "repeated_kv",
     "the values may be right, but the keys or values were copied once per "
     "query head (np.repeat, repeat_kv, a broadcast that materialises), all "
-    "at once or one group or head at a time: the step allocated about as "
-    "much as g copies of the cache, which is what grouped-query attention "
-    "exists to avoid",
+    "at once or one group or head at a time: the step's memory grows with "
+    "g, the query heads per key/value head, which is what grouped-query "
+    "attention exists to avoid",
     "reshape the queries instead: q (B, h, d_k) -> (B, h_kv, g, d_k) is a "
     "view, and (B, h_kv, g, d_k) against k_cache (B, h_kv, n, d_k) gives "
     "the scores (B, h_kv, g, n) with each cached head read as it is",
     lambda q, k, v, lengths: _reference(q, k, v, lengths),
 )
+
+
+def _cache_copied_twice(q, k, v, lengths):
+    """Two float64 copies of the whole cache kept at once, then the grouped
+    computation: nothing copied per query head."""
+    k_copies = [np.array(k, dtype=np.float64) for _ in range(2)]
+    v_copies = [np.array(v, dtype=np.float64) for _ in range(2)]
+    scores = _grouped(q, k_copies[1], v_copies[1], lengths)
+    weights = _softmax(scores)
+    out = np.einsum("bign,bine->bige", weights, v_copies[1])
+    return out.reshape(q.shape[0], q.shape[1], -1)
+
+
+CACHE_COPIES = Mistake(
+    "cache_copies",
+    "nothing was copied per query head (on the same cache with one query "
+    "head per key/value head, g = 1, the memory is about the same), but "
+    "the step kept several copies of the whole cache at once, or made "
+    "many one after another: with this case's g = 8 they take as much "
+    "memory as copying the keys per query head",
+    "read k_cache and v_cache as they are (slicing and reshaping are "
+    "views), or copy each of them at most once",
+    _cache_copied_twice,
+)
 # the mistakes the memory check names
-MEMORY_MISTAKES = [REPEATED_KV]
+MEMORY_MISTAKES = [REPEATED_KV, CACHE_COPIES]
 
 
 def _cache(rng, b_size, n_kv, n, d, lengths, stale_scale=3.0):
@@ -666,9 +690,11 @@ MEMORY_SHAPE = (2, 16, 2, 2048, 64)
 # not reach: g copies made one group at a time add up to the whole copy (about
 # twice the keys repeated when the values are copied too, 0.9 of it for the
 # values of the written slots alone), while the right answers allocate the
-# scores, a few times B * h * n numbers, and at most a copy or two of the
-# cache itself (a float64 copy of keys and values: a quarter of the limit's
-# base with g = 8)
+# scores, a few times B * h * n numbers, and at most one copy of the cache
+# itself kept at a time (a float64 copy of keys and values: a quarter of the
+# limit's base with g = 8, so two kept at once reach the peak's limit; what
+# does not grow with g is named as copies of the whole cache, not per query
+# head, by running the answer again with g = 1 on the same cache)
 PEAK_SHARE = 0.5
 VOLUME_SHARE = 0.75
 
@@ -676,7 +702,9 @@ VOLUME_SHARE = 0.75
 def _check_decode_memory(fn):
     """Reject an answer whose peak memory on a large case reaches half of the
     keys repeated per query head, or whose allocations, added up line by line,
-    reach three-quarters of them; return (peak, volume, repeated)."""
+    reach three-quarters of them; name a per-query-head copy only where the
+    memory grows with g (the same cache read with g = 1 says); return (peak,
+    volume, repeated)."""
     from ..bench import format_bytes
     from ._framework import (
         allocation_volume,
@@ -705,19 +733,51 @@ def _check_decode_memory(fn):
     # the function gets copies (it may change them in place)
     expected = _reference(*case.args)
     k_bytes = case.args[1].nbytes
+    cache_bytes = k_bytes + case.args[2].nbytes
+    # the same cache read by one query head per key/value head (g = 1): the
+    # first query head of each group
+    q, k, v, lengths = case.args
+    one_per_group = (
+        np.ascontiguousarray(q[:, :: n_heads // n_kv]),
+        k,
+        v,
+        lengths,
+    )
+
+    def volume_of(args):
+        _, total = allocation_volume(fn, *pristine(args))
+        if torch_profiler_ready():
+            total += torch_allocation_total(fn, *pristine(args))[1]
+        return total
+
+    def diagnosis(measure, at_g, at_1):
+        """The Mistake and a sentence: does the memory grow with g?"""
+        said = (
+            f"{measure} {format_bytes(at_g)}, {at_g / cache_bytes:.1f} times "
+            f"the cache's keys and values ({format_bytes(cache_bytes)}); "
+            f"with g = 1 on the same cache it was {format_bytes(at_1)}"
+        )
+        # a copy per query head grows by g - 1 copies of what it copies;
+        # the scores alone grow by far less than the keys
+        return (REPEATED_KV if at_g - at_1 >= k_bytes else CACHE_COPIES), said
+
     # numpy's arrays, and torch's allocations (which tracemalloc does not
     # see) whatever the answer returns: torch inside, numpy out, too
     out, peak = peak_memory_with_torch(fn, *case.args)
     # the keys copied once per query head, float64
     repeated = b_size * n_heads * n * d * 8
     if peak >= PEAK_SHARE * repeated:
+        _, peak_1 = peak_memory_with_torch(fn, *one_per_group)
+        mistake, said = diagnosis(
+            "your function's peak memory was", peak, peak_1
+        )
         raise ExerciseError(
             EXERCISE,
             case.name,
-            f"your function's peak memory was {format_bytes(peak)}; the keys "
-            f"repeated per query head take {format_bytes(repeated)}, the "
-            f"cache's keys themselves {format_bytes(k_bytes)}",
-            mistake=REPEATED_KV,
+            f"{said}; the keys repeated per query head take "
+            f"{format_bytes(repeated)}, and the peak may not reach half of "
+            "that",
+            mistake=mistake,
         )
     if not _close(as_array(out), expected):
         raise ExerciseError(
@@ -727,19 +787,21 @@ def _check_decode_memory(fn):
         )
     # a copy made a piece at a time stays under the peak's limit: add up
     # what each line allocates (numpy), and every allocation of torch's
-    _, volume = allocation_volume(fn, *pristine(case.args))
-    if torch_profiler_ready():
-        volume += torch_allocation_total(fn, *pristine(case.args))[1]
+    volume = volume_of(case.args)
     if volume >= VOLUME_SHARE * repeated:
+        mistake, said = diagnosis(
+            "it allocated in all, added up line by line,",
+            volume,
+            volume_of(one_per_group),
+        )
         raise ExerciseError(
             EXERCISE,
             case.name,
-            f"your function's peak memory was {format_bytes(peak)}, but it "
-            f"allocated {format_bytes(volume)} in all, added up line by line "
-            "(a copy made one group or one head at a time adds up to the "
-            f"whole copy); the keys repeated per query head take "
-            f"{format_bytes(repeated)}, the cache's keys themselves "
-            f"{format_bytes(k_bytes)}",
-            mistake=REPEATED_KV,
+            f"your function's peak memory was {format_bytes(peak)}, but "
+            f"{said} (a copy made one group or one head at a time adds up "
+            "to the whole copy); the keys repeated per query head take "
+            f"{format_bytes(repeated)}, and the sum may not reach "
+            "three-quarters of that",
+            mistake=mistake,
         )
     return peak, volume, repeated
