@@ -6,12 +6,15 @@ functions, the way a reader might write them: loops, numpy, autograd, torch's
 solvers; some return numpy arrays, some torch tensors.
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from attnbook.exercises import ExerciseError
 from attnbook.exercises.delta import (
+    BACKWARD_MISTAKES,
     check_delta_step_backward,
     check_exact_memory,
 )
@@ -449,3 +452,26 @@ def test_one_gradient_returned_as_float32_is_rejected():
     with pytest.raises(ExerciseError) as err:
         check_delta_step_backward(dbeta_float32)
     assert "dbeta holds float32 numbers" in str(err.value)
+
+
+def test_the_read_transposed_hint_differentiates_in_the_reads_k():
+    """The hint for the transposed read names a matrix M and a side of
+    k^T M k; autograd in that k gives the read's true path S G^T k, not the
+    slip G S^T k that the mistake diagnoses."""
+    (mistake,) = [m for m in BACKWARD_MISTAKES if m.key == "read_transposed"]
+    form = re.search(r"k\^T \((S G\^T|G S\^T)\) k", mistake.hint)
+    side = re.search(r"the k on the (left|right)", mistake.hint)
+    assert form and side, mistake.hint
+    g = torch.Generator().manual_seed(0)
+    S, G = (torch.randn(5, 3, generator=g, dtype=torch.float64) for _ in "SG")
+    k = torch.randn(5, generator=g, dtype=torch.float64)
+    M = S @ G.T if form.group(1) == "S G^T" else G @ S.T
+    left, right = (k.clone().requires_grad_() for _ in "lr")
+    (left @ M @ right).backward()
+    followed = left.grad if side.group(1) == "left" else right.grad
+    # the read's path alone: <G, k_written (S^T k_read)^T> in k_read
+    written, read = k.clone(), k.clone().requires_grad_()
+    (G * torch.outer(written, S.T @ read)).sum().backward()
+    assert torch.allclose(followed, read.grad)
+    assert not torch.allclose(followed, G @ (S.T @ k))
+    assert "the read's path is S G^T k" in mistake.description

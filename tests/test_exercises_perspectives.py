@@ -1523,6 +1523,38 @@ CHUNKED_WRONG += [
 ]
 
 
+def chunked_state_first_no_chunk_term(phi_q, phi_k, v, chunk_size):
+    """Wrong (student reading s12h): the whole chunk added to the state
+    first, then read by the chunk, with no within-chunk term: the values of
+    unmasked within-chunk weights, though no C x C weights were built."""
+    n = phi_q.shape[-2]
+    out = np.empty(phi_q.shape[:-1] + v.shape[-1:])
+    s = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1], v.shape[-1]))
+    z = np.zeros(phi_k.shape[:-2] + (phi_k.shape[-1],))
+    for a in range(0, n, chunk_size):
+        fq, fk, vc = (x[..., a : a + chunk_size, :] for x in (phi_q, phi_k, v))
+        s = s + np.swapaxes(fk, -1, -2) @ vc
+        z = z + fk.sum(-2)
+        out[..., a : a + chunk_size, :] = (fq @ s) / (fq @ z[..., None])
+    return out
+
+
+def test_the_state_read_after_the_whole_chunk_is_named_for_what_it_did():
+    """Its values are those of unmasked weights; the verdict also names the
+    state advanced before the read, which is what this code did."""
+    with pytest.raises(ExerciseError) as err:
+        check_chunked_causal_linear_attention(
+            chunked_state_first_no_chunk_term
+        )
+    assert err.value.mistake == "intra_chunk_not_causal"
+    assert "added to the state S, z before the chunk read it" in str(err.value)
+
+
+CHUNKED_WRONG += [
+    (chunked_state_first_no_chunk_term, "intra_chunk_not_causal"),
+]
+
+
 # --- the student reading s1516 of chapter 17 ---------------------------------
 
 

@@ -544,10 +544,12 @@ BACKWARD_MISTAKES = [
     Mistake(
         "read_transposed",
         "the read's path to k is G S^T k, with S transposed and applied on "
-        "the wrong side: <G, k k^T S> = k^T S G^T k, whose gradient in its "
-        "second k is S G^T k, (d_k, d_v) times (d_v,)",
+        "the wrong side: <G, k k^T S> = k^T S G^T k, in which the read is "
+        "the k on the left (k^T S), and the gradient of a^T M b in a is M "
+        "b, so the read's path is S G^T k, (d_k, d_v) times (d_v,)",
         "write the read's term as k^T (S G^T) k and differentiate it in the "
-        "k on the right",
+        "k on the left, the read's k^T S (in the k on the right it is G S^T "
+        "k, the written key's path, already inside beta G (v - S^T k))",
         _mistake(dk_form="read_transposed"),
     ),
     Mistake(

@@ -912,10 +912,14 @@ CHUNKED_CAUSAL_MISTAKES = [
     ),
     Mistake(
         "intra_chunk_not_causal",
-        "inside a chunk the weights phi(q_i) . phi(k_j) are not masked: each "
-        "query sees the later keys of its own chunk",
-        "keep only j <= i of the chunk's C x C weights (np.tril), in the "
-        "numerator and in the normaliser",
+        "inside a chunk each query sees the later keys of its own chunk: the "
+        "weights phi(q_i) . phi(k_j) are not masked, or (the same values) "
+        "the chunk's keys were added to the state S, z before the chunk read "
+        "it, with no separate term for the chunk",
+        "a query may use only the keys j <= i: read S, z of the chunks "
+        "before, add the chunk's own keys through its C x C weights masked "
+        "with np.tril (numerator and normaliser), and add the chunk to S, z "
+        "only after its outputs",
         lambda *a: _causal_chunks(*a, diagonal="none"),
     ),
     Mistake(
