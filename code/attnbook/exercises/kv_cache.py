@@ -621,11 +621,12 @@ RING_MISTAKES = [
         "before the ring has filled, your attention also reads slots that no "
         "position was ever written to (they hold NaN here, as memory from "
         "np.empty may): even under a weight of 0 a NaN value poisons the "
-        "output, since 0 x NaN = NaN",
+        "output, since 0 x NaN = NaN; and replacing the NaN (np.nan_to_num) "
+        "without masking those slots lets the query attend to them",
         "read only the slots of positions max(0, pos - W) .. pos - 1 (slot j "
-        "% "
-        "W for each), not the whole ring; masking their scores to -inf is not "
-        "enough",
+        "% W for each); or attend over the whole ring with the unwritten "
+        "slots' scores set to -inf and their values set to 0 first: masking "
+        "the scores alone is not enough",
         _ring_mistake(nan_while_unfilled=True),
     ),
     Mistake(
