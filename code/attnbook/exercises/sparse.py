@@ -1515,10 +1515,10 @@ def _check_tiled_work(fn) -> None:
         raise ExerciseError(
             "block-sparse attention that skips tiles",
             case,
-            f"between one evaluation of the mask_mod and the next (or the "
-            f"return), your function {what} {scored} times in its "
-            f"{len(pairs)} evaluations, where the mask leaves {needed} of "
-            f"the {tiles} tiles non-empty",
+            f"your function evaluated the mask_mod {len(pairs)} times, and "
+            f"after {scored} of those evaluations it {what} before the next "
+            f"one (or its return); the mask leaves only {needed} of the "
+            f"{tiles} tiles non-empty",
             mistake=mistake,
         )
 
