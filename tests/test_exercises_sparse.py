@@ -990,6 +990,78 @@ tiles_float64_mask_sum = _tiles_classified(
 )
 
 
+def tiles_asarray_mean(q, k, v, mask_mod, tile):
+    """Right: the inputs turned into arrays by np.asarray, each tile
+    classified by the mean of its boolean mask (a float copy of the tile),
+    no scores before the test (issue 31, student report s12r14: rejected
+    while the checker followed only .numpy() and counted np.asarray's bytes,
+    where the mean's float copy weighs as much as a tile of scores)."""
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    n_q, d = q.shape
+    n_k = len(k)
+    out, visited = np.zeros((n_q, v.shape[1])), 0
+    for i in range(0, n_q, tile):
+        rows = np.arange(i, min(i + tile, n_q))
+        m = np.full(len(rows), -np.inf)
+        tot = np.zeros(len(rows))
+        acc = np.zeros((len(rows), v.shape[1]))
+        for j in range(0, n_k, tile):
+            cols = np.arange(j, min(j + tile, n_k))
+            al = mask_mod(
+                0, 0, torch.as_tensor(rows)[:, None], torch.as_tensor(cols)
+            )
+            al = np.broadcast_to(np.asarray(al), (len(rows), len(cols)))
+            frac = al.mean()
+            if frac == 0:
+                continue
+            visited += 1
+            s = q[rows] @ k[cols].T / math.sqrt(d)
+            if frac != 1:
+                s = np.where(al, s, -np.inf)
+            mn = np.maximum(m, s.max(1))
+            sh = np.where(np.isfinite(mn), mn, 0.0)
+            r = np.exp(m - sh)
+            p = np.exp(s - sh[:, None])
+            tot = r * tot + p.sum(1)
+            acc = r[:, None] * acc + p @ v[cols]
+            m = mn
+        out[rows] = acc / np.where(tot > 0, tot, 1.0)[:, None]
+    return out, visited
+
+
+def tiles_scored_from_a_list(q, k, v, mask_mod, tile):
+    """Wrong, with keys that leave torch through a list (which the checker
+    cannot follow, so that it counts bytes): every tile's scores computed
+    before the test."""
+    q, k, v = (np.array(x.tolist()) for x in (q, k, v))
+    n_q, n_k = len(q), len(k)
+    out, visited = np.zeros((n_q, v.shape[1])), 0
+    for i in range(0, n_q, tile):
+        rows = np.arange(i, min(i + tile, n_q))
+        m = np.full(len(rows), -np.inf)
+        total = np.zeros(len(rows))
+        acc = np.zeros((len(rows), v.shape[1]))
+        for j in range(0, n_k, tile):
+            cols = np.arange(j, min(j + tile, n_k))
+            s = q[rows] @ k[cols].T / np.sqrt(q.shape[1])
+            a = mask_mod(
+                0, 0, torch.as_tensor(rows)[:, None], torch.as_tensor(cols)
+            ).expand(len(rows), len(cols))
+            if not a.any():
+                continue
+            visited += 1
+            s = np.where(a.numpy(), s, -np.inf)
+            new = np.maximum(m, s.max(1))
+            safe = np.where(np.isfinite(new), new, 0.0)
+            old = np.exp(m - safe)
+            p = np.exp(s - safe[:, None])
+            total = old * total + p.sum(1)
+            acc = old[:, None] * acc + p @ v[cols]
+            m = new
+        out[rows] = acc / np.where(total > 0, total, 1.0)[:, None]
+    return out, visited
+
+
 def tiles_scored_then_mean(q, k, v, mask_mod, tile):
     """Wrong, through .numpy(): every tile's scores computed, then the mask
     tile's mean tested, the empty ones thrown away and not counted."""
@@ -1119,6 +1191,7 @@ CATALOGUE = {
             tiles_mean_numpy,
             tiles_mean_torch,
             tiles_float64_mask_sum,
+            tiles_asarray_mean,
         ],
         "wrong": [
             (tiles_partial_unmasked, "partial_unmasked"),
@@ -1141,6 +1214,7 @@ CATALOGUE = {
             (tiles_max_from_zero, "running_max_from_zero"),
             (tiles_gather_then_softmax, "strip"),
             (tiles_scored_then_mean, "empty_scored"),
+            (tiles_scored_from_a_list, "empty_scored"),
         ],
     },
 }
@@ -1371,8 +1445,28 @@ def test_the_work_check_counts_the_scores_of_the_keys():
     for fn in (tiles_numpy, tiles_mean_numpy, tiles_mean_torch):
         assert scored(fn) == needed, fn.__name__
     assert scored(tiles_torch_keys_outside) == needed
-    for fn in (tiles_scored_then_mean, tiles_all_scored_torch32):
+    # np.asarray(k) is followed as .numpy() is (issue 31, student report
+    # s12r14), np.asarray(k, dtype=np.float32) too
+    for fn in (tiles_asarray_mean, tiles_meshgrid_float32):
+        assert scored(fn) == needed, fn.__name__
+    for fn in (
+        tiles_scored_then_mean,
+        tiles_all_scored_torch32,
+        tiles_scores_before_the_test,
+    ):
         assert scored(fn) >= tiles - 1, fn.__name__
+
+
+def test_the_work_check_by_bytes_quotes_the_inputs_dtype():
+    """Where the keys leave torch by a route the checker cannot follow, it
+    counts bytes: its message gives a tile of scores in the inputs' dtype
+    (float64, 32 KiB), and its diagnosis names the float copy of a mask tile
+    that bytes cannot tell from scores (issue 31, student report s12r14)."""
+    with pytest.raises(ExerciseError) as err:
+        check_tiled_sparse_attention(tiles_scored_from_a_list)
+    text = str(err.value)
+    assert "32.0 KiB in float64" in text and "float32" not in text, text
+    assert "float copy of each mask tile" in text, text
 
 
 def test_the_causal_memory_check_names_a_gathered_strip():

@@ -36,8 +36,9 @@ sides of it, inside one tile). The work that skipping saves is measured, not
 read from the count the reader returns: the mask evaluated on a strip of a
 query tile against every key, or on all n x n pairs at once (the sizes the
 mask_mod is asked about, and the peak memory), and the empty tiles' scores
-computed and thrown away (the memory allocated after each evaluation of the
-mask_mod, counted: no timing).
+computed and thrown away (the scores computed from the keys after each
+evaluation of the mask_mod, counted, or where the keys leave torch by a route
+the checker cannot follow, the memory allocated: no timing).
 """
 
 from __future__ import annotations
@@ -1342,10 +1343,13 @@ def _watch_tile_work(fn, q, k, v, mask_mod, tile):
     Scores are counted, not guessed: every tensor computed from ``k``
     (indexed, sliced, cast, transposed) is followed, through a
     :class:`torch.overrides.TorchFunctionMode`, and so is the array that
-    ``.numpy()`` makes of one (a :class:`_KeyArray`); a product of one of
-    them (``@``, ``matmul``, ``einsum``, ``bmm``, ``np.dot``) adds the
-    elements of its result. An answer that leaves torch otherwise
-    (``np.asarray(k)``) is not followed, and its work is judged by bytes: a
+    ``.numpy()``, ``np.asarray`` or ``np.array`` makes of one (a
+    :class:`_KeyArray`: ``np.asarray`` would return a plain array, so
+    :data:`numpy.asarray` and :data:`numpy.array` are wrapped while ``fn``
+    runs); a product of one of them (``@``, ``matmul``, ``einsum``, ``bmm``,
+    ``np.dot``) adds the elements of its result. An answer whose keys leave
+    torch otherwise (``k.tolist()``) is not followed, and its work is judged
+    by bytes: a
     stretch's bytes are the larger of numpy's, :mod:`tracemalloc`'s peak
     above the stretch's start less the bytes of the indices that the call
     ending it was given, and torch's, the floating-point tensors computed
@@ -1406,23 +1410,43 @@ def _watch_tile_work(fn, q, k, v, mask_mod, tile):
             name = getattr(func, "__name__", "")
             if name in PRODUCTS:
                 state["scores"] += sum(t.numel() for t in _tensors(out))
-            if name == "numpy" and isinstance(out, np.ndarray):
+            if name in ("numpy", "__array__") and isinstance(out, np.ndarray):
                 return out.view(_KeyArray)
             for t in _tensors(out):
                 follow(t)
             return out
 
+    def keeping_keys(convert):
+        # np.asarray(k) asks the tensor for an array (__array__, a
+        # _KeyArray above), then returns a plain view of it: keep the class
+        @functools.wraps(convert)
+        def converted(a, *args, **kwargs):
+            out = convert(a, *args, **kwargs)
+            from_k = isinstance(a, _KeyArray) or (
+                isinstance(a, torch.Tensor) and derived(a)
+            )
+            if from_k and type(out) is np.ndarray:
+                return out.view(_KeyArray)
+            return out
+
+        return converted
+
+    conversions = {name: getattr(np, name) for name in ("asarray", "array")}
     tracing = tracemalloc.is_tracing()
     if not tracing:
         tracemalloc.start()
     _KeyArray.counter = state
     follow(k)
     try:
+        for name, convert in conversions.items():
+            setattr(np, name, keeping_keys(convert))
         with Watch():
             start_stretch()
             fn(q, k, v, watched, tile)
             end_stretch(0)
     finally:
+        for name, convert in conversions.items():
+            setattr(np, name, convert)
         _KeyArray.counter = None
         if not tracing:
             tracemalloc.stop()
@@ -1442,21 +1466,23 @@ def _check_tiled_work(fn) -> None:
       between the evaluation of an empty tile's mask and the next
       evaluation; one that scores every tile computes a tile's there. Where
       the scores are counted (:func:`_watch_tile_work`: products of the
-      keys, in torch or in the arrays ``.numpy()`` makes of them), an answer
-      that computes half a tile of scores (tile^2 / 2) or more after more
-      than half of its evaluations, before the next one or its end, is
-      rejected; a right one does so after the 63 non-empty tiles'. Where
-      they are not (the keys turned into an array by ``np.asarray``), bytes
-      stand in for them: 3 tile^2 bytes or more allocated (a tile of scores
-      takes 4 tile^2 in float32), so that there a float copy of a mask tile
-      counts as scores."""
+      keys, in torch or in the arrays ``.numpy()``, ``np.asarray`` and
+      ``np.array`` make of them), an answer that computes half a tile of
+      scores (tile^2 / 2) or more after more than half of its evaluations,
+      before the next one or its end, is rejected; a right one does so after
+      the 63 non-empty tiles'. Where they are not (keys that left torch by
+      another route, ``k.tolist()``), bytes stand in for them: 3 tile^2
+      bytes or more allocated (a tile of float32 scores takes 4 tile^2), so
+      that there a float copy of a mask tile counts as scores, and the
+      diagnosis says so (:data:`EMPTY_SCORED_BY_BYTES`)."""
     from ..bench import format_bytes
     from ._framework import ExerciseError, pristine
 
     __tracebackhide__ = True
     n, tile = WORK_N, WORK_TILE
+    inputs = _work_inputs()
     pairs, work, scores = _watch_tile_work(
-        fn, *pristine(_work_inputs()), _sliding(tile), tile
+        fn, *pristine(inputs), _sliding(tile), tile
     )
     case = f"{n} positions, a window of {tile}, tiles of {tile} (work)"
     largest = max(pairs, default=0)
@@ -1473,22 +1499,27 @@ def _check_tiled_work(fn) -> None:
     if scores is not None:
         scored = sum(s >= tile * tile // 2 for s in scores[1:])
         what = f"computed {tile * tile // 2} scores or more"
+        mistake = EMPTY_SCORED_MISTAKE
     else:
         scored = sum(w >= 3 * tile * tile for w in work[1:])
+        dtype = str(inputs[1].dtype).removeprefix("torch.")
+        score_tile = format_bytes(inputs[1].element_size() * tile * tile)
         what = (
-            f"allocated {format_bytes(3 * tile * tile)} or more (a tile "
-            f"of scores takes {format_bytes(4 * tile * tile)} in float32; "
-            "your keys left torch other than by .numpy(), so the checker "
-            "counted bytes, not scores)"
+            f"allocated {format_bytes(3 * tile * tile)} or more (a tile of "
+            f"scores takes {score_tile} in {dtype}, the inputs' dtype; your "
+            "keys left torch other than by .numpy(), np.asarray or np.array, "
+            "so the checker counted bytes, not scores)"
         )
+        mistake = EMPTY_SCORED_BY_BYTES
     if scored > tiles // 2:
         raise ExerciseError(
             "block-sparse attention that skips tiles",
             case,
-            f"after {scored} of your {len(pairs)} evaluations of the "
-            f"mask_mod your function {what} before the next, where the "
-            f"mask leaves {needed} of the {tiles} tiles non-empty",
-            mistake=EMPTY_SCORED_MISTAKE,
+            f"your function evaluated the mask_mod {len(pairs)} times, and "
+            f"after {scored} of those evaluations it {what} before the next "
+            f"one (or its return); the mask leaves only {needed} of the "
+            f"{tiles} tiles non-empty",
+            mistake=mistake,
         )
 
 
@@ -1604,6 +1635,21 @@ DENSE_MISTAKES = [
     ),
 ]
 STRIP_MISTAKE, EMPTY_SCORED_MISTAKE = DENSE_MISTAKES[1:]
+# The same mistake where the checker could only count bytes: it cannot tell a
+# tile of scores from a float copy of a mask tile of the same size.
+EMPTY_SCORED_BY_BYTES = Mistake(
+    "empty_scored",
+    "a tile's worth of memory is allocated after nearly every evaluation of "
+    "the mask_mod, empty tiles included: either the scores of every tile "
+    "are computed and those of the empty tiles thrown away, or a float copy "
+    "of each mask tile is made (its .mean(), say), which the checker, "
+    "counting bytes, cannot tell from scores",
+    "compute a tile's scores only once its mask has proved non-empty; test "
+    "the mask with .any() and .all(), which make no float copy; and turn "
+    "the keys into an array with .numpy() or np.asarray, so that the "
+    "checker counts the scores themselves",
+    _empty_scored,
+)
 
 
 def check_tiled_sparse_attention(fn) -> None:
