@@ -679,8 +679,9 @@ def _flat(ids, grad_out):
 
 def _last_write_wins(ids, grad_out, vocab_size):
     """Each row set to the gradient of the last position that holds its
-    token, as ``grad[ids] += g`` does (numpy's fancy-index assignment writes
-    each repeated index once, the last value winning)."""
+    token, as ``grad[ids] += g`` does: numpy's fancy-index assignment writes
+    each repeated index once; its documentation does not promise which value
+    wins, and in practice the last does."""
     flat_ids, g = _flat(ids, grad_out)
     grad = np.zeros((vocab_size, g.shape[1]))
     for v, row in zip(flat_ids, g):
@@ -754,7 +755,8 @@ EMBEDDING_GRAD_MISTAKES = [
     Mistake(
         "fancy_index_add",
         "a token that occurs more than once gets the gradient of only one of "
-        "its positions (the last): `grad[ids] += g` is a fancy-index "
+        "its positions (in practice the last): `grad[ids] += g` is a "
+        "fancy-index "
         "assignment, which reads grad[ids], adds g, and writes each repeated "
         "row once, so the repeats overwrite each other instead of adding up",
         "you need an unbuffered add, in which every occurrence of a row "
