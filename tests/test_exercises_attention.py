@@ -1807,3 +1807,100 @@ def test_a_mean_shift_counting_masked_keys_as_zero_is_named():
     with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
         check_softmax(softmax_mean_with_masked_as_zero)
     assert err.value.mistake == "shift_not_max", str(err.value)
+
+
+# --- from the student reading of chapters 3 and 4 (s12r03): a wrong shift ----
+# behind a guard that returns zeros where a row sums to 0 (for the fully
+# masked rows) got only the generic hint.
+
+
+def _zero_sum_guarded(e):
+    total = e.sum(-1, keepdims=True)
+    return np.where(total > 0, e / np.where(total > 0, total, 1), 0)
+
+
+def softmax_first_row_max_guarded(x):
+    x = np.asarray(x)
+    m = x.reshape(-1, x.shape[-1])[0].max()
+    return _zero_sum_guarded(np.exp(x - m))
+
+
+def softmax_finite_mean_shift_guarded(x):
+    x = np.asarray(x)
+    finite = np.isfinite(x)
+    m = np.where(finite, x, 0).sum(-1, keepdims=True) / np.maximum(
+        finite.sum(-1, keepdims=True), 1
+    )
+    return _zero_sum_guarded(np.exp(x - m))
+
+
+def softmax_finite_abs_max_shift(x):
+    x = np.asarray(x)
+    m = np.where(np.isfinite(x), np.abs(x), 0).max(-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / e.sum(-1, keepdims=True)
+
+
+def softmax_finite_abs_max_shift_guarded(x):
+    x = np.asarray(x)
+    m = np.where(np.isfinite(x), np.abs(x), 0).max(-1, keepdims=True)
+    return _zero_sum_guarded(np.exp(x - m))
+
+
+def softmax_abs_max_shift_guarded(x):
+    x = np.asarray(x)
+    return _zero_sum_guarded(np.exp(x - np.abs(x).max(-1, keepdims=True)))
+
+
+def softmax_finite_global_max_guarded(x):
+    x = np.asarray(x)
+    finite = np.isfinite(x)
+    m = x[finite].max() if finite.any() else 0.0
+    return _zero_sum_guarded(np.exp(x - m))
+
+
+def softmax_max_axis_one(x):
+    x = np.asarray(x)
+    e = np.exp(x - x.max(1 if x.ndim > 2 else -1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def softmax_max_axis_one_guarded(x):
+    x = np.asarray(x)
+    return _zero_sum_guarded(
+        np.exp(x - x.max(1 if x.ndim > 2 else -1, keepdims=True))
+    )
+
+
+def softmax_median_shift_guarded(x):
+    x = np.asarray(x)
+    return _zero_sum_guarded(np.exp(x - np.median(x, -1, keepdims=True)))
+
+
+def softmax_max_guarded(x):
+    # right: the max trick, with the fully masked rows' -inf maximum replaced
+    # and zeros where a row sums to 0
+    x = np.asarray(x)
+    m = x.max(-1, keepdims=True)
+    return _zero_sum_guarded(np.exp(x - np.where(np.isfinite(m), m, 0)))
+
+
+CATALOGUE["check_softmax"]["wrong"] += [
+    (softmax_first_row_max_guarded, "first_row_max"),
+    (softmax_finite_mean_shift_guarded, "shift_not_max"),
+    (softmax_finite_abs_max_shift, "shift_not_max"),
+    (softmax_finite_abs_max_shift_guarded, "shift_not_max"),
+    (softmax_abs_max_shift_guarded, "shift_not_max"),
+    (softmax_median_shift_guarded, "shift_not_max"),
+    (softmax_finite_global_max_guarded, "global_max"),
+    (softmax_max_axis_one, "max_axis_1"),
+    (softmax_max_axis_one_guarded, "max_axis_1"),
+]
+CATALOGUE["check_softmax"]["right"] += [softmax_max_guarded]
+
+
+def test_a_guarded_wrong_shift_keeps_its_diagnosis_and_says_so():
+    with pytest.raises(ExerciseError) as err, np.errstate(all="ignore"):
+        check_softmax(softmax_first_row_max_guarded)
+    assert err.value.mistake == "first_row_max", str(err.value)
+    assert "a row of zeros that should sum to 1" in str(err.value)

@@ -64,9 +64,21 @@ def _runner_up(x):
     return np.sort(x, -1)[..., -2:-1] if x.shape[-1] > 1 else x
 
 
-def _shifted_by(x, shift):
+def _shifted_by(x, shift, guarded=False):
+    """exp(x - shift) divided by its row sums; where ``guarded``, a row whose
+    sum is 0 gives zeros instead of 0/0 = NaN (the guard readers add for the
+    fully masked rows)."""
     e = np.exp(x - shift)
-    return e / e.sum(-1, keepdims=True)
+    if not guarded:
+        return e / e.sum(-1, keepdims=True)
+    total = e.sum(-1, keepdims=True)
+    return np.where(total > 0, e / np.where(total > 0, total, 1), 0.0)
+
+
+def _finite_abs_max(x):
+    """Each row's largest |x_j| over its finite entries (0 for a row with
+    none), keepdims kept."""
+    return np.where(np.isfinite(x), np.abs(x), 0).max(-1, keepdims=True)
 
 
 _SHIFT_NOT_MAX = (
@@ -76,7 +88,9 @@ _SHIFT_NOT_MAX = (
     "above that statistic than "
     "exp's range (~709 in float64, ~88 in float32) an exponent overflows, or "
     "on one far below it every "
-    "exponent underflows, and the result is NaN"
+    "exponent underflows, and the result is NaN (or, behind a guard that "
+    "returns zeros where a row sums to 0, a row of zeros that should sum "
+    "to 1)"
 )
 _SHIFT_NOT_MAX_HINT = (
     "only the maximum makes every exponent <= 0 with at least one equal to 0: "
@@ -218,17 +232,22 @@ SOFTMAX_MISTAKES = [
         "sum along axis=-1 with keepdims=True",
         lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum(),
     ),
-    Mistake(
-        "global_max",
-        "the maximum subtracted is the whole array's, not each row's: a row "
-        "far below "
-        "it underflows to all zeros, and 0/0 is NaN",
-        "subtract each row's own maximum: x - x.max(axis=-1, keepdims=True)",
-        lambda x: (
-            np.exp(x - x.max())
-            / np.exp(x - x.max()).sum(axis=-1, keepdims=True)
-        ),
-    ),
+    # with and without a guard that returns zeros where a row sums to 0
+    *[
+        Mistake(
+            "global_max",
+            "the maximum subtracted is the whole array's, not each row's: a "
+            "row far below it underflows to all zeros, and 0/0 is NaN (or, "
+            "behind a guard that returns zeros where a row sums to 0, a row "
+            "of zeros that should sum to 1)",
+            "subtract each row's own maximum: x - x.max(axis=-1, "
+            "keepdims=True)",
+            lambda x, guarded=guarded: _shifted_by(
+                x, np.asarray(x).max(), guarded
+            ),
+        )
+        for guarded in (False, True)
+    ],
     # one maximum for every row again, taken from the first row (or, x[0],
     # from the first matrix of a batch)
     *[
@@ -237,31 +256,21 @@ SOFTMAX_MISTAKES = [
             "every row is shifted by the maximum of the first row (or of the "
             "first matrix of a batch), not by its own: a row far above that "
             "number overflows (inf / inf), one far below it underflows to "
-            "all zeros (0 / 0), and the result is NaN",
+            "all zeros (0 / 0), and the result is NaN (or, behind a guard "
+            "that returns zeros where a row sums to 0, a row of zeros that "
+            "should sum to 1)",
             "subtract each row's own maximum: x - x.max(axis=-1, "
             "keepdims=True), one number per row",
-            lambda x, first=first: _shifted_by(x, first(x).max()),
+            lambda x, first=first, guarded=guarded: _shifted_by(
+                x, first(x).max(), guarded
+            ),
         )
+        for guarded in (False, True)
         for first in (
             lambda x: np.reshape(x, (-1, np.shape(x)[-1]))[0],
             lambda x: np.asarray(x)[0],
         )
     ],
-    Mistake(
-        "shift_not_max",
-        _SHIFT_NOT_MAX,
-        _SHIFT_NOT_MAX_HINT,
-        lambda x: (
-            np.exp(x - x.mean(-1, keepdims=True))
-            / np.exp(x - x.mean(-1, keepdims=True)).sum(-1, keepdims=True)
-        ),
-    ),
-    Mistake(
-        "shift_not_max",
-        _SHIFT_NOT_MAX,
-        _SHIFT_NOT_MAX_HINT,
-        lambda x: _shifted_by(x, _finite_mean(x)),
-    ),
     # the other statistics readers shift by, each computed in the input's dtype
     # and in float64
     *[
@@ -269,10 +278,12 @@ SOFTMAX_MISTAKES = [
             "shift_not_max",
             _SHIFT_NOT_MAX,
             _SHIFT_NOT_MAX_HINT,
-            lambda x, stat=stat, dtype=dtype: (
-                lambda y: _shifted_by(y, stat(y))
+            lambda x, stat=stat, dtype=dtype, guarded=guarded: (
+                lambda y: _shifted_by(y, stat(y), guarded)
             )(np.asarray(x, dtype=dtype)),
         )
+        # with and without a guard that returns zeros where a row sums to 0
+        for guarded in (False, True)
         for stat in (
             lambda y: y.min(-1, keepdims=True),
             _finite_min,
@@ -283,6 +294,11 @@ SOFTMAX_MISTAKES = [
             # magnitude is positive, far above it on one that reaches far
             # below 0
             lambda y: np.abs(y).max(-1, keepdims=True),
+            # the same over the finite entries only (a masked -inf left out)
+            _finite_abs_max,
+            # the mean, plain and over the finite entries
+            lambda y: y.mean(-1, keepdims=True),
+            _finite_mean,
             # the mean with each masked -inf counted as 0 (its sum over the
             # finite entries, divided by the whole row's length)
             lambda y: np.where(np.isfinite(y), y, 0).mean(-1, keepdims=True),
@@ -309,6 +325,27 @@ SOFTMAX_MISTAKES = [
             / np.exp(x - x.max(0, keepdims=True)).sum(-1, keepdims=True)
         ),
     ),
+    # the maximum along axis 1, the last axis of a matrix only, with the sum
+    # along -1; with and without a guard that returns zeros where a row sums
+    # to 0
+    *[
+        Mistake(
+            "max_axis_1",
+            "the maximum subtracted is taken along axis 1, the last axis of "
+            "a matrix only: on a batch (3 or more axes) it is each column's "
+            "maximum within every matrix, while the sum is each row's, so "
+            "the entries of a row are shifted by different amounts and the "
+            "weights change",
+            "take the maximum along the same axis as the sum: x.max(axis=-1, "
+            "keepdims=True), whatever the number of batch axes",
+            lambda x, guarded=guarded: _shifted_by(
+                x,
+                np.asarray(x).max(1 if np.ndim(x) > 2 else -1, keepdims=True),
+                guarded,
+            ),
+        )
+        for guarded in (False, True)
+    ],
     Mistake(
         "neg_inf_to_zero",
         "the -inf scores (masked entries) were replaced by 0, so the masked "
