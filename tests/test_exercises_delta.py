@@ -302,6 +302,27 @@ def backward_read_as_G_St_k(S, k, v, beta, G):
     return dS, dk, dv, db
 
 
+def backward_dk_read_only(S, k, v, beta, G):
+    """Wrong: dk from the read alone, -beta S G^T k (numpy): the written
+    key's path left out."""
+    S, k, v, G = (x.numpy() for x in (S, k, v, G))
+    b = float(beta)
+    e = v - S.T @ k
+    dS = G - b * np.outer(k, G.T @ k)
+    return dS, -b * (S @ (G.T @ k)), b * (G.T @ k), k @ G @ e
+
+
+def backward_dk_symmetrised(S, k, v, beta, G):
+    """Wrong: dk = beta (G e - (S G^T + G S^T) k): the gradient of the
+    quadratic form k^T S G^T k taken in full beside beta G e, which already
+    holds its G S^T k."""
+    dS, _, dv, db = backward_autograd(S, k, v, beta, G)
+    e = v - S.T @ k
+    M = S @ G.T
+    dk = beta * (G @ e - (M + M.T) @ k)
+    return dS, dk, dv, db
+
+
 def backward_dk_forgets_beta(S, k, v, beta, G):
     """Wrong: dk without the factor beta."""
     dS, _, dv, db = backward_autograd(S, k, v, beta, G)
@@ -350,6 +371,8 @@ CATALOGUE = {
         "wrong": [
             (backward_no_projection, "no_state_path"),
             (backward_k_as_written_key, "read_not_in_dk"),
+            (backward_dk_read_only, "written_key_not_in_dk"),
+            (backward_dk_symmetrised, "written_key_twice"),
             (backward_k_constant, "dk_write_only"),
             (backward_read_plus, "read_sign"),
             (backward_beta_on_v, "beta_without_read"),

@@ -397,6 +397,9 @@ def _grads(
         "read_sign": beta * (G @ error + S @ (G.T @ k)),
         "read_transposed": beta * (G @ error - G @ (S.T @ k)),
         "no_beta": G @ error - S @ (G.T @ k),
+        "no_written_key": -beta * (S @ (G.T @ k)),
+        "written_key_twice": beta
+        * (G @ error - S @ (G.T @ k) - G @ (S.T @ k)),
     }[dk_form]
     dv = (beta if beta_in_dv else 1.0) * (G.T @ k)
     dbeta = dbeta_sign * (k @ G @ (error if read_in_beta else v))
@@ -525,6 +528,26 @@ BACKWARD_MISTAKES = [
         "k enters twice, as the written key and in the read: add the "
         "gradient of <G, -beta k k^T S> through its second k",
         _mistake(dk_form="no_read"),
+    ),
+    Mistake(
+        "written_key_not_in_dk",
+        "dk = -beta S G^T k misses the written key's path: k is also the "
+        "key that the correction writes, beta k (v - S^T k)^T",
+        "k enters twice, as the written key and in the read: add the "
+        "gradient of <G, beta k e^T> in the written k, with the error e = "
+        "v - S^T k held fixed",
+        _mistake(dk_form="no_written_key"),
+    ),
+    Mistake(
+        "written_key_twice",
+        "dk counts the written key's path twice: the quadratic form k^T S "
+        "G^T k of <G, -beta k k^T S> has the gradient (S G^T + G S^T) k, "
+        "whose G S^T k is the written key's path, already inside beta G (v "
+        "- S^T k)",
+        "the G S^T k of the quadratic form's gradient and the -G S^T k "
+        "inside beta G (v - S^T k) are the same path, the written key's: "
+        "count it once",
+        _mistake(dk_form="written_key_twice"),
     ),
     Mistake(
         "dk_write_only",
