@@ -364,3 +364,52 @@ def test_from_deepseek_refuses_scaled_rope():
     )
     with pytest.raises(ValueError, match="got 'yarn'"):
         from_deepseek(attention)
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+def test_a_latent_as_wide_as_a_gqa_cache_contains_that_gqa(n_kv_heads):
+    """Chapter 13's reading of its experiment: a latent of 2 * n_kv_heads *
+    d_head numbers holds GQA's keys and values exactly. The down-projection
+    stacks GQA's key and value projections; each head's up-projections pick
+    its group's slice. Without the latent norm the two layers agree."""
+    d_head = D_MODEL // N_HEADS
+    group = N_HEADS // n_kv_heads
+    d_latent = 2 * n_kv_heads * d_head
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        gqa = MultiHeadAttention(D_MODEL, N_HEADS, n_kv_heads).double()
+        mla = MultiHeadLatentAttention(
+            D_MODEL,
+            N_HEADS,
+            d_latent=d_latent,
+            d_nope=d_head,
+            d_v=d_head,
+            latent_norm=False,
+        ).double()
+        x = torch.randn(2, 7, D_MODEL, dtype=torch.float64)
+    # (n_heads * d_head, d_latent): head i reads key/value head i // group
+    pick_k = torch.zeros(N_HEADS * d_head, d_latent, dtype=torch.float64)
+    pick_v = torch.zeros_like(pick_k)
+    eye = torch.eye(d_head, dtype=torch.float64)
+    for i in range(N_HEADS):
+        rows = slice(i * d_head, (i + 1) * d_head)
+        g = i // group
+        pick_k[rows, g * d_head : (g + 1) * d_head] = eye
+        v0 = n_kv_heads * d_head + g * d_head
+        pick_v[rows, v0 : v0 + d_head] = eye
+    with torch.no_grad():
+        mla.kv_down.weight.copy_(
+            torch.cat([gqa.k_proj.weight, gqa.v_proj.weight])
+        )
+        mla.k_up.weight.copy_(pick_k)
+        mla.v_up.weight.copy_(pick_v)
+        mla.q_proj.weight.copy_(gqa.q_proj.weight)
+        mla.out_proj.weight.copy_(gqa.out_proj.weight)
+        got, want = mla(x, is_causal=True), gqa(x, is_causal=True)
+    assert torch.allclose(got, want, rtol=0, atol=EXACT)
+    # and the check is not vacuous: a wrong pick (each key slice moved by one
+    # head) differs when there are several groups
+    if n_kv_heads > 1:
+        with torch.no_grad():
+            mla.k_up.weight.copy_(pick_k.roll(d_head, dims=1))
+            assert not torch.allclose(mla(x, is_causal=True), want, atol=1e-6)
