@@ -719,7 +719,26 @@ def ring_good_duplicates_of_one_value(q, k_new, v_new, k_ring, v_ring, pos):
     return out, k_ring, v_ring
 
 
+def ring_token_by_token_masked_nan(q, k_new, v_new, k_ring, v_ring, pos):
+    # a reader's answer (student reading s12t07): each token written, then
+    # its scores over the whole ring, the unwritten slots masked to -inf,
+    # but their NaN values still multiplied by 0
+    w = k_ring.shape[-2]
+    k_ring, v_ring, outs = np.array(k_ring), np.array(v_ring), []
+    for t in range(q.shape[-2]):
+        i = pos + t
+        k_ring[..., i % w, :] = k_new[..., t, :]
+        v_ring[..., i % w, :] = v_new[..., t, :]
+        seen = np.arange(w) < min(i + 1, w)
+        s = q[..., t : t + 1, :] @ np.swapaxes(k_ring, -1, -2)
+        s = np.where(seen, s / np.sqrt(q.shape[-1]), -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        outs.append((p / p.sum(-1, keepdims=True)) @ v_ring)
+    return np.concatenate(outs, -2), k_ring, v_ring
+
+
 RING_WRONG = [
+    (ring_token_by_token_masked_nan, "reads_unwritten_slots_per_token"),
     (ring_nan_through_zero_weights, "reads_unwritten_slots"),
     (ring_write_then_gather, "overwrites_before_reading"),
     (ring_write_then_read_held, "overwrites_before_reading"),

@@ -615,6 +615,20 @@ def _ring_mistake(**options):
     return lambda *args: _ring_core(*args, **options)
 
 
+def _reads_unwritten_token_by_token(q, k_new, v_new, k_ring, v_ring, pos):
+    """Writes each token of the chunk, then attends over the whole ring: at
+    position i a slot that no position has reached yet (i + 1 < W) holds NaN,
+    which poisons that position's output even under a weight of 0; the rings
+    end right."""
+    out, k_ring, v_ring = _ring_reference_step(
+        q, k_new, v_new, k_ring, v_ring, pos
+    )
+    out = np.array(out, copy=True)
+    unfilled = pos + np.arange(q.shape[-2]) + 1 < k_ring.shape[-2]
+    out[..., unfilled, :] = np.nan
+    return out, k_ring, v_ring
+
+
 RING_MISTAKES = [
     Mistake(
         "reads_unwritten_slots",
@@ -628,6 +642,18 @@ RING_MISTAKES = [
         "slots' scores set to -inf and their values set to 0 first: masking "
         "the scores alone is not enough",
         _ring_mistake(nan_while_unfilled=True),
+    ),
+    Mistake(
+        "reads_unwritten_slots_per_token",
+        "token by token, your attention also reads slots that no position "
+        "has reached yet (they hold NaN here, as memory from np.empty may): "
+        "the output of every position i with i + 1 < W is NaN, since even "
+        "under a weight of 0 a NaN value poisons it (0 x NaN = NaN)",
+        "after writing token i, read only the slots of positions max(0, i - "
+        "W + 1) .. i; or attend over the whole ring with the unwritten slots' "
+        "scores set to -inf and their values set to 0 first: masking the "
+        "scores alone is not enough",
+        _reads_unwritten_token_by_token,
     ),
     Mistake(
         "reads_before_position_0",
