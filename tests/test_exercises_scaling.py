@@ -409,6 +409,11 @@ def scores_np_dot_k_dot_T(q, k):
     return np.dot(q, k.T) / math.sqrt(q.shape[-1])
 
 
+def scores_np_tensordot(q, k):
+    # contracts the last axes, but pairs every batch entry with every other
+    return np.tensordot(q, k, axes=(-1, -1)) / np.sqrt(q.shape[-1])
+
+
 def scores_np_dot_per_matrix(q, k):
     # right: one np.dot per matrix of the batch
     d_k = q.shape[-1]
@@ -419,7 +424,13 @@ def scores_np_dot_per_matrix(q, k):
 
 
 @pytest.mark.parametrize(
-    "fn", [scores_np_dot_swapped, scores_np_inner, scores_np_dot_k_dot_T]
+    "fn",
+    [
+        scores_np_dot_swapped,
+        scores_np_inner,
+        scores_np_dot_k_dot_T,
+        scores_np_tensordot,
+    ],
 )
 def test_np_dot_or_inner_on_a_batch_is_named(fn):
     with pytest.raises(ExerciseError) as err:
@@ -454,6 +465,7 @@ CATALOGUE["check_scaled_scores"]["wrong"] += [
     (scores_np_dot_swapped, "batched_dot"),
     (scores_np_inner, "batched_dot"),
     (scores_np_dot_k_dot_T, "batched_dot"),
+    (scores_np_tensordot, "batched_dot"),
 ]
 CATALOGUE["check_scaled_scores"]["right"] += [scores_np_dot_per_matrix]
 
@@ -964,3 +976,23 @@ def test_right_variances_still_pass_with_the_new_mistakes(capsys):
     ):
         check_dot_variance(fn)
         assert capsys.readouterr().out.startswith("Correct:")
+
+
+# --- from the student reading s12t03: a Monte Carlo estimate of Var[q . k] --
+# (sampled q and k) is off by its sampling error; no Mistake can commit it
+# (its value is random), so the generic hint says the exercise wants the exact
+# formula, not only "not its square root".
+
+
+def variance_by_sampling(cov_q, cov_k):
+    rng = np.random.default_rng(0)
+    q = rng.multivariate_normal(np.zeros(len(cov_q)), cov_q, size=200_000)
+    k = rng.multivariate_normal(np.zeros(len(cov_k)), cov_k, size=200_000)
+    return float(np.var(np.sum(q * k, axis=1)))
+
+
+def test_a_sampled_estimate_gets_the_exact_formula_hint():
+    with pytest.raises(ExerciseError) as err:
+        check_dot_variance(variance_by_sampling)
+    assert err.value.mistake is None, str(err.value)
+    assert "not an estimate from sampled q and k" in str(err.value)

@@ -197,13 +197,14 @@ SCALED_SCORES_MISTAKES = [
     ),
     Mistake(
         "batched_dot",
-        "np.dot (or np.inner) on a batch: on arrays with more than two axes "
-        "it is not one matrix product per batch entry but pairs every query "
-        "with the keys of EVERY batch entry, so np.dot(q, "
-        "np.swapaxes(k, -1, -2)) and np.inner(q, k) have shape "
-        "(..., n_q, ..., n_k), and np.dot(q, k.T) raises (k.T also reverses "
-        "every axis)",
-        "np.dot and np.inner are the matrix product only on matrices; the "
+        "np.dot, np.inner or np.tensordot on a batch: on arrays with more "
+        "than two axes none of them is one matrix product per batch entry; "
+        "each pairs every query with the keys of EVERY batch entry, so "
+        "np.dot(q, np.swapaxes(k, -1, -2)), np.inner(q, k) and np.tensordot("
+        "q, k, axes=(-1, -1)) have shape (..., n_q, ..., n_k), and np.dot(q, "
+        "k.T) raises (k.T also reverses every axis)",
+        "np.dot, np.inner and np.tensordot are the matrix product only on "
+        "matrices; the "
         "matrix product that batches over the leading axes is q @ "
         "np.swapaxes(k, -1, -2) (np.matmul), or np.einsum('...qd,...kd->"
         "...qk', q, k)",
@@ -424,8 +425,9 @@ def check_dot_variance(fn) -> None:
         postprocess=_scalar,
         hint="redo the proof of the theorem with the cross terms kept: "
         "E[(q . k)^2] = sum_ij E[q_i q_j] E[k_i k_j], where E[q_i q_j] is "
-        "an entry of Cq; return the variance (one number), not its square "
-        "root",
+        "an entry of Cq; return the exact variance, one number computed "
+        "from Cq and Ck (not its square root, and not an estimate from "
+        "sampled q and k, which is off by its sampling error)",
     )
 
 
