@@ -1189,3 +1189,38 @@ def test_the_ring_checkers_generic_hint_does_not_spell_out_the_algorithm():
 CATALOGUE["check_ring_decode_step"]["wrong"] += [
     (ring_write_chunk_then_read_last_w, "overwrites_before_reading"),
 ]
+
+
+# --- from the expert reading of chapter 8 (report y08kv): the causal mask
+# alone inside a chunk, over the W - 1 held positions (what the tiny GPT
+# computes when a chunk goes through RollingKVCache without its window_mask),
+# was rejected with the generic hint only
+
+
+def ring_causal_only_in_chunk(q, k_new, v_new, k_ring, v_ring, pos):
+    """Wrong: the W - 1 positions the first new query may see, then the
+    chunk, under the causal mask with no lower bound; written token by
+    token."""
+    w, n = k_ring.shape[-2], q.shape[-2]
+    held = np.arange(max(0, pos - w + 1), pos)
+    keys = np.concatenate([k_ring[..., held % w, :], k_new], -2)
+    values = np.concatenate([v_ring[..., held % w, :], v_new], -2)
+    kp = np.concatenate([held, pos + np.arange(n)])
+    qp = pos + np.arange(n)[:, None]
+    out = _window_attention(q, keys, values, kp <= qp)
+    for r in range(n):
+        k_ring[..., (pos + r) % w, :] = k_new[..., r, :]
+        v_ring[..., (pos + r) % w, :] = v_new[..., r, :]
+    return out, k_ring, v_ring
+
+
+def test_the_causal_mask_alone_in_a_chunk_is_named():
+    with pytest.raises(ExerciseError) as err:
+        check_ring_decode_step(ring_causal_only_in_chunk)
+    assert err.value.mistake == "no_lower_bound_in_chunk"
+    assert "window_mask" in str(err.value)
+
+
+CATALOGUE["check_ring_decode_step"]["wrong"] += [
+    (ring_causal_only_in_chunk, "no_lower_bound_in_chunk"),
+]

@@ -202,8 +202,11 @@ class RollingKVCache:
     ``window`` positions whatever the length. Same constructor and ``update``
     as :class:`KVCache` plus ``window``, so ``model.new_kv_cache(cache_class=
     RollingKVCache, window=w)`` plugs it in. One new token per step needs no
-    mask; a chunk of several needs :meth:`window_mask`, because its first
-    queries may not see all it returns.
+    mask; a chunk of several needs :meth:`window_mask`, which the caller
+    passes to the model (``model(ids, caches, start_pos,
+    mask=caches[0].window_mask(n))``): the model applies only the causal mask,
+    which would let the chunk's later queries see the oldest positions
+    returned, outside their windows.
     """
 
     def __init__(

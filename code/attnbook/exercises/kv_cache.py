@@ -475,6 +475,7 @@ def _ring_core(
     scale=None,
     nan_while_unfilled=False,
     unclipped=False,
+    causal_only=False,
 ):
     """The right step, and (through its options) the mistakes below: reads
     the positions the ring holds, oldest first, with the new ones after them,
@@ -486,7 +487,10 @@ def _ring_core(
     ``write_first_read_last`` writes first, then reads back the last W
     positions up to the chunk's end, the chunk's own included;
     ``unclipped`` reads the positions pos - W + 1 .. pos - 1 without clipping
-    at 0, negative ones included (slots not yet written), as visible keys."""
+    at 0, negative ones included (slots not yet written), as visible keys;
+    ``causal_only`` reads the W - 1 held positions the first new query may see
+    (as RollingKVCache.update returns them) and masks by the causal upper
+    bound alone."""
     k_ring, v_ring = np.array(k_ring), np.array(v_ring)
     w, n = k_ring.shape[-2], q.shape[-2]
     q_pos = pos + np.arange(n)
@@ -534,15 +538,16 @@ def _ring_core(
         return out, k_ring, v_ring
     if write_before_held:
         write_new()
-    held = (
-        np.arange(pos - w + 1, pos)
-        if unclipped
-        else np.arange(max(0, pos - w), pos)
-    )
+    if unclipped:
+        held = np.arange(pos - w + 1, pos)
+    elif causal_only:
+        held = np.arange(max(0, pos - w + 1), pos)
+    else:
+        held = np.arange(max(0, pos - w), pos)
     keys = np.concatenate([k_ring[..., held % w, :], k_new], axis=-2)
     values = np.concatenate([v_ring[..., held % w, :], v_new], axis=-2)
     k_pos = np.concatenate([held, q_pos])
-    lo = -(w - 1) + lo_offset
+    lo = -np.inf if causal_only else -(w - 1) + lo_offset
     if chunk_causal:
         out = _window_attend(q, keys, values, q_pos, k_pos, lo, hi, scale)
     else:
@@ -769,6 +774,19 @@ RING_MISTAKES = [
         "the query at i sees the keys at i - W + 1 .. i: bound it on both "
         "sides, (key_pos > i - W) & (key_pos <= i)",
         _ring_mistake(hi=np.inf),
+    ),
+    Mistake(
+        "no_lower_bound_in_chunk",
+        "inside a chunk each query sees every key up to itself (the causal "
+        "mask, key_pos <= i) with no lower bound: the first new query reads "
+        "exactly its window, but a later one of the chunk also sees the "
+        "positions that have left its window (the query at pos + r up to r "
+        "keys too many); this is what the tiny GPT computes when a chunk goes "
+        "through RollingKVCache without its window_mask",
+        "the query at i sees the keys at i - W + 1 .. i: bound it on both "
+        "sides, (key_pos > i - W) & (key_pos <= i); the causal mask alone is "
+        "the window only for a single new token",
+        _ring_mistake(causal_only=True),
     ),
     Mistake(
         "repeated_slot_write",
