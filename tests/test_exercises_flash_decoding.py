@@ -1069,6 +1069,87 @@ S12I_WRONG = [
 CATALOGUE["check_merge_kernel"]["wrong"] += S12I_WRONG
 
 
+# --- expert reading y10gpu -----------------------------------------------------
+# Two wrong kernels got only the generic hint: a log-sum-exp stored in base 2
+# (the trap the solution names "the base"), and a shift by run 0's
+# log-sum-exp instead of the maximum.
+
+
+@triton.jit
+def merge_lse_left_in_base2(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # the weights in base 2, converted with log2(e) as the chapter's kernels
+    # do; the merged log-sum-exp stored as it comes out of tl.log2
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse2 = 1.4426950408889634 * tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    m2 = tl.max(lse2, 0)
+    m2 = tl.where(m2 == float("-inf"), 0.0, m2)
+    w = tl.exp2(lse2 - m2)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, m2 + tl.log2(total))
+
+
+@triton.jit
+def merge_shift_by_run_0(
+    O_PART,
+    LSE_PART,
+    OUT,
+    LSE,
+    n_splits,
+    n_rows,
+    d_head,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # any constant shift cancels in the shares, so run 0's seemed as good
+    # as the maximum
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    c = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(
+        LSE_PART + s * n_rows + row, mask=s < n_splits, other=float("-inf")
+    )
+    o = tl.load(
+        O_PART + (s[:, None] * n_rows + row) * d_head + c[None, :],
+        mask=(s[:, None] < n_splits) & (c[None, :] < d_head),
+        other=0.0,
+    )
+    first = tl.load(LSE_PART + row)
+    shift = tl.where(first == float("-inf"), 0.0, first)
+    w = tl.exp(lse_s - shift)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + row * d_head + c, out, mask=c < d_head)
+    tl.store(LSE + row, shift + tl.log(total))
+
+
+Y10GPU_WRONG = [
+    (merge_lse_left_in_base2, "lse_base2"),
+    (merge_shift_by_run_0, "first_run_shift"),
+]
+CATALOGUE["check_merge_kernel"]["wrong"] += Y10GPU_WRONG
+
+
 def test_the_chapters_solution_passes(capsys):
     check_merge_kernel(merge_book)
     assert "Correct" in capsys.readouterr().out
@@ -1288,3 +1369,20 @@ def test_a_race_on_lse_names_the_program_outside_its_row():
     assert "programs 0 and 1 both stored to LSE[1]" in text
     assert "program 0 stored outside its own row of LSE" in text
     assert "c < d_head" not in text
+
+
+def test_a_log_sum_exp_left_in_base_2_is_told_to_multiply_by_ln_2():
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(merge_lse_left_in_base2)
+    assert err.value.mistake == "lse_base2"
+    assert "ln 2" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "wrong, key", Y10GPU_WRONG, ids=[k for _, k in Y10GPU_WRONG]
+)
+def test_y10gpu_slips_are_named(wrong, key):
+    with pytest.raises(ExerciseError) as err:
+        check_merge_kernel(wrong)
+    assert err.value.mistake == key
+    assert "compare your kernel" not in str(err.value)

@@ -615,6 +615,25 @@ FLOPS_MISTAKES = [
             * _MODE_FACTOR[mode]
         ),
     ),
+    # expert reading y10gpu: an integer count that floors n^2 / 2 for an odd
+    # n was rejected with the generic hint
+    Mistake(
+        "causal_floored",
+        "causal attention is counted as n * n // 2 scores: for an odd n the "
+        "integer division drops half a score per head, so the count is "
+        "short by a factor 1 / n^2",
+        "halve the whole product, which is even (4 B H n^2 d // 2), or "
+        "compute in floats (4 * B * H * n * n * d / 2): benchmarks count "
+        "exactly n^2 / 2 for causal attention",
+        lambda batch, heads, n, d, causal=False, mode="fwd": (
+            4.0
+            * batch
+            * heads
+            * (n * n // 2 if causal else n * n)
+            * d
+            * _MODE_FACTOR[mode]
+        ),
+    ),
     Mistake(
         "exponentials_counted",
         "the softmax's exponentials are counted, one FLOP per score (B H "
@@ -663,11 +682,14 @@ def flops_cases() -> list[Case]:
             (4, 16, 1024, 64),
             dict(causal=True, mode="fwd_bwd"),
         ),
-        # a count that float32 cannot represent exactly (8383208400): a right
-        # answer computed in float32 must still pass
+        # a count that float32 cannot represent exactly (158776200): a right
+        # answer computed in float32 must still pass; and an odd n small
+        # enough that n * n // 2, which floors n^2 / 2, is off by 1 / n^2 =
+        # 1.0e-4, a hundred times the tolerance (with n = 999 it was off by
+        # 1.002e-6, rejected by a 0.2 % margin; expert reading y10gpu)
         Case(
-            "causal backward, batch 3, heads 7, n = 999, d = 80",
-            (3, 7, 999, 80),
+            "causal backward, batch 5, heads 9, n = 99, d = 72",
+            (5, 9, 99, 72),
             dict(causal=True, mode="bwd"),
         ),
     ]
@@ -761,8 +783,9 @@ def check_benchmark_flops(fn) -> None:
         FLOPS_MISTAKES,
         # rtol 1e-6: a count computed in float32 (24-bit significand, a
         # relative rounding of at most 6e-8) is accepted on every case, while
-        # the closest wrong count, n (n + 1) / 2 instead of n^2 / 2 for causal
-        # attention, differs by 1 / n, at least 1e-4 on these cases
+        # the closest wrong counts, n (n + 1) / 2 instead of n^2 / 2 for
+        # causal attention (off by 1 / n) and n * n // 2 (off by 1 / n^2 on
+        # the odd n = 99), differ by at least 1e-4 on the case that tells them
         compare=lambda a, b: same(
             np.float64(a), np.float64(b), rtol=1e-6, atol=0.0
         ),
