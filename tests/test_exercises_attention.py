@@ -1904,3 +1904,42 @@ def test_a_guarded_wrong_shift_keeps_its_diagnosis_and_says_so():
         check_softmax(softmax_first_row_max_guarded)
     assert err.value.mistake == "first_row_max", str(err.value)
     assert "a row of zeros that should sum to 1" in str(err.value)
+
+
+# --- from the expert reading of chapter 4 (s12 y04sm, section 3): scores
+# clipped to a fixed bound before the softmax, which passed every case while
+# no visible score exceeded about 4800 -----------------------------------------
+
+
+def attention_clipped(bound):
+    def attention(q, k, v, mask=None):
+        s = np.clip(
+            q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]), -bound, bound
+        )
+        if mask is not None:
+            s = np.where(mask, s, -np.inf)
+        return safe_softmax(s) @ v
+
+    return attention
+
+
+def attention_clamped_torch(q, k, v, mask=None):
+    q, k, v = (torch.as_tensor(np.asarray(a)) for a in (q, k, v))
+    s = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).clamp(-1e4, 1e4)
+    if mask is not None:
+        s = s.masked_fill(~torch.as_tensor(mask), float("-inf"))
+    w = torch.nan_to_num(torch.softmax(s, dim=-1))
+    return (w @ v).numpy()
+
+
+CATALOGUE["check_attention"]["wrong"] += [
+    (attention_clipped(bound), "clipped_scores")
+    for bound in (100.0, 1000.0, 3000.0, 1e4, 5e4)
+] + [(attention_clamped_torch, "clipped_scores")]
+
+
+def test_scores_clipped_above_every_earlier_score_fail_on_the_last_case():
+    with pytest.raises(ExerciseError) as err:
+        check_attention(attention_clipped(3000.0))
+    assert err.value.mistake == "clipped_scores", str(err.value)
+    assert "75000 and 74999" in str(err.value)

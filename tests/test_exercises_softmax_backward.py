@@ -634,3 +634,36 @@ def backward_boolean_indexed_mask(q, k, v, d_out, mask=None):
 CATALOGUE["check_attention_backward"]["wrong"] += [
     (backward_boolean_indexed_mask, "mask_boolean_index"),
 ]
+
+
+# --- from the expert reading of chapter 4 (s12 y04sm, section 3): the
+# Jacobian formed one row at a time holds O(n_k^2), not O(n_q n_k^2) ---------
+
+
+def backward_row_jacobian_loop(q, k, v, d_out, mask=None):
+    """Right values, through each query's (n_k, n_k) Jacobian in turn."""
+    p = _weights(q, k, mask)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = np.empty_like(p)
+    for idx in np.ndindex(p.shape[:-1]):
+        row = p[idx]
+        jac = np.diag(row) - np.outer(row, row)
+        d_s[idx] = jac.T @ d_p[idx]
+    scale = 1 / np.sqrt(q.shape[-1])
+    return (
+        d_s @ k * scale,
+        np.swapaxes(d_s, -1, -2) @ q * scale,
+        np.swapaxes(p, -1, -2) @ d_out,
+    )
+
+
+CATALOGUE["check_attention_backward"]["wrong"] += [
+    (backward_row_jacobian_loop, "full_jacobian")
+]
+
+
+def test_a_row_by_row_jacobian_is_named_with_its_own_memory_order():
+    with pytest.raises(ExerciseError) as err:
+        check_attention_backward(backward_row_jacobian_loop)
+    assert err.value.mistake == "full_jacobian"
+    assert "O(n_k^2) memory held for one query at a time" in str(err.value)

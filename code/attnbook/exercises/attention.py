@@ -1225,6 +1225,26 @@ ATTENTION_MISTAKES = [
         )
         for fill in (-15.0, *_FILLS[:-1])
     ],
+    # scores clipped to [-bound, bound] before the mask: the bounds readers
+    # pick; every bound from about 4800 (the largest score of the cases
+    # before the last) to 74999 gives the same output on the last case
+    *[
+        Mistake(
+            "clipped_scores",
+            "the scores are clipped at a fixed bound (np.clip(s, -bound, "
+            "bound)) before the softmax: every score beyond the bound becomes "
+            "the bound, so scores that differ (by thousands, or by 1 near "
+            "75000) get equal weights",
+            "do not clip: subtract each row's maximum over the visible keys "
+            "instead, which makes every exponent <= 0 and leaves the weights "
+            "unchanged, whatever the size of the scores",
+            lambda q, k, v, mask=None, bound=bound: (
+                softmax(_masked(np.clip(_scaled(q, k), -bound, bound), mask))
+                @ v
+            ),
+        )
+        for bound in (100.0, 300.0, 1000.0, 3000.0, 1e4, 65504.0)
+    ],
 ]
 
 
@@ -1319,18 +1339,28 @@ def attention_cases() -> list[Case]:
         ),
         # last too: visible scores at -3e10 (d_k = 1, so no scale; 1e5 x
         # -3e5 is a float32 number too), as in check_softmax's last case: a
-        # fill above that (-1e10) takes the weight; with -inf the output is
-        # the mean of v[0] and v[2], 2.
+        # fill above that (-1e10) takes the weight; with -inf query 0's
+        # output is the mean of v[0] and v[2], 2. Query 1's visible scores,
+        # 75000 and 74999 (exact in float32, where the shift by the maximum
+        # is exact too), lie above any bound a reader clips the scores to
+        # (3000, 1e4, float16's 65504; the scores above reach about 4800):
+        # clipped, they become equal and the output 0.5, where it is e / (1
+        # + e) = 0.7311.
         Case(
-            "visible scores far below 0: n_q = 1, n_k = 3, d_k = 1, d_v = 1, "
-            "scores -3e10, 0 (masked), -3e10, so the output is (v[0] + "
-            "v[2]) / 2 = 2",
+            "visible scores far below 0 and far above: n_q = 2, n_k = 4, "
+            "d_k = 1, d_v = 1; query 0 sees scores -3e10 (keys 0 and 2), so "
+            "its output is (v[0] + v[2]) / 2 = 2; query 1 sees scores 75000 "
+            "and 74999 (keys 0 and 3), so its output is e / (1 + e) = 0.7311",
             (
-                np.array([[1e5]]),
-                np.array([[-3e5], [0.0], [-3e5]]),
-                np.array([[1.0], [5.0], [3.0]]),
+                np.array([[1e5], [-0.25]]),
+                np.array([[-3e5], [0.0], [-3e5], [-299996.0]]),
+                np.array([[1.0], [5.0], [3.0], [0.0]]),
             ),
-            {"mask": np.array([[True, False, True]])},
+            {
+                "mask": np.array(
+                    [[True, False, True, False], [True, False, False, True]]
+                )
+            },
         ),
     ]
 

@@ -368,8 +368,9 @@ ATTENTION_BACKWARD_COST_MISTAKES = [
     Mistake(
         "full_jacobian",
         "the values are right, but the backward pass formed the Jacobian of "
-        "the softmax (an n_k x n_k matrix per query): O(n_q n_k^2) memory "
-        "where O(n_q n_k) suffices",
+        "the softmax, an n_k x n_k matrix per query: O(n_k^2) memory held "
+        "for one query at a time (a loop over the rows), O(n_q n_k^2) for "
+        "every query at once, where O(n_q n_k) suffices",
         "J^T g never needs J: for each row, p * (g - sum(p * g)) (eq. "
         "ch4-vjp), one elementwise pass over the (..., n_q, n_k) arrays",
         lambda *args, **kwargs: None,
