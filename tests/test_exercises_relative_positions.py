@@ -78,15 +78,18 @@ def gathered(
     return out
 
 
-def one_hot_float32(q, k, v, rel_k, rel_v, shift=True):
-    """A boolean one-hot (n, n, 2K + 1) and einsum, in float32 throughout."""
+def one_hot_float32(q, k, v, rel_k, rel_v, shift=True, clip_below=True):
+    """A boolean one-hot (n, n, 2K + 1) and einsum, in float32 throughout
+    (``clip_below=False``: offsets clipped above only, so a key more than K
+    before the query matches no row; an expert reading, session 12)."""
     q, k, v, rel_k, rel_v = (
         np.asarray(x, dtype=np.float32) for x in (q, k, v, rel_k, rel_v)
     )
     n, d_k = q.shape[-2:]
     K = (rel_k.shape[0] - 1) // 2
     pos = np.arange(n)
-    idx = np.clip(pos[None, :] - pos[:, None], -K, K) + (K if shift else 0)
+    low = -K if clip_below else None
+    idx = np.clip(pos[None, :] - pos[:, None], low, K) + (K if shift else 0)
     hot = (idx[..., None] == np.arange(2 * K + 1)).astype(np.float32)
     scores = q @ np.swapaxes(k, -1, -2)
     scores += np.einsum("...ir,ijr->...ij", q @ rel_k.T, hot)
@@ -205,6 +208,10 @@ CATALOGUE = {
             (
                 lambda *a: one_hot_float32(*a, shift=False),
                 "index_not_shifted",
+            ),
+            (
+                lambda *a: one_hot_float32(*a, clip_below=False),
+                "offsets_not_clipped",
             ),
             (lambda *a: gathered(*a, rel_values=False), "no_relative_values"),
             (lambda *a: gathered(*a, rel_keys=False), "no_relative_keys"),
