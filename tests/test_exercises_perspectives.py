@@ -2217,3 +2217,63 @@ def test_unwritten_rows_of_np_empty_are_not_taken_for_right_values():
             with pytest.raises(ExerciseError) as err:
                 check_chunked_causal_linear_attention(wrong)
             assert case in str(err.value), str(err.value)
+
+
+# --- from the expert reading of chapter 17 (y17pp, session 12) --------------
+
+
+def chunked_package_call(phi_q, phi_k, v, chunk_size):
+    """Wrong: the package's causal branch called (rejected with the
+    diagnosis 'a chunk size of its own' before: its loop runs in attnbook,
+    whose lines the checker does not count)."""
+    from attnbook.linear_attention import attention_from_features
+
+    return attention_from_features(
+        phi_q, phi_k, v, causal=True, chunk_size=chunk_size
+    )
+
+
+def chunked_package_linear_attention(phi_q, phi_k, v, chunk_size):
+    """Wrong: linear_attention with the identity as feature map."""
+    from attnbook.linear_attention import linear_attention
+
+    return linear_attention(
+        phi_q,
+        phi_k,
+        v,
+        feature_map=lambda x: x,
+        causal=True,
+        chunk_size=chunk_size,
+    )
+
+
+def test_a_call_of_the_package_is_named_as_such(capsys):
+    for wrong, name in (
+        (chunked_package_call, "attention_from_features"),
+        (chunked_package_linear_attention, "linear_attention"),
+    ):
+        with pytest.raises(ExerciseError) as err:
+            check_chunked_causal_linear_attention(wrong)
+        assert err.value.mistake == "package_function_called", str(err.value)
+        assert f"calls attnbook.linear_attention.{name};" in str(err.value)
+        assert "a size of its own" not in str(err.value)
+    assert "Correct" not in capsys.readouterr().out
+
+
+def test_a_right_answer_calls_no_package_answer():
+    from attnbook.exercises.perspectives import package_answers_called
+
+    rng = np.random.default_rng(0)
+    phi_q, phi_k = np.exp(rng.normal(size=(2, 16, 4)))
+    v = rng.normal(size=(16, 3))
+    for right in CHUNKED_RIGHT:
+        assert package_answers_called(right, phi_q, phi_k, v, 4) == []
+    assert package_answers_called(
+        chunked_package_call, phi_q, phi_k, v, 4
+    ) == ["attention_from_features"]
+
+
+CHUNKED_WRONG += [
+    (chunked_package_call, "package_function_called"),
+    (chunked_package_linear_attention, "package_function_called"),
+]

@@ -168,6 +168,27 @@ def test_never_holds_an_n_by_n_array(rng, causal):
     )
 
 
+def test_a_chunk_longer_than_the_sequence_holds_only_the_sequence(rng):
+    """One chunk of all n positions when chunk_size exceeds n: the causal
+    mask inside it is n x n, not chunk_size x chunk_size (which took 259 MiB
+    for n = 10 and chunk_size = 4000), as the docstring's one chunk says."""
+    n, d = 10, 8
+    q, k, v = (rng.normal(size=(n, d)) for _ in range(3))
+    out, peak = peak_memory(
+        attention_from_features,
+        elu_feature_map(q),
+        elu_feature_map(k),
+        v,
+        causal=True,
+        chunk_size=4000,
+    )
+    # the inputs, one n x n chunk and the output: a few KiB
+    assert peak < 64 * 1024, f"peak {peak} bytes for n = {n}"
+    np.testing.assert_allclose(
+        out, linear_attention(q, k, v, causal=True, chunk_size=3), rtol=1e-12
+    )
+
+
 def test_custom_feature_map_and_attention_from_features(rng):
     q, k, v = (
         rng.normal(size=(6, 3)),

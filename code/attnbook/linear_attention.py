@@ -217,8 +217,9 @@ def attention_from_features(
     # (..., m, 1)
     z = np.sum(phi_k[..., :offset, :], axis=-2)[..., :, None]
     out = np.empty(batch + (n_q, d_v), dtype=dtype)
-    # j <= i inside a chunk
-    below = np.tril(np.ones((chunk_size, chunk_size), dtype=dtype))
+    # j <= i inside a chunk; no chunk is longer than the n_q queries
+    c_max = min(chunk_size, n_q)
+    below = np.tril(np.ones((c_max, c_max), dtype=dtype))
     for start in range(0, n_q, chunk_size):
         stop = min(start + chunk_size, n_q)
         c = stop - start

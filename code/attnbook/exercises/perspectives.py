@@ -1095,6 +1095,20 @@ CHUNKED_CAUSAL_COST_MISTAKES = [
         "of n or more means one chunk of all n positions",
         _causal_chunks,
     ),
+    Mistake(
+        "package_function_called",
+        "the values are right, but your function calls the package's "
+        "causal linear attention (attnbook.linear_attention), which computes "
+        "the answer: its own lines neither loop over the chunks nor form "
+        "their weights, and the checker counts only the lines of Python of "
+        "your own code, not the package's loop, so it cannot see the chunk "
+        "size used; calling the package is not the exercise",
+        "write the loop over the chunks yourself: each chunk's C x C masked "
+        "weights, then its keys added to one running S (d_k x d_v) and z "
+        "(d_k); the package's attention_from_features is shown after the "
+        "solution",
+        _causal_chunks,
+    ),
 ]
 
 
@@ -1199,7 +1213,10 @@ def check_chunked_causal_linear_attention(fn) -> None:
     not hide a recurrence either). Then the chunk size must be used
     (:func:`_check_chunk_size_used`): from chunks of 1024 to one of 2048 the
     steps or the memory must change, and from chunks of 1 to 2 too; a size
-    written into the code, a cap of at most 1024 or a floor are named.
+    written into the code, a cap of at most 1024 or a floor are named, and
+    an answer that calls the package's linear attention
+    (:func:`package_answers_called`), whose loop runs in attnbook and is not
+    counted as the reader's, is named as such.
     Last, re-summing the stored states of all
     earlier chunks at every chunk (work (n / C)^2 m d_v) is small at C = 64:
     the time step is taken again at chunk_size = 4 (``CHUNK_SMALL_SIZE``, 128
@@ -1486,10 +1503,14 @@ def _chunk_growth_large(fn, n=2048, m=32, d_v=32) -> None:
     # a form vectorised over the chunks holds their weights: n^2 / 2, then n^2
     if growth >= CHUNK_SIZE_GROWTH:
         return
+    case = (
+        f"n = {n}, m = d_v = {m}, chunk_size = {half} and {whole} (lines of "
+        "Python and memory)"
+    )
+    _reject_a_package_call(fn, (*fresh(), half), case, lines)
     raise ExerciseError(
         "chunked causal linear attention",
-        f"n = {n}, m = d_v = {m}, chunk_size = {half} and {whole} (lines of "
-        "Python and memory)",
+        case,
         f"asked for two chunks of {half} and then for one chunk of all {n} "
         f"positions, your function executed {lines[0]} and {lines[1]} lines "
         f"of Python and its peak memory went from {format_bytes(peaks[0])} "
@@ -1520,10 +1541,14 @@ def _chunk_growth_small(fn, n=1024, m=16, d_v=16) -> None:
     peaks = [peak_memory_with_torch(fn, *fresh(), c)[1] for c in (1, 2)]
     if peaks[0] - peaks[1] >= n * m * d_v * 8 // 8:
         return
+    case = (
+        f"n = {n}, m = d_v = {m}, chunk_size = 1 and 2 (lines of Python and "
+        "memory)"
+    )
+    _reject_a_package_call(fn, (*fresh(), 1), case, lines)
     raise ExerciseError(
         "chunked causal linear attention",
-        f"n = {n}, m = d_v = {m}, chunk_size = 1 and 2 (lines of Python and "
-        "memory)",
+        case,
         f"asked for chunks of 1 and then of 2, your function executed "
         f"{lines[0]} and {lines[1]} lines of Python and peaked at "
         f"{format_bytes(peaks[0])} and {format_bytes(peaks[1])}: a loop "
@@ -1604,6 +1629,68 @@ def python_lines(fn, *args) -> tuple[object, int]:
     finally:
         sys.settrace(previous)
     return out, lines
+
+
+def package_answers_called(fn, *args) -> list[str]:
+    """Call ``fn(*args)``; return the names of the functions of
+    :mod:`attnbook.linear_attention` (the package's own linear attention)
+    that the reader's code calls directly, in the order of their first
+    call. Their lines are the library's, which :func:`python_lines` does
+    not count."""
+    import os
+    import sys
+
+    from .. import linear_attention as package
+    from ._framework import is_reader_code
+
+    package_file = os.path.realpath(package.__file__)
+    called: list[str] = []
+    verdicts: dict[str, bool] = {}
+
+    def reader(filename):
+        if filename not in verdicts:
+            verdicts[filename] = is_reader_code(filename)
+        return verdicts[filename]
+
+    def on_call(frame, event, arg):
+        caller = frame.f_back
+        if (
+            caller is not None
+            and reader(caller.f_code.co_filename)
+            and os.path.realpath(frame.f_code.co_filename) == package_file
+            and frame.f_code.co_name not in called
+        ):
+            called.append(frame.f_code.co_name)
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        fn(*args)
+    finally:
+        sys.settrace(previous)
+    return called
+
+
+def _reject_a_package_call(fn, args, case, lines) -> None:
+    """Name an answer that hands the work to the package's linear attention:
+    the chunk-size probes see none of its steps (they run in attnbook), so
+    they would otherwise call its chunk size one of its own."""
+    from ._framework import ExerciseError
+
+    __tracebackhide__ = True
+    called = package_answers_called(fn, *args)
+    if not called:
+        return
+    names = " and ".join(f"attnbook.linear_attention.{n}" for n in called)
+    raise ExerciseError(
+        "chunked causal linear attention",
+        case,
+        f"your function calls {names}; its own lines executed "
+        f"{lines[0]} and {lines[1]} lines of Python at the two chunk sizes "
+        "(the package's loop is not counted as yours)",
+        mistake=CHUNKED_CAUSAL_COST_MISTAKES[6],
+    )
 
 
 def _check_chunked_work(fn, m=16, d_v=16) -> None:
