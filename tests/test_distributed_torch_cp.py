@@ -51,3 +51,17 @@ def test_math_backend(table):
         assert report[("MATH", False)]["forward"] < TOL
         assert report[("MATH", False)]["backward"] < TOL
         assert report[("MATH", True)]["forward"].startswith(MIXED)
+
+
+def test_the_default_way_of_moving_the_shards_is_an_all_gather():
+    """Chapter 11 says that PyTorch's context parallelism, in the pinned
+    torch, gathers K and V once by default (``rotate_method``) and passes them
+    rank to rank only after ``set_rotate_method("alltoall")``; dK and dV
+    travel rank to rank in the backward. A release that changes the default
+    fails here."""
+    attention = pytest.importorskip(
+        "torch.distributed.tensor.experimental._context_parallel._attention"
+    )
+    assert attention._cp_options.rotate_method is (
+        attention._RotateMethod.ALL_GATHER
+    )
