@@ -78,7 +78,9 @@ def gathered(
     return out
 
 
-def one_hot_float32(q, k, v, rel_k, rel_v, shift=True, clip_below=True):
+def one_hot_float32(
+    q, k, v, rel_k, rel_v, shift=True, clip_below=True, clip_above=True
+):
     """A boolean one-hot (n, n, 2K + 1) and einsum, in float32 throughout
     (``clip_below=False``: offsets clipped above only, so a key more than K
     before the query matches no row; an expert reading, session 12)."""
@@ -88,8 +90,8 @@ def one_hot_float32(q, k, v, rel_k, rel_v, shift=True, clip_below=True):
     n, d_k = q.shape[-2:]
     K = (rel_k.shape[0] - 1) // 2
     pos = np.arange(n)
-    low = -K if clip_below else None
-    idx = np.clip(pos[None, :] - pos[:, None], low, K) + (K if shift else 0)
+    low, high = (-K if clip_below else None), (K if clip_above else None)
+    idx = np.clip(pos[None, :] - pos[:, None], low, high) + (K if shift else 0)
     hot = (idx[..., None] == np.arange(2 * K + 1)).astype(np.float32)
     scores = q @ np.swapaxes(k, -1, -2)
     scores += np.einsum("...ir,ijr->...ij", q @ rel_k.T, hot)
@@ -211,6 +213,16 @@ CATALOGUE = {
             ),
             (
                 lambda *a: one_hot_float32(*a, clip_below=False),
+                "offsets_not_clipped",
+            ),
+            (
+                lambda *a: one_hot_float32(*a, clip_above=False),
+                "offsets_not_clipped",
+            ),
+            (
+                lambda *a: one_hot_float32(
+                    *a, clip_below=False, clip_above=False
+                ),
                 "offsets_not_clipped",
             ),
             (lambda *a: gathered(*a, rel_values=False), "no_relative_values"),

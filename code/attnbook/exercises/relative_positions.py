@@ -117,24 +117,33 @@ def _unshifted(keys: str, values: str):
     return attention
 
 
-def _not_clipped_below_dropped(q, k, v, rel_k, rel_v):
-    """The offsets clipped above only, ``min(n - m, kappa) + kappa``, and the
-    tables read by matching rows with 0 .. 2 kappa (a one-hot, say): a key
-    more than kappa before the query has a negative row, matches none, and
-    gets no relative vector at all."""
-    n = np.shape(q)[-2]
-    rel_k, rel_v = (np.asarray(x, dtype=np.float64) for x in (rel_k, rel_v))
-    m = (rel_k.shape[0] - 1) // 2
-    rows = np.minimum(_offsets(n), m) + m
+def _unclipped_dropped(low: bool, high: bool):
+    """The offsets clipped only where ``low`` / ``high`` say (below at
+    -kappa, above at +kappa), plus kappa, and the tables read by matching rows
+    with 0 .. 2 kappa (a one-hot, say): a key whose row falls outside the
+    table matches none and gets no relative vector at all."""
 
-    def read(table):
-        return np.where(rows[..., None] < 0, 0.0, table[np.maximum(rows, 0)])
+    def attention(q, k, v, rel_k, rel_v):
+        n = np.shape(q)[-2]
+        rel_k, rel_v = (
+            np.asarray(x, dtype=np.float64) for x in (rel_k, rel_v)
+        )
+        m = (rel_k.shape[0] - 1) // 2
+        rows = np.clip(_offsets(n), -m if low else None, m if high else None)
+        rows = rows + m
+        outside = (rows < 0) | (rows > 2 * m)
 
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    scores = q @ np.swapaxes(k, -1, -2)
-    scores = scores + np.einsum("...id,ijd->...ij", q, read(rel_k))
-    w = _softmax(scores / np.sqrt(q.shape[-1]))
-    return w @ v + np.einsum("...ij,ijd->...id", w, read(rel_v))
+        def read(table):
+            inside = table[np.clip(rows, 0, 2 * m)]
+            return np.where(outside[..., None], 0.0, inside)
+
+        q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+        scores = q @ np.swapaxes(k, -1, -2)
+        scores = scores + np.einsum("...id,ijd->...ij", q, read(rel_k))
+        w = _softmax(scores / np.sqrt(q.shape[-1]))
+        return w @ v + np.einsum("...ij,ijd->...id", w, read(rel_v))
+
+    return attention
 
 
 def _offsets(n):
@@ -191,16 +200,25 @@ SHAW_MISTAKES = [
         _with_rows(lambda n, m: np.minimum(_offsets(n), m) + m),
         raises=_is_out_of_bounds,
     ),
-    Mistake(
-        "offsets_not_clipped",
-        "the offsets were not clipped to [-kappa, kappa] on both sides: the "
-        "keys more than kappa before the query have a negative row, which "
-        "your reading of the tables matches to no row, so they get no "
-        "relative vector instead of the one of offset -kappa",
-        "clip first, then shift: np.clip(n - m, -kappa, kappa) + kappa; every "
-        "key more than kappa away shares the vector of offset -kappa or "
-        "+kappa",
-        _not_clipped_below_dropped,
+    *(
+        Mistake(
+            "offsets_not_clipped",
+            "the offsets were not clipped to [-kappa, kappa] on both sides: "
+            "the "
+            "keys more than kappa away on an unclipped side have a row "
+            "outside "
+            "the table, which your reading of the tables matches to no row, "
+            "so "
+            "they get no relative vector instead of the one of offset -kappa "
+            "or "
+            "+kappa",
+            "clip first, then shift: np.clip(n - m, -kappa, kappa) + kappa; "
+            "every "
+            "key more than kappa away shares the vector of offset -kappa or "
+            "+kappa",
+            _unclipped_dropped(low, high),
+        )
+        for low, high in ((False, True), (True, False), (False, False))
     ),
     # the same slip in the three ways of reading the tables: by index (a
     # negative row wraps to the end), by comparing rows with 0..2K (a
