@@ -881,7 +881,7 @@ def test_the_success_line_says_an_unknown_mode_is_refused(capsys):
     assert "passes all 7 cases and refuses an unknown mode" in out
 
 
-# --- issue 31, student report 10 (session 11) ---------------------------------
+# --- issue 31, student report 10 (session 11) --------------------------------
 
 
 def blocks_floor_plus_one(n_q, n_k, block_q, block_k):
@@ -937,7 +937,7 @@ def test_a_case_folded_mode_is_refused_and_named():
     assert "FWD" in str(err.value)
 
 
-# --- issue 31, student report 10b (session 11) --------------------------------
+# --- issue 31, student report 10b (session 11) -------------------------------
 
 
 def flops_none_for_unknown_mode(batch, heads, n, d, causal=False, mode="fwd"):
@@ -1004,7 +1004,7 @@ def test_s12i_first_row_shortcuts_are_named(wrong, key):
     assert "compare your steps" not in str(err.value)
 
 
-# --- expert reading y10gpu ----------------------------------------------------
+# --- expert reading y10gpu ---------------------------------------------------
 # An integer count that floors n^2 / 2 for an odd n was rejected on the case
 # n = 999 by a 0.2 % margin, with the generic hint; the odd case is now
 # n = 99, where the floor is off by 1e-4, a hundred times the tolerance.
@@ -1048,3 +1048,24 @@ def test_flooring_odd_n_squared_is_named_far_from_the_tolerance():
     with pytest.raises(ExerciseError) as err:
         check_benchmark_flops(flops_pairs_floored)
     assert err.value.mistake == "causal_floored", str(err.value)
+
+
+# --- an expert reading (session 12): mode.strip() accepted ' fwd' ------------
+
+
+def flops_stripped(batch, heads, n, d, causal=False, mode="fwd"):
+    """Right for the three modes, but ' fwd' is counted too."""
+    factor = {"fwd": 1, "bwd": 2.5, "fwd_bwd": 3.5}[mode.strip()]
+    return 4 * batch * heads * n * n * d * (0.5 if causal else 1) * factor
+
+
+CATALOGUE["check_benchmark_flops"]["wrong"] += [
+    (flops_stripped, "mode_stripped")
+]
+
+
+def test_a_stripped_mode_is_refused_and_named():
+    with pytest.raises(ExerciseError) as err:
+        check_benchmark_flops(flops_stripped)
+    assert err.value.mistake == "mode_stripped"
+    assert "' fwd'" in str(err.value)

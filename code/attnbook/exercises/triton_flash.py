@@ -745,6 +745,23 @@ MODE_MISTAKES.append(
 )
 
 
+# an expert reading (session 12): a lookup of mode.strip() accepted ' fwd'
+MODE_MISTAKES.append(
+    Mistake(
+        "mode_stripped",
+        "a mode with a space in it, ' fwd', returns a count: the function "
+        "strips the string (mode.strip()) or otherwise accepts a spelling "
+        "other than the three modes",
+        "accept exactly 'fwd', 'bwd' and 'fwd_bwd', as the benchmark does, "
+        "and raise an error for any other string: look mode itself up, "
+        "without .strip() or .lower()",
+        lambda batch, heads, n, d, causal=False, mode="fwd": benchmark_flops(
+            batch, heads, n, d, causal, mode.strip()
+        ),
+    )
+)
+
+
 def _check_unknown_mode(fn) -> None:
     """Reject a count for a mode that is none of the three."""
     __tracebackhide__ = True
@@ -758,6 +775,11 @@ def _check_unknown_mode(fn) -> None:
             "FWD",
             "the forward spelled 'FWD' (an unknown mode)",
             MODE_MISTAKES[1],
+        ),
+        (
+            " fwd",
+            "the forward spelled ' fwd', with a space (an unknown mode)",
+            MODE_MISTAKES[3],
         ),
     ):
         try:
