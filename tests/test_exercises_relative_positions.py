@@ -90,8 +90,10 @@ def one_hot_float32(
     n, d_k = q.shape[-2:]
     K = (rel_k.shape[0] - 1) // 2
     pos = np.arange(n)
-    low, high = (-K if clip_below else None), (K if clip_above else None)
-    idx = np.clip(pos[None, :] - pos[:, None], low, high) + (K if shift else 0)
+    idx = pos[None, :] - pos[:, None]
+    # one bound at a time: np.clip with both None raises in numpy 1.x
+    idx = np.maximum(idx, -K) if clip_below else idx
+    idx = (np.minimum(idx, K) if clip_above else idx) + (K if shift else 0)
     hot = (idx[..., None] == np.arange(2 * K + 1)).astype(np.float32)
     scores = q @ np.swapaxes(k, -1, -2)
     scores += np.einsum("...ir,ijr->...ij", q @ rel_k.T, hot)

@@ -129,8 +129,10 @@ def _unclipped_dropped(low: bool, high: bool):
             np.asarray(x, dtype=np.float64) for x in (rel_k, rel_v)
         )
         m = (rel_k.shape[0] - 1) // 2
-        rows = np.clip(_offsets(n), -m if low else None, m if high else None)
-        rows = rows + m
+        rows = _offsets(n)
+        # np.clip with both bounds None raises in numpy 1.x
+        rows = np.maximum(rows, -m) if low else rows
+        rows = (np.minimum(rows, m) if high else rows) + m
         outside = (rows < 0) | (rows > 2 * m)
 
         def read(table):
